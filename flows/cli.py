@@ -1,0 +1,147 @@
+"""The `embforge` command: run a config, show reports, list runs and artifacts, query the catalog."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from storage import ArtifactStore, Catalog
+from tasks.config import ConfigError, load_config
+from tasks.ingest import InputError
+from tasks.report import long_rows, wide_table
+
+# Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _store(args: argparse.Namespace) -> ArtifactStore:
+    if args.store:
+        return ArtifactStore(args.store)
+    if os.environ.get("EMBFORGE_STORE"):
+        return ArtifactStore(os.environ["EMBFORGE_STORE"])
+    if getattr(args, "config", None):
+        return ArtifactStore(load_config(args.config).store)
+    return ArtifactStore("embforge-store")
+
+
+def _print_table(title: str, rows: list[dict]) -> None:
+    if not rows:
+        console.print(f"[yellow]{title}: nothing yet[/yellow]")
+        return
+    table = Table(title=title)
+    for col in rows[0]:
+        table.add_column(str(col))
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row.values()))
+    console.print(table)
+
+
+def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
+    return catalog.query("SELECT label, method, key FROM run_stages WHERE run_id = ? AND stage = 'evaluate' "
+                         "ORDER BY position", [run_id])
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)  # fail on a bad config before Prefect starts
+    from flows.pipeline import pipeline  # Prefect is slow to import: only when running
+
+    store = _store(args)
+    pipeline(config_path=args.config, store=str(store.root))
+    catalog = Catalog(store)
+    run_id = catalog.latest_run_id()
+    _print_table(f"{cfg.name} (run {run_id})",
+                 wide_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
+    console.print(f"artifacts in {store.root}; query them with `embforge sql` or DuckDB")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    catalog = Catalog(_store(args))
+    run_id = args.run or catalog.latest_run_id()
+    if run_id is None:
+        console.print("no runs in this store yet: `embforge run CONFIG` first")
+        return 1
+    entries = run_entries(catalog, run_id)
+    if args.json:
+        rows = long_rows(catalog, entries).drop(columns=["ord"]).assign(run_id=run_id)
+        for row in rows.to_dict("records"):
+            print(json.dumps({k: (None if v != v else v) for k, v in row.items()}, default=str))
+    else:
+        _print_table(f"run {run_id}", wide_table(catalog, entries).to_dict("records"))
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    rows = Catalog(_store(args)).query("""
+        SELECT r.run_id, r.name, r.status, r.started_at, r.finished_at,
+               count(s.stage) FILTER (WHERE s.state = 'Cached') AS cached,
+               count(s.stage) FILTER (WHERE s.state = 'Completed') AS computed
+        FROM runs r LEFT JOIN run_stages s USING (run_id)
+        GROUP BY ALL ORDER BY r.started_at DESC""")
+    _print_table("runs", rows)
+    return 0
+
+
+def cmd_artifacts(args: argparse.Namespace) -> int:
+    where = "WHERE stage = ?" if args.stage else ""
+    rows = Catalog(_store(args)).query(
+        f"SELECT stage, key, inputs, rows, created_at, wall_s, path FROM artifacts {where} ORDER BY created_at",
+        [args.stage] if args.stage else None)
+    _print_table("artifacts", rows)
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    _print_table(args.query, Catalog(_store(args)).query(args.query))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="embforge", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, fn, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.add_argument("--store", help="artifact store folder (default: EMBFORGE_STORE, the config's "
+                        "`store`, or ./embforge-store)")
+        sp.set_defaults(fn=fn)
+        return sp
+
+    run = add("run", cmd_run, "run an experiment config through the pipeline flow")
+    run.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
+    report = add("report", cmd_report, "show the model × metric table of a run")
+    report.add_argument("--run", help="run id (default: the latest run)")
+    report.add_argument("--config", help="take the store from this config")
+    report.add_argument("--json", action="store_true", help="one JSON object per metric and model")
+    runs = add("runs", cmd_runs, "list pipeline runs")
+    runs.add_argument("--config", help="take the store from this config")
+    artifacts = add("artifacts", cmd_artifacts, "list finished artifacts")
+    artifacts.add_argument("--stage", help="only this stage (ingest, sentences, pairs, train, ...)")
+    artifacts.add_argument("--config", help="take the store from this config")
+    sql = add("sql", cmd_sql, "run a SQL query on the catalog views (runs, run_stages, artifacts, "
+              "metrics, run_metrics)")
+    sql.add_argument("query")
+    sql.add_argument("--config", help="take the store from this config")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, InputError) as e:
+        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    except FileNotFoundError as e:
+        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The `pipeline` flow: ingest → sentences → pairs → train → evaluate → report.
+
+It only composes: each stage is a cached Prefect task (tasks/), artifacts are passed as small
+references, and a run record in the store says which artifact every stage used and whether
+Prefect found it cached, so the catalog can answer "what ran, on what, with what result".
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from datetime import datetime, timezone
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.runtime import flow_run
+from pydantic import BaseModel
+
+from storage import ArtifactRef, ArtifactStore
+from tasks.config import PipelineConfig, load_config
+from tasks.evaluate import EVALUATE, EvalJob
+from tasks.ingest import INGEST
+from tasks.models import INIT, InitConfig
+from tasks.report import REPORT, ReportEntry, ReportJob
+from tasks.sentences import SENTENCES
+from tasks.stage import Stage
+from tasks.train import TRAIN, TrainJob
+from tasks.views import PAIRS, PairsConfig
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class RunRecord:
+    """The run's entry in `runs/`: rewritten after every stage, so a killed run shows how far it got."""
+
+    def __init__(self, store: ArtifactStore, cfg: PipelineConfig, config_path: str):
+        self.store = store
+        self.run_id = str(flow_run.id or f"local-{os.getpid()}")
+        self.record = dict(run_id=self.run_id, name=cfg.name, status="running", config_path=config_path,
+                           config=cfg.model_dump(mode="json"), started_at=_now(), finished_at=None,
+                           error=None, stages=[])
+        self._save()
+
+    def _save(self) -> None:
+        self.store.write_run(self.run_id, self.record)
+
+    def stage(self, stage: Stage, config: BaseModel, inputs: list[ArtifactRef], label: str = "",
+              method: str = "") -> ArtifactRef:
+        runner = stage.as_task(self.store).with_options(task_run_name=f"{stage.name}[{label}]" if label else stage.name)
+        state = runner(str(self.store.root), config, inputs, return_state=True)
+        entry = dict(stage=stage.name, label=label, method=method, key=stage.key(config, inputs),
+                     state=state.name)
+        self.record["stages"].append(entry)
+        self._save()
+        return state.result()  # raises the stage's own error if it failed
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self.record.update(status=status, finished_at=_now(), error=error)
+        self._save()
+
+
+@task(name="publish-report")
+def publish_report(store_root: str, report: ArtifactRef) -> None:
+    """Show the report in the Prefect UI (cheap, so never cached: every run gets its artifacts)."""
+    store = ArtifactStore(store_root)
+    rows = store.read_table(report, "report").to_pandas()
+    table = rows[["model", "method", "dataset", "metric", "value", "std", "n"]]
+    create_table_artifact(table=table.astype(object).where(table.notna(), None).to_dict("records"),
+                          key="embforge-metrics", description="Metrics of this run's models")
+    create_markdown_artifact(markdown=(store.path(report) / "report.md").read_text(), key="embforge-report",
+                             description="Model × metric report")
+
+
+def run_pipeline(cfg: PipelineConfig, store: ArtifactStore, run: RunRecord) -> ArtifactRef:
+    docs = run.stage(INGEST, cfg.data, [])
+    sentences = run.stage(SENTENCES, cfg.sentences, [docs])
+    init = run.stage(INIT, InitConfig.from_model(cfg.model), []) if cfg.model.random_init else None
+
+    # (label, method, evaluate inputs, external model name) for every model in the report.
+    base_label = "base (random init)" if init else f"base ({cfg.model.name_or_path})"
+    models = [(base_label, "none", [init] if init else [], None if init else cfg.model.name_or_path)]
+    for method in cfg.methods:
+        pairs = run.stage(PAIRS, PairsConfig.for_method(method, cfg.train.epochs), [sentences], method.name)
+        job = TrainJob(base_model=None if init else cfg.model.name_or_path, train=cfg.train)
+        trained = run.stage(TRAIN, job, [pairs] + ([init] if init else []), method.name, method.view)
+        models.append((method.name, method.view, [trained], None))
+    models += [(name, "reference", [], name) for name in cfg.evaluate.reference_models]
+
+    evaluations = []
+    for label, method, inputs, external in models:
+        job = EvalJob(model=external, dataset=cfg.data.display_name,
+                      **cfg.evaluate.model_dump(include={"max_length", "batch_size", "knn", "sts", "device"}))
+        evaluations.append(run.stage(EVALUATE, job, [docs] + inputs, label, method))
+    report_job = ReportJob(title=f"{cfg.name}: {cfg.data.display_name}",
+                           entries=[ReportEntry(label=m[0], method=m[1]) for m in models])
+    report = run.stage(REPORT, report_job, evaluations)
+    publish_report(str(store.root), report)
+    return report
+
+
+@flow(name="pipeline")
+def pipeline(config_path: str, store: str | None = None) -> str:
+    """Run an experiment config end to end; returns the report artifact's folder."""
+    cfg = load_config(config_path)
+    artifact_store = ArtifactStore(store or os.environ.get("EMBFORGE_STORE") or cfg.store)
+    run = RunRecord(artifact_store, cfg, config_path)
+    try:
+        report = run_pipeline(cfg, artifact_store, run)
+    except BaseException as e:  # KeyboardInterrupt too: the record must not stay "running"
+        run.finish("failed", error="".join(traceback.format_exception_only(e)).strip())
+        raise
+    run.finish("completed")
+    return str(artifact_store.path(report))

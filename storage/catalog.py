@@ -1,0 +1,81 @@
+"""DuckDB views over the artifact store: what ran, on what, with what result.
+
+Every report is a query over these views, so users can re-derive any number with SQL:
+
+    artifacts    one row per finished artifact (stage, key, inputs, config, rows, wall time)
+    runs         one row per pipeline run (status, config, start and end)
+    run_stages   which artifact each stage of each run used, and whether it was cached
+    metrics      every evaluation score (model, method, dataset, metric, value, spread)
+    run_metrics  metrics joined to the runs that produced or reused them
+"""
+
+from __future__ import annotations
+
+from glob import glob as glob_files
+from pathlib import Path
+
+import duckdb
+
+from storage.store import ArtifactStore
+
+# Empty stand-ins keep every view queryable before the first run has written anything.
+_EMPTY = {
+    "artifacts": "SELECT NULL::VARCHAR stage, NULL::VARCHAR key, NULL::VARCHAR[] inputs, NULL::JSON config,"
+    " NULL::VARCHAR code_version, NULL::JSON rows, NULL::TIMESTAMP created_at, NULL::DOUBLE wall_s,"
+    " NULL::VARCHAR path WHERE false",
+    "runs": "SELECT NULL::VARCHAR run_id, NULL::VARCHAR name, NULL::VARCHAR status, NULL::VARCHAR config_path,"
+    " NULL::JSON config, NULL::TIMESTAMP started_at, NULL::TIMESTAMP finished_at, NULL::VARCHAR error,"
+    " NULL::JSON stages WHERE false",
+    "metrics": "SELECT NULL::VARCHAR key, NULL::VARCHAR model, NULL::VARCHAR method, NULL::VARCHAR model_key,"
+    " NULL::VARCHAR dataset, NULL::VARCHAR metric, NULL::DOUBLE value, NULL::DOUBLE std, NULL::BIGINT n,"
+    " NULL::BIGINT repeats, NULL::VARCHAR split WHERE false",
+}
+
+
+class Catalog:
+    """An in-memory DuckDB connection with the store's views defined on it."""
+
+    def __init__(self, store: ArtifactStore):
+        self.store = store
+        self.con = duckdb.connect()
+        root = store.root
+        self._view("artifacts", root / "artifacts" / "*" / "*" / "manifest.json", f"""
+            SELECT stage, key, inputs, config, code_version, rows, created_at, wall_s,
+                   'artifacts/' || stage || '/' || key AS path
+            FROM read_json('{{glob}}', columns={{stage: 'VARCHAR', key: 'VARCHAR', inputs: 'VARCHAR[]',
+                 config: 'JSON', code_version: 'VARCHAR', rows: 'JSON', created_at: 'TIMESTAMP',
+                 wall_s: 'DOUBLE'}})""")
+        self._view("runs", root / "runs" / "*.json", f"""
+            SELECT * FROM read_json('{{glob}}', columns={{run_id: 'VARCHAR', name: 'VARCHAR',
+                 status: 'VARCHAR', config_path: 'VARCHAR', config: 'JSON', started_at: 'TIMESTAMP',
+                 finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON'}})""")
+        self._view("metrics", root / "artifacts" / "evaluate" / "*" / "metrics.parquet",
+                   "SELECT * FROM read_parquet('{glob}', union_by_name=true)")
+        self.con.execute("""
+            CREATE VIEW run_stages AS
+            SELECT r.run_id, r.started_at, t.i AS position, s->>'stage' AS stage, s->>'label' AS label,
+                   s->>'method' AS method, s->>'key' AS key, s->>'state' AS state
+            FROM runs r, range(json_array_length(r.stages)::BIGINT) AS t(i),
+                 LATERAL (SELECT r.stages->(t.i::INTEGER) AS s)
+            ORDER BY r.started_at, position""")
+        self.con.execute("""
+            CREATE VIEW run_metrics AS
+            SELECT rs.run_id, rs.started_at, m.*
+            FROM run_stages rs JOIN metrics m ON rs.stage = 'evaluate' AND rs.key = m.key""")
+
+    def _view(self, name: str, glob: Path, select: str) -> None:
+        # read_json/read_parquet fail on a glob that matches nothing.
+        found = bool(glob_files(str(glob)))
+        sql = select.replace("{glob}", str(glob)) if found else _EMPTY[name]
+        self.con.execute(f"CREATE VIEW {name} AS {sql}")
+
+    def query(self, sql: str, params: list | None = None) -> list[dict]:
+        cur = self.con.execute(sql, params or [])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def latest_run_id(self, status: str | None = None) -> str | None:
+        where = "WHERE status = ?" if status else ""
+        rows = self.query(f"SELECT run_id FROM runs {where} ORDER BY started_at DESC LIMIT 1",
+                          [status] if status else None)
+        return rows[0]["run_id"] if rows else None

@@ -1,0 +1,167 @@
+"""The artifact store: where every stage output lives, and how it gets there safely.
+
+Layout under the store root:
+
+    artifacts/<stage>/<key>/manifest.json   finished artifact (manifest written last)
+    artifacts/<stage>/<key>/*.parquet|model  its data
+    scratch/<stage>/<key>/                  resumable work in progress (training checkpoints)
+    runs/<run_id>.json                      one record per pipeline run
+    prefect-cache/                          Prefect's cache records, so deleting the store
+                                            also forgets Prefect's cache
+    .tmp/                                   artifacts being written; never read
+
+An artifact is written into `.tmp/` and renamed into place in one step, so a directory under
+`artifacts/` is always complete: a crash leaves at most a stale temp folder, never a
+half-written artifact that a later run could mistake for a finished one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """A small, hashable pointer to a finished artifact: what flows pass between tasks."""
+
+    stage: str
+    key: str
+
+
+def stable_hash(*parts: Any) -> str:
+    """Hash JSON-serialisable parts in a way that does not depend on dict order."""
+    blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def file_digest(path: str | Path) -> str:
+    """Content hash of a file, or of every file below a folder (names included)."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:20]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+class ArtifactStore:
+    """Owns every byte embforge writes. Nothing else builds a path into the store."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+
+    # -- finished artifacts -------------------------------------------------
+    def path(self, ref: ArtifactRef) -> Path:
+        return self.root / "artifacts" / ref.stage / ref.key
+
+    def exists(self, ref: ArtifactRef) -> bool:
+        return (self.path(ref) / MANIFEST).is_file()
+
+    def manifest(self, ref: ArtifactRef) -> dict:
+        return json.loads((self.path(ref) / MANIFEST).read_text())
+
+    def read_table(self, ref: ArtifactRef, name: str) -> pa.Table:
+        if not self.exists(ref):
+            raise FileNotFoundError(f"artifact {ref.stage}/{ref.key} is not in the store {self.root}")
+        return pq.read_table(self.path(ref) / f"{name}.parquet")
+
+    @contextlib.contextmanager
+    def writing(self, ref: ArtifactRef, *, config: Any, inputs: list[ArtifactRef] | list[str],
+                code_version: str) -> Iterator["ArtifactWriter"]:
+        """Write an artifact into a temp folder; publish it atomically when the block succeeds."""
+        tmp = self.root / ".tmp" / f"{ref.stage}-{ref.key}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        writer = ArtifactWriter(tmp)
+        started = time.perf_counter()
+        try:
+            yield writer
+            manifest = {
+                "stage": ref.stage,
+                "key": ref.key,
+                "inputs": [i.key if isinstance(i, ArtifactRef) else i for i in inputs],
+                "config": config,
+                "code_version": code_version,
+                "rows": writer.rows,
+                "files": sorted(p.name for p in tmp.iterdir()),
+                "extra": writer.extra,
+                "created_at": _now(),
+                "wall_s": round(time.perf_counter() - started, 3),
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+            final = self.path(ref)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not self.exists(ref):  # someone else finished the same key first: keep theirs
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- work in progress ---------------------------------------------------
+    def scratch(self, ref: ArtifactRef) -> Path:
+        """A folder that survives crashes (checkpoints) and is removed once the artifact exists."""
+        path = self.root / "scratch" / ref.stage / ref.key
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def drop_scratch(self, ref: ArtifactRef) -> None:
+        shutil.rmtree(self.root / "scratch" / ref.stage / ref.key, ignore_errors=True)
+
+    # -- runs ---------------------------------------------------------------
+    @property
+    def prefect_cache(self) -> Path:
+        return self.root / "prefect-cache"
+
+    def write_run(self, run_id: str, record: dict) -> None:
+        runs = self.root / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(runs / f"{run_id}.json", record)
+
+    def relative(self, path: Path) -> str:
+        """Paths shown to users and logged are relative to the store root."""
+        return str(Path(path).resolve().relative_to(self.root))
+
+
+class ArtifactWriter:
+    """Handed to a stage while its artifact is being written."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.rows: dict[str, int] = {}
+        self.extra: dict[str, Any] = {}
+
+    def write_table(self, name: str, table: pa.Table) -> None:
+        pq.write_table(table, self.folder / f"{name}.parquet")
+        self.rows[name] = table.num_rows
+
+    def write_text(self, name: str, text: str) -> None:
+        (self.folder / name).write_text(text)

@@ -1,0 +1,1 @@
+"""Stage implementations: each module holds plain functions plus one `Stage` that wraps them."""

