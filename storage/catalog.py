@@ -60,7 +60,7 @@ class Catalog:
             ORDER BY r.started_at, position""")
         self.con.execute("""
             CREATE VIEW run_metrics AS
-            SELECT rs.run_id, rs.started_at, m.*
+            SELECT rs.run_id, rs.started_at, rs.label, rs.method, m.*
             FROM run_stages rs JOIN metrics m ON rs.stage = 'evaluate' AND rs.key = m.key""")
 
     def _view(self, name: str, glob: Path, select: str) -> None:

@@ -88,8 +88,7 @@ def normalise(frame: pd.DataFrame, cfg: DataConfig, source: str) -> pd.DataFrame
         if col is None:
             out[name] = None
             continue
-        values = frame[col]
-        out[name] = values.where(values.notna(), None).map(lambda v: None if v is None else str(v))
+        out[name] = frame[col].map(lambda v: None if pd.isna(v) else str(v))
     for name in ("doc_id", "text"):
         bad = out[name].isna() | (out[name].str.strip() == "")
         if bad.any():
@@ -119,7 +118,8 @@ def load_documents(cfg: DataConfig) -> pd.DataFrame:
         first = docs.loc[dup, "doc_id"].iloc[0]
         where = docs.loc[docs["doc_id"] == first, "_where"].tolist()[:3]
         raise InputError(f"duplicate doc_id '{first}' ({int(dup.sum())} rows share ids): {', '.join(where)}")
-    docs = docs.drop(columns="_where")
+    docs = docs.drop(columns="_where").astype(object)
+    docs = docs.where(docs.notna(), None)  # missing values are None, whatever the input format said
     return docs.head(cfg.limit) if cfg.limit else docs
 
 

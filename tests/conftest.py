@@ -1,0 +1,42 @@
+"""Shared fixtures: offline settings, one Prefect test harness per session, tiny configs."""
+
+import os
+from pathlib import Path
+
+# Without these a missing Hub model or dataset takes ~30 s to fail instead of failing at once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DOCS = REPO / "configs" / "data" / "ohsumed_demo.parquet"
+STSB = REPO / "configs" / "data" / "stsb.parquet"
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def tiny_config(tmp_path: Path, **overrides) -> Path:
+    """A config that runs the whole pipeline in well under a minute on 2 cores."""
+    cfg = {
+        "name": "tiny",
+        "store": str(tmp_path / "store"),
+        "data": {"path": str(DEMO_DOCS), "name": "ohsumed-tiny", "limit": 150},
+        "model": {"random_init": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64}},
+        "methods": [{"name": "crops", "view": "crops"}, {"name": "dropout", "view": "dropout"}],
+        "train": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_length": 64, "checkpoint_every": 2},
+        "evaluate": {"max_length": 64, "knn": {"repeats": 3}, "sts": {"path": str(STSB)}},
+    }
+    for section, value in overrides.items():
+        cfg[section] = {**cfg[section], **value} if isinstance(value, dict) else value
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path

@@ -1,0 +1,40 @@
+from pathlib import Path
+
+import pytest
+
+from tasks.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "minilm_crops_vs_dropout.yaml", "paper/crops_vs_dropout.yaml"])
+def test_shipped_configs_validate(name):
+    cfg = load_config(REPO / "configs" / name)
+    assert Path(cfg.data.path).is_absolute() or cfg.data.hf_dataset
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path):
+    (tmp_path / "c.yaml").write_text("name: x\ndata: {path: docs.parquet}\nstore: out\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    assert cfg.data.path == str(tmp_path / "docs.parquet")
+    assert cfg.store == str(tmp_path / "out")
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("name: x\ndata: {path: a.csv}\ntrain: {epochs: 1, learning_rate: 0.1}\n", "train.learning_rate: Extra inputs"),
+    ("name: x\ndata: {path: a.csv}\ntrain: {lr: fast}\n", "train.lr: Input should be a valid number"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, view: crop}]\n", "methods.0.view"),
+    ("data: {path: a.csv}\n", "name: Field required"),
+    ("name: x\ndata: {}\n", "exactly one of `path` or `hf_dataset`"),
+])
+def test_bad_config_names_file_and_field(tmp_path, body, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(path) in str(err.value) and expected in str(err.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,78 @@
+import json
+
+import pandas as pd
+import pytest
+
+from tasks.config import DataConfig
+from tasks.ingest import InputError, load_documents
+
+ROWS = [dict(doc_id="a", title="T1", text="First text.", label="x", split="train"),
+        dict(doc_id="b", title="T2", text="Second text.", label="y", split="test"),
+        dict(doc_id="c", title=None, text="Third text.", label=None, split=None)]
+
+
+def cfg(path, **kw):
+    return DataConfig(path=str(path), **kw)
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "csv", "jsonl"])
+def test_every_format_gives_the_same_table(tmp_path, suffix):
+    frame = pd.DataFrame(ROWS)
+    path = tmp_path / f"docs.{suffix}"
+    if suffix == "parquet":
+        frame.to_parquet(path)
+    elif suffix == "csv":
+        frame.to_csv(path, index=False)
+    else:
+        path.write_text("\n".join(json.dumps(r) for r in ROWS))
+    docs = load_documents(cfg(path))
+    assert docs.to_dict("records") == ROWS
+
+
+def test_folder_of_files_and_column_mapping(tmp_path):
+    renamed = pd.DataFrame(ROWS).rename(columns={"doc_id": "pmid", "text": "abstract"})
+    renamed.iloc[:2].to_csv(tmp_path / "a.csv", index=False)
+    renamed.iloc[2:].to_parquet(tmp_path / "b.parquet")
+    docs = load_documents(cfg(tmp_path, columns={"id": "pmid", "text": "abstract"}))
+    assert docs["doc_id"].tolist() == ["a", "b", "c"]
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="data.path: .*nope.parquet does not exist"):
+        load_documents(cfg(tmp_path / "nope.parquet"))
+
+
+def test_missing_or_misnamed_column_names_file_and_field(tmp_path):
+    path = tmp_path / "docs.parquet"
+    pd.DataFrame(ROWS).rename(columns={"text": "body"}).to_parquet(path)
+    with pytest.raises(InputError) as err:
+        load_documents(cfg(path))
+    assert str(path) in str(err.value) and "'text' (data.columns.text) not found" in str(err.value)
+    assert "body" in str(err.value)  # says what the file does have
+
+
+def test_empty_text_names_the_row(tmp_path):
+    path = tmp_path / "docs.csv"
+    pd.DataFrame([*ROWS[:2], dict(doc_id="z", title="", text="   ", label="x", split="")]).to_csv(path, index=False)
+    with pytest.raises(InputError, match=r"docs.csv: 1 row\(s\) with empty text .* row\(s\) \[3\]"):
+        load_documents(cfg(path))
+
+
+def test_non_utf8_names_the_line(tmp_path):
+    path = tmp_path / "docs.csv"
+    path.write_bytes(b"doc_id,text\na,fine\nb,caf\xe9 latin-1\n")
+    with pytest.raises(InputError, match=r"docs.csv: line 3: not valid UTF-8"):
+        load_documents(cfg(path, columns={"title": None, "label": None, "split": None}))
+
+
+def test_duplicate_ids_name_both_rows(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [*ROWS, {**ROWS[0], "text": "again"}]))
+    with pytest.raises(InputError, match=r"duplicate doc_id 'a' .*docs.jsonl row 1, .*docs.jsonl row 4"):
+        load_documents(cfg(path))
+
+
+def test_limit_keeps_the_first_documents(tmp_path):
+    path = tmp_path / "docs.parquet"
+    pd.DataFrame(ROWS).to_parquet(path)
+    assert load_documents(cfg(path, limit=2))["doc_id"].tolist() == ["a", "b"]

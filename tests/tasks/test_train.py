@@ -1,0 +1,59 @@
+import pytest
+import torch
+
+from tasks.config import ModelConfig, RandomInitConfig, TrainConfig
+from tasks.methods.contrastive import Checkpoints, make_batches, train_contrastive
+from tasks.models import InitConfig, save_random_encoder, sentence_model
+
+CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
+PAIRS = [[(f"doc {i} first part about topic {i % 3}", f"doc {i} second part, topic {i % 3}")
+          for i in range(e, e + 20)] for e in range(2)]  # 2 epochs x 5 batches
+
+
+@pytest.fixture(scope="module")
+def init_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("init") / "model"
+    cfg = ModelConfig(random_init=RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64))
+    save_random_encoder(cfg.name_or_path, InitConfig.from_model(cfg), folder)
+    return str(folder)
+
+
+def weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_resume_after_a_crash_gives_bit_identical_weights(init_dir, tmp_path):
+    straight = sentence_model(init_dir, CFG.max_length)
+    full = train_contrastive(straight, PAIRS, CFG, Checkpoints(tmp_path / "a"))
+
+    def crash(entry):
+        if entry.step == 7:
+            raise KeyboardInterrupt("killed")
+
+    crashed = sentence_model(init_dir, CFG.max_length)
+    with pytest.raises(KeyboardInterrupt):
+        train_contrastive(crashed, PAIRS, CFG, Checkpoints(tmp_path / "b"), on_step=crash)
+    assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["history"][-1]["step"] == 6
+
+    resumed_model = sentence_model(init_dir, CFG.max_length)  # a fresh process starts from the init
+    resumed = train_contrastive(resumed_model, PAIRS, CFG, Checkpoints(tmp_path / "b"))
+    assert [h.loss for h in resumed] == [h.loss for h in full]
+    a, b = weights(straight), weights(resumed_model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    untrained = weights(sentence_model(init_dir, 32))
+    assert not all(torch.equal(a[k], untrained[k]) for k in a)  # training did change the weights
+
+
+def test_schedule_warms_up_over_one_epoch_then_decays_to_zero(init_dir, tmp_path):
+    pairs = [[(f"a{i}", f"b{i}") for i in range(40)] for _ in range(3)]  # 10 batches x 3 epochs
+    history = train_contrastive(sentence_model(init_dir, 16), pairs, CFG, Checkpoints(tmp_path))
+    lrs = [h.lr for h in history]
+    # warm-up = 10% of ONE epoch = 1 step (transformers' linear schedule), then linear decay over 30.
+    assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-3)
+    assert lrs[-1] == pytest.approx(1e-3 * 1 / 29)
+    assert all(x > y for x, y in zip(lrs[1:], lrs[2:]))
+
+
+def test_a_lone_trailing_pair_is_not_a_batch():
+    batches = make_batches([[("a", "b")] * 9], batch_size=4)
+    assert [len(b) for _, b in batches] == [4, 4]

@@ -1,0 +1,49 @@
+import pyarrow as pa
+
+from tasks.config import SentenceConfig
+from tasks.sentences import sentence_table
+from tasks.views import build_crops, crops_by_document, draw_pairs
+
+
+def s(ch, n=120):
+    return ch * n
+
+
+def test_crops_are_runs_of_n_kept_sentences_skipping_filtered_ones():
+    # Fragment 2 is too short: the crop starting at A continues with C, as the reference code does.
+    text = f"{s('A')}. {s('B')}. tiny. {s('C')}. {s('D', 300)}. {s('E')}."
+    sentences = sentence_table(["doc"], [text], SentenceConfig())
+    crops = crops_by_document(sentences, n=2)["doc"]
+    a, b, c, e = (f"{s(x)}." for x in "ABCE")
+    assert crops == [f"{a} {b}", f"{b} {c}", f"{c} {e}"]
+    assert build_crops([a, b, c], 3) == [f"{a} {b} {c}"]
+    assert build_crops([a, b], 3) == []
+
+
+def test_documents_with_fewer_than_two_crops_are_dropped():
+    doc_crops = {"one": ["c1"], "two": ["c1", "c2"], "none": []}
+    for view in ("crops", "dropout"):
+        assert set(draw_pairs(doc_crops, view, epochs=1, seed=0)["doc_id"].to_pylist()) == {"two"}
+
+
+def test_pairs_one_per_document_per_epoch_distinct_for_crops_same_for_dropout():
+    doc_crops = {f"d{i}": [f"d{i}-c{j}" for j in range(3)] for i in range(50)}
+    crops = draw_pairs(doc_crops, "crops", epochs=3, seed=1).to_pylist()
+    dropout = draw_pairs(doc_crops, "dropout", epochs=3, seed=1).to_pylist()
+    for rows in (crops, dropout):
+        for epoch in range(3):
+            docs = [r["doc_id"] for r in rows if r["epoch"] == epoch]
+            assert sorted(docs) == sorted(doc_crops)  # every document once: never twice in a batch
+        assert all(r["anchor"].startswith(r["doc_id"] + "-") and r["positive"].startswith(r["doc_id"] + "-")
+                   for r in rows)
+    assert all(r["anchor"] != r["positive"] for r in crops)
+    assert all(r["anchor"] == r["positive"] for r in dropout)
+    orders = [[r["doc_id"] for r in crops if r["epoch"] == e] for e in range(3)]
+    assert orders[0] != orders[1]  # reshuffled each epoch
+
+
+def test_pairs_are_seeded():
+    doc_crops = {f"d{i}": [f"c{j}" for j in range(4)] for i in range(20)}
+    assert draw_pairs(doc_crops, "crops", 2, seed=5) == draw_pairs(doc_crops, "crops", 2, seed=5)
+    assert draw_pairs(doc_crops, "crops", 2, seed=5) != draw_pairs(doc_crops, "crops", 2, seed=6)
+    assert isinstance(draw_pairs(doc_crops, "crops", 1, 0), pa.Table)
