@@ -12,8 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from storage import ArtifactStore, Catalog
-from tasks.config import ConfigError, load_config
-from tasks.ingest import InputError
+from tasks.config import ConfigError, InputError, load_config
 from tasks.report import long_rows, wide_table
 
 # Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).
@@ -135,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, InputError) as e:
-        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
-        return 2
-    except FileNotFoundError as e:
+    except (ConfigError, InputError, FileNotFoundError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
 

@@ -19,6 +19,10 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the field."""
 
 
+class InputError(ValueError):
+    """Input data or a named model that cannot be used; the message says which file, row or field."""
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -170,6 +174,12 @@ def _resolve(base: Path, value: str | None) -> str | None:
     return str(p if p.is_absolute() else (base / p).resolve())
 
 
+def _resolve_model(base: Path, name: str) -> str:
+    # A model may be a Hub name ("org/model") or a folder next to the config: only an existing
+    # folder is made absolute.
+    return str((base / name).resolve()) if (base / name).is_dir() else name
+
+
 def load_config(path: str | Path) -> PipelineConfig:
     """Read and validate a YAML config; relative file paths become absolute (config-relative)."""
     path = Path(path)
@@ -191,4 +201,7 @@ def load_config(path: str | Path) -> PipelineConfig:
     if evaluate.sts:
         evaluate = evaluate.model_copy(update={"sts": evaluate.sts.model_copy(
             update={"path": _resolve(base, evaluate.sts.path)})})
-    return cfg.model_copy(update={"data": data, "evaluate": evaluate, "store": _resolve(base, cfg.store)})
+    evaluate = evaluate.model_copy(update={"reference_models": [_resolve_model(base, m) for m in evaluate.reference_models]})
+    model = cfg.model.model_copy(update={"name_or_path": _resolve_model(base, cfg.model.name_or_path)})
+    return cfg.model_copy(update={"data": data, "model": model, "evaluate": evaluate,
+                                  "store": _resolve(base, cfg.store)})

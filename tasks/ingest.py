@@ -17,15 +17,11 @@ import pyarrow as pa
 
 from storage import ArtifactRef, ArtifactStore, file_digest
 from storage.store import ArtifactWriter
-from tasks.config import DataConfig
+from tasks.config import DataConfig, InputError
 from tasks.stage import Stage
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 COLUMNS = ["doc_id", "title", "text", "label", "split"]
-
-
-class InputError(ValueError):
-    """Bad input data; the message says which file, row or field."""
 
 
 def input_files(cfg: DataConfig) -> list[Path]:

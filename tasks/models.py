@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from storage import ArtifactRef, ArtifactStore, file_digest
 from storage.store import ArtifactWriter
-from tasks.config import ModelConfig, Section
+from tasks.config import InputError, ModelConfig, Section
 from tasks.stage import Stage
 
 
@@ -30,11 +30,11 @@ def resolve_model(name_or_path: str) -> str:
     package = name_or_path.removeprefix("package:")
     spec = importlib.util.find_spec(package.replace("-", "_"))
     if spec is None or spec.origin is None:
-        raise ValueError(f"model {name_or_path!r}: package {package!r} is not installed "
+        raise InputError(f"model {name_or_path!r}: package {package!r} is not installed "
                          f"(pip install {package})")
     folder = Path(spec.origin).parent / "model"
     if not (folder / "config.json").is_file():
-        raise ValueError(f"model {name_or_path!r}: no model folder at {folder}")
+        raise InputError(f"model {name_or_path!r}: no model folder at {folder}")
     return str(folder)
 
 

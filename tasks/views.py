@@ -22,7 +22,7 @@ from pydantic import Field
 
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter
-from tasks.config import MethodConfig, Section
+from tasks.config import InputError, MethodConfig, Section
 from tasks.stage import Stage
 
 
@@ -73,7 +73,7 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef
     doc_crops = crops_by_document(store.read_table(inputs[0], "sentences"), cfg.n_sentences)
     table = draw_pairs(doc_crops, cfg.view, cfg.epochs, cfg.seed)
     if table.num_rows == 0:
-        raise ValueError("no document has 2 or more crops: check sentences.min_chars/max_chars "
+        raise InputError("no document has 2 or more crops: check sentences.min_chars/max_chars "
                          "and the method's n_sentences against your texts")
     out.write_table("pairs", table)
     out.extra.update(documents=table.num_rows // cfg.epochs)

@@ -38,3 +38,12 @@ def test_bad_config_names_file_and_field(tmp_path, body, expected):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_model_folder_next_to_the_config_is_made_absolute_hub_names_are_kept(tmp_path):
+    (tmp_path / "my-model").mkdir()
+    (tmp_path / "c.yaml").write_text("name: x\ndata: {path: d.csv}\nmodel: {name_or_path: my-model}\n"
+                                     "evaluate: {reference_models: [org/hub-model]}\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    assert cfg.model.name_or_path == str(tmp_path / "my-model")
+    assert cfg.evaluate.reference_models == ["org/hub-model"]

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from tasks.config import DataConfig
-from tasks.ingest import InputError, load_documents
+from tasks.config import InputError
+from tasks.ingest import load_documents
 
 ROWS = [dict(doc_id="a", title="T1", text="First text.", label="x", split="train"),
         dict(doc_id="b", title="T2", text="Second text.", label="y", split="test"),

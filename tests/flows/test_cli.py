@@ -1,0 +1,80 @@
+"""The `embforge` command end to end, in subprocesses: exit codes, kill -9 and resume, JSON report."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from storage import ArtifactStore, Catalog
+from tests.conftest import tiny_config
+
+EMBFORGE = [sys.executable, "-m", "flows.cli"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def embforge(*args, env=None, timeout=600):
+    return subprocess.run([*EMBFORGE, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def env(tmp_path):
+    # Each CLI run uses Prefect's temporary server with a database of its own.
+    return {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+
+
+def test_bad_config_exits_non_zero_naming_the_field(tmp_path, env):
+    config = tiny_config(tmp_path, train={"epochs": "many"})
+    result = embforge("run", str(config), env=env)
+    assert result.returncode == 2
+    assert f"{config}: train.epochs: Input should be a valid integer" in " ".join(result.stdout.split())
+    assert not (tmp_path / "store").exists()
+
+
+def test_missing_input_file_exits_non_zero(tmp_path, env):
+    config = tiny_config(tmp_path, data={"path": str(tmp_path / "missing.parquet")})
+    result = embforge("run", str(config), env=env)
+    assert result.returncode == 2
+    assert "missing.parquet does not exist" in result.stdout
+
+
+@pytest.mark.slow
+def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
+    # Big enough that training takes a while, so the kill lands mid-way.
+    config = tiny_config(tmp_path, data={"limit": 400}, methods=[{"name": "crops", "view": "crops"}],
+                         model={"random_init": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128}},
+                         train={"batch_size": 8, "epochs": 2, "checkpoint_every": 3, "max_length": 128})
+    store = ArtifactStore(tmp_path / "store")
+    proc = subprocess.Popen([*EMBFORGE, "run", str(config)], cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((store.root / "scratch").glob("train/*/checkpoint.pt")):
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        assert time.time() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (store.root / "artifacts" / "train").exists()  # killed before training finished
+
+    result = embforge("run", str(config), env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "resuming from checkpoint at step" in result.stdout + result.stderr
+    catalog = Catalog(store)
+    runs = catalog.query("SELECT run_id, status FROM runs ORDER BY started_at")
+    assert [r["status"] for r in runs] == ["running", "completed"]  # the killed run never finished
+    states = {r["stage"]: r["state"] for r in catalog.query(
+        "SELECT stage, state FROM run_stages WHERE run_id = ?", [runs[1]["run_id"]])}
+    assert states["ingest"] == states["sentences"] == states["pairs"] == states["init"] == "Cached"
+    assert states["train"] == "Completed"
+
+    # The JSON report has one line per model and metric, with the numbers the catalog holds.
+    report = embforge("report", "--json", "--store", str(store.root), env=env)
+    rows = [json.loads(line) for line in report.stdout.splitlines()]
+    assert {"run_id", "model", "method", "dataset", "metric", "value"} <= set(rows[0])
+    sql = {(r["label"], r["metric"]): r["value"] for r in catalog.query("SELECT * FROM run_metrics WHERE run_id = ?",
+                                                                         [runs[1]["run_id"]])}
+    assert {(r["model"], r["metric"]): r["value"] for r in rows} == sql

@@ -1,0 +1,87 @@
+"""The pipeline flow on a tiny slice of the demo corpus, under the real Prefect engine."""
+
+import pandas as pd
+import pytest
+import yaml
+from sentence_transformers import SentenceTransformer
+
+from storage import ArtifactStore, Catalog
+from tasks.config import InputError
+from tests.conftest import DEMO_DOCS, tiny_config
+
+STAGES = ["ingest", "sentences", "init", "pairs", "train", "pairs", "train", "evaluate", "evaluate",
+          "evaluate", "report"]
+
+
+def run(config):
+    from flows.pipeline import pipeline
+
+    state = pipeline(config_path=str(config), return_state=True)
+    return str(state.state_details.flow_run_id), state
+
+
+def stages(catalog, run_id):
+    return catalog.query("SELECT stage, label, state FROM run_stages WHERE run_id = ? ORDER BY position", [run_id])
+
+
+def artifact_files(store):
+    return {p: p.stat().st_mtime_ns for p in (store.root / "artifacts").rglob("*") if p.is_file()}
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
+    config = tiny_config(tmp_path)
+    store = ArtifactStore(tmp_path / "store")
+
+    # 1. First run computes every stage and the report agrees with the catalog.
+    first, state = run(config)
+    assert state.is_completed()
+    catalog = Catalog(store)
+    assert [s["stage"] for s in stages(catalog, first)] == STAGES
+    assert {s["state"] for s in stages(catalog, first)} == {"Completed"}
+    report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
+    report_rows = pd.read_parquet(store.root / "artifacts" / "report" / report / "report.parquet")
+    from_catalog = pd.DataFrame(catalog.query(
+        "SELECT label AS model, metric, value FROM run_metrics WHERE run_id = ?", [first]))
+    merged = report_rows.merge(from_catalog, on=["model", "metric"], suffixes=("", "_sql"))
+    assert len(merged) == len(report_rows) == 3 * 3  # 3 models x (kNN, kNN over splits, STS)
+    assert (merged["value"] == merged["value_sql"]).all()
+    assert "| crops | crops |" in (store.root / "artifacts" / "report" / report / "report.md").read_text()
+    train_keys = [r["key"] for r in catalog.query(
+        "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])]
+    model = SentenceTransformer(str(store.root / "artifacts" / "train" / train_keys[0] / "model"))
+    assert model.encode(["a sentence"]).shape == (1, 32)
+    assert not (store.root / "scratch" / "train").exists() or not any((store.root / "scratch" / "train").iterdir())
+
+    # 2. Running the finished config again recomputes nothing.
+    files = artifact_files(store)
+    second, _ = run(config)
+    catalog = Catalog(store)
+    assert {s["state"] for s in stages(catalog, second)} == {"Cached"}
+    assert artifact_files(store) == files
+
+    # 3. Changing the evaluation recomputes evaluate and report only.
+    third, _ = run(tiny_config(tmp_path, evaluate={"knn": {"repeats": 2}}))
+    states = {(s["stage"], s["state"]) for s in stages(Catalog(store), third)}
+    assert {st for stage, st in states if stage in ("ingest", "sentences", "init", "pairs", "train")} == {"Cached"}
+    assert {st for stage, st in states if stage in ("evaluate", "report")} == {"Completed"}
+
+    # 4. Bad input fails the run with a clear error, leaves no partial artifact, touches nothing.
+    files = artifact_files(store)
+    bad = tmp_path / "bad.parquet"
+    docs = pd.read_parquet(DEMO_DOCS).head(20)
+    pd.concat([docs, docs.head(1)]).to_parquet(bad)
+    config = tiny_config(tmp_path, data={"path": str(bad), "name": "bad"})
+    from flows.pipeline import pipeline
+
+    with pytest.raises(InputError, match=r"duplicate doc_id '\d+'.*bad.parquet row 1, .*bad.parquet row 21"):
+        pipeline(config_path=str(config))
+    assert artifact_files(store) == files
+    assert not any((store.root / ".tmp").iterdir())
+    failed = Catalog(store).query("SELECT status, error FROM runs ORDER BY started_at DESC, finished_at DESC LIMIT 1")
+    assert failed[0]["status"] == "failed" and "duplicate doc_id" in failed[0]["error"]
+
+
+def test_tiny_config_helper_overrides(tmp_path):
+    cfg = yaml.safe_load(tiny_config(tmp_path, train={"epochs": 2}).read_text())
+    assert cfg["train"]["epochs"] == 2 and cfg["train"]["batch_size"] == 16
