@@ -141,6 +141,10 @@ class ArtifactStore:
     def prefect_cache(self) -> Path:
         return self.root / "prefect-cache"
 
+    def forget_prefect_record(self, key: str) -> None:
+        """Drop Prefect's cache record for `key` (Prefect names the record file after the key)."""
+        (self.prefect_cache / key).unlink(missing_ok=True)
+
     def write_run(self, run_id: str, record: dict) -> None:
         runs = self.root / "runs"
         runs.mkdir(parents=True, exist_ok=True)

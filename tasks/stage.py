@@ -69,7 +69,13 @@ class Stage:
 
     def as_task(self, store: ArtifactStore):
         """The Prefect task for this stage, with its cache records kept inside `store`."""
-        policy = CacheKeyFnPolicy(cache_key_fn=lambda _ctx, p: self.key(p["config"], p["inputs"]))
+        def cache_key(_ctx, params: dict) -> str:
+            ref = self.ref(params["config"], params["inputs"])
+            if not store.exists(ref):
+                store.forget_prefect_record(ref.key)  # artifact deleted by hand: Prefect must not hit
+            return ref.key
+
+        policy = CacheKeyFnPolicy(cache_key_fn=cache_key)
 
         def run_stage(store_root: str, config: BaseModel, inputs: list[ArtifactRef]) -> ArtifactRef:
             return self.run(ArtifactStore(store_root), config, inputs, get_run_logger())

@@ -1,5 +1,7 @@
 """The pipeline flow on a tiny slice of the demo corpus, under the real Prefect engine."""
 
+import shutil
+
 import pandas as pd
 import pytest
 import yaml
@@ -66,7 +68,14 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     assert {st for stage, st in states if stage in ("ingest", "sentences", "init", "pairs", "train")} == {"Cached"}
     assert {st for stage, st in states if stage in ("evaluate", "report")} == {"Completed"}
 
-    # 4. Bad input fails the run with a clear error, leaves no partial artifact, touches nothing.
+    # 4. An artifact deleted by hand is rebuilt, even though Prefect had it cached.
+    report_dir = store.root / "artifacts" / "report" / report
+    shutil.rmtree(report_dir)
+    fourth, _ = run(tiny_config(tmp_path))  # the first run's config again
+    assert {s["stage"]: s["state"] for s in stages(Catalog(store), fourth)}["report"] == "Completed"
+    assert (report_dir / "report.md").is_file()
+
+    # 5. Bad input fails the run with a clear error, leaves no partial artifact, touches nothing.
     files = artifact_files(store)
     bad = tmp_path / "bad.parquet"
     docs = pd.read_parquet(DEMO_DOCS).head(20)
