@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from prefect import flow, task
@@ -73,28 +74,36 @@ def publish_report(store_root: str, report: ArtifactRef) -> None:
                              description="Model × metric report")
 
 
+@dataclass(frozen=True)
+class ReportedModel:
+    label: str  # the name shown in the report
+    method: str  # the view it was trained with, "none" for the base, "reference" for yardsticks
+    inputs: list[ArtifactRef]  # the train or init artifact holding it, if any
+    external: str | None = None  # else: its Hub name, folder or package:<name>
+
+
 def run_pipeline(cfg: PipelineConfig, store: ArtifactStore, run: RunRecord) -> ArtifactRef:
     docs = run.stage(INGEST, cfg.data, [])
     sentences = run.stage(SENTENCES, cfg.sentences, [docs])
     init = run.stage(INIT, InitConfig.from_model(cfg.model), []) if cfg.model.random_init else None
 
-    # (label, method, evaluate inputs, external model name) for every model in the report.
-    base_label = "base (random init)" if init else f"base ({cfg.model.name_or_path})"
-    models = [(base_label, "none", [init] if init else [], None if init else cfg.model.name_or_path)]
+    base = cfg.model.name_or_path
+    models = [ReportedModel("base (random init)", "none", [init]) if init else
+              ReportedModel(f"base ({base})", "none", [], base)]
     for method in cfg.methods:
         pairs = run.stage(PAIRS, PairsConfig.for_method(method, cfg.train.epochs), [sentences], method.name)
-        job = TrainJob(base_model=None if init else cfg.model.name_or_path, train=cfg.train)
+        job = TrainJob(base_model=None if init else base, train=cfg.train)
         trained = run.stage(TRAIN, job, [pairs] + ([init] if init else []), method.name, method.view)
-        models.append((method.name, method.view, [trained], None))
-    models += [(name, "reference", [], name) for name in cfg.evaluate.reference_models]
+        models.append(ReportedModel(method.name, method.view, [trained]))
+    models += [ReportedModel(name, "reference", [], name) for name in cfg.evaluate.reference_models]
 
     evaluations = []
-    for label, method, inputs, external in models:
-        job = EvalJob(model=external, dataset=cfg.data.display_name,
+    for model in models:
+        job = EvalJob(model=model.external, dataset=cfg.data.display_name,
                       **cfg.evaluate.model_dump(include={"max_length", "batch_size", "knn", "sts", "device"}))
-        evaluations.append(run.stage(EVALUATE, job, [docs] + inputs, label, method))
+        evaluations.append(run.stage(EVALUATE, job, [docs] + model.inputs, model.label, model.method))
     report_job = ReportJob(title=f"{cfg.name}: {cfg.data.display_name}",
-                           entries=[ReportEntry(label=m[0], method=m[1]) for m in models])
+                           entries=[ReportEntry(label=m.label, method=m.method) for m in models])
     report = run.stage(REPORT, report_job, evaluations)
     publish_report(str(store.root), report)
     return report
