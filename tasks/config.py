@@ -110,6 +110,12 @@ class TrainConfig(Section):
                                 "batches of ONE epoch, then linear decay to 0 over all batches.")
     max_length: int = Field(256, ge=8, description="Truncate training texts to this many tokens "
                             "(padding is per batch).")
+    pooling: Literal["mean", "cls", "sep"] = Field(
+        "mean", description="Sentence vector: mean over tokens (the papers' default), the first token "
+        "(CLS) or the last token ([SEP] for BERT-style models).")
+    freeze_embeddings: bool = Field(False, description="Keep the embedding layer fixed.")
+    freeze_layers: int = Field(0, ge=0, description="Keep the first N transformer layers fixed (the "
+                               "cropping paper's freezing study: training the last 2 of 12 nearly suffices).")
     checkpoint_every: int = Field(20, ge=1, description="Save a resumable checkpoint every N steps.")
     seed: int = Field(0, description="Seed for dropout and initialisation of new layers.")
     device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")

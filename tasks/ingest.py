@@ -120,8 +120,10 @@ def load_documents(cfg: DataConfig) -> pd.DataFrame:
 
 
 def _data_digest(cfg: DataConfig) -> str | None:
-    # Files are keyed by content, so editing the corpus in place invalidates the cache.
-    return file_digest(cfg.path) if cfg.path and Path(cfg.path).exists() else None
+    # Local files are keyed by content, so editing the corpus in place invalidates the cache;
+    # a Hub dataset is keyed by its name.
+    local = cfg.path or cfg.hf_dataset
+    return file_digest(local) if Path(local).exists() else None
 
 
 def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: list[ArtifactRef],

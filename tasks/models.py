@@ -50,11 +50,27 @@ def pick_device(device: str) -> str:
     return device
 
 
-def sentence_model(path: str, max_length: int, device: str = "cpu") -> SentenceTransformer:
-    """The encoder at `path` with mean pooling (the papers' pooling), ready to train."""
+# Our pooling names → sentence-transformers' modes ([SEP] is the last unpadded token of BERT inputs).
+POOLING_MODES = {"mean": "mean", "cls": "cls", "sep": "lasttoken"}
+
+
+def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean") -> SentenceTransformer:
+    """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train."""
     transformer = models.Transformer(resolve_model(path), max_seq_length=max_length)
-    pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
-    return SentenceTransformer(modules=[transformer, pooling], device=pick_device(device))
+    pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
+    return SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
+
+
+def freeze(model: SentenceTransformer, embeddings: bool, layers: int) -> None:
+    """Fix the embedding layer and/or the first `layers` transformer layers."""
+    encoder = model[0].auto_model
+    blocks = next(m for _, m in encoder.named_modules() if isinstance(m, torch.nn.ModuleList))
+    if layers > len(blocks):
+        raise InputError(f"train.freeze_layers: {layers}, but the model has {len(blocks)} layers")
+    # BERT-style models keep token, position and type embeddings together in `.embeddings`.
+    embedding = encoder.embeddings if hasattr(encoder, "embeddings") else encoder.get_input_embeddings()
+    for module in ([embedding] if embeddings else []) + list(blocks[:layers]):
+        module.requires_grad_(False)
 
 
 def save_random_encoder(tokenizer_source: str, cfg: "InitConfig", folder: Path) -> None:

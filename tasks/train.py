@@ -37,8 +37,10 @@ def model_path(store: ArtifactStore, ref: ArtifactRef) -> str:
 def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     pairs_ref, *init = inputs
-    model = sentence_model(model_path(store, init[0]) if init else job.base_model,
-                           job.train.max_length, job.train.device)
+    cfg = job.train
+    model = sentence_model(model_path(store, init[0]) if init else job.base_model, cfg.max_length,
+                           cfg.device, cfg.pooling)
+    models.freeze(model, cfg.freeze_embeddings, cfg.freeze_layers)
     pairs = store.read_table(pairs_ref, "pairs").to_pydict()
     epochs = max(pairs["epoch"]) + 1
     per_epoch: list[list[contrastive.Pair]] = [[] for _ in range(epochs)]

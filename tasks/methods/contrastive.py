@@ -72,7 +72,7 @@ def train_contrastive(model: SentenceTransformer, pairs_per_epoch: list[list[Pai
     batches = make_batches(pairs_per_epoch, cfg.batch_size)
     steps_per_epoch = len(batches) // len(pairs_per_epoch)
     warmup = max(1, round(cfg.warmup_ratio * steps_per_epoch))
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     schedule = get_linear_schedule_with_warmup(optimizer, warmup, len(batches))
     torch.manual_seed(cfg.seed)
     history: list[StepLog] = []

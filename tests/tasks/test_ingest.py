@@ -77,3 +77,11 @@ def test_limit_keeps_the_first_documents(tmp_path):
     path = tmp_path / "docs.parquet"
     pd.DataFrame(ROWS).to_parquet(path)
     assert load_documents(cfg(path, limit=2))["doc_id"].tolist() == ["a", "b"]
+
+
+def test_datasets_name_or_local_path(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    pd.DataFrame(ROWS).to_parquet(folder / "train.parquet")
+    docs = load_documents(DataConfig(hf_dataset=str(folder), hf_split="train"))
+    assert docs.to_dict("records") == ROWS

@@ -3,7 +3,7 @@ import torch
 
 from tasks.config import ModelConfig, RandomInitConfig, TrainConfig
 from tasks.methods.contrastive import Checkpoints, make_batches, train_contrastive
-from tasks.models import InitConfig, save_random_encoder, sentence_model
+from tasks.models import InitConfig, freeze, save_random_encoder, sentence_model
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
 PAIRS = [[(f"doc {i} first part about topic {i % 3}", f"doc {i} second part, topic {i % 3}")
@@ -57,3 +57,38 @@ def test_schedule_warms_up_over_one_epoch_then_decays_to_zero(init_dir, tmp_path
 def test_a_lone_trailing_pair_is_not_a_batch():
     batches = make_batches([[("a", "b")] * 9], batch_size=4)
     assert [len(b) for _, b in batches] == [4, 4]
+
+
+def test_frozen_embeddings_and_layers_stay_bit_identical(tmp_path):
+    folder = tmp_path / "init"
+    cfg = ModelConfig(random_init=RandomInitConfig(layers=2, hidden=32, heads=2, intermediate=64))
+    save_random_encoder(cfg.name_or_path, InitConfig.from_model(cfg), folder)
+    model = sentence_model(str(folder), 32)
+    freeze(model, embeddings=True, layers=1)
+    before = weights(model)
+    train_contrastive(model, PAIRS, CFG, Checkpoints(tmp_path / "ckpt"))
+    after = weights(model)
+    frozen = [k for k in before if ".embeddings." in k or ".layer.0." in k]
+    trained = [k for k in before if ".layer.1." in k]
+    assert frozen and trained
+    assert all(torch.equal(before[k], after[k]) for k in frozen)
+    assert all(not torch.equal(before[k], after[k]) for k in trained if k.endswith("weight"))
+
+
+def test_pooling_modes_pick_the_right_tokens(init_dir):
+    texts = ["a short text", "a somewhat longer text with more words"]
+    token_states = {}
+
+    def keep(_module, _inputs, output):
+        token_states["h"] = output["token_embeddings"]
+
+    for pooling, pick in [("cls", lambda h, n: h[0]), ("sep", lambda h, n: h[n - 1]),
+                          ("mean", lambda h, n: h[:n].mean(0))]:
+        model = sentence_model(init_dir, 32, pooling=pooling).eval()
+        handle = model[0].register_forward_hook(keep)
+        features = model.preprocess(texts)
+        with torch.no_grad():
+            emb = model({k: v for k, v in features.items()})["sentence_embedding"]
+        handle.remove()
+        for i, n in enumerate(features["attention_mask"].sum(1).tolist()):
+            assert torch.allclose(emb[i], pick(token_states["h"][i], n), atol=1e-5), pooling
