@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -123,6 +124,7 @@ def main() -> None:
     trainer = SentenceTransformerTrainer(model=model, args=training_args, train_dataset=dataset,
                                          loss=MultipleNegativesRankingLoss(model, scale=20.0), callbacks=[clock])
     trainer.train()
+    shutil.rmtree(work, ignore_errors=True)
 
     # 4. Figures
     ef, st = pairs_per_second(ef_stamps, args.batch_size), pairs_per_second(clock.stamps, args.batch_size)

@@ -117,7 +117,7 @@ class TrainConfig(Section):
     freeze_layers: int = Field(0, ge=0, description="Keep the first N transformer layers fixed (the "
                                "cropping paper's freezing study: training the last 2 of 12 nearly suffices).")
     checkpoint_every: int = Field(20, ge=1, description="Save a resumable checkpoint every N steps.")
-    seed: int = Field(0, description="Seed for dropout and initialisation of new layers.")
+    seed: int = Field(0, description="Seed of the dropout masks during training.")
     device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
 
 
