@@ -51,9 +51,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.pipeline import pipeline  # Prefect is slow to import: only when running
 
     store = _store(args)
-    pipeline(config_path=args.config, store=str(store.root))
+    state = pipeline(config_path=args.config, store=str(store.root), return_state=True)
+    state.result()  # raises the run's own error, e.g. an InputError naming the bad row
+    run_id = str(state.state_details.flow_run_id)
     catalog = Catalog(store)
-    run_id = catalog.latest_run_id()
     _print_table(f"{cfg.name} (run {run_id})",
                  wide_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
     console.print(f"artifacts in {store.root}; query them with `embforge sql` or DuckDB")
