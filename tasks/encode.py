@@ -14,20 +14,24 @@ from transformers import AutoModel, AutoTokenizer
 from tasks.models import pick_device, resolve_model
 
 
-def encode_mean(model: str, texts: list[str], max_length: int = 256, batch_size: int = 32,
-                device: str = "auto") -> np.ndarray:
-    path = resolve_model(model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    encoder = AutoModel.from_pretrained(path).to(pick_device(device)).eval()
-    # Longest first, so texts of similar length share a batch and little padding is computed.
-    order = np.argsort([-len(t) for t in texts], kind="stable")
-    out = np.empty((len(texts), encoder.config.hidden_size), dtype=np.float32)
-    with torch.inference_mode():
-        for start in tqdm(range(0, len(texts), batch_size), desc="encode", unit="batch", mininterval=5):
-            idx = order[start : start + batch_size]
-            batch = tokenizer([texts[i] for i in idx], padding=True, truncation=True,
-                              max_length=max_length, return_tensors="pt").to(encoder.device)
-            hidden = encoder(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            out[idx] = ((hidden * mask).sum(1) / mask.sum(1)).float().cpu().numpy()
-    return out
+class MeanPoolEncoder:
+    """A model loaded once, then used for every text set an evaluation needs."""
+
+    def __init__(self, model: str, device: str = "auto"):
+        path = resolve_model(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path).to(pick_device(device)).eval()
+
+    def encode(self, texts: list[str], max_length: int = 256, batch_size: int = 32) -> np.ndarray:
+        # Longest first, so texts of similar length share a batch and little padding is computed.
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.empty((len(texts), self.model.config.hidden_size), dtype=np.float32)
+        with torch.inference_mode():
+            for start in tqdm(range(0, len(texts), batch_size), desc="encode", unit="batch", mininterval=5):
+                idx = order[start : start + batch_size]
+                batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
+                                       max_length=max_length, return_tensors="pt").to(self.model.device)
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                out[idx] = ((hidden * mask).sum(1) / mask.sum(1)).float().cpu().numpy()
+        return out

@@ -47,12 +47,11 @@ def knn_rows(emb: np.ndarray, labels: list[str], cfg: KnnConfig) -> list[dict]:
     return rows
 
 
-def sts_rows(model: str, job: EvalJob) -> list[dict]:
+def sts_rows(encoder: encode.MeanPoolEncoder, job: EvalJob) -> list[dict]:
     pairs = pd.read_parquet(job.sts.path)
     if job.sts.split:
         pairs = pairs[pairs["split"] == job.sts.split]
-    emb = encode.encode_mean(model, pairs["sentence1"].tolist() + pairs["sentence2"].tolist(),
-                             job.max_length, job.batch_size, job.device)
+    emb = encoder.encode(pairs["sentence1"].tolist() + pairs["sentence2"].tolist(), job.max_length, job.batch_size)
     rho = sts.sts_spearman(emb[: len(pairs)], emb[len(pairs) :], pairs["score"].to_numpy())
     return [dict(metric="sts_spearman", value=rho, std=None, n=len(pairs), repeats=1, split=job.sts.split)]
 
@@ -60,7 +59,7 @@ def sts_rows(model: str, job: EvalJob) -> list[dict]:
 def build_metrics(store: ArtifactStore, job: EvalJob, inputs: list[ArtifactRef],
                   out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     docs_ref, *trained = inputs
-    model = model_path(store, trained[0]) if trained else job.model
+    encoder = encode.MeanPoolEncoder(model_path(store, trained[0]) if trained else job.model, job.device)
     rows = []
     if job.knn:
         docs = store.read_table(docs_ref, "documents").to_pandas()
@@ -68,10 +67,10 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: list[ArtifactRef],
         if len(docs) < 2 * job.knn.k:
             log.warning("evaluate: only %d labelled documents, kNN accuracy skipped", len(docs))
         else:
-            emb = encode.encode_mean(model, docs["text"].tolist(), job.max_length, job.batch_size, job.device)
+            emb = encoder.encode(docs["text"].tolist(), job.max_length, job.batch_size)
             rows += knn_rows(emb, docs["label"].tolist(), job.knn)
     if job.sts:
-        rows += sts_rows(model, job)
+        rows += sts_rows(encoder, job)
     source = f"{trained[0].stage}/{trained[0].key}" if trained else job.model
     table = pd.DataFrame(rows).assign(key=ref.key, model=source, dataset=job.dataset)
     table = table[["key", "model", "dataset", "metric", "value", "std", "n", "repeats", "split"]]

@@ -47,9 +47,8 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
     for epoch, anchor, positive in zip(pairs["epoch"], pairs["anchor"], pairs["positive"]):
         per_epoch[epoch].append((anchor, positive))
     log.info("train: %d pairs x %d epoch(s), batch %d, lr %g, on %s", len(per_epoch[0]), epochs,
-             job.train.batch_size, job.train.lr, model.device)
-    history = contrastive.train_contrastive(model, per_epoch, job.train,
-                                            contrastive.Checkpoints(store.scratch(ref)), log)
+             cfg.batch_size, cfg.lr, model.device)
+    history = contrastive.train_contrastive(model, per_epoch, cfg, contrastive.Checkpoints(store.scratch(ref)), log)
     model.save(str(out.folder / "model"))
     out.write_table("training", pa.Table.from_pylist([vars(h) for h in history]))
     out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)
