@@ -74,8 +74,6 @@ class Catalog:
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row)) for row in cur.fetchall()]
 
-    def latest_run_id(self, status: str | None = None) -> str | None:
-        where = "WHERE status = ?" if status else ""
-        rows = self.query(f"SELECT run_id FROM runs {where} ORDER BY started_at DESC LIMIT 1",
-                          [status] if status else None)
+    def latest_run_id(self) -> str | None:
+        rows = self.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")
         return rows[0]["run_id"] if rows else None

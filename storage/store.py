@@ -150,10 +150,6 @@ class ArtifactStore:
         runs.mkdir(parents=True, exist_ok=True)
         _write_json_atomic(runs / f"{run_id}.json", record)
 
-    def relative(self, path: Path) -> str:
-        """Paths shown to users and logged are relative to the store root."""
-        return str(Path(path).resolve().relative_to(self.root))
-
 
 class ArtifactWriter:
     """Handed to a stage while its artifact is being written."""
