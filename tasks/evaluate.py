@@ -33,6 +33,7 @@ class EvalJob(Section):
     batch_size: int
     knn: KnnConfig | None
     sts: StsConfig | None
+    pooling: str = Field("mean", description="mean, cls or sep: the pooling the model was trained with.")
     device: str = "auto"
 
 
@@ -47,7 +48,7 @@ def knn_rows(emb: np.ndarray, labels: list[str], cfg: KnnConfig) -> list[dict]:
     return rows
 
 
-def sts_rows(encoder: encode.MeanPoolEncoder, job: EvalJob) -> list[dict]:
+def sts_rows(encoder: encode.PooledEncoder, job: EvalJob) -> list[dict]:
     pairs = pd.read_parquet(job.sts.path)
     if job.sts.split:
         pairs = pairs[pairs["split"] == job.sts.split]
@@ -59,7 +60,7 @@ def sts_rows(encoder: encode.MeanPoolEncoder, job: EvalJob) -> list[dict]:
 def build_metrics(store: ArtifactStore, job: EvalJob, inputs: list[ArtifactRef],
                   out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     docs_ref, *trained = inputs
-    encoder = encode.MeanPoolEncoder(model_path(store, trained[0]) if trained else job.model, job.device)
+    encoder = encode.PooledEncoder(model_path(store, trained[0]) if trained else job.model, job.device, job.pooling)
     rows = []
     if job.knn:
         docs = store.read_table(docs_ref, "documents").to_pandas()

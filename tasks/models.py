@@ -54,9 +54,26 @@ def pick_device(device: str) -> str:
 POOLING_MODES = {"mean": "mean", "cls": "cls", "sep": "lasttoken"}
 
 
-def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean") -> SentenceTransformer:
-    """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train."""
+def transformer_blocks(encoder: torch.nn.Module) -> torch.nn.ModuleList:
+    """The stack of transformer layers of a Hugging Face encoder (BERT, MPNet, ...)."""
+    return next(m for _, m in encoder.named_modules() if isinstance(m, torch.nn.ModuleList))
+
+
+def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean",
+                   layer: int | None = None) -> SentenceTransformer:
+    """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train.
+
+    `layer` = L keeps only the first L transformer layers: its last hidden state is then
+    hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
+    """
     transformer = models.Transformer(resolve_model(path), max_seq_length=max_length)
+    if layer is not None:
+        encoder = transformer.auto_model
+        blocks = transformer_blocks(encoder)
+        if layer > len(blocks):
+            raise InputError(f"train.layer: {layer}, but the model has {len(blocks)} layers")
+        del blocks[layer:]
+        encoder.config.num_hidden_layers = layer
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     return SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
 
@@ -64,7 +81,7 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
 def freeze(model: SentenceTransformer, embeddings: bool, layers: int) -> None:
     """Fix the embedding layer and/or the first `layers` transformer layers."""
     encoder = model[0].auto_model
-    blocks = next(m for _, m in encoder.named_modules() if isinstance(m, torch.nn.ModuleList))
+    blocks = transformer_blocks(encoder)
     if layers > len(blocks):
         raise InputError(f"train.freeze_layers: {layers}, but the model has {len(blocks)} layers")
     # BERT-style models keep token, position and type embeddings together in `.embeddings`.

@@ -1,6 +1,7 @@
-"""Train: fine-tune an encoder on a pairs artifact with InfoNCE; save it in sentence-transformers format.
+"""Train: fine-tune an encoder with one recipe on a views artifact; save it in sentence-transformers format.
 
-Inputs: the pairs artifact, plus the init artifact when the encoder starts from random weights.
+Inputs: the pairs (views) artifact, plus the init or stage-1 artifact the encoder starts from.
+Only the encoder is saved: decoders, MLM heads and projection heads are training-only.
 Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
 Output: `model/` (loads with `SentenceTransformer(path)`) and `training.parquet` (the per-step loss
 and learning rate: the learning curve).
@@ -16,17 +17,27 @@ from pydantic import Field
 
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter
-from tasks.config import Section, TrainConfig
+from sentence_transformers import SentenceTransformer
+
+from tasks.config import MethodConfig, Section, TrainConfig
 from tasks import models
-from tasks.methods import contrastive, infonce
+from tasks.methods import infonce, masking, mlm, recipes, retromae, training, tsdae
 from tasks.models import model_identity, sentence_model
 from tasks.stage import Stage
 
 
 class TrainJob(Section):
     base_model: str | None = Field(description="Pre-trained start (name or path); None when the "
-                                   "inputs carry a randomly initialised encoder.")
+                                   "inputs carry the encoder to start from (random init, stage 1).")
+    recipe: str
+    mask_ratio: float = 0.15
+    decoder_visible: float = 0.5
     train: TrainConfig
+
+    @classmethod
+    def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig) -> "TrainJob":
+        return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.default_mask_ratio,
+                   decoder_visible=method.decoder_visible, train=train)
 
 
 def model_path(store: ArtifactStore, ref: ArtifactRef) -> str:
@@ -39,20 +50,24 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
     pairs_ref, *init = inputs
     cfg = job.train
     model = sentence_model(model_path(store, init[0]) if init else job.base_model, cfg.max_length,
-                           cfg.device, cfg.pooling)
-    models.freeze(model, cfg.freeze_embeddings, cfg.freeze_layers)
+                           cfg.device, recipes.pooling_for(job.recipe, cfg), cfg.layer)
+    objective = recipes.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible)
+    # After building the loss: a tied decoder replaces the encoder's parameters with its own.
+    for encoder in objective.loss.modules():
+        if isinstance(encoder, SentenceTransformer):
+            models.freeze(encoder, cfg.freeze_embeddings, cfg.freeze_layers)
     pairs = store.read_table(pairs_ref, "pairs").to_pydict()
     epochs = max(pairs["epoch"]) + 1
-    per_epoch: list[list[contrastive.Pair]] = [[] for _ in range(epochs)]
+    per_epoch: list[list[recipes.Pair]] = [[] for _ in range(epochs)]
     for epoch, anchor, positive in zip(pairs["epoch"], pairs["anchor"], pairs["positive"]):
         per_epoch[epoch].append((anchor, positive))
-    log.info("train: %d pairs x %d epoch(s), batch %d, lr %g, on %s", len(per_epoch[0]), epochs,
-             cfg.batch_size, cfg.lr, model.device)
-    history = contrastive.train_contrastive(model, per_epoch, cfg, contrastive.Checkpoints(store.scratch(ref)), log)
+    log.info("train %s: %d rows x %d epoch(s), batch %d, lr %g, on %s", job.recipe, len(per_epoch[0]),
+             epochs, cfg.batch_size, cfg.lr, model.device)
+    history = training.train_model(objective, per_epoch, cfg, training.Checkpoints(store.scratch(ref)), log)
     model.save(str(out.folder / "model"))
     out.write_table("training", pa.Table.from_pylist([vars(h) for h in history]))
     out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)
 
 
-TRAIN = Stage("train", build_model, code=(sys.modules[__name__], models, contrastive, infonce),
+TRAIN = Stage("train", build_model, code=(sys.modules[__name__], models, training, recipes, infonce, masking, mlm, retromae, tsdae),
               extra_key=lambda job: model_identity(job.base_model) if job.base_model else None, retries=1)

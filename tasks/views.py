@@ -1,10 +1,12 @@
-"""Training views: positive pairs built from the sentences table (methods.md §1).
+"""Training views: (anchor, positive) rows built from the sentences table (methods.md §1).
 
-crops:   two distinct crops of the same document, drawn uniformly;
-dropout: one crop used twice (the model's dropout makes the two views differ).
-A crop is n consecutive kept sentences; documents with fewer than 2 crops are dropped (for both
-views, so that crops and dropout train on the same documents). Each epoch has one pair per
-document in a fresh random order, so no document appears twice in a batch.
+crops: two distinct crops of the same document, drawn uniformly (crops, retromae_infonce);
+same:  one crop used twice (dropout, simcse, ct: the model's dropout makes the views differ;
+       mlm and retromae read only the anchor and mask it themselves at each step);
+noise: anchor = the crop with words deleted, positive = the crop itself (tsdae's input, target).
+A crop is n consecutive kept sentences; documents with fewer than 2 crops are dropped for every
+view, so that all recipes train on the same documents with the same budget. Each epoch has one
+row per document in a fresh random order, so no document appears twice in a batch.
 
 Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order.
 """
@@ -23,19 +25,28 @@ from pydantic import Field
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter
 from tasks.config import InputError, MethodConfig, Section
+from tasks.methods import tsdae
+from tasks.methods.tsdae import delete_words
 from tasks.stage import Stage
 
 
+VIEW_OF_RECIPE = {"crops": "crops", "retromae_infonce": "crops", "tsdae": "noise"}  # others: same
+
+
 class PairsConfig(Section):
-    view: Literal["crops", "dropout"]
+    view: Literal["crops", "same", "noise"]
     n_sentences: int = Field(2, ge=1)
     seed: int = 0
     epochs: int = Field(1, ge=1)
+    deletion_ratio: float | None = None
 
     @classmethod
     def for_method(cls, method: MethodConfig, epochs: int) -> "PairsConfig":
-        # The method's display name is not part of the identity: renaming reuses the pairs.
-        return cls(view=method.view, n_sentences=method.n_sentences, seed=method.seed, epochs=epochs)
+        # Only what shapes the rows is part of the identity: recipes that read the same view (and
+        # renamed methods) share one artifact.
+        view = VIEW_OF_RECIPE.get(method.recipe, "same")
+        return cls(view=view, n_sentences=method.n_sentences, seed=method.seed, epochs=epochs,
+                   deletion_ratio=method.deletion_ratio if view == "noise" else None)
 
 
 def build_crops(kept_sentences: list[str], n: int) -> list[str]:
@@ -43,7 +54,8 @@ def build_crops(kept_sentences: list[str], n: int) -> list[str]:
     return [" ".join(kept_sentences[i : i + n]) for i in range(len(kept_sentences) - n + 1)]
 
 
-def draw_pairs(doc_crops: dict[str, list[str]], view: str, epochs: int, seed: int) -> pa.Table:
+def draw_pairs(doc_crops: dict[str, list[str]], view: str, epochs: int, seed: int,
+               deletion_ratio: float = 0.6) -> pa.Table:
     rng = np.random.default_rng(seed)
     docs = [d for d, crops in doc_crops.items() if len(crops) >= 2]
     cols: dict[str, list] = {"epoch": [], "doc_id": [], "anchor": [], "positive": []}
@@ -56,7 +68,7 @@ def draw_pairs(doc_crops: dict[str, list[str]], view: str, epochs: int, seed: in
                 a = b = rng.integers(len(crops))
             cols["epoch"].append(epoch)
             cols["doc_id"].append(docs[i])
-            cols["anchor"].append(crops[a])
+            cols["anchor"].append(delete_words(crops[a], deletion_ratio, rng) if view == "noise" else crops[a])
             cols["positive"].append(crops[b])
     return pa.table(cols, schema=pa.schema([("epoch", pa.int32()), ("doc_id", pa.string()),
                                            ("anchor", pa.string()), ("positive", pa.string())]))
@@ -71,7 +83,7 @@ def crops_by_document(sentences: pa.Table, n: int) -> dict[str, list[str]]:
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef],
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     doc_crops = crops_by_document(store.read_table(inputs[0], "sentences"), cfg.n_sentences)
-    table = draw_pairs(doc_crops, cfg.view, cfg.epochs, cfg.seed)
+    table = draw_pairs(doc_crops, cfg.view, cfg.epochs, cfg.seed, cfg.deletion_ratio)
     if table.num_rows == 0:
         raise InputError("no document has 2 or more crops: check sentences.min_chars/max_chars "
                          "and the method's n_sentences against your texts")
@@ -81,4 +93,4 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef
              cfg.n_sentences, out.extra["documents"], table.num_rows, cfg.epochs)
 
 
-PAIRS = Stage("pairs", build_pairs, code=(sys.modules[__name__],))
+PAIRS = Stage("pairs", build_pairs, code=(sys.modules[__name__], tsdae))

@@ -31,7 +31,7 @@ def tiny_config(tmp_path: Path, **overrides) -> Path:
         "store": str(tmp_path / "store"),
         "data": {"path": str(DEMO_DOCS), "name": "ohsumed-tiny", "limit": 150},
         "model": {"random_init": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64}},
-        "methods": [{"name": "crops", "view": "crops"}, {"name": "dropout", "view": "dropout"}],
+        "methods": [{"name": "crops", "recipe": "crops"}, {"name": "dropout", "recipe": "dropout"}],
         "train": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_length": 64, "checkpoint_every": 2},
         "evaluate": {"max_length": 64, "knn": {"repeats": 3}, "sts": {"path": str(STSB)}},
     }

@@ -1,13 +1,44 @@
-"""InfoNCE / NT-Xent, one direction, in-batch negatives (methods.md §1).
+"""InfoNCE / NT-Xent, one direction, in-batch negatives (methods.md §1, §2).
 
 For anchor i the logits are cos(a_i, p_j) / τ over every positive j in the batch and the target
-is j = i. With τ = 0.05 this is sentence-transformers' MultipleNegativesRankingLoss(scale=20).
+is j = i. With τ = 0.05 this is sentence-transformers' MultipleNegativesRankingLoss(scale=20)
+(the tests check that). We keep our own module because the recipes need two things MNRL lacks:
+SimCSE's single forward pass over both views, and a projection head used only in training.
 """
+
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from sentence_transformers import SentenceTransformer
+from torch import nn
 
 
 def info_nce(anchors: torch.Tensor, positives: torch.Tensor, temperature: float) -> torch.Tensor:
     logits = F.normalize(anchors, dim=-1) @ F.normalize(positives, dim=-1).T / temperature
     return F.cross_entropy(logits, torch.arange(len(anchors), device=anchors.device))
+
+
+class InfoNCELoss(nn.Module):
+    """sentence-transformers-style loss: `forward(sentence_features, labels)`.
+
+    sentence_features is [anchors, positives], or a single batch of 2B rows (anchors then
+    positives) when `one_pass`: SimCSE's way, where one forward pass draws different dropout
+    masks for the two copies of each sentence.
+    """
+
+    def __init__(self, model: SentenceTransformer, temperature: float, head: str = "none", one_pass: bool = False):
+        super().__init__()
+        self.model = model
+        self.temperature = temperature
+        self.one_pass = one_pass
+        dim = model.get_embedding_dimension()
+        # SimCSE's MLP (dense + tanh) sits on top during training only; it is not saved with the model.
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if head == "mlp" else nn.Identity()
+
+    def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
+        if self.one_pass:
+            anchors, positives = self.head(self.model(sentence_features[0])["sentence_embedding"]).chunk(2)
+        else:
+            anchors, positives = (self.head(self.model(f)["sentence_embedding"]) for f in sentence_features)
+        return info_nce(anchors, positives, self.temperature)

@@ -45,7 +45,7 @@ def test_missing_input_file_exits_non_zero(tmp_path, env):
 @pytest.mark.slow
 def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
     # Big enough that training takes a while, so the kill lands mid-way.
-    config = tiny_config(tmp_path, data={"limit": 400}, methods=[{"name": "crops", "view": "crops"}],
+    config = tiny_config(tmp_path, data={"limit": 400}, methods=[{"name": "crops", "recipe": "crops"}],
                          model={"random_init": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128}},
                          train={"batch_size": 8, "epochs": 2, "checkpoint_every": 3, "max_length": 128})
     store = ArtifactStore(tmp_path / "store")

@@ -94,3 +94,34 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
 def test_tiny_config_helper_overrides(tmp_path):
     cfg = yaml.safe_load(tiny_config(tmp_path, train={"epochs": 2}).read_text())
     assert cfg["train"]["epochs"] == 2 and cfg["train"]["batch_size"] == 16
+
+
+RECIPES = ["crops", "dropout", "simcse", "tsdae", "ct", "mlm", "retromae", "retromae_infonce"]
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
+    # Stage 1 (RetroMAE on another corpus) feeds every stage-2 method, as in RetroMAE's workflow.
+    pretrain = {"data": {"path": str(DEMO_DOCS), "limit": 60}, "method": {"name": "stage1", "recipe": "retromae"},
+                "train": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_length": 32}}
+    methods = [{"name": r, "recipe": r, "n_sentences": 1 if r in ("simcse", "tsdae", "ct") else 2}
+               for r in RECIPES]
+    methods[0]["train"] = {"matryoshka_dims": [32, 16], "layer": 1, "freeze_embeddings": True}
+    methods[1]["train"] = {"head": "mlp", "pooling": "sep"}
+    config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, train={"max_length": 32},
+                         model={"pretrain": pretrain})
+    first, state = run(config)
+    assert state.is_completed()
+    catalog = Catalog(ArtifactStore(tmp_path / "store"))
+    rows = catalog.query("SELECT label, method, metric, value FROM run_metrics WHERE run_id = ? "
+                         "AND metric IN ('knn_accuracy', 'sts_spearman')", [first])
+    scored = {(r["label"], r["method"], r["metric"]) for r in rows if r["value"] == r["value"]}  # not NaN
+    for recipe in RECIPES:
+        assert {(recipe, recipe, "knn_accuracy"), (recipe, recipe, "sts_spearman")} <= scored
+    assert ("stage 1 (stage1)", "retromae", "knn_accuracy") in scored
+    report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
+    markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
+    assert all(f"| {recipe} | {recipe} |" in markdown for recipe in RECIPES)
+    # Recipes that read the same view share one pairs artifact.
+    pairs = catalog.query("SELECT DISTINCT key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [first])
+    assert len(pairs) == 5  # stage 1; crops n=2; same n=1; noise n=1; same n=2 (mlm, retromae)

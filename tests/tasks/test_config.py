@@ -7,7 +7,8 @@ from tasks.config import ConfigError, load_config
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "minilm_crops_vs_dropout.yaml", "paper/crops_vs_dropout.yaml"])
+@pytest.mark.parametrize("name", sorted(str(p.relative_to(REPO / "configs"))
+                                        for p in (REPO / "configs").rglob("*.yaml")))
 def test_shipped_configs_validate(name):
     cfg = load_config(REPO / "configs" / name)
     assert Path(cfg.data.path).is_absolute() or cfg.data.hf_dataset
@@ -23,8 +24,12 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
 @pytest.mark.parametrize("body, expected", [
     ("name: x\ndata: {path: a.csv}\ntrain: {epochs: 1, learning_rate: 0.1}\n", "train.learning_rate: Extra inputs"),
     ("name: x\ndata: {path: a.csv}\ntrain: {lr: fast}\n", "train.lr: Input should be a valid number"),
-    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, view: crop}]\n", "methods.0.view"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crop}]\n", "methods.0.recipe"),
     ("data: {path: a.csv}\n", "name: Field required"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: s, recipe: simcse, train: {lr: -1}}]\n",
+     "methods.0.train.lr: Input should be greater than 0"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: t, recipe: tsdae, train: {head: mlp}}]\n",
+     "methods.0.train: head and matryoshka_dims apply to"),
     ("name: x\ndata: {}\n", "exactly one of `path` or `hf_dataset`"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, body, expected):
@@ -47,3 +52,17 @@ def test_model_folder_next_to_the_config_is_made_absolute_hub_names_are_kept(tmp
     cfg = load_config(tmp_path / "c.yaml")
     assert cfg.model.name_or_path == str(tmp_path / "my-model")
     assert cfg.evaluate.reference_models == ["org/hub-model"]
+
+
+def test_method_overrides_apply_to_that_method_only(tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        "name: x\ndata: {path: d.csv}\ntrain: {lr: 2.0e-5, batch_size: 64}\nmethods:\n"
+        "  - {name: crops, recipe: crops}\n"
+        "  - {name: tsdae, recipe: tsdae, train: {lr: 3.0e-5, batch_size: 8, schedule: constant}}\n"
+        "model:\n  pretrain: {data: {path: generic.parquet}, method: {name: s1, recipe: retromae}}\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    crops, tsdae = (cfg.train_for(m) for m in cfg.methods)
+    assert (crops.lr, crops.batch_size, crops.schedule) == (2e-5, 64, "linear")
+    assert (tsdae.lr, tsdae.batch_size, tsdae.schedule) == (3e-5, 8, "constant")
+    assert cfg.model.pretrain.data.path == str(tmp_path / "generic.parquet")
+    assert cfg.model.pretrain.method.default_mask_ratio == 0.3

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from tasks.config import ModelConfig, RandomInitConfig, TrainConfig
-from tasks.methods.contrastive import Checkpoints, make_batches, train_contrastive
+from tasks.methods.recipes import build_objective
+from tasks.methods.training import Checkpoints, make_batches, train_model
 from tasks.models import InitConfig, freeze, save_random_encoder, sentence_model
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
@@ -16,6 +17,10 @@ def init_dir(tmp_path_factory):
     cfg = ModelConfig(random_init=RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64))
     save_random_encoder(cfg.name_or_path, InitConfig.from_model(cfg), folder)
     return str(folder)
+
+
+def train_contrastive(model, pairs, cfg, checkpoints, on_step=None):
+    return train_model(build_objective(model, "crops", cfg), pairs, cfg, checkpoints, on_step=on_step)
 
 
 def weights(model):
@@ -92,3 +97,20 @@ def test_pooling_modes_pick_the_right_tokens(init_dir):
         handle.remove()
         for i, n in enumerate(features["attention_mask"].sum(1).tolist()):
             assert torch.allclose(emb[i], pick(token_states["h"][i], n), atol=1e-5), pooling
+
+
+def test_layer_knob_gives_that_hidden_layer_of_the_full_model(tmp_path):
+    folder = tmp_path / "init"
+    cfg = ModelConfig(random_init=RandomInitConfig(layers=3, hidden=32, heads=2, intermediate=64))
+    save_random_encoder(cfg.name_or_path, InitConfig.from_model(cfg), folder)
+    full = sentence_model(str(folder), 32).eval()
+    features = full.preprocess(["a text to embed"])
+    with torch.no_grad():
+        hidden = full[0].auto_model(**{k: v for k, v in features.items() if k != "modality"},
+                                    output_hidden_states=True).hidden_states
+        for layer in (0, 1, 3):
+            cut = sentence_model(str(folder), 32, layer=layer).eval()
+            emb = cut(dict(features))["sentence_embedding"]
+            assert torch.allclose(emb[0], hidden[layer][0].mean(0), atol=1e-5), layer
+    with pytest.raises(Exception, match="train.layer: 4"):
+        sentence_model(str(folder), 32, layer=4)

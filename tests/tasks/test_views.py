@@ -22,14 +22,14 @@ def test_crops_are_runs_of_n_kept_sentences_skipping_filtered_ones():
 
 def test_documents_with_fewer_than_two_crops_are_dropped():
     doc_crops = {"one": ["c1"], "two": ["c1", "c2"], "none": []}
-    for view in ("crops", "dropout"):
+    for view in ("crops", "same", "noise"):
         assert set(draw_pairs(doc_crops, view, epochs=1, seed=0)["doc_id"].to_pylist()) == {"two"}
 
 
 def test_pairs_one_per_document_per_epoch_distinct_for_crops_same_for_dropout():
     doc_crops = {f"d{i}": [f"d{i}-c{j}" for j in range(3)] for i in range(50)}
     crops = draw_pairs(doc_crops, "crops", epochs=3, seed=1).to_pylist()
-    dropout = draw_pairs(doc_crops, "dropout", epochs=3, seed=1).to_pylist()
+    dropout = draw_pairs(doc_crops, "same", epochs=3, seed=1).to_pylist()
     for rows in (crops, dropout):
         for epoch in range(3):
             docs = [r["doc_id"] for r in rows if r["epoch"] == epoch]
@@ -47,3 +47,15 @@ def test_pairs_are_seeded():
     assert draw_pairs(doc_crops, "crops", 2, seed=5) == draw_pairs(doc_crops, "crops", 2, seed=5)
     assert draw_pairs(doc_crops, "crops", 2, seed=5) != draw_pairs(doc_crops, "crops", 2, seed=6)
     assert isinstance(draw_pairs(doc_crops, "crops", 1, 0), pa.Table)
+
+
+def test_noise_view_pairs_a_word_deleted_crop_with_the_crop_itself():
+    doc_crops = {f"d{i}": [" ".join(f"w{i}_{j}_{k}" for k in range(20)) for j in range(3)] for i in range(30)}
+    rows = draw_pairs(doc_crops, "noise", epochs=2, seed=0, deletion_ratio=0.6).to_pylist()
+    for r in rows:
+        kept, original = r["anchor"].split(), r["positive"].split()
+        assert original in [c.split() for c in doc_crops[r["doc_id"]]]
+        assert 1 <= len(kept) < len(original) and [w for w in original if w in kept] == kept  # order kept
+    # Each epoch draws new noise for the same document.
+    first = {r["doc_id"]: r["anchor"] for r in rows if r["epoch"] == 0}
+    assert sum(first[r["doc_id"]] != r["anchor"] for r in rows if r["epoch"] == 1) > 25

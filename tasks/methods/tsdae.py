@@ -1,0 +1,32 @@
+"""TSDAE (methods.md §3): word-deletion noise, and sentence-transformers' decoder loss.
+
+The noise is ours: sentence-transformers' widely copied example keeps each word with probability
+0.6, i.e. deletes 40%; the paper deletes 60%. Words are whitespace tokens (the paper used NLTK's
+tokenizer; whitespace needs no extra package and keeps punctuation attached to its word).
+
+The loss is sentence-transformers' `DenoisingAutoEncoderLoss` with tied encoder and decoder: a
+causal LM copy of the encoder with new cross-attention layers whose only memory is the pooled
+sentence vector (a 1-token sequence), so the decoder never sees the input tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
+
+
+def delete_words(text: str, ratio: float, rng: np.random.Generator) -> str:
+    """Delete each word with probability `ratio`; keep at least one (the paper's floor)."""
+    words = text.split()
+    if not words:
+        return text
+    keep = rng.random(len(words)) >= ratio
+    if not keep.any():
+        keep[rng.integers(len(words))] = True
+    return " ".join(w for w, k in zip(words, keep) if k)
+
+
+def tsdae_loss(model: SentenceTransformer) -> DenoisingAutoEncoderLoss:
+    """Decoder tied to `model`: it is built from the folder the encoder was loaded from."""
+    return DenoisingAutoEncoderLoss(model, tie_encoder_decoder=True)
