@@ -1,0 +1,80 @@
+"""Masked-language-model continued pre-training: the TSDAE paper's MLM baseline.
+
+Token-level masking at 15% (80/10/10), cross-entropy on the selected positions. The MLM head is a
+training-only add-on: it lives in the loss module, not in the SentenceTransformer, so the saved
+model is the bare encoder (embedded at inference by mean pooling, set up elsewhere).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from sentence_transformers import SentenceTransformer
+from torch import nn
+from transformers import AutoModelForMaskedLM
+
+from tasks.methods.masking import mask_tokens
+
+
+def masked_lm_head(model: SentenceTransformer) -> nn.Module:
+    """The encoder's MLM head (hidden states [..., H] -> vocab logits [..., V]), its output
+    projection tied to the encoder's word embeddings.
+
+    Loaded from the encoder's own folder so a checkpoint that ships a trained head (bert-base) keeps
+    it; one without (all-MiniLM-L6-v2) gets a random head, which transformers reports as MISSING.
+    """
+    encoder = model.transformers_model
+    try:
+        mlm = AutoModelForMaskedLM.from_pretrained(encoder.config._name_or_path)
+    except (OSError, ValueError):  # folder gone, or a Hub id while offline: same shape, random head
+        mlm = AutoModelForMaskedLM.from_config(encoder.config)
+    # Keep only the head: every child except the base model (BERT: `cls`, RoBERTa: `lm_head`).
+    rest = [m for name, m in mlm.named_children()
+            if name != mlm.base_model_prefix and next(m.parameters(), None) is not None]
+    if len(rest) != 1:
+        raise ValueError(f"{type(mlm).__name__}: cannot tell its MLM head apart ({len(rest)} candidates)")
+    embedding = encoder.get_input_embeddings().weight
+    head = rest[0].to(device=embedding.device, dtype=embedding.dtype)
+    # Tie after moving: the head's projection must be the very Parameter the encoder trains.
+    mlm.get_output_embeddings().weight = embedding
+    return head
+
+
+def maskable_positions(model: SentenceTransformer, input_ids: torch.Tensor,
+                       attention_mask: torch.Tensor) -> torch.Tensor:
+    """Real tokens that are not special ([CLS], [SEP], [PAD], ...)."""
+    special = torch.tensor(model.tokenizer.all_special_ids, device=input_ids.device)
+    return attention_mask.bool() & ~torch.isin(input_ids, special)
+
+
+def to_device(model: SentenceTransformer, features: dict) -> dict:
+    """Tensors only (drops entries such as 'modality'), on the model's device."""
+    return {k: v.to(model.device) for k, v in features.items() if isinstance(v, torch.Tensor)}
+
+
+def encoder_inputs(features: dict) -> dict:
+    return {k: features[k] for k in ("attention_mask", "token_type_ids") if k in features}
+
+
+def selected_ce(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on the labelled positions only: the vocab projection is the costliest matmul
+    of the step, and most positions carry no label."""
+    keep = labels != -100
+    return F.cross_entropy(head(hidden[keep]), labels[keep])
+
+
+class MaskedLMLoss(nn.Module):
+    def __init__(self, model: SentenceTransformer, mask_ratio: float = 0.15):
+        super().__init__()
+        self.model = model  # a submodule, so the optimiser over this loss's parameters trains it
+        self.head = masked_lm_head(model)
+        self.mask_ratio = mask_ratio
+
+    def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
+        features = to_device(self.model, sentence_features[0])
+        ids = features["input_ids"]
+        maskable = maskable_positions(self.model, ids, features["attention_mask"])
+        masked, targets = mask_tokens(ids, maskable, self.mask_ratio, self.model.tokenizer.mask_token_id,
+                                      len(self.model.tokenizer))
+        hidden = self.model.transformers_model(input_ids=masked, **encoder_inputs(features)).last_hidden_state
+        return selected_ce(self.head, hidden, targets)
