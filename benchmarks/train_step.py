@@ -1,12 +1,18 @@
-"""Benchmark embforge's training step against sentence-transformers' SentenceTransformerTrainer.
+"""Benchmark training throughput: every recipe side by side, and embforge against
+sentence-transformers' SentenceTransformerTrainer on the crops recipe.
 
-Both sides train the same model (fresh copy of the same initial weights) on the same pairs, in the
-same order, with the same batch size, max length, lr and warm-up; embforge with InfoNCE (τ = 0.05),
-sentence-transformers with MultipleNegativesRankingLoss(scale=20), the same loss. The first step of
-each side is a warm-up and is not timed; the next --steps steps are timed from step end to step end.
+1. Every recipe (crops, dropout, simcse, tsdae, ct, mlm, retromae, retromae_infonce) trains the
+   same model (a fresh copy of the same initial weights) through embforge's training loop on rows
+   of the demo corpus built by the pipeline's own view code (2-sentence crops for every recipe, so
+   the texts have the same length), same batch size, max length and lr. Rows/s = training
+   examples (pairs, or texts for mlm/retromae/ct) per second; the ratio to crops shows a slow recipe.
+2. Crops again through SentenceTransformerTrainer with MultipleNegativesRankingLoss(scale=20),
+   the same loss as embforge's InfoNCE (τ = 0.05), same rows in the same order.
+The first step of each side is a warm-up and is not timed; the next --steps steps are timed from
+step end to step end.
 Usage:
     python benchmarks/train_step.py [--model NAME | --random-init] [--batch-size 64] [--steps 6]
-                                    [--max-length 128] [--device auto]
+                                    [--max-length 128] [--recipes crops,tsdae,...] [--device auto]
 Prints a table, then ONE final line of JSON with every figure.
 """
 from __future__ import annotations
@@ -36,24 +42,35 @@ try:  # the new home of the losses; `sentence_transformers.losses` is deprecated
 except ImportError:
     from sentence_transformers.losses import MultipleNegativesRankingLoss
 
-from tasks.config import RandomInitConfig, SentenceConfig, TrainConfig
-from tasks.methods.contrastive import Checkpoints, train_contrastive
+from tasks.config import RECIPES, MethodConfig, RandomInitConfig, SentenceConfig, TrainConfig
+from tasks.methods.recipes import build_objective, pooling_for
+from tasks.methods.training import Checkpoints, train_model
 from tasks.models import InitConfig, pick_device, save_random_encoder, sentence_model
 from tasks.sentences import sentence_table
-from tasks.views import crops_by_document, draw_pairs
+from tasks.views import PairsConfig, crops_by_document, draw_pairs
 
 DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 WARMUP = 1  # untimed first step of each side
 
 
-def demo_pairs(n: int) -> list[tuple[str, str]]:
-    """The first n (anchor, positive) crop pairs of the demo corpus, via the real pipeline."""
+def demo_rows(recipe: str, n: int) -> list[tuple[str, str]]:
+    """The first n (anchor, positive) rows of `recipe`'s view of the demo corpus, via the pipeline's code."""
     docs = pq.read_table(DATA, columns=["doc_id", "text"]).to_pydict()
     table = sentence_table(docs["doc_id"], docs["text"], SentenceConfig())
-    pairs = draw_pairs(crops_by_document(table, n=2), "crops", epochs=1, seed=0).to_pydict()
-    if len(pairs["anchor"]) < n:
-        raise SystemExit(f"the demo corpus has {len(pairs['anchor'])} pairs, {n} are needed")
-    return list(zip(pairs["anchor"], pairs["positive"]))[:n]
+    view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=1)
+    rows = draw_pairs(crops_by_document(table, n=2), view.view, 1, 0, view.deletion_ratio or 0.6).to_pydict()
+    if len(rows["anchor"]) < n:
+        raise SystemExit(f"the demo corpus has {len(rows['anchor'])} rows, {n} are needed")
+    return list(zip(rows["anchor"], rows["positive"]))[:n]
+
+
+def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: list[tuple[str, str]], work: Path) -> list[float]:
+    """End time of every training step of `recipe` through embforge's loop."""
+    model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg))
+    stamps: list[float] = []
+    train_model(build_objective(model, recipe, cfg, mask_ratio=0.3 if recipe.startswith("retromae") else 0.15),
+                [rows], cfg, Checkpoints(work / f"ckpt-{recipe}"), on_step=lambda _: stamps.append(time.perf_counter()))
+    return stamps
 
 
 def pairs_per_second(stamps: list[float], batch_size: int) -> float:
@@ -84,15 +101,17 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--steps", type=int, default=6, help="timed steps (after 1 warm-up step)")
     p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipes to time")
     p.add_argument("--device", default="auto")
     args = p.parse_args()
+    recipes = args.recipes.split(",")
     device = pick_device(args.device)
     total = WARMUP + args.steps
     lr = 1e-3 if args.random_init else 2e-5
     work = Path(tempfile.mkdtemp(prefix="embforge-bench-"))
 
-    # 1. Pairs and initial weights, shared by both sides
-    pairs = demo_pairs(total * args.batch_size)
+    # 1. Rows and initial weights, shared by every side
+    pairs = demo_rows("crops", total * args.batch_size)
     model_path = args.model
     if args.random_init:
         init = RandomInitConfig()
@@ -103,12 +122,12 @@ def main() -> None:
     # embforge warms up over 10% of one epoch (at least 1 step); ST gets the same number of steps
     warmup_steps = max(1, round(cfg.warmup_ratio * total))
 
-    # 2. embforge: train_contrastive, timestamps from on_step
-    model = sentence_model(model_path, args.max_length, device)
-    ef_stamps: list[float] = []
-    train_contrastive(model, [pairs], cfg, Checkpoints(work / "ckpt"),
-                      on_step=lambda entry: ef_stamps.append(time.perf_counter()))
-    del model
+    # 2. embforge: every recipe through train_model, timestamps from on_step
+    per_recipe = {}
+    for recipe in recipes:
+        rows = pairs if recipe == "crops" else demo_rows(recipe, total * args.batch_size)
+        per_recipe[recipe] = pairs_per_second(time_recipe(recipe, model_path, cfg, rows, work), args.batch_size)
+        print(f"{recipe}: {per_recipe[recipe]:.1f} rows/s", flush=True)
 
     # 3. sentence-transformers: SentenceTransformerTrainer + MNRL(scale=20), timestamps from a callback
     model = sentence_model(model_path, args.max_length, device)
@@ -127,18 +146,25 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
 
     # 4. Figures
-    ef, st = pairs_per_second(ef_stamps, args.batch_size), pairs_per_second(clock.stamps, args.batch_size)
+    st = pairs_per_second(clock.stamps, args.batch_size)
+    ef = per_recipe.get("crops")
     name = f"random-init {args.model}" if args.random_init else args.model
-    table = Table(title=f"training pairs/s, {name}, batch {args.batch_size}, {args.steps} timed steps, "
+    table = Table(title=f"training rows/s, {name}, batch {args.batch_size}, {args.steps} timed steps, "
                         f"{device}, {torch.get_num_threads()} threads")
-    for col in ("trainer", "pairs/s", "s/step"):
-        table.add_column(col, justify="left" if col == "trainer" else "right")
-    table.add_row("embforge train_contrastive", f"{ef:.1f}", f"{args.batch_size / ef:.2f}")
-    table.add_row("sentence-transformers Trainer", f"{st:.1f}", f"{args.batch_size / st:.2f}")
+    for col in ("trainer", "recipe", "rows/s", "s/step", "vs crops"):
+        table.add_column(col, justify="left" if col in ("trainer", "recipe") else "right")
+    for recipe, rate in per_recipe.items():
+        table.add_row("embforge train_model", recipe, f"{rate:.1f}", f"{args.batch_size / rate:.2f}",
+                      f"{rate / ef:.2f}" if ef else "")
+    table.add_row("sentence-transformers Trainer", "crops (MNRL)", f"{st:.1f}", f"{args.batch_size / st:.2f}",
+                  f"{st / ef:.2f}" if ef else "")
     Console().print(table)
-    print(f"embforge / sentence-transformers = {ef / st:.3f}")
-    print(json.dumps({"embforge_pairs_per_s": round(ef, 2), "st_pairs_per_s": round(st, 2),
-                      "ratio_embforge_over_st": round(ef / st, 3), "model": name,
+    if ef:
+        print(f"embforge / sentence-transformers (crops) = {ef / st:.3f}")
+    print(json.dumps({"rows_per_s": {r: round(v, 2) for r, v in per_recipe.items()},
+                      "ratio_to_crops": {r: round(v / ef, 3) for r, v in per_recipe.items()} if ef else None,
+                      "embforge_pairs_per_s": round(ef, 2) if ef else None, "st_pairs_per_s": round(st, 2),
+                      "ratio_embforge_over_st": round(ef / st, 3) if ef else None, "model": name,
                       "random_init": args.random_init, "batch_size": args.batch_size,
                       "timed_steps": args.steps, "warmup_steps": WARMUP, "max_length": args.max_length,
                       "device": device, "torch_threads": torch.get_num_threads()}))

@@ -84,12 +84,13 @@ class ReportedModel:
     pooling: str = "mean"  # the recipe's sentence vector; untrained models are read with mean pooling
 
 
-def train_method(run: RunRecord, method: MethodConfig, train: TrainConfig, sentences: ArtifactRef,
-                 base_model: str | None, start: list[ArtifactRef]) -> ReportedModel:
+def train_method(run: RunRecord, cfg: PipelineConfig, method: MethodConfig, train: TrainConfig,
+                 docs: ArtifactRef, sentences: ArtifactRef, base_model: str | None,
+                 start: list[ArtifactRef]) -> ReportedModel:
     """Views, then training, for one method; `start` holds the encoder artifact to start from."""
     pairs = run.stage(PAIRS, PairsConfig.for_method(method, train.epochs), [sentences], method.name)
-    job = TrainJob.for_method(base_model, method, train)
-    trained = run.stage(TRAIN, job, [pairs] + start, method.name, method.recipe)
+    job = TrainJob.for_method(base_model, method, train, cfg.evaluate.knn)
+    trained = run.stage(TRAIN, job, [pairs] + start + ([docs] if job.knn else []), method.name, method.recipe)
     return ReportedModel(method.name, method.recipe, [trained], pooling=pooling_for(method.recipe, train))
 
 
@@ -105,11 +106,11 @@ def run_pipeline(cfg: PipelineConfig, store: ArtifactStore, run: RunRecord) -> A
         pre = cfg.model.pretrain
         generic = run.stage(INGEST, pre.data, [], "stage 1")
         generic_sentences = run.stage(SENTENCES, cfg.sentences, [generic], "stage 1")
-        stage1 = train_method(run, pre.method, pre.train_for(), generic_sentences, base, start)
+        stage1 = train_method(run, cfg, pre.method, pre.train_for(), generic, generic_sentences, base, start)
         models.append(replace(stage1, label=f"stage 1 ({pre.method.name})"))
         base, start = None, stage1.inputs
     for method in cfg.methods:
-        models.append(train_method(run, method, cfg.train_for(method), sentences, base, start))
+        models.append(train_method(run, cfg, method, cfg.train_for(method), docs, sentences, base, start))
     models += [ReportedModel(name, "reference", [], name) for name in cfg.evaluate.reference_models]
 
     evaluations = []

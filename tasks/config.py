@@ -144,6 +144,9 @@ class TrainConfig(Section):
     freeze_layers: int = Field(0, ge=0, description="Keep the first N transformer layers fixed (the "
                                "cropping paper's freezing study: training the last 2 of 12 nearly suffices).")
     checkpoint_every: int = Field(20, ge=1, description="Save a resumable checkpoint every N steps.")
+    eval_every: int | None = Field(None, ge=1, description="Measure kNN accuracy on the labelled "
+                                   "documents every N steps and after the last (the papers' learning "
+                                   "curves, in training.parquet); needs `evaluate.knn` and labels.")
     seed: int = Field(0, description="Seed of the dropout masks during training.")
     device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
 
@@ -226,7 +229,9 @@ class PipelineConfig(Section):
         if len(names) != len(set(names)):
             raise ValueError(f"method names must be unique, got {names}")
         for i, method in enumerate(self.methods):
-            self.train_for(method, where=f"methods.{i}.train")
+            if self.train_for(method, where=f"methods.{i}.train").eval_every and not self.evaluate.knn:
+                raise ValueError(f"methods.{i}.train.eval_every: the learning curve is kNN accuracy, "
+                                 "set `evaluate.knn`")
         if self.model.pretrain:
             self.model.pretrain.train_for()
         return self

@@ -1,6 +1,7 @@
 """Train: fine-tune an encoder with one recipe on a views artifact; save it in sentence-transformers format.
 
-Inputs: the pairs (views) artifact, plus the init or stage-1 artifact the encoder starts from.
+Inputs: the pairs (views) artifact, then the init or stage-1 artifact the encoder starts from (if
+any), then the documents artifact when a learning curve is asked for (`train.eval_every`).
 Only the encoder is saved: decoders, MLM heads and projection heads are training-only.
 Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
 Output: `model/` (loads with `SentenceTransformer(path)`) and `training.parquet` (the per-step loss
@@ -11,17 +12,20 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field
 
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter
 from sentence_transformers import SentenceTransformer
 
-from tasks.config import MethodConfig, Section, TrainConfig
+from tasks.config import InputError, KnnConfig, MethodConfig, Section, TrainConfig
 from tasks import models
 from tasks.methods import infonce, masking, mlm, recipes, retromae, training, tsdae
+from tasks.metrics import knn
 from tasks.models import model_identity, sentence_model
 from tasks.stage import Stage
 
@@ -33,11 +37,29 @@ class TrainJob(Section):
     mask_ratio: float = 0.15
     decoder_visible: float = 0.5
     train: TrainConfig
+    knn: KnnConfig | None = Field(None, description="Protocol of the learning curve (set with eval_every).")
 
     @classmethod
-    def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig) -> "TrainJob":
+    def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
+                   knn: KnnConfig | None) -> "TrainJob":
         return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.default_mask_ratio,
-                   decoder_visible=method.decoder_visible, train=train)
+                   decoder_visible=method.decoder_visible, train=train, knn=knn if train.eval_every else None)
+
+
+def knn_curve(model: SentenceTransformer, docs: pa.Table, cfg: KnnConfig, batch_size: int) -> Callable[[], float]:
+    """kNN accuracy of the model as it is now (its own pooling, training max length)."""
+    docs = docs.filter(pc.is_valid(docs["label"]))
+    texts, labels = docs["text"].to_pylist(), docs["label"].to_pylist()
+    if len(texts) < 2 * cfg.k:
+        raise InputError(f"train.eval_every: only {len(texts)} labelled documents, a learning curve "
+                         f"needs at least {2 * cfg.k}")
+
+    def measure() -> float:
+        emb = model.encode(texts, batch_size=batch_size, show_progress_bar=False)  # eval mode: no RNG draws
+        model.train()
+        return knn.knn_accuracy(emb, labels, cfg.k, cfg.test_size, cfg.seed)[0]
+
+    return measure
 
 
 def model_path(store: ArtifactStore, ref: ArtifactRef) -> str:
@@ -47,9 +69,10 @@ def model_path(store: ArtifactStore, ref: ArtifactRef) -> str:
 
 def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    pairs_ref, *init = inputs
+    pairs_ref, *start = inputs
+    docs_ref = start.pop() if job.knn else None
     cfg = job.train
-    model = sentence_model(model_path(store, init[0]) if init else job.base_model, cfg.max_length,
+    model = sentence_model(model_path(store, start[0]) if start else job.base_model, cfg.max_length,
                            cfg.device, recipes.pooling_for(job.recipe, cfg), cfg.layer)
     objective = recipes.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible)
     # After building the loss: a tied decoder replaces the encoder's parameters with its own.
@@ -63,11 +86,13 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
         per_epoch[epoch].append((anchor, positive))
     log.info("train %s: %d rows x %d epoch(s), batch %d, lr %g, on %s", job.recipe, len(per_epoch[0]),
              epochs, cfg.batch_size, cfg.lr, model.device)
-    history = training.train_model(objective, per_epoch, cfg, training.Checkpoints(store.scratch(ref)), log)
+    measure = knn_curve(model, store.read_table(docs_ref, "documents"), job.knn, cfg.batch_size) if docs_ref else None
+    history = training.train_model(objective, per_epoch, cfg, training.Checkpoints(store.scratch(ref)), log,
+                                   measure=measure)
     model.save(str(out.folder / "model"))
     out.write_table("training", pa.Table.from_pylist([vars(h) for h in history]))
     out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)
 
 
-TRAIN = Stage("train", build_model, code=(sys.modules[__name__], models, training, recipes, infonce, masking, mlm, retromae, tsdae),
+TRAIN = Stage("train", build_model, code=(sys.modules[__name__], models, training, recipes, infonce, masking, mlm, retromae, tsdae, knn),
               extra_key=lambda job: model_identity(job.base_model) if job.base_model else None, retries=1)

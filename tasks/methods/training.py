@@ -30,6 +30,7 @@ class StepLog:
     epoch: int
     loss: float
     lr: float
+    knn_accuracy: float | None = None  # the learning curve, every `eval_every` steps
 
 
 def make_batches(pairs_per_epoch: list[list[Pair]], batch_size: int) -> list[tuple[int, list[Pair]]]:
@@ -61,8 +62,13 @@ class Checkpoints:
 
 def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: TrainConfig,
                 checkpoints: Checkpoints, log: logging.Logger | None = None,
-                on_step: Callable[[StepLog], None] | None = None) -> list[StepLog]:
-    """Train the objective's model in place; resume from `checkpoints` if a state is there."""
+                on_step: Callable[[StepLog], None] | None = None,
+                measure: Callable[[], float] | None = None) -> list[StepLog]:
+    """Train the objective's model in place; resume from `checkpoints` if a state is there.
+
+    `measure` (e.g. kNN accuracy of the current model) is recorded every `cfg.eval_every` steps
+    and after the last one; it must leave the model in training mode and not draw from torch's RNG.
+    """
     log = log or logging.getLogger("embforge.train")
     loss_fn = objective.loss
     batches = make_batches(pairs_per_epoch, cfg.batch_size)
@@ -98,6 +104,8 @@ def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: Tr
         entry = StepLog(step + 1, epoch, loss.item(), schedule.get_last_lr()[0])
         schedule.step()
         history.append(entry)
+        if measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == len(batches)):
+            entry.knn_accuracy = measure()
         bar.update(1)
         bar.set_postfix(loss=f"{entry.loss:.3f}")
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < len(batches):

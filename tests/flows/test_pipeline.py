@@ -107,7 +107,7 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     methods = [{"name": r, "recipe": r, "n_sentences": 1 if r in ("simcse", "tsdae", "ct") else 2}
                for r in RECIPES]
     methods[0]["train"] = {"matryoshka_dims": [32, 16], "layer": 1, "freeze_embeddings": True}
-    methods[1]["train"] = {"head": "mlp", "pooling": "sep"}
+    methods[1]["train"] = {"head": "mlp", "pooling": "sep", "eval_every": 2}
     config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, train={"max_length": 32},
                          model={"pretrain": pretrain})
     first, state = run(config)
@@ -122,6 +122,11 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
     markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
     assert all(f"| {recipe} | {recipe} |" in markdown for recipe in RECIPES)
+    curve_key = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train' "
+                              "AND label = 'dropout'", [first])[0]["key"]
+    curve = pd.read_parquet(tmp_path / "store" / "artifacts" / "train" / curve_key / "training.parquet")
+    measured = curve.dropna(subset=["knn_accuracy"])
+    assert list(measured["step"]) == [2, 4, 6] and measured["knn_accuracy"].between(0, 1).all()
     # Recipes that read the same view share one pairs artifact.
     pairs = catalog.query("SELECT DISTINCT key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [first])
     assert len(pairs) == 5  # stage 1; crops n=2; same n=1; noise n=1; same n=2 (mlm, retromae)

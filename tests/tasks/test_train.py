@@ -114,3 +114,19 @@ def test_layer_knob_gives_that_hidden_layer_of_the_full_model(tmp_path):
             assert torch.allclose(emb[0], hidden[layer][0].mean(0), atol=1e-5), layer
     with pytest.raises(Exception, match="train.layer: 4"):
         sentence_model(str(folder), 32, layer=4)
+
+
+def test_learning_curve_is_measured_every_n_steps_without_changing_training(init_dir, tmp_path):
+    cfg = CFG.model_copy(update={"eval_every": 3})
+    plain = train_contrastive(sentence_model(init_dir, 32), PAIRS, cfg, Checkpoints(tmp_path / "a"))
+    model = sentence_model(init_dir, 32)
+
+    def measure():  # what knn_curve does: encode in eval mode, then back to training mode
+        model.encode(["a text"])
+        model.train()
+        return 0.5
+
+    curve = train_model(build_objective(model, "crops", cfg), PAIRS, cfg, Checkpoints(tmp_path / "b"),
+                        measure=measure)
+    assert [h.step for h in curve if h.knn_accuracy is not None] == [3, 6, 9, 10]
+    assert [h.loss for h in curve] == [h.loss for h in plain]  # measuring does not disturb the RNG
