@@ -46,6 +46,18 @@ class TrainJob(Section):
                    decoder_visible=method.decoder_visible, train=train, knn=knn if train.eval_every else None)
 
 
+def frozen_objective(model: SentenceTransformer, job: TrainJob) -> recipes.Objective:
+    """The recipe's loss around `model`, with the configured layers frozen."""
+    cfg = job.train
+    objective = recipes.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible)
+    # Freeze after building the loss: TSDAE's tied decoder replaces the encoder's parameters with
+    # its own, and CT's second copy must be frozen too.
+    for encoder in objective.loss.modules():
+        if isinstance(encoder, SentenceTransformer):
+            models.freeze(encoder, cfg.freeze_embeddings, cfg.freeze_layers)
+    return objective
+
+
 def knn_curve(model: SentenceTransformer, docs: pa.Table, cfg: KnnConfig, batch_size: int) -> Callable[[], float]:
     """kNN accuracy of the model as it is now (its own pooling, training max length)."""
     docs = docs.filter(pc.is_valid(docs["label"]))
@@ -74,11 +86,7 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
     cfg = job.train
     model = sentence_model(model_path(store, start[0]) if start else job.base_model, cfg.max_length,
                            cfg.device, recipes.pooling_for(job.recipe, cfg), cfg.layer)
-    objective = recipes.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible)
-    # After building the loss: a tied decoder replaces the encoder's parameters with its own.
-    for encoder in objective.loss.modules():
-        if isinstance(encoder, SentenceTransformer):
-            models.freeze(encoder, cfg.freeze_embeddings, cfg.freeze_layers)
+    objective = frozen_objective(model, job)
     pairs = store.read_table(pairs_ref, "pairs").to_pydict()
     epochs = max(pairs["epoch"]) + 1
     per_epoch: list[list[recipes.Pair]] = [[] for _ in range(epochs)]

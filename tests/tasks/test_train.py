@@ -4,7 +4,8 @@ import torch
 from tasks.config import ModelConfig, RandomInitConfig, TrainConfig
 from tasks.methods.recipes import build_objective
 from tasks.methods.training import Checkpoints, make_batches, train_model
-from tasks.models import InitConfig, freeze, save_random_encoder, sentence_model
+from tasks.models import InitConfig, save_random_encoder, sentence_model
+from tasks.train import TrainJob, frozen_objective
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
 PAIRS = [[(f"doc {i} first part about topic {i % 3}", f"doc {i} second part, topic {i % 3}")
@@ -64,14 +65,16 @@ def test_a_lone_trailing_pair_is_not_a_batch():
     assert [len(b) for _, b in batches] == [4, 4]
 
 
-def test_frozen_embeddings_and_layers_stay_bit_identical(tmp_path):
+@pytest.mark.parametrize("recipe", ["crops", "simcse", "tsdae", "ct", "mlm", "retromae"])
+def test_frozen_embeddings_and_layers_stay_bit_identical(tmp_path, recipe):
     folder = tmp_path / "init"
     cfg = ModelConfig(random_init=RandomInitConfig(layers=2, hidden=32, heads=2, intermediate=64))
     save_random_encoder(cfg.name_or_path, InitConfig.from_model(cfg), folder)
+    train = CFG.model_copy(update={"freeze_embeddings": True, "freeze_layers": 1})
     model = sentence_model(str(folder), 32)
-    freeze(model, embeddings=True, layers=1)
+    objective = frozen_objective(model, TrainJob(base_model=None, recipe=recipe, train=train))
     before = weights(model)
-    train_contrastive(model, PAIRS, CFG, Checkpoints(tmp_path / "ckpt"))
+    train_model(objective, [PAIRS[0][:8]], train, Checkpoints(tmp_path / "ckpt"))
     after = weights(model)
     frozen = [k for k in before if ".embeddings." in k or ".layer.0." in k]
     trained = [k for k in before if ".layer.1." in k]
