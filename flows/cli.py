@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+import duckdb
 from rich.console import Console
 from rich.table import Table
 
@@ -98,7 +99,12 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    _print_table(args.query, Catalog(_store(args)).query(args.query))
+    try:
+        rows = Catalog(_store(args)).query(args.query)
+    except duckdb.Error as e:  # a typo in the user's query is not a crash
+        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    _print_table(args.query, rows)
     return 0
 
 

@@ -78,3 +78,9 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
     sql = {(r["label"], r["metric"]): r["value"] for r in catalog.query("SELECT * FROM run_metrics WHERE run_id = ?",
                                                                          [runs[1]["run_id"]])}
     assert {(r["model"], r["metric"]): r["value"] for r in rows} == sql
+
+
+def test_a_bad_sql_query_exits_non_zero_with_duckdb_message(tmp_path, env):
+    result = embforge("sql", "SELECT nope FROM runs", "--store", str(tmp_path / "store"), env=env)
+    assert result.returncode == 2
+    assert "error:" in result.stdout and "nope" in result.stdout and "Traceback" not in result.stderr
