@@ -39,16 +39,16 @@ class Catalog:
         self.store = store
         self.con = duckdb.connect()
         root = store.root
-        self._view("artifacts", root / "artifacts" / "*" / "*" / "manifest.json", f"""
+        self._view("artifacts", root / "artifacts" / "*" / "*" / "manifest.json", """
             SELECT stage, key, inputs, config, code_version, rows, created_at, wall_s,
                    'artifacts/' || stage || '/' || key AS path
-            FROM read_json('{{glob}}', columns={{stage: 'VARCHAR', key: 'VARCHAR', inputs: 'VARCHAR[]',
+            FROM read_json('{glob}', columns={stage: 'VARCHAR', key: 'VARCHAR', inputs: 'VARCHAR[]',
                  config: 'JSON', code_version: 'VARCHAR', rows: 'JSON', created_at: 'TIMESTAMP',
-                 wall_s: 'DOUBLE'}})""")
-        self._view("runs", root / "runs" / "*.json", f"""
-            SELECT * FROM read_json('{{glob}}', columns={{run_id: 'VARCHAR', name: 'VARCHAR',
+                 wall_s: 'DOUBLE'})""")
+        self._view("runs", root / "runs" / "*.json", """
+            SELECT * FROM read_json('{glob}', columns={run_id: 'VARCHAR', name: 'VARCHAR',
                  status: 'VARCHAR', config_path: 'VARCHAR', config: 'JSON', started_at: 'TIMESTAMP',
-                 finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON'}})""")
+                 finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON'})""")
         self._view("metrics", root / "artifacts" / "evaluate" / "*" / "metrics.parquet",
                    "SELECT * FROM read_parquet('{glob}', union_by_name=true)")
         self.con.execute("""
