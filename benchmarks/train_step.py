@@ -68,8 +68,8 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: list[tuple
     """End time of every training step of `recipe` through embforge's loop."""
     model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg))
     stamps: list[float] = []
-    train_model(build_objective(model, recipe, cfg, mask_ratio=0.3 if recipe.startswith("retromae") else 0.15),
-                [rows], cfg, Checkpoints(work / f"ckpt-{recipe}"), on_step=lambda _: stamps.append(time.perf_counter()))
+    train_model(build_objective(model, recipe, cfg), [rows], cfg, Checkpoints(work / f"ckpt-{recipe}"),
+                on_step=lambda _: stamps.append(time.perf_counter()))
     return stamps
 
 

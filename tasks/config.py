@@ -90,6 +90,11 @@ RECIPES = ("crops", "dropout", "simcse", "tsdae", "ct", "mlm", "retromae", "retr
 IN_BATCH_CONTRASTIVE = ("crops", "dropout", "simcse")
 
 
+def mask_ratio_for(recipe: str, mask_ratio: float | None = None) -> float:
+    """The masking ratio a recipe uses: the configured one, else its paper's (RetroMAE 0.3, MLM 0.15)."""
+    return mask_ratio or (0.3 if recipe.startswith("retromae") else 0.15)
+
+
 class MethodConfig(Section):
     name: str = Field(description="Name shown in reports, e.g. `crops`.")
     recipe: Literal[RECIPES] = Field(
@@ -112,7 +117,7 @@ class MethodConfig(Section):
 
     @property
     def default_mask_ratio(self) -> float:
-        return self.mask_ratio or (0.3 if self.recipe.startswith("retromae") else 0.15)
+        return mask_ratio_for(self.recipe, self.mask_ratio)
 
 
 class TrainConfig(Section):

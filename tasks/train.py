@@ -34,7 +34,7 @@ class TrainJob(Section):
     base_model: str | None = Field(description="Pre-trained start (name or path); None when the "
                                    "inputs carry the encoder to start from (random init, stage 1).")
     recipe: str
-    mask_ratio: float = 0.15
+    mask_ratio: float | None = None  # None: the recipe's own
     decoder_visible: float = 0.5
     train: TrainConfig
     knn: KnnConfig | None = Field(None, description="Protocol of the learning curve (set with eval_every).")

@@ -47,9 +47,10 @@ def maskable_positions(model: SentenceTransformer, input_ids: torch.Tensor,
     return attention_mask.bool() & ~torch.isin(input_ids, special)
 
 
-def to_device(model: SentenceTransformer, features: dict) -> dict:
-    """Tensors only (drops entries such as 'modality'), on the model's device."""
-    return {k: v.to(model.device) for k, v in features.items() if isinstance(v, torch.Tensor)}
+def to_device(features: dict, device: torch.device) -> dict:
+    """Tokenised features on `device`; entries that are not tensors (sentence-transformers'
+    'modality') are kept as they are."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
 
 def encoder_inputs(features: dict) -> dict:
@@ -71,7 +72,7 @@ class MaskedLMLoss(nn.Module):
         self.mask_ratio = mask_ratio
 
     def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
-        features = to_device(self.model, sentence_features[0])
+        features = to_device(sentence_features[0], self.model.device)
         ids = features["input_ids"]
         maskable = maskable_positions(self.model, ids, features["attention_mask"])
         masked, targets = mask_tokens(ids, maskable, self.mask_ratio, self.model.tokenizer.mask_token_id,

@@ -11,15 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.losses import (
     ContrastiveTensionLossInBatchNegatives, MatryoshkaLoss)
 from torch import nn
 
-from tasks.config import TrainConfig
+from tasks.config import TrainConfig, mask_ratio_for
 from tasks.methods.infonce import InfoNCELoss
-from tasks.methods.mlm import MaskedLMLoss
+from tasks.methods.mlm import MaskedLMLoss, to_device
 from tasks.methods.retromae import RetroMAELoss, retromae_features
 from tasks.methods.tsdae import tsdae_loss
 
@@ -43,14 +42,13 @@ class Objective:
     collate: Callable[[list[Pair]], list[dict]]  # a batch of texts -> the loss's sentence_features
 
 
-def _on_device(features: dict, device: torch.device) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-
-
-def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, mask_ratio: float = 0.15,
+def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, mask_ratio: float | None = None,
                     decoder_visible: float = 0.5) -> Objective:
+    """`mask_ratio` None: the recipe's own (see `mask_ratio_for`)."""
+    mask_ratio = mask_ratio_for(recipe, mask_ratio)
+
     def tokens(texts: list[str]) -> dict:
-        return _on_device(model.preprocess(texts), model.device)
+        return to_device(model.preprocess(texts), model.device)
 
     def anchors_and_positives(batch: list[Pair]) -> list[dict]:
         # Two passes, as sentence-transformers does: one pass over 2B rows was 25% slower on CPU.
@@ -72,15 +70,15 @@ def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, m
         return Objective(ContrastiveTensionLossInBatchNegatives(model, scale=1 / cfg.temperature), anchors_only)
     if recipe == "tsdae":
         return Objective(tsdae_loss(model), anchors_and_positives)  # (noisy input, original)
-    if recipe == "mlm":
-        return Objective(MaskedLMLoss(model, mask_ratio), anchors_only)
+    if recipe == "mlm":  # the MLM and RetroMAE losses move their own inputs
+        return Objective(MaskedLMLoss(model, mask_ratio), lambda batch: [model.preprocess([a for a, _ in batch])])
     if recipe in ("retromae", "retromae_infonce"):
         with_infonce = recipe == "retromae_infonce"
         loss = RetroMAELoss(model, mask_ratio, decoder_visible, cfg.temperature if with_infonce else None)
 
         def collate(batch: list[Pair]) -> list[dict]:
             sides = (0, 1) if with_infonce else (0,)
-            return [_on_device(retromae_features(model, [pair[i] for pair in batch]), model.device) for i in sides]
+            return [retromae_features(model, [pair[i] for pair in batch]) for i in sides]
 
         return Objective(loss, collate)
     raise ValueError(f"unknown recipe {recipe!r}")

@@ -83,7 +83,7 @@ class RetroMAELoss(nn.Module):
     def reconstruct(self, features: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(encoder MLM loss, decoder loss, h) for one batch of `retromae_features`."""
         encoder, tokenizer = self.model.transformers_model, self.model.tokenizer
-        f = to_device(self.model, features)
+        f = to_device(features, self.model.device)
         ids, attention = f["input_ids"], f["attention_mask"]
         maskable = maskable_positions(self.model, ids, attention)
         masked, enc_labels = mask_tokens(ids, maskable, self.mask_ratio, tokenizer.mask_token_id,
