@@ -13,7 +13,7 @@ from rich.table import Table
 
 from storage import ArtifactStore, Catalog
 from tasks.config import ConfigError, InputError, load_config
-from tasks.report import long_rows, wide_table
+from tasks.report import comparison_table, long_rows, to_markdown
 
 # Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -42,7 +42,7 @@ def _print_table(title: str, rows: list[dict]) -> None:
 
 
 def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
-    return catalog.query("SELECT label, method, key FROM run_stages WHERE run_id = ? AND stage = 'evaluate' "
+    return catalog.query("SELECT label, method, key FROM run_stages WHERE run_id = ? AND stage IN ('evaluate', 'mteb') "
                          "ORDER BY position", [run_id])
 
 
@@ -55,25 +55,55 @@ def cmd_run(args: argparse.Namespace) -> int:
     state.result()  # raises the run's own error, e.g. an InputError naming the bad row
     run_id = str(state.state_details.flow_run_id)
     catalog = Catalog(store)
-    _print_table(f"{cfg.name} (run {run_id})",
-                 wide_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
+    _print_table(f"{cfg.name} (run {run_id})", comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
     console.print(f"artifacts in {store.root}; query them with `embforge sql` or DuckDB")
     return 0
 
 
+# The latest scores of every model (label) per dataset that passes the filters.
+FILTERED_ENTRIES_SQL = """
+WITH stages AS (
+    SELECT rs.*, (SELECT any_value(m.dataset) FROM run_stages e JOIN metrics m ON m.key = e.key
+                  WHERE e.run_id = rs.run_id AND e.stage = 'evaluate') AS dataset
+    FROM run_stages rs WHERE rs.stage IN ('evaluate', 'mteb'))
+SELECT label, dataset, method, key FROM stages
+WHERE ($since IS NULL OR started_at >= $since::TIMESTAMP) AND ($method IS NULL OR method = $method)
+  AND ($dataset IS NULL OR dataset = $dataset)
+QUALIFY dense_rank() OVER (PARTITION BY label, dataset ORDER BY started_at DESC) = 1
+ORDER BY started_at, position"""
+
+
+def filtered_entries(catalog: Catalog, dataset: str | None, method: str | None, since: str | None) -> list[dict]:
+    rows = catalog.con.execute(FILTERED_ENTRIES_SQL, dict(dataset=dataset, method=method, since=since)).df()
+    if rows["dataset"].nunique() > 1:  # the same method name on two corpora is two models
+        rows["label"] = rows["label"] + " (" + rows["dataset"].fillna("?") + ")"
+    return rows[["label", "method", "key"]].to_dict("records")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     catalog = Catalog(_store(args))
-    run_id = args.run or catalog.latest_run_id()
-    if run_id is None:
-        console.print("no runs in this store yet: `embforge run CONFIG` first")
-        return 1
-    entries = run_entries(catalog, run_id)
-    if args.json:
-        rows = long_rows(catalog, entries).drop(columns=["ord"]).assign(run_id=run_id)
-        for row in rows.to_dict("records"):
-            print(json.dumps({k: (None if v != v else v) for k, v in row.items()}, default=str))
+    if args.dataset or args.method or args.since:
+        if args.run:
+            console.print("[bold red]error:[/bold red] --run cannot be combined with filters")
+            return 2
+        run_id, entries = None, filtered_entries(catalog, args.dataset, args.method, args.since)
+        title = "latest scores matching the filters"
     else:
-        _print_table(f"run {run_id}", wide_table(catalog, entries).to_dict("records"))
+        run_id = args.run or catalog.latest_run_id()
+        if run_id is None:
+            console.print("no runs in this store yet: `embforge run CONFIG` first")
+            return 1
+        title, entries = f"run {run_id}", run_entries(catalog, run_id)
+    if not entries:
+        console.print("no scores match")
+        return 1
+    if args.json:
+        for row in long_rows(catalog, entries).drop(columns=["ord"]).assign(run_id=run_id).to_dict("records"):
+            print(json.dumps({k: (None if v != v else v) for k, v in row.items()}, default=str))
+    elif args.markdown:
+        print(to_markdown(title, comparison_table(catalog, entries)), end="")
+    else:
+        _print_table(title, comparison_table(catalog, entries).to_dict("records"))
     return 0
 
 
@@ -120,10 +150,15 @@ def parser() -> argparse.ArgumentParser:
 
     run = add("run", cmd_run, "run an experiment config through the pipeline flow")
     run.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
-    report = add("report", cmd_report, "show the model × metric table of a run")
+    report = add("report", cmd_report, "show the task × model table of a run, or of the latest scores "
+                 "matching filters")
     report.add_argument("--run", help="run id (default: the latest run)")
     report.add_argument("--config", help="take the store from this config")
-    report.add_argument("--json", action="store_true", help="one JSON object per metric and model")
+    report.add_argument("--json", action="store_true", help="one JSON object per score and model")
+    report.add_argument("--markdown", action="store_true", help="the table as Markdown")
+    report.add_argument("--dataset", help="latest scores of every model evaluated on this dataset")
+    report.add_argument("--method", help="... trained with this recipe (none = base, reference = yardsticks)")
+    report.add_argument("--since", help="... from runs started on or after this date (YYYY-MM-DD)")
     runs = add("runs", cmd_runs, "list pipeline runs")
     runs.add_argument("--config", help="take the store from this config")
     artifacts = add("artifacts", cmd_artifacts, "list finished artifacts")

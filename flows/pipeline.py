@@ -19,11 +19,13 @@ from pydantic import BaseModel
 
 from storage import ArtifactRef, ArtifactStore
 from tasks.config import MethodConfig, PipelineConfig, TrainConfig, load_config
+from tasks.embed import EMBED, EmbedJob
 from tasks.evaluate import EVALUATE, EvalJob
 from tasks.ingest import INGEST
 from tasks.methods.recipes import pooling_for
 from tasks.models import INIT, InitConfig
-from tasks.report import REPORT, ReportEntry, ReportJob
+from tasks.mteb_stage import MTEB, MtebJob
+from tasks.report import CURVES, REPORT, ReportEntry, ReportJob
 from tasks.sentences import SENTENCES
 from tasks.stage import Stage
 from tasks.train import TRAIN, TrainJob
@@ -68,7 +70,8 @@ def publish_report(store_root: str, report: ArtifactRef) -> None:
     """Show the report in the Prefect UI (cheap, so never cached: every run gets its artifacts)."""
     store = ArtifactStore(store_root)
     rows = store.read_table(report, "report").to_pandas()
-    table = rows[["model", "method", "dataset", "metric", "value", "std", "n"]]
+    rows = rows[~rows["metric"].isin(CURVES)]  # the curves are pictures in the report
+    table = rows[["model", "method", "dataset", "metric", "value", "std", "n", "layer", "pooling", "status"]]
     create_table_artifact(table=table.astype(object).where(table.notna(), None).to_dict("records"),
                           key="embforge-metrics", description="Metrics of this run's models")
     create_markdown_artifact(markdown=(store.path(report) / "report.md").read_text(), key="embforge-report",
@@ -82,16 +85,38 @@ class ReportedModel:
     inputs: list[ArtifactRef]  # the train or init artifact holding it, if any
     external: str | None = None  # else: its Hub name, folder or package:<name>
     pooling: str = "mean"  # the recipe's sentence vector; untrained models are read with mean pooling
+    knn_holdout: bool = False  # trained without kNN's test documents
 
 
 def train_method(run: RunRecord, cfg: PipelineConfig, method: MethodConfig, train: TrainConfig,
                  docs: ArtifactRef, sentences: ArtifactRef, base_model: str | None,
                  start: list[ArtifactRef]) -> ReportedModel:
     """Views, then training, for one method; `start` holds the encoder artifact to start from."""
-    pairs = run.stage(PAIRS, PairsConfig.for_method(method, train.epochs), [sentences], method.name)
+    views = PairsConfig.for_method(method, train.epochs, cfg.evaluate.knn)
+    pairs = run.stage(PAIRS, views, [sentences] + ([docs] if views.held_out else []), method.name)
     job = TrainJob.for_method(base_model, method, train, cfg.evaluate.knn)
     trained = run.stage(TRAIN, job, [pairs] + start + ([docs] if job.knn else []), method.name, method.recipe)
-    return ReportedModel(method.name, method.recipe, [trained], pooling=pooling_for(method.recipe, train))
+    return ReportedModel(method.name, method.recipe, [trained], pooling=pooling_for(method.recipe, train),
+                         knn_holdout=method.knn_holdout)
+
+
+def evaluate_model(run: RunRecord, cfg: PipelineConfig, model: ReportedModel, docs: ArtifactRef) -> list[ArtifactRef]:
+    """Embed (cached per model and text set), then score: the evaluate artifact, then one per MTEB task."""
+    ev = cfg.evaluate
+    embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device)
+    docs_emb = run.stage(EMBED, EmbedJob(layers="all" if ev.layerwise else "last", **embed),
+                         [docs] + model.inputs, model.label, model.method)
+    sts_emb = [run.stage(EMBED, EmbedJob(pairs_path=ev.sts.path, split=ev.sts.split, **embed), model.inputs,
+                         model.label, model.method)] if ev.sts else []
+    job = EvalJob(label=model.label, model=model.external, dataset=cfg.data.display_name, pooling=model.pooling,
+                  knn_holdout=model.knn_holdout, **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne"}))
+    scores = [run.stage(EVALUATE, job, [docs, docs_emb, *sts_emb, *model.inputs], model.label, model.method)]
+    if ev.mteb:
+        settings = ev.mteb.model_dump(include={"max_length", "batch_size", "dtype"})
+        for task in [*ev.mteb.task_names, *ev.mteb.local]:
+            job = MtebJob(model=model.external, pooling=model.pooling, task=task, device=ev.device, **settings)
+            scores.append(run.stage(MTEB, job, model.inputs, model.label, model.method))
+    return scores
 
 
 def run_pipeline(cfg: PipelineConfig, store: ArtifactStore, run: RunRecord) -> ArtifactRef:
@@ -113,14 +138,13 @@ def run_pipeline(cfg: PipelineConfig, store: ArtifactStore, run: RunRecord) -> A
         models.append(train_method(run, cfg, method, cfg.train_for(method), docs, sentences, base, start))
     models += [ReportedModel(name, "reference", [], name) for name in cfg.evaluate.reference_models]
 
-    evaluations = []
+    scores, entries = [], []
     for model in models:
-        job = EvalJob(model=model.external, dataset=cfg.data.display_name, pooling=model.pooling,
-                      **cfg.evaluate.model_dump(include={"max_length", "batch_size", "knn", "sts", "device"}))
-        evaluations.append(run.stage(EVALUATE, job, [docs] + model.inputs, model.label, model.method))
-    report_job = ReportJob(title=f"{cfg.name}: {cfg.data.display_name}",
-                           entries=[ReportEntry(label=m.label, method=m.method) for m in models])
-    report = run.stage(REPORT, report_job, evaluations)
+        model_scores = evaluate_model(run, cfg, model, docs)
+        scores += model_scores
+        entries.append(ReportEntry(label=model.label, method=model.method, scores=len(model_scores)))
+    report_job = ReportJob(title=f"{cfg.name}: {cfg.data.display_name}", entries=entries)
+    report = run.stage(REPORT, report_job, scores)
     publish_report(str(store.root), report)
     return report
 

@@ -1,6 +1,6 @@
 """Everything embforge writes to disk: the artifact store and the DuckDB catalog over it."""
 
-from storage.catalog import Catalog
+from storage.catalog import METRICS_SCHEMA, Catalog, metrics_table
 from storage.store import ArtifactRef, ArtifactStore, file_digest, stable_hash
 
-__all__ = ["ArtifactRef", "ArtifactStore", "Catalog", "file_digest", "stable_hash"]
+__all__ = ["METRICS_SCHEMA", "ArtifactRef", "ArtifactStore", "Catalog", "metrics_table", "file_digest", "stable_hash"]

@@ -5,7 +5,7 @@ Every report is a query over these views, so users can re-derive any number with
     artifacts    one row per finished artifact (stage, key, inputs, config, rows, wall time)
     runs         one row per pipeline run (status, config, start and end)
     run_stages   which artifact each stage of each run used, and whether it was cached
-    metrics      every evaluation score (model, method, dataset, metric, value, spread)
+    metrics      every score of the evaluate and mteb stages (one schema: METRICS_SCHEMA)
     run_metrics  metrics joined to the runs that produced or reused them
 """
 
@@ -15,8 +15,41 @@ from glob import glob as glob_files
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from storage.store import ArtifactStore
+
+# Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.
+METRICS_SCHEMA = pa.schema([
+    ("key", pa.string()),  # the evaluate or mteb artifact that holds the score
+    ("model", pa.string()),  # train/<key>, init/<key> or the external model's name
+    ("dataset", pa.string()),
+    ("metric", pa.string()),  # knn_accuracy, sts_spearman, ... or the MTEB task's name
+    ("value", pa.float64()),  # None when the score could not be computed (see status, note)
+    ("std", pa.float64()),
+    ("n", pa.int64()),
+    ("repeats", pa.int64()),
+    ("split", pa.string()),
+    ("layer", pa.int64()),  # hidden layer the embeddings came from (0 = embedding layer)
+    ("pooling", pa.string()),
+    ("step", pa.int64()),  # training batches, for learning-curve points
+    ("task_type", pa.string()),  # MTEB: clustering, sts, retrieval, reranking, ...
+    ("main_score", pa.string()),
+    ("subset", pa.string()),
+    ("revision", pa.string()),
+    ("mteb_version", pa.string()),
+    ("dtype", pa.string()),
+    ("batch_size", pa.int64()),
+    ("max_length", pa.int64()),
+    ("status", pa.string()),  # ok or skipped
+    ("note", pa.string()),
+])
+
+
+def metrics_table(rows: list[dict], **common) -> pa.Table:
+    """Score rows (plus fields shared by all of them) as a table with METRICS_SCHEMA."""
+    names = METRICS_SCHEMA.names
+    return pa.Table.from_pylist([{n: {**common, **r}.get(n) for n in names} for r in rows], schema=METRICS_SCHEMA)
 
 # Empty stand-ins keep every view queryable before the first run has written anything.
 _EMPTY = {
@@ -26,9 +59,7 @@ _EMPTY = {
     "runs": "SELECT NULL::VARCHAR run_id, NULL::VARCHAR name, NULL::VARCHAR status, NULL::VARCHAR config_path,"
     " NULL::JSON config, NULL::TIMESTAMP started_at, NULL::TIMESTAMP finished_at, NULL::VARCHAR error,"
     " NULL::JSON stages WHERE false",
-    "metrics": "SELECT NULL::VARCHAR key, NULL::VARCHAR model, NULL::VARCHAR method, NULL::VARCHAR model_key,"
-    " NULL::VARCHAR dataset, NULL::VARCHAR metric, NULL::DOUBLE value, NULL::DOUBLE std, NULL::BIGINT n,"
-    " NULL::BIGINT repeats, NULL::VARCHAR split WHERE false",
+    "metrics": "SELECT * FROM empty_metrics",
 }
 
 
@@ -38,6 +69,7 @@ class Catalog:
     def __init__(self, store: ArtifactStore):
         self.store = store
         self.con = duckdb.connect()
+        self.con.register("empty_metrics", METRICS_SCHEMA.empty_table())
         root = store.root
         self._view("artifacts", root / "artifacts" / "*" / "*" / "manifest.json", """
             SELECT stage, key, inputs, config, code_version, rows, created_at, wall_s,
@@ -49,7 +81,7 @@ class Catalog:
             SELECT * FROM read_json('{glob}', columns={run_id: 'VARCHAR', name: 'VARCHAR',
                  status: 'VARCHAR', config_path: 'VARCHAR', config: 'JSON', started_at: 'TIMESTAMP',
                  finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON'})""")
-        self._view("metrics", root / "artifacts" / "evaluate" / "*" / "metrics.parquet",
+        self._view("metrics", root / "artifacts" / "*" / "*" / "metrics.parquet",
                    "SELECT * FROM read_parquet('{glob}', union_by_name=true)")
         self.con.execute("""
             CREATE VIEW run_stages AS
@@ -61,7 +93,7 @@ class Catalog:
         self.con.execute("""
             CREATE VIEW run_metrics AS
             SELECT rs.run_id, rs.started_at, rs.label, rs.method, m.*
-            FROM run_stages rs JOIN metrics m ON rs.stage = 'evaluate' AND rs.key = m.key""")
+            FROM run_stages rs JOIN metrics m ON rs.stage IN ('evaluate', 'mteb') AND rs.key = m.key""")
 
     def _view(self, name: str, glob: Path, select: str) -> None:
         # read_json/read_parquet fail on a glob that matches nothing.

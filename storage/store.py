@@ -126,6 +126,13 @@ class ArtifactStore:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def discard(self, ref: ArtifactRef) -> None:
+        """Remove a finished artifact: moved aside in one rename, so it never looks half there."""
+        aside = self.root / ".tmp" / f"{ref.stage}-{ref.key}-discarded-{uuid.uuid4().hex[:8]}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(self.path(ref), aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
     # -- work in progress ---------------------------------------------------
     def scratch(self, ref: ArtifactRef) -> Path:
         """A folder that survives crashes (checkpoints) and is removed once the artifact exists."""

@@ -112,6 +112,9 @@ class MethodConfig(Section):
                                      "ratio (default: 0.15 for mlm, 0.3 whole-word for retromae).")
     decoder_visible: float = Field(0.5, gt=0, le=1, description="RetroMAE: share of the other "
                                    "tokens each decoder position may attend to.")
+    knn_holdout: bool = Field(False, description="Train on the documents of the kNN train split only "
+                              "(evaluate.knn's test_size and seed), so the documents kNN accuracy is "
+                              "measured on are never seen in training.")
     train: dict = Field(default_factory=dict, description="Overrides of the `train` section for "
                         "this method only (e.g. `{lr: 3.0e-5, pooling: cls}`).")
 
@@ -206,11 +209,64 @@ class StsConfig(Section):
     split: str | None = Field("test", description="Rows of this `split` only (None: all rows).")
 
 
+# The cropping paper's MTEB subset (methods.md §1): task name → block of the block average.
+PAPER_MTEB_TASKS = {
+    "ArxivClusteringP2P": "clustering", "BiorxivClusteringP2P": "clustering",
+    "MedrxivClusteringP2P": "clustering", "RedditClusteringP2P": "clustering",
+    "StackExchangeClusteringP2P": "clustering", "SciDocsRR": "reranking", "MindSmallReranking": "reranking",
+    "SCIDOCS": "retrieval", "ArguAna": "retrieval", "STS15": "sts", "STS16": "sts", "STSBenchmark": "sts",
+}
+
+
+class LocalTaskConfig(Section):
+    """An MTEB task built from a local Parquet file, so it runs offline."""
+
+    name: str = Field(description="Task name shown in reports (e.g. `STSB-local`).")
+    type: Literal["clustering", "sts", "retrieval", "pair_classification"] = Field(
+        description="`clustering`: documents (text, label); `sts`: pairs (sentence1, sentence2, score); "
+        "`retrieval`: a corpus (doc_id, title, text) plus `queries`; `pair_classification`: pairs "
+        "whose score decides the label (see `positive_at`).")
+    path: str = Field(description="Parquet file (relative to the config file's folder).")
+    queries: str | None = Field(None, description="Retrieval only: Parquet with query_id, query, doc_id "
+                                "(a relevant document) and score.")
+    split: str | None = Field("test", description="Use rows of this `split` only (None: all rows).")
+    limit: int | None = Field(None, gt=0, description="Use only the first N pairs, documents or queries.")
+    positive_at: float = Field(0.5, description="Pair classification: score ≥ this is a positive "
+                               "(paraphrase), below it a negative.")
+
+    @model_validator(mode="after")
+    def _queries(self) -> "LocalTaskConfig":
+        if (self.type == "retrieval") != (self.queries is not None):
+            raise ValueError("`queries` is required for retrieval tasks and only for them")
+        return self
+
+
+class MtebConfig(Section):
+    tasks: list[str] = Field(default_factory=list, description="MTEB task names whose data comes from "
+                             "the Hub (or a local Hub cache); `paper` expands to the cropping paper's 12. "
+                             "Tasks whose data is not reachable are reported as skipped.")
+    local: list[LocalTaskConfig] = Field(default_factory=list, description="Tasks built from local Parquet files.")
+    max_length: int = Field(384, ge=8, description="Truncate texts to this many tokens (the paper: 384).")
+    batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Weights' dtype.")
+
+    @property
+    def task_names(self) -> list[str]:
+        names = [n for t in self.tasks for n in (PAPER_MTEB_TASKS if t == "paper" else [t])]
+        return list(dict.fromkeys(names))
+
+
 class EvaluateConfig(Section):
     max_length: int = Field(256, ge=8, description="Truncate evaluated texts to this many tokens.")
     batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
     knn: KnnConfig | None = Field(default_factory=KnnConfig, description="kNN accuracy (methods.md §1).")
     sts: StsConfig | None = Field(None, description="STS Spearman correlation of cosine similarities.")
+    layerwise: bool = Field(False, description="kNN accuracy on every hidden layer (0 = embedding "
+                            "layer) with mean, CLS and SEP pooling: the layer-wise curves.")
+    geometry: bool = Field(True, description="Alignment (STS pairs scored ≥ 4), uniformity, mean cosine "
+                           "of random pairs and the variance share of the top principal components.")
+    tsne: bool = Field(True, description="A t-SNE map of the labelled documents per model (PNG).")
+    mteb: MtebConfig | None = Field(None, description="MTEB tasks, from the Hub or from local files.")
     reference_models: list[str] = Field(
         default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
         "(e.g. a pre-trained sentence model as a yardstick).")
@@ -237,6 +293,8 @@ class PipelineConfig(Section):
             if self.train_for(method, where=f"methods.{i}.train").eval_every and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.train.eval_every: the learning curve is kNN accuracy, "
                                  "set `evaluate.knn`")
+            if method.knn_holdout and not self.evaluate.knn:
+                raise ValueError(f"methods.{i}.knn_holdout: holds out kNN's test split, set `evaluate.knn`")
         if self.model.pretrain:
             self.model.pretrain.train_for()
         return self
@@ -289,6 +347,10 @@ def load_config(path: str | Path) -> PipelineConfig:
     if evaluate.sts:
         evaluate = evaluate.model_copy(update={"sts": evaluate.sts.model_copy(
             update={"path": _resolve(base, evaluate.sts.path)})})
+    if evaluate.mteb:
+        local = [t.model_copy(update={"path": _resolve(base, t.path), "queries": _resolve(base, t.queries)})
+                 for t in evaluate.mteb.local]
+        evaluate = evaluate.model_copy(update={"mteb": evaluate.mteb.model_copy(update={"local": local})})
     evaluate = evaluate.model_copy(update={"reference_models": [_resolve_model(base, m) for m in evaluate.reference_models]})
     model = cfg.model.model_copy(update={"name_or_path": _resolve_model(base, cfg.model.name_or_path)})
     if model.pretrain:

@@ -1,8 +1,10 @@
 """Evaluation encoding: raw (not normalised) pooled embeddings, as the papers measure them.
 
-Loads any model folder or Hub name through `AutoModel.from_pretrained` and pools the last layer
+Loads any model folder or Hub name through `AutoModel.from_pretrained` and pools token states
 itself, so the model's own head (e.g. a Normalize module) does not change the metric. Pooling is
 mean (the papers' default) or the token a recipe trained: CLS (first) or SEP (last unpadded).
+`encode_layers` gives every hidden layer and every pooling from one forward pass, which is what
+the embeddings cache stores (layer 0 = the embedding layer).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from tasks.models import pick_device, resolve_model
+
+POOLINGS = ("mean", "cls", "sep")
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -33,15 +37,29 @@ class PooledEncoder:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path).to(pick_device(device)).eval()
 
-    def encode(self, texts: list[str], max_length: int = 256, batch_size: int = 32) -> np.ndarray:
+    @property
+    def n_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    def encode_layers(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
+                      layers: list[int] | None = None, desc: str = "encode") -> np.ndarray:
+        """Embeddings of shape (len(layers), len(POOLINGS), len(texts), hidden); layers default to the last."""
+        layers = [self.n_layers] if layers is None else layers
         # Longest first, so texts of similar length share a batch and little padding is computed.
         order = np.argsort([-len(t) for t in texts], kind="stable")
-        out = np.empty((len(texts), self.model.config.hidden_size), dtype=np.float32)
+        out = np.empty((len(layers), len(POOLINGS), len(texts), self.model.config.hidden_size), dtype=np.float32)
         with torch.inference_mode():
-            for start in tqdm(range(0, len(texts), batch_size), desc="encode", unit="batch", mininterval=5):
+            for start in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", mininterval=5):
                 idx = order[start : start + batch_size]
                 batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
                                        max_length=max_length, return_tensors="pt").to(self.model.device)
-                hidden = self.model(**batch).last_hidden_state
-                out[idx] = pool(hidden, batch["attention_mask"], self.pooling).float().cpu().numpy()
+                hidden = self.model(**batch, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
+                states = hidden.hidden_states if hidden.hidden_states is not None else {self.n_layers: hidden.last_hidden_state}
+                for i, layer in enumerate(layers):
+                    for j, pooling in enumerate(POOLINGS):
+                        out[i, j, idx] = pool(states[layer], batch["attention_mask"], pooling).float().cpu().numpy()
         return out
+
+    def encode(self, texts: list[str], max_length: int = 256, batch_size: int = 32) -> np.ndarray:
+        """Last layer, this encoder's pooling."""
+        return self.encode_layers(texts, max_length, batch_size)[0, POOLINGS.index(self.pooling)]

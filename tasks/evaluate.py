@@ -1,8 +1,10 @@
-"""Evaluate one model: kNN accuracy on the labelled documents and STS Spearman.
+"""Evaluate one model on the labelled documents: kNN accuracy (also layer-wise), STS Spearman,
+embedding geometry, a t-SNE map and the learning curve.
 
-Inputs: the documents artifact, plus the train or init artifact holding the model (or
-`EvalJob.model` names an external model). Output `metrics.parquet`, one row per metric:
-key, model, dataset, metric, value, std, n, repeats, split.
+Inputs, in order: the documents artifact; the documents' embed artifact; the STS pairs' embed
+artifact when `sts` is set; the train or init artifact holding the model, if any. The vectors come
+from the embeddings cache (tasks/embed.py), so nothing is encoded here. Output `metrics.parquet`
+(storage.METRICS_SCHEMA, one row per score) and PNG pictures next to it.
 """
 
 from __future__ import annotations
@@ -12,35 +14,39 @@ import sys
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 from pydantic import Field
 
-from storage import ArtifactRef, ArtifactStore, file_digest
+from storage import ArtifactRef, ArtifactStore, metrics_table
 from storage.store import ArtifactWriter
-from tasks import encode
+from tasks import embed, plots
 from tasks.config import KnnConfig, Section, StsConfig
-from tasks.metrics import knn, sts
-from tasks.models import model_identity
+from tasks.encode import POOLINGS
+from tasks.metrics import geometry, knn, sts
 from tasks.stage import Stage
-from tasks.train import model_path
+
+PICTURES = {"tsne": "tsne.png", "layerwise": "layerwise.png", "learning_curve": "learning_curve.png"}
 
 
 class EvalJob(Section):
+    label: str = Field(description="Model name shown in pictures.")
     model: str | None = Field(None, description="External model (name or path); None when the "
                               "inputs carry a train or init artifact.")
     dataset: str = Field(description="Dataset name recorded with each score.")
-    max_length: int
-    batch_size: int
     knn: KnnConfig | None
     sts: StsConfig | None
     pooling: str = Field("mean", description="mean, cls or sep: the pooling the model was trained with.")
-    device: str = "auto"
+    knn_holdout: bool = Field(False, description="The model never saw kNN's test documents in training.")
+    layerwise: bool = False
+    geometry: bool = True
+    tsne: bool = True
 
 
-def knn_rows(emb: np.ndarray, labels: list[str], cfg: KnnConfig) -> list[dict]:
+def knn_rows(emb: np.ndarray, labels: list[str], cfg: KnnConfig, held_out: bool = False) -> list[dict]:
     acc, n_test = knn.knn_accuracy(emb, labels, cfg.k, cfg.test_size, cfg.seed)
-    rows = [dict(metric="knn_accuracy", value=acc, std=None, n=n_test, repeats=1, split=f"seed {cfg.seed}")]
-    if cfg.repeats > 1:
+    split = f"seed {cfg.seed}" + (", test documents held out of training" if held_out else "")
+    rows = [dict(metric="knn_accuracy", value=acc, n=n_test, repeats=1, split=split)]
+    # Other splits' test documents were trained on by a held-out model: no spread for it.
+    if cfg.repeats > 1 and not held_out:
         # A 10% test split of a small corpus is noisy: report the spread over other splits too.
         mean, std = knn.knn_accuracy_spread(emb, labels, cfg.k, cfg.test_size, range(cfg.repeats))
         rows.append(dict(metric="knn_accuracy_splits", value=mean, std=std, n=n_test,
@@ -48,43 +54,85 @@ def knn_rows(emb: np.ndarray, labels: list[str], cfg: KnnConfig) -> list[dict]:
     return rows
 
 
-def sts_rows(encoder: encode.PooledEncoder, job: EvalJob) -> list[dict]:
-    pairs = pd.read_parquet(job.sts.path)
-    if job.sts.split:
-        pairs = pairs[pairs["split"] == job.sts.split]
-    emb = encoder.encode(pairs["sentence1"].tolist() + pairs["sentence2"].tolist(), job.max_length, job.batch_size)
-    rho = sts.sts_spearman(emb[: len(pairs)], emb[len(pairs) :], pairs["score"].to_numpy())
-    return [dict(metric="sts_spearman", value=rho, std=None, n=len(pairs), repeats=1, split=job.sts.split)]
+def layerwise_rows(store: ArtifactStore, emb_ref: ArtifactRef, labelled: np.ndarray, labels: list[str],
+                   cfg: KnnConfig) -> list[dict]:
+    rows = []
+    for layer in embed.embedded_layers(store, emb_ref):
+        for pooling in POOLINGS:
+            x = embed.read_embeddings(store, emb_ref, pooling, layer)[labelled]
+            acc, n_test = knn.knn_accuracy(x, labels, cfg.k, cfg.test_size, cfg.seed)
+            rows.append(dict(metric="knn_accuracy_layerwise", value=acc, n=n_test, repeats=1,
+                             split=f"seed {cfg.seed}", layer=layer, pooling=pooling))
+    return rows
+
+
+def learning_curve_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> list[dict]:
+    """kNN accuracy measured during training (train.eval_every), as catalog rows."""
+    if model_ref is None or model_ref.stage != "train":
+        return []
+    steps = store.read_table(model_ref, "training").to_pandas()
+    if "knn_accuracy" not in steps:
+        return []
+    steps = steps[steps["knn_accuracy"].notna()]
+    return [dict(metric="knn_accuracy_curve", value=float(a), step=int(s), split="training")
+            for s, a in zip(steps["step"], steps["knn_accuracy"])]
 
 
 def build_metrics(store: ArtifactStore, job: EvalJob, inputs: list[ArtifactRef],
                   out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs_ref, *trained = inputs
-    encoder = encode.PooledEncoder(model_path(store, trained[0]) if trained else job.model, job.device, job.pooling)
+    docs_ref, docs_emb, *rest = inputs
+    sts_emb = rest.pop(0) if job.sts else None
+    model_ref = rest[0] if rest else None
+    last = max(embed.embedded_layers(store, docs_emb))
+    docs = store.read_table(docs_ref, "documents").to_pandas()
+    labelled = np.flatnonzero(docs["label"].notna().to_numpy())
+    labels = docs["label"].iloc[labelled].tolist()
+    x = embed.read_embeddings(store, docs_emb, job.pooling, last)
     rows = []
-    if job.knn:
-        docs = store.read_table(docs_ref, "documents").to_pandas()
-        docs = docs[docs["label"].notna()]
-        if len(docs) < 2 * job.knn.k:
-            log.warning("evaluate: only %d labelled documents, kNN accuracy skipped", len(docs))
-        else:
-            emb = encoder.encode(docs["text"].tolist(), job.max_length, job.batch_size)
-            rows += knn_rows(emb, docs["label"].tolist(), job.knn)
+    if job.knn and len(labelled) < 2 * job.knn.k:
+        log.warning("evaluate: only %d labelled documents, kNN accuracy skipped", len(labelled))
+    elif job.knn:
+        rows += knn_rows(x[labelled], labels, job.knn, job.knn_holdout)
+        if job.layerwise:
+            rows += layerwise_rows(store, docs_emb, labelled, labels, job.knn)
+    pos_a = pos_b = None
     if job.sts:
-        rows += sts_rows(encoder, job)
-    source = f"{trained[0].stage}/{trained[0].key}" if trained else job.model
-    table = pd.DataFrame(rows).assign(key=ref.key, model=source, dataset=job.dataset)
-    table = table[["key", "model", "dataset", "metric", "value", "std", "n", "repeats", "split"]]
-    out.write_table("metrics", pa.Table.from_pandas(table, preserve_index=False))
+        pairs = embed.read_pairs(job.sts.path, job.sts.split)
+        s = embed.read_embeddings(store, sts_emb, job.pooling)
+        a, b = s[: len(pairs)], s[len(pairs) :]
+        rows.append(dict(metric="sts_spearman", value=sts.sts_spearman(a, b, pairs["score"].to_numpy()),
+                         n=len(pairs), repeats=1, split=job.sts.split))
+        positive = (pairs["score"] >= 4).to_numpy()  # SimCSE's positives for alignment
+        pos_a, pos_b = a[positive], b[positive]
+    if job.geometry:
+        rows += geometry.geometry_rows(x, pos_a, pos_b)
+    rows += learning_curve_rows(store, model_ref)
+    source = f"{model_ref.stage}/{model_ref.key}" if model_ref else job.model
+    for row in rows:  # the headline rows are the model's own pooling on its last layer
+        row.setdefault("layer", last)
+        row.setdefault("pooling", job.pooling)
+    table = metrics_table(rows, key=ref.key, model=source, dataset=job.dataset, status="ok")
+    out.write_table("metrics", table)
+    draw_pictures(job, x[labelled], labels, table.to_pandas(), out)
     for r in rows:
-        log.info("evaluate %s: %s = %.4f%s", source, r["metric"], r["value"],
-                 f" ± {r['std']:.4f}" if r["std"] is not None else "")
+        if r["metric"] not in ("knn_accuracy_layerwise", "knn_accuracy_curve"):
+            log.info("evaluate %s: %s = %.4f%s", job.label, r["metric"], r["value"],
+                     f" ± {r['std']:.4f}" if r.get("std") is not None else "")
 
 
-def _key_material(job: EvalJob) -> list:
-    return [model_identity(job.model) if job.model else None,
-            file_digest(job.sts.path) if job.sts else None]
+def draw_pictures(job: EvalJob, x: np.ndarray, labels: list[str], metrics: pd.DataFrame,
+                  out: ArtifactWriter) -> None:
+    title = f"{job.label} on {job.dataset}"
+    if job.tsne and len(labels) > 1:
+        plots.tsne_png(x, labels, out.folder / PICTURES["tsne"], f"t-SNE: {title} ({job.pooling} pooling)")
+    curves = metrics.assign(model=job.label)
+    layerwise = curves[curves["metric"] == "knn_accuracy_layerwise"]
+    if len(layerwise):
+        plots.layerwise_png(layerwise, out.folder / PICTURES["layerwise"], f"kNN accuracy per layer: {title}")
+    curve = curves[curves["metric"] == "knn_accuracy_curve"]
+    if len(curve):
+        plots.learning_curve_png(curve, out.folder / PICTURES["learning_curve"], f"Learning curve: {title}")
 
 
-EVALUATE = Stage("evaluate", build_metrics, code=(sys.modules[__name__], encode, knn, sts),
-                 extra_key=_key_material)
+# The STS file's digest is part of its embed artifact's key, an input of this stage.
+EVALUATE = Stage("evaluate", build_metrics, code=(sys.modules[__name__], embed, plots, knn, sts, geometry))

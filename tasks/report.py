@@ -1,8 +1,11 @@
-"""Report: one DuckDB query over the catalog's metrics gives the model × metric table.
+"""Report: DuckDB queries over the catalog's metrics give the papers' comparison tables.
 
-The same query serves the pipeline's report stage (models named by the run's config) and
-`embforge report` (models named by a past run's record), so both always agree with the catalog.
-Output: `report.parquet` (one row per model and metric, the long form) and `report.md`.
+Models are columns and tasks are rows: first the in-domain scores (kNN accuracy, STS, geometry),
+then the MTEB tasks grouped by type with the block means and the average of block means (the
+cropping paper's headline) at the bottom. The same queries serve the pipeline's report stage
+(models named by the run's config) and `embforge report` (models picked from the catalog), so
+both always agree with the catalog. Output: `report.parquet` (one row per model and score, the
+long form), `report.md` (tables and pictures) and the combined layer-wise and learning curves.
 """
 
 from __future__ import annotations
@@ -15,78 +18,160 @@ import pyarrow as pa
 
 from storage import ArtifactRef, ArtifactStore, Catalog
 from storage.store import ArtifactWriter
+from tasks import plots
 from tasks.config import Section
+from tasks.evaluate import PICTURES
 from tasks.stage import Stage
 
 LEGEND = {
-    "knn_accuracy": "kNN accuracy (k=10, Euclidean, raw mean-pooled embeddings) on the paper's "
-    "90/10 split (seed 42)",
+    "knn_accuracy": "kNN accuracy (k=10, Euclidean, raw embeddings with the model's pooling) on the "
+    "paper's 90/10 split (seed 42)",
     "knn_accuracy_splits": "the same over repeated random 90/10 splits: mean ± standard deviation",
     "knn_n": "labelled test documents per split",
     "sts_spearman": "STS Spearman correlation of cosine similarity with the human scores",
+    "alignment": "mean squared distance of normalised embeddings of STS pairs scored ≥ 4 (lower: positives closer)",
+    "uniformity": "log E exp(−2‖x−y‖²) over random pairs of normalised document embeddings (lower: more uniform)",
+    "mean_cosine": "mean cosine similarity of random document pairs (anisotropy; 0 = isotropic)",
 }
+CURVES = ("knn_accuracy_layerwise", "knn_accuracy_curve")
 
-# Long form: one row per (model, metric), models in the order given by `entries`.
+# Long form: one row per (model, score), models in the order given by `entries`.
 LONG_SQL = """
-SELECT e.ord, e.label AS model, e.method, m.dataset, m.metric, m.value, m.std, m.n, m.repeats,
-       m.split, m.model AS model_source, e.key AS eval_key
+SELECT e.ord, e.label AS model, e.method, m.* EXCLUDE (key), e.key AS score_key
 FROM entries e JOIN metrics m ON m.key = e.key
-ORDER BY e.ord, m.metric"""
+ORDER BY e.ord, m.dataset, m.metric, m.layer, m.pooling, m.step"""
 
-# Wide form for people: models as rows, metrics as columns, spread next to each value.
-WIDE_SQL = f"""
-PIVOT (
-    SELECT ord, model, method, dataset, metric,
-           CASE WHEN std IS NULL THEN printf('%.3f', value) ELSE printf('%.3f ± %.3f', value, std) END AS cell
-    FROM ({LONG_SQL})
-    UNION ALL
-    SELECT ord, model, method, dataset, 'knn_n', n::VARCHAR FROM ({LONG_SQL}) WHERE metric = 'knn_accuracy'
-) ON metric USING first(cell) GROUP BY ord, model, method, dataset ORDER BY ord"""
+IN_DOMAIN_SQL = f"""
+SELECT ord, model, dataset, metric, value, std, n FROM ({LONG_SQL})
+WHERE dataset <> 'mteb' AND metric NOT IN {CURVES}"""
+
+# One score per (model, task): the mean over the task's subsets and splits, as MTEB averages them.
+TASK_SQL = f"""
+SELECT ord, model, task_type, metric AS task, any_value(main_score) AS main_score, avg(value) AS value,
+       bool_and(status = 'ok') AS ok, any_value(note) AS note
+FROM ({LONG_SQL}) WHERE dataset = 'mteb' GROUP BY ALL"""
+
+BLOCK_SQL = f"""
+SELECT ord, model, task_type AS block, avg(value) AS value, count(*) AS tasks
+FROM ({TASK_SQL}) WHERE ok GROUP BY ALL"""
+
+AVERAGE_SQL = f"""
+SELECT ord, model, avg(value) AS value, string_agg(block, ', ' ORDER BY block) AS blocks
+FROM ({BLOCK_SQL}) GROUP BY ALL"""
+
+CURVE_SQL = f"SELECT model, metric, layer, pooling, step, value FROM ({LONG_SQL}) WHERE metric IN {CURVES}"
 
 
 class ReportEntry(Section):
     label: str
     method: str
+    scores: int = 1  # how many of the report's inputs (evaluate, then mteb artifacts) are this model's
 
 
 class ReportJob(Section):
     title: str
-    entries: list[ReportEntry]  # one per evaluate input, same order
+    entries: list[ReportEntry]
 
 
-def _with_entries(catalog: Catalog, entries: list[dict]) -> Catalog:
-    frame = pd.DataFrame(entries, columns=["label", "method", "key"]).reset_index(names="ord")
-    catalog.con.register("entries", frame)
-    return catalog
+def entries_for(job: ReportJob, inputs: list[ArtifactRef]) -> list[dict]:
+    """One row per (model, score artifact), in the report's model order."""
+    rows, i = [], 0
+    for entry in job.entries:
+        rows += [dict(label=entry.label, method=entry.method, key=ref.key) for ref in inputs[i : i + entry.scores]]
+        i += entry.scores
+    return rows
+
+
+def _query(catalog: Catalog, entries: list[dict], sql: str) -> pd.DataFrame:
+    models = pd.DataFrame(entries, columns=["label", "method", "key"])
+    order = {label: i for i, label in enumerate(dict.fromkeys(models["label"]))}
+    catalog.con.register("entries", models.assign(ord=models["label"].map(order)))
+    return catalog.con.execute(sql).df()
 
 
 def long_rows(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
-    return _with_entries(catalog, entries).con.execute(LONG_SQL).df()
+    return _query(catalog, entries, LONG_SQL)
 
 
-def wide_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
-    wide = _with_entries(catalog, entries).con.execute(WIDE_SQL).df().drop(columns="ord")
-    metrics = [m for m in LEGEND if m in wide.columns] + sorted(set(wide.columns) - set(LEGEND) -
-                                                                {"model", "method", "dataset"})
-    return wide[["model", "method", "dataset", *metrics]].fillna("")
+def _cell(value: float, std: float | None = None) -> str:
+    if value is None or value != value:
+        return ""
+    return f"{value:.3f}" if std is None or std != std else f"{value:.3f} ± {std:.3f}"
 
 
-def to_markdown(title: str, wide: pd.DataFrame) -> str:
-    cols = list(wide.columns)
+def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
+    """Tasks as rows, models as columns; MTEB block means and their average at the bottom."""
+    models = list(dict.fromkeys(e["label"] for e in entries))
+    rows: list[dict] = []
+    scores = _query(catalog, entries, IN_DOMAIN_SQL)
+    metric_order = {m: i for i, m in enumerate(LEGEND)}
+    scores = scores.assign(o=scores["metric"].map(metric_order).fillna(len(LEGEND))).sort_values(["dataset", "o", "metric"])
+    for (dataset, metric), group in scores.groupby(["dataset", "metric"], sort=False):
+        rows.append(dict(task=f"{dataset}: {metric}", **{r.model: _cell(r.value, r.std) for r in group.itertuples()}))
+        if metric == "knn_accuracy":
+            rows.append(dict(task=f"{dataset}: knn_n", **{r.model: str(r.n) for r in group.itertuples()}))
+    tasks = _query(catalog, entries, TASK_SQL).sort_values(["task_type", "task"], na_position="last")
+    for (task_type, task), group in tasks.groupby(["task_type", "task"], sort=False, dropna=False):
+        main = group["main_score"].dropna()
+        name = f"{task_type or 'mteb'}: {task}" + (f" ({main.iloc[0]})" if len(main) else "")
+        rows.append(dict(task=name, **{r.model: _cell(r.value) if r.ok else "skipped" for r in group.itertuples()}))
+    for block, group in _query(catalog, entries, BLOCK_SQL).groupby("block"):
+        rows.append(dict(task=f"block mean: {block} ({group['tasks'].max()} tasks)",
+                         **{r.model: _cell(r.value) for r in group.itertuples()}))
+    for blocks, group in _query(catalog, entries, AVERAGE_SQL).groupby("blocks"):
+        rows.append(dict(task=f"average of block means ({blocks})", **{r.model: _cell(r.value) for r in group.itertuples()}))
+    return pd.DataFrame(rows, columns=["task", *models]).fillna("")
+
+
+def skipped_notes(catalog: Catalog, entries: list[dict]) -> list[str]:
+    tasks = _query(catalog, entries, TASK_SQL)
+    skipped = tasks[~tasks["ok"].astype(bool)].drop_duplicates("task")
+    return [f"skipped: {r.task}: {r.note}" for r in skipped.itertuples()]
+
+
+def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures: list[tuple[str, str]] = ()) -> str:
+    cols = list(table.columns)
     lines = [f"# {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in wide.itertuples(index=False)]
-    lines += ["", *[f"- **{m}**: {text}" for m, text in LEGEND.items() if m in cols]]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    shown = " ".join(table["task"])
+    lines += ["", *[f"- **{m}**: {text}" for m, text in LEGEND.items() if m in shown]]
+    lines += [f"- {note}" for note in notes]
+    lines += [line for caption, path in pictures for line in ("", f"![{caption}]({path})")]
     return "\n".join(lines) + "\n"
+
+
+def draw_curves(catalog: Catalog, entries: list[dict], out: ArtifactWriter, title: str) -> list[tuple[str, str]]:
+    """Every model's layer-wise and learning curves in one picture each."""
+    curves, pictures = _query(catalog, entries, CURVE_SQL), []
+    layerwise = curves[curves["metric"] == "knn_accuracy_layerwise"]
+    if len(layerwise):
+        plots.layerwise_png(layerwise, out.folder / PICTURES["layerwise"], f"kNN accuracy per layer: {title}")
+        pictures.append(("kNN accuracy per hidden layer", PICTURES["layerwise"]))
+    learning = curves[curves["metric"] == "knn_accuracy_curve"]
+    if len(learning):
+        plots.learning_curve_png(learning, out.folder / PICTURES["learning_curve"], f"Learning curves: {title}")
+        pictures.append(("kNN accuracy during training", PICTURES["learning_curve"]))
+    return pictures
+
+
+def tsne_pictures(store: ArtifactStore, entries: list[dict]) -> list[tuple[str, str]]:
+    """Links, relative to a report folder, to each model's t-SNE map."""
+    found = []
+    for e in entries:
+        if (store.root / "artifacts" / "evaluate" / e["key"] / PICTURES["tsne"]).is_file():
+            found.append((f"t-SNE: {e['label']}", f"../../evaluate/{e['key']}/{PICTURES['tsne']}"))
+    return found
 
 
 def build_report(store: ArtifactStore, job: ReportJob, inputs: list[ArtifactRef],
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    entries = [dict(label=e.label, method=e.method, key=i.key) for e, i in zip(job.entries, inputs)]
+    entries = entries_for(job, inputs)
     catalog = Catalog(store)
     out.write_table("report", pa.Table.from_pandas(long_rows(catalog, entries), preserve_index=False))
-    markdown = to_markdown(job.title, wide_table(catalog, entries))
+    pictures = draw_curves(catalog, entries, out, job.title) + tsne_pictures(store, entries)
+    markdown = to_markdown(job.title, comparison_table(catalog, entries), skipped_notes(catalog, entries), pictures)
     out.write_text("report.md", markdown)
     log.info("report:\n%s", markdown)
 
 
-REPORT = Stage("report", build_report, code=(sys.modules[__name__],))
+REPORT = Stage("report", build_report, code=(sys.modules[__name__], plots))

@@ -43,6 +43,12 @@ class Stage:
     code: tuple[ModuleType, ...]
     extra_key: Callable[[Any], Any] | None = None
     retries: int = 0
+    # False for an artifact that must be built again on the next run (an MTEB task skipped
+    # because its data was not reachable gets scored once the data is there).
+    complete: Callable[[ArtifactStore, ArtifactRef], bool] | None = None
+
+    def reusable(self, store: ArtifactStore, ref: ArtifactRef) -> bool:
+        return store.exists(ref) and (self.complete is None or self.complete(store, ref))
 
     def key(self, config: BaseModel, inputs: list[ArtifactRef]) -> str:
         extra = self.extra_key(config) if self.extra_key else None
@@ -57,9 +63,12 @@ class Stage:
         """Build the artifact unless the store already has it. Runs without Prefect."""
         log = log or logging.getLogger(f"embforge.{self.name}")
         ref = self.ref(config, inputs)
-        if store.exists(ref):
+        if self.reusable(store, ref):
             log.info("%s: artifact %s already in the store, reusing it", self.name, ref.key)
             return ref
+        if store.exists(ref):
+            log.info("%s: artifact %s is incomplete, building it again", self.name, ref.key)
+            store.discard(ref)
         with store.writing(ref, config=config.model_dump(mode="json"), inputs=inputs,
                            code_version=code_version(*self.code)) as out:
             self.build(store, config, inputs, out, ref, log)
@@ -71,8 +80,8 @@ class Stage:
         """The Prefect task for this stage, with its cache records kept inside `store`."""
         def cache_key(_ctx, params: dict) -> str:
             ref = self.ref(params["config"], params["inputs"])
-            if not store.exists(ref):
-                store.forget_prefect_record(ref.key)  # artifact deleted by hand: Prefect must not hit
+            if not self.reusable(store, ref):
+                store.forget_prefect_record(ref.key)  # deleted by hand or incomplete: Prefect must not hit
             return ref.key
 
         policy = CacheKeyFnPolicy(cache_key_fn=cache_key)

@@ -8,6 +8,9 @@ A crop is n consecutive kept sentences; documents with fewer than 2 crops are dr
 view, so that all recipes train on the same documents with the same budget. Each epoch has one
 row per document in a fresh random order, so no document appears twice in a batch.
 
+With `held_out`, the documents of kNN's test split are left out (the documents artifact is then
+the second input), so kNN accuracy is measured on documents the model never trained on.
+
 Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order.
 """
 
@@ -20,17 +23,26 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field
 
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter
-from tasks.config import InputError, MethodConfig, Section
+from tasks.config import InputError, KnnConfig, MethodConfig, Section
 from tasks.methods import tsdae
 from tasks.methods.tsdae import delete_words
+from tasks.metrics import knn
 from tasks.stage import Stage
 
 
 VIEW_OF_RECIPE = {"crops": "crops", "retromae_infonce": "crops", "tsdae": "noise"}  # others: same
+
+
+class HeldOut(Section):
+    """kNN's test split (methods.md §1), whose documents are left out of training."""
+
+    test_size: float
+    seed: int
 
 
 class PairsConfig(Section):
@@ -39,14 +51,23 @@ class PairsConfig(Section):
     seed: int = 0
     epochs: int = Field(1, ge=1)
     deletion_ratio: float | None = None
+    held_out: HeldOut | None = None  # then the documents artifact is the second input
 
     @classmethod
-    def for_method(cls, method: MethodConfig, epochs: int) -> "PairsConfig":
+    def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None) -> "PairsConfig":
         # Only what shapes the rows is part of the identity: recipes that read the same view (and
         # renamed methods) share one artifact.
         view = VIEW_OF_RECIPE.get(method.recipe, "same")
+        held_out = HeldOut(test_size=knn.test_size, seed=knn.seed) if method.knn_holdout else None
         return cls(view=view, n_sentences=method.n_sentences, seed=method.seed, epochs=epochs,
-                   deletion_ratio=method.deletion_ratio if view == "noise" else None)
+                   deletion_ratio=method.deletion_ratio if view == "noise" else None, held_out=held_out)
+
+
+def knn_test_documents(docs: pa.Table, held_out: HeldOut) -> set[str]:
+    """The doc ids kNN accuracy is measured on: the test positions among the labelled documents."""
+    labelled = docs.filter(pc.is_valid(docs["label"]))["doc_id"].to_pylist()
+    _, test = knn.split_indices(len(labelled), held_out.test_size, held_out.seed)
+    return {labelled[i] for i in test}
 
 
 def build_crops(kept_sentences: list[str], n: int) -> list[str]:
@@ -83,6 +104,10 @@ def crops_by_document(sentences: pa.Table, n: int) -> dict[str, list[str]]:
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef],
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     doc_crops = crops_by_document(store.read_table(inputs[0], "sentences"), cfg.n_sentences)
+    if cfg.held_out:
+        test = knn_test_documents(store.read_table(inputs[1], "documents"), cfg.held_out)
+        doc_crops = {doc: crops for doc, crops in doc_crops.items() if doc not in test}
+        log.info("pairs: %d kNN test documents held out of training", len(test))
     table = draw_pairs(doc_crops, cfg.view, cfg.epochs, cfg.seed, cfg.deletion_ratio)
     if table.num_rows == 0:
         raise InputError("no document has 2 or more crops: check sentences.min_chars/max_chars "
@@ -93,4 +118,4 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef
              cfg.n_sentences, out.extra["documents"], table.num_rows, cfg.epochs)
 
 
-PAIRS = Stage("pairs", build_pairs, code=(sys.modules[__name__], tsdae))
+PAIRS = Stage("pairs", build_pairs, code=(sys.modules[__name__], tsdae, knn))

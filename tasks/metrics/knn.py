@@ -27,11 +27,16 @@ def knn_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, k:
     return pred
 
 
+def split_indices(n: int, test_size: float = 0.1, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test positions among n labelled documents (the paper's split for seed 42)."""
+    return train_test_split(np.arange(n), test_size=test_size, random_state=seed)
+
+
 def knn_accuracy(x: np.ndarray, labels: list | np.ndarray, k: int = 10, test_size: float = 0.1,
                  seed: int = 42) -> tuple[float, int]:
     """Accuracy on one train/test split, and the number of test documents."""
     classes, y = np.unique(np.asarray(labels), return_inverse=True)
-    train, test = train_test_split(np.arange(len(y)), test_size=test_size, random_state=seed)
+    train, test = split_indices(len(y), test_size, seed)
     pred = knn_predict(x[train], y[train], x[test], k, len(classes))
     return float((pred == y[test]).mean()), len(test)
 

@@ -9,10 +9,12 @@ from sentence_transformers import SentenceTransformer
 
 from storage import ArtifactStore, Catalog
 from tasks.config import InputError
-from tests.conftest import DEMO_DOCS, tiny_config
+from tests.conftest import DEMO_DOCS, STSB, tiny_config
 
-STAGES = ["ingest", "sentences", "init", "pairs", "train", "pairs", "train", "evaluate", "evaluate",
-          "evaluate", "report"]
+SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores
+STAGES = ["ingest", "sentences", "init", "pairs", "train", "pairs", "train", *SCORE_STAGES * 3, "report"]
+IN_DOMAIN = {"knn_accuracy", "knn_accuracy_splits", "sts_spearman", "alignment", "uniformity", "mean_cosine",
+             "top1_pc_variance", "top10_pc_variance"}
 
 
 def run(config):
@@ -46,9 +48,12 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     from_catalog = pd.DataFrame(catalog.query(
         "SELECT label AS model, metric, value FROM run_metrics WHERE run_id = ?", [first]))
     merged = report_rows.merge(from_catalog, on=["model", "metric"], suffixes=("", "_sql"))
-    assert len(merged) == len(report_rows) == 3 * 3  # 3 models x (kNN, kNN over splits, STS)
+    assert len(merged) == len(report_rows) == 3 * len(IN_DOMAIN)
+    assert set(report_rows["metric"]) == IN_DOMAIN
     assert (merged["value"] == merged["value_sql"]).all()
-    assert "| crops | crops |" in (store.root / "artifacts" / "report" / report / "report.md").read_text()
+    markdown = (store.root / "artifacts" / "report" / report / "report.md").read_text()
+    assert "| task | base (random init) | crops | dropout |" in markdown
+    assert "ohsumed-tiny: knn_accuracy |" in markdown
     train_keys = [r["key"] for r in catalog.query(
         "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])]
     model = SentenceTransformer(str(store.root / "artifacts" / "train" / train_keys[0] / "model"))
@@ -65,7 +70,7 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     # 3. Changing the evaluation recomputes evaluate and report only.
     third, _ = run(tiny_config(tmp_path, evaluate={"knn": {"repeats": 2}}))
     states = {(s["stage"], s["state"]) for s in stages(Catalog(store), third)}
-    assert {st for stage, st in states if stage in ("ingest", "sentences", "init", "pairs", "train")} == {"Cached"}
+    assert {st for stage, st in states if stage in ("ingest", "sentences", "init", "pairs", "train", "embed")} == {"Cached"}
     assert {st for stage, st in states if stage in ("evaluate", "report")} == {"Completed"}
 
     # 4. An artifact deleted by hand is rebuilt, even though Prefect had it cached.
@@ -121,7 +126,7 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     assert ("stage 1 (stage1)", "retromae", "knn_accuracy") in scored
     report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
     markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
-    assert all(f"| {recipe} | {recipe} |" in markdown for recipe in RECIPES)
+    assert "| task | base (random init) | stage 1 (stage1) | " + " | ".join(RECIPES) + " |" in markdown
     curve_key = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train' "
                               "AND label = 'dropout'", [first])[0]["key"]
     curve = pd.read_parquet(tmp_path / "store" / "artifacts" / "train" / curve_key / "training.parquet")
@@ -130,3 +135,61 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     # Recipes that read the same view share one pairs artifact.
     pairs = catalog.query("SELECT DISTINCT key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [first])
     assert len(pairs) == 5  # stage 1; crops n=2; same n=1; noise n=1; same n=2 (mlm, retromae)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
+    mteb = {"tasks": ["STS16", "ArxivClusteringP2P"], "max_length": 32,
+            "local": [{"name": "STSB-slice", "type": "sts", "path": str(STSB), "limit": 60},
+                      {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS), "limit": 80}]}
+    config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops", "train": {"eval_every": 3}}],
+                         evaluate={"layerwise": True, "mteb": mteb})
+    first, state = run(config)
+    assert state.is_completed()
+    store = ArtifactStore(tmp_path / "store")
+    catalog = Catalog(store)
+    scores = pd.DataFrame(catalog.query("SELECT label, metric, layer, pooling, step, value, status, task_type, "
+                                        "main_score, mteb_version, revision FROM run_metrics WHERE run_id = ?", [first]))
+    # Layer-wise kNN: embedding layer and the one transformer layer, three poolings, for both models.
+    layerwise = scores[scores["metric"] == "knn_accuracy_layerwise"]
+    assert set(zip(layerwise["label"], layerwise["layer"], layerwise["pooling"])) == {
+        (m, layer, p) for m in ("base (random init)", "crops") for layer in (0, 1) for p in ("mean", "cls", "sep")}
+    # The learning curve is in the catalog too (only the trained model has one).
+    curve = scores[scores["metric"] == "knn_accuracy_curve"]
+    assert set(curve["label"]) == {"crops"} and list(curve["step"]) == [3, 6, 8]  # 128 pairs / 16: 8 batches
+    # Paper tasks offline: skipped, with the reason; local tasks scored with what reproduces them.
+    mteb_rows = scores[scores["mteb_version"].notna()]
+    skipped = mteb_rows[mteb_rows["status"] == "skipped"]
+    assert set(skipped["metric"]) == {"STS16", "ArxivClusteringP2P"}
+    local = mteb_rows[mteb_rows["status"] == "ok"].set_index(["label", "metric"])
+    assert set(local.index) == {(m, t) for m in ("base (random init)", "crops") for t in ("STSB-slice", "ohsumed-clusters")}
+    assert local["value"].between(-1, 1).all() and local["revision"].notna().all()
+    assert set(local["main_score"]) == {"cosine_spearman", "v_measure"}
+
+    report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
+    report_dir = store.root / "artifacts" / "report" / report
+    markdown = (report_dir / "report.md").read_text()
+    assert "| sts: STSB-slice (cosine_spearman) |" in markdown
+    assert "| sts: STS16 (cosine_spearman) | skipped | skipped |" in markdown
+    assert "skipped: STS16: data not reachable" in markdown
+    assert "| block mean: clustering (1 tasks) |" in markdown and "average of block means (clustering, sts)" in markdown
+    # Pictures exist next to the metrics and the report links them.
+    for name in ("layerwise.png", "learning_curve.png"):
+        assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in markdown
+    evaluations = catalog.query("SELECT key, label FROM run_stages WHERE run_id = ? AND stage = 'evaluate'", [first])
+    for e in evaluations:
+        assert (store.root / "artifacts" / "evaluate" / e["key"] / "tsne.png").is_file()
+        assert f"](../../evaluate/{e['key']}/tsne.png)" in markdown
+
+    # A second report over the same models (other title, fewer MTEB tasks) embeds nothing again
+    # and re-tries only the skipped tasks.
+    config = tiny_config(tmp_path, name="tiny-again", methods=[{"name": "crops", "recipe": "crops", "train": {"eval_every": 3}}],
+                         evaluate={"layerwise": True, "mteb": {**mteb, "local": mteb["local"][:1]}})
+    second, _ = run(config)
+    states = pd.DataFrame(stages(Catalog(store), second))
+    assert set(states.loc[states["stage"] == "embed", "state"]) == {"Cached"}
+    mteb_states = Catalog(store).query("SELECT label, s.state, m.metric FROM run_stages s JOIN metrics m USING (key) "
+                                       "WHERE run_id = ? AND stage = 'mteb'", [second])
+    assert {(r["metric"], r["state"]) for r in mteb_states} == {
+        ("STS16", "Completed"), ("ArxivClusteringP2P", "Completed"), ("STSB-slice", "Cached")}

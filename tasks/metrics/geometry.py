@@ -1,0 +1,103 @@
+"""Embedding-space geometry (methods.md §6): alignment, uniformity and two anisotropy measures.
+
+They explain *why* a kNN or STS score moved: contrastive training should pull positives together
+(alignment ↓), spread documents over the sphere (uniformity ↓) and undo the "narrow cone" of
+pre-trained encoders (mean cosine ↓, variance less concentrated in the top principal components).
+
+- alignment  = mean over positive pairs i of ‖u_i − v_i‖², u, v the L2-normalised rows of the two
+  views (Wang & Isola with α = 2, as in SimCSE). 0 = identical, 4 = antipodal.
+- uniformity = log mean exp(−2‖u_i − u_j‖²) over distinct pairs i ≠ j of L2-normalised
+  documents (t = 2). Between −4 (all pairs orthogonal) and 0 (all identical); lower = more uniform.
+- mean cosine = mean cos(x_i, x_j) over all distinct pairs i ≠ j: the expected cosine of a random
+  pair, computed exactly (see `mean_random_cosine`). 0 for an isotropic set.
+- top-k PC variance = share of the total variance of the mean-centred raw embeddings (the vectors
+  kNN measures) carried by the k largest principal components (SemCSE's anisotropy variant).
+  k = 1 catches a single dominant "common direction"; k = 10 the few rogue directions that
+  post-processing such as all-but-the-top removes. An isotropic set gives ≈ k/d.
+Everything is computed in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+UNIFORMITY_PAIRS = 250_000  # exact up to n = 707 documents; sampling error of the log ≈ 1e-3 beyond
+PAIR_CHUNK = 16_384  # sampled pairs per block: each gathered block is ~100 MB at d = 768
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    # The same guard as torch's F.normalize: a zero row stays zero instead of becoming NaN.
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def alignment(x: np.ndarray, y: np.ndarray) -> float:
+    """Mean squared distance between the normalised rows x[i] and y[i] (positive pairs)."""
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"alignment needs two equally long, non-empty sets of rows, got {len(x)} and {len(y)}")
+    return float(((unit_rows(x) - unit_rows(y)) ** 2).sum(1).mean())
+
+
+def uniformity(x: np.ndarray, max_pairs: int = UNIFORMITY_PAIRS, seed: int = 0) -> float:
+    """log mean exp(−2‖u_i − u_j‖²) over distinct pairs of normalised rows.
+
+    Exact over all n(n−1)/2 pairs when there are at most `max_pairs`; otherwise over `max_pairs`
+    pairs drawn uniformly with replacement from the ordered pairs i ≠ j (seeded), which estimates
+    the same mean without an n × n matrix.
+    """
+    u = unit_rows(x)
+    n = len(u)
+    if n < 2:
+        raise ValueError(f"uniformity needs at least 2 rows, got {n}")
+    if n * (n - 1) // 2 <= max_pairs:
+        norms = (u**2).sum(1)  # 1, or 0 for a zero row
+        sq = np.clip(norms[:, None] + norms[None, :] - 2.0 * (u @ u.T), 0.0, None)
+        kernel = np.exp(-2.0 * sq[np.triu_indices(n, k=1)])
+    else:
+        rng = np.random.default_rng(seed)
+        i = rng.integers(0, n, size=max_pairs)
+        j = (i + rng.integers(1, n, size=max_pairs)) % n  # any row but i, each equally likely
+        kernel = np.concatenate([
+            np.exp(-2.0 * ((u[i[s : s + PAIR_CHUNK]] - u[j[s : s + PAIR_CHUNK]]) ** 2).sum(1))
+            for s in range(0, max_pairs, PAIR_CHUNK)])
+    return float(np.log(kernel.mean()))
+
+
+def mean_random_cosine(x: np.ndarray) -> float:
+    """Expected cosine of a random distinct pair, exact: mean of u_i·u_j over all i ≠ j.
+
+    Σ_{i≠j} u_i·u_j = ‖Σ_i u_i‖² − Σ_i ‖u_i‖², so the mean over all pairs costs O(n·d) and there
+    is nothing to gain from sampling pairs.
+    """
+    u = unit_rows(x)
+    n = len(u)
+    if n < 2:
+        raise ValueError(f"mean cosine needs at least 2 rows, got {n}")
+    total = u.sum(0)
+    return float((total @ total - (u**2).sum()) / (n * (n - 1)))
+
+
+def top_pc_variance(x: np.ndarray, k: int) -> float:
+    """Share of the variance of the mean-centred rows explained by the top k principal components."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    centred = np.asarray(x, dtype=np.float64)
+    centred = centred - centred.mean(0)
+    # Eigenvalues of the d × d scatter matrix = squared singular values of the centred data.
+    eigenvalues = np.clip(np.linalg.eigvalsh(centred.T @ centred), 0.0, None)[::-1]
+    total = eigenvalues.sum()
+    if total == 0:
+        raise ValueError("top_pc_variance: all rows are identical, there is no variance to share")
+    return float(eigenvalues[:k].sum() / total)
+
+
+def geometry_rows(docs: np.ndarray, pos_a: np.ndarray | None = None, pos_b: np.ndarray | None = None,
+                  pcs: tuple[int, ...] = (1, 10)) -> list[dict]:
+    """Evaluation rows for one embedding set; alignment only when positive pairs are given."""
+    rows = []
+    if pos_a is not None and pos_b is not None:
+        rows.append(dict(metric="alignment", value=alignment(pos_a, pos_b), n=len(pos_a)))
+    rows.append(dict(metric="uniformity", value=uniformity(docs), n=len(docs)))
+    rows.append(dict(metric="mean_cosine", value=mean_random_cosine(docs), n=len(docs)))
+    rows += [dict(metric=f"top{k}_pc_variance", value=top_pc_variance(docs, k), n=len(docs)) for k in pcs]
+    return [{**row, "std": None, "repeats": 1, "split": None} for row in rows]

