@@ -8,6 +8,8 @@ Prefect found it cached, so the catalog can answer "what ran, on what, with what
 from __future__ import annotations
 
 import os
+import posixpath
+import re
 import traceback
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -74,8 +76,13 @@ def publish_report(store_root: str, report: ArtifactRef) -> None:
     table = rows[["model", "method", "dataset", "metric", "value", "std", "n", "layer", "pooling", "status"]]
     create_table_artifact(table=table.astype(object).where(table.notna(), None).to_dict("records"),
                           key="embforge-metrics", description="Metrics of this run's models")
-    create_markdown_artifact(markdown=(store.path(report) / "report.md").read_text(), key="embforge-report",
-                             description="Model × metric report")
+    # The UI cannot open files relative to the report's folder: name pictures by their place in the store.
+    folder = f"artifacts/{report.stage}/{report.key}"
+    markdown = re.sub(r"\]\((?!https?:)([^)]+\.png)\)",
+                      lambda m: f"]({posixpath.normpath(posixpath.join(folder, m.group(1)))})",
+                      (store.path(report) / "report.md").read_text())
+    create_markdown_artifact(markdown=markdown + f"\nPictures and Parquet files are in the artifact store under `{folder}`.\n",
+                             key="embforge-report", description="Task × model report")
 
 
 @dataclass(frozen=True)

@@ -65,26 +65,33 @@ def tsne_png(emb: np.ndarray, labels: list[str], path: str | Path, title: str, s
     return save(fig, path)
 
 
-def line_png(lines: dict[str, pd.DataFrame], x: str, xlabel: str, path: str | Path, title: str) -> Path:
-    """One line per entry of `lines` (label → frame with columns x and value), y = kNN accuracy."""
+POOLING_STYLES = {"mean": "-", "cls": "--", "sep": ":"}
+
+
+def line_png(lines: dict[tuple[str, str], pd.DataFrame], x: str, xlabel: str, path: str | Path, title: str) -> Path:
+    """One line per (model, pooling) of `lines` (→ frame with columns x and value), y = kNN accuracy.
+    A model keeps one colour; its poolings differ by line style."""
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
-    for label, frame in lines.items():
+    colours = {model: PALETTE[i % len(PALETTE)] for i, model in enumerate(dict.fromkeys(m for m, _ in lines))}
+    for (model, pooling), frame in lines.items():
         frame = frame.sort_values(x)
-        ax.plot(frame[x], frame["value"], marker="o", markersize=3, label=label)
+        ax.plot(frame[x], frame["value"], POOLING_STYLES.get(pooling, "-"), marker="o", markersize=3,
+                color=colours[model], label=f"{model} ({pooling})" if pooling else model)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(title=title, xlabel=xlabel, ylabel="kNN accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, handlelength=3)  # long enough to tell dashed from dotted
     return save(fig, path)
 
 
 def layerwise_png(frame: pd.DataFrame, path: str | Path, title: str) -> Path:
     """kNN accuracy per hidden layer (columns model, layer, pooling, value), a line per model and pooling."""
-    lines = {f"{model} ({pooling})": group for (model, pooling), group in frame.groupby(["model", "pooling"])}
+    lines = dict(tuple(frame.groupby(["model", "pooling"], sort=False)))
     return line_png(lines, "layer", "layer (0 = embedding layer)", path, title)
 
 
 def learning_curve_png(frame: pd.DataFrame, path: str | Path, title: str) -> Path:
     """kNN accuracy vs training batches (columns model, step, value), a line per model."""
-    return line_png(dict(tuple(frame.groupby("model"))), "step", "training batches", path, title)
+    lines = {(model, ""): group for model, group in frame.groupby("model", sort=False)}
+    return line_png(lines, "step", "training batches (0 = before training)", path, title)

@@ -32,6 +32,9 @@ LEGEND = {
     "alignment": "mean squared distance of normalised embeddings of STS pairs scored ≥ 4 (lower: positives closer)",
     "uniformity": "log E exp(−2‖x−y‖²) over random pairs of normalised document embeddings (lower: more uniform)",
     "mean_cosine": "mean cosine similarity of random document pairs (anisotropy; 0 = isotropic)",
+    "top1_pc_variance": "share of the variance of the centred document embeddings on the top principal "
+    "component (anisotropy; ≈ 1/dim when isotropic)",
+    "top10_pc_variance": "the same for the top 10 components",
 }
 CURVES = ("knn_accuracy_layerwise", "knn_accuracy_curve")
 
@@ -116,7 +119,8 @@ def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
         name = f"{task_type or 'mteb'}: {task}" + (f" ({main.iloc[0]})" if len(main) else "")
         rows.append(dict(task=name, **{r.model: _cell(r.value) if r.ok else "skipped" for r in group.itertuples()}))
     for block, group in _query(catalog, entries, BLOCK_SQL).groupby("block"):
-        rows.append(dict(task=f"block mean: {block} ({group['tasks'].max()} tasks)",
+        n = int(group["tasks"].max())
+        rows.append(dict(task=f"block mean: {block} ({n} task{'' if n == 1 else 's'})",
                          **{r.model: _cell(r.value) for r in group.itertuples()}))
     for blocks, group in _query(catalog, entries, AVERAGE_SQL).groupby("blocks"):
         rows.append(dict(task=f"average of block means ({blocks})", **{r.model: _cell(r.value) for r in group.itertuples()}))

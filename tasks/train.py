@@ -5,7 +5,7 @@ any), then the documents artifact when a learning curve is asked for (`train.eva
 Only the encoder is saved: decoders, MLM heads and projection heads are training-only.
 Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
 Output: `model/` (loads with `SentenceTransformer(path)`) and `training.parquet` (the per-step loss
-and learning rate: the learning curve).
+and learning rate, and with `eval_every` the kNN accuracy from step 0 on: the learning curve).
 """
 
 from __future__ import annotations
@@ -95,10 +95,13 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
     log.info("train %s: %d rows x %d epoch(s), batch %d, lr %g, on %s", job.recipe, len(per_epoch[0]),
              epochs, cfg.batch_size, cfg.lr, model.device)
     measure = knn_curve(model, store.read_table(docs_ref, "documents"), job.knn, cfg.batch_size) if docs_ref else None
+    # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
+    # this is the starting model on a resume too).
+    start = [dict(step=0, epoch=0, loss=None, lr=None, knn_accuracy=measure())] if measure else []
     history = training.train_model(objective, per_epoch, cfg, training.Checkpoints(store.scratch(ref)), log,
                                    measure=measure)
     model.save(str(out.folder / "model"))
-    out.write_table("training", pa.Table.from_pylist([vars(h) for h in history]))
+    out.write_table("training", pa.Table.from_pylist(start + [vars(h) for h in history]))
     out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)
 
 

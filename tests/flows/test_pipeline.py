@@ -131,7 +131,7 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
                               "AND label = 'dropout'", [first])[0]["key"]
     curve = pd.read_parquet(tmp_path / "store" / "artifacts" / "train" / curve_key / "training.parquet")
     measured = curve.dropna(subset=["knn_accuracy"])
-    assert list(measured["step"]) == [2, 4, 6] and measured["knn_accuracy"].between(0, 1).all()
+    assert list(measured["step"]) == [0, 2, 4, 6] and measured["knn_accuracy"].between(0, 1).all()
     # Recipes that read the same view share one pairs artifact.
     pairs = catalog.query("SELECT DISTINCT key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [first])
     assert len(pairs) == 5  # stage 1; crops n=2; same n=1; noise n=1; same n=2 (mlm, retromae)
@@ -142,27 +142,42 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     mteb = {"tasks": ["STS16", "ArxivClusteringP2P"], "max_length": 32,
             "local": [{"name": "STSB-slice", "type": "sts", "path": str(STSB), "limit": 60},
                       {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS), "limit": 80}]}
-    config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops", "train": {"eval_every": 3}}],
-                         evaluate={"layerwise": True, "mteb": mteb})
+    methods = [{"name": "crops", "recipe": "crops", "train": {"eval_every": 3}},
+               {"name": "crops-held-out", "recipe": "crops", "knn_holdout": True}]
+    config = tiny_config(tmp_path, methods=methods, evaluate={"layerwise": True, "mteb": mteb})
     first, state = run(config)
     assert state.is_completed()
     store = ArtifactStore(tmp_path / "store")
     catalog = Catalog(store)
+    # The held-out model trained on none of the documents kNN accuracy is measured on.
+    pairs = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'pairs' AND label = 'crops-held-out'",
+                          [first])[0]["key"]
+    trained_on = set(pd.read_parquet(store.root / "artifacts" / "pairs" / pairs / "pairs.parquet")["doc_id"])
+    docs = pd.read_parquet(DEMO_DOCS).head(150)
+    from tasks.metrics.knn import split_indices
+
+    _, test = split_indices(len(docs), 0.1, 42)
+    assert trained_on and not trained_on & set(docs["doc_id"].iloc[test])
+    held_out = catalog.query("SELECT metric, split FROM run_metrics WHERE run_id = ? AND label = 'crops-held-out' "
+                             "AND metric LIKE 'knn_accuracy%' AND metric <> 'knn_accuracy_layerwise'", [first])
+    assert held_out == [{"metric": "knn_accuracy", "split": "seed 42, test documents held out of training"}]
     scores = pd.DataFrame(catalog.query("SELECT label, metric, layer, pooling, step, value, status, task_type, "
                                         "main_score, mteb_version, revision FROM run_metrics WHERE run_id = ?", [first]))
     # Layer-wise kNN: embedding layer and the one transformer layer, three poolings, for both models.
     layerwise = scores[scores["metric"] == "knn_accuracy_layerwise"]
     assert set(zip(layerwise["label"], layerwise["layer"], layerwise["pooling"])) == {
-        (m, layer, p) for m in ("base (random init)", "crops") for layer in (0, 1) for p in ("mean", "cls", "sep")}
+        (m, layer, p) for m in ("base (random init)", "crops", "crops-held-out") for layer in (0, 1)
+        for p in ("mean", "cls", "sep")}
     # The learning curve is in the catalog too (only the trained model has one).
     curve = scores[scores["metric"] == "knn_accuracy_curve"]
-    assert set(curve["label"]) == {"crops"} and list(curve["step"]) == [3, 6, 8]  # 128 pairs / 16: 8 batches
+    assert set(curve["label"]) == {"crops"} and list(curve["step"]) == [0, 3, 6, 8]  # 128 pairs / 16: 8 batches
     # Paper tasks offline: skipped, with the reason; local tasks scored with what reproduces them.
     mteb_rows = scores[scores["mteb_version"].notna()]
     skipped = mteb_rows[mteb_rows["status"] == "skipped"]
     assert set(skipped["metric"]) == {"STS16", "ArxivClusteringP2P"}
     local = mteb_rows[mteb_rows["status"] == "ok"].set_index(["label", "metric"])
-    assert set(local.index) == {(m, t) for m in ("base (random init)", "crops") for t in ("STSB-slice", "ohsumed-clusters")}
+    assert set(local.index) == {(m, t) for m in ("base (random init)", "crops", "crops-held-out")
+                                for t in ("STSB-slice", "ohsumed-clusters")}
     assert local["value"].between(-1, 1).all() and local["revision"].notna().all()
     assert set(local["main_score"]) == {"cosine_spearman", "v_measure"}
 
@@ -170,9 +185,9 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     report_dir = store.root / "artifacts" / "report" / report
     markdown = (report_dir / "report.md").read_text()
     assert "| sts: STSB-slice (cosine_spearman) |" in markdown
-    assert "| sts: STS16 (cosine_spearman) | skipped | skipped |" in markdown
+    assert "| sts: STS16 (cosine_spearman) | skipped | skipped | skipped |" in markdown
     assert "skipped: STS16: data not reachable" in markdown
-    assert "| block mean: clustering (1 tasks) |" in markdown and "average of block means (clustering, sts)" in markdown
+    assert "| block mean: clustering (1 task) |" in markdown and "average of block means (clustering, sts)" in markdown
     # Pictures exist next to the metrics and the report links them.
     for name in ("layerwise.png", "learning_curve.png"):
         assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -184,7 +199,7 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
 
     # A second report over the same models (other title, fewer MTEB tasks) embeds nothing again
     # and re-tries only the skipped tasks.
-    config = tiny_config(tmp_path, name="tiny-again", methods=[{"name": "crops", "recipe": "crops", "train": {"eval_every": 3}}],
+    config = tiny_config(tmp_path, name="tiny-again", methods=methods[:1],
                          evaluate={"layerwise": True, "mteb": {**mteb, "local": mteb["local"][:1]}})
     second, _ = run(config)
     states = pd.DataFrame(stages(Catalog(store), second))
@@ -193,3 +208,12 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
                                        "WHERE run_id = ? AND stage = 'mteb'", [second])
     assert {(r["metric"], r["state"]) for r in mteb_states} == {
         ("STS16", "Completed"), ("ArxivClusteringP2P", "Completed"), ("STSB-slice", "Cached")}
+
+    # `embforge report --method crops`: the latest scores of the crops model, from the second run.
+    from flows.cli import filtered_entries
+
+    latest = filtered_entries(Catalog(store), dataset="ohsumed-tiny", method="crops", since=None)
+    second_keys = Catalog(store).query("SELECT label, method, key FROM run_stages WHERE run_id = ? "
+                                       "AND stage IN ('evaluate', 'mteb') AND method = 'crops'", [second])
+    assert latest == second_keys and {e["label"] for e in latest} == {"crops"}
+    assert filtered_entries(Catalog(store), dataset=None, method=None, since="2999-01-01") == []

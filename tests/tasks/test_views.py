@@ -59,3 +59,15 @@ def test_noise_view_pairs_a_word_deleted_crop_with_the_crop_itself():
     # Each epoch draws new noise for the same document.
     first = {r["doc_id"]: r["anchor"] for r in rows if r["epoch"] == 0}
     assert sum(first[r["doc_id"]] != r["anchor"] for r in rows if r["epoch"] == 1) > 25
+
+
+def test_held_out_pairs_leave_out_exactly_the_knn_test_documents():
+    from sklearn.model_selection import train_test_split
+
+    from tasks.views import HeldOut, knn_test_documents
+
+    ids = [f"d{i}" for i in range(30)]
+    docs = pa.table({"doc_id": ids, "label": [None if i % 5 == 0 else str(i % 3) for i in range(30)]})
+    labelled = [d for i, d in enumerate(ids) if i % 5]
+    _, test = train_test_split(labelled, test_size=0.2, random_state=7)  # the kNN metric's own split
+    assert knn_test_documents(docs, HeldOut(test_size=0.2, seed=7)) == set(test)

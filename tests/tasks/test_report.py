@@ -1,0 +1,65 @@
+"""The comparison table: tasks as rows, models as columns, MTEB block means at the bottom."""
+
+import pytest
+
+from storage import ArtifactRef, ArtifactStore, Catalog, metrics_table
+from tasks.report import comparison_table, long_rows, to_markdown
+
+# Two models; block means by hand: clustering (0.2+0.4)/2=0.3 and 0.5; sts (0.8) and 0.6.
+SCORES = {
+    "a": [("clust1", "clustering", 0.2), ("clust2", "clustering", 0.4), ("sts1", "sts", 0.8), ("hub", "sts", None)],
+    "b": [("clust1", "clustering", 0.5), ("clust2", "clustering", 0.5), ("sts1", "sts", 0.6), ("hub", "sts", None)],
+}
+
+
+@pytest.fixture
+def entries(tmp_path):
+    store = ArtifactStore(tmp_path)
+    rows = []
+    for model, tasks in SCORES.items():
+        ref = ArtifactRef("evaluate", f"eval-{model}")
+        with store.writing(ref, config={}, inputs=[], code_version="v") as out:
+            out.write_table("metrics", metrics_table(
+                [dict(metric="knn_accuracy", value=0.5 if model == "a" else 0.25, n=20),
+                 dict(metric="knn_accuracy_splits", value=0.4, std=0.05, n=20, repeats=10),
+                 dict(metric="knn_accuracy_layerwise", value=0.1, layer=0, pooling="cls")],
+                key=ref.key, model=model, dataset="docs", status="ok"))
+        rows.append(dict(label=model, method="m", key=ref.key))
+        for task, block, value in tasks:
+            ref = ArtifactRef("mteb", f"{model}-{task}")
+            with store.writing(ref, config={}, inputs=[], code_version="v") as out:
+                status, note = ("ok", None) if value is not None else ("skipped", "data not reachable: offline")
+                # A task scored on two subsets counts once, with their mean.
+                subsets = [value] if task != "sts1" else [value - 0.1, value + 0.1]
+                out.write_table("metrics", metrics_table(
+                    [dict(metric=task, value=v, subset=str(i)) for i, v in enumerate(subsets)], key=ref.key,
+                    model=model, dataset="mteb", task_type=block, main_score="score", status=status, note=note))
+            rows.append(dict(label=model, method="m", key=ref.key))
+    return Catalog(store), rows
+
+
+def test_tasks_are_rows_models_are_columns_with_block_means(entries):
+    catalog, rows = entries
+    table = comparison_table(catalog, rows).set_index("task")
+    assert list(table.columns) == ["a", "b"]
+    assert table.loc["docs: knn_accuracy"].tolist() == ["0.500", "0.250"]
+    assert table.loc["docs: knn_n"].tolist() == ["20", "20"]
+    assert table.loc["docs: knn_accuracy_splits"].tolist() == ["0.400 ± 0.050"] * 2
+    assert table.loc["sts: sts1 (score)"].tolist() == ["0.800", "0.600"]
+    assert table.loc["sts: hub (score)"].tolist() == ["skipped", "skipped"]
+    assert table.loc["block mean: clustering (2 tasks)"].tolist() == ["0.300", "0.500"]
+    assert table.loc["block mean: sts (1 task)"].tolist() == ["0.800", "0.600"]
+    assert table.loc["average of block means (clustering, sts)"].tolist() == ["0.550", "0.550"]
+    assert list(table.index[-3:]) == ["block mean: clustering (2 tasks)", "block mean: sts (1 task)",
+                                      "average of block means (clustering, sts)"]
+    assert not any("layerwise" in t for t in table.index)  # curves are pictures, not rows
+
+
+def test_long_rows_and_markdown_agree_with_the_catalog(entries):
+    catalog, rows = entries
+    long = long_rows(catalog, rows)
+    assert len(long) == 2 * (3 + 5)  # 3 in-domain rows, 5 MTEB rows (sts1 has two subsets)
+    markdown = to_markdown("t", comparison_table(catalog, rows), ["skipped: hub: data not reachable"],
+                           [("curve", "layerwise.png")])
+    assert "| task | a | b |" in markdown and "| average of block means (clustering, sts) | 0.550 | 0.550 |" in markdown
+    assert "- skipped: hub: data not reachable" in markdown and "![curve](layerwise.png)" in markdown
