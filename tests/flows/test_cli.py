@@ -79,6 +79,15 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
                                                                          [runs[1]["run_id"]])}
     assert {(r["model"], r["metric"]): r["value"] for r in rows} == sql
 
+    # Filters pick the latest scores of the matching models; the table is Markdown on request.
+    filtered = embforge("report", "--method", "crops", "--since", "2000-01-01", "--markdown",
+                        "--store", str(store.root), env=env)
+    assert filtered.returncode == 0, filtered.stdout + filtered.stderr
+    assert "| task | crops |" in filtered.stdout
+    crops_knn = sql[("crops", "knn_accuracy")]
+    assert f"| ohsumed-tiny: knn_accuracy | {crops_knn:.3f} |" in filtered.stdout
+    assert embforge("report", "--method", "nope", "--store", str(store.root), env=env).returncode == 1
+
 
 def test_a_bad_sql_query_exits_non_zero_with_duckdb_message(tmp_path, env):
     result = embforge("sql", "SELECT nope FROM runs", "--store", str(tmp_path / "store"), env=env)
