@@ -22,12 +22,12 @@ from pydantic import BaseModel
 from storage import ArtifactRef, ArtifactStore
 from tasks.config import MethodConfig, PipelineConfig, TrainConfig, load_config
 from tasks.embed import EMBED, EmbedJob
-from tasks.evaluate import EVALUATE, EvalJob
+from tasks.evaluate import CURVES, EVALUATE, EvalJob
 from tasks.ingest import INGEST
 from tasks.methods.recipes import pooling_for
 from tasks.models import INIT, InitConfig
 from tasks.mteb_stage import MTEB, MtebJob
-from tasks.report import CURVES, REPORT, ReportEntry, ReportJob
+from tasks.report import REPORT, ReportEntry, ReportJob
 from tasks.sentences import SENTENCES
 from tasks.stage import Stage
 from tasks.train import TRAIN, TrainJob

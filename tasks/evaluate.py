@@ -25,6 +25,8 @@ from tasks.metrics import geometry, knn, sts
 from tasks.stage import Stage
 
 PICTURES = {"tsne": "tsne.png", "layerwise": "layerwise.png", "learning_curve": "learning_curve.png"}
+# Scores that are points of a curve: drawn as pictures, not listed as table rows.
+CURVES = ("knn_accuracy_layerwise", "knn_accuracy_curve")
 
 
 class EvalJob(Section):
@@ -115,7 +117,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: list[ArtifactRef],
     out.write_table("metrics", table)
     draw_pictures(job, x[labelled], labels, table.to_pandas(), out)
     for r in rows:
-        if r["metric"] not in ("knn_accuracy_layerwise", "knn_accuracy_curve"):
+        if r["metric"] not in CURVES:
             log.info("evaluate %s: %s = %.4f%s", job.label, r["metric"], r["value"],
                      f" ± {r['std']:.4f}" if r.get("std") is not None else "")
 

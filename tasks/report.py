@@ -20,7 +20,7 @@ from storage import ArtifactRef, ArtifactStore, Catalog
 from storage.store import ArtifactWriter
 from tasks import plots
 from tasks.config import Section
-from tasks.evaluate import PICTURES
+from tasks.evaluate import CURVES, PICTURES
 from tasks.stage import Stage
 
 LEGEND = {
@@ -36,7 +36,6 @@ LEGEND = {
     "component (anisotropy; ≈ 1/dim when isotropic)",
     "top10_pc_variance": "the same for the top 10 components",
 }
-CURVES = ("knn_accuracy_layerwise", "knn_accuracy_curve")
 
 # Long form: one row per (model, score), models in the order given by `entries`.
 LONG_SQL = """
