@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from storage import ArtifactStore, Catalog
+from storage.catalog import SCORE_STAGES
 from tasks.config import ConfigError, InputError, load_config
 from tasks.report import comparison_table, long_rows, to_markdown
 
@@ -42,7 +43,7 @@ def _print_table(title: str, rows: list[dict]) -> None:
 
 
 def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
-    return catalog.query("SELECT label, method, key FROM run_stages WHERE run_id = ? AND stage IN ('evaluate', 'mteb') "
+    return catalog.query(f"SELECT label, method, key FROM run_stages WHERE run_id = ? AND stage IN {SCORE_STAGES} "
                          "ORDER BY position", [run_id])
 
 
@@ -61,11 +62,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # The latest scores of every model (label) per dataset that passes the filters.
-FILTERED_ENTRIES_SQL = """
+FILTERED_ENTRIES_SQL = f"""
 WITH stages AS (
     SELECT rs.*, (SELECT any_value(m.dataset) FROM run_stages e JOIN metrics m ON m.key = e.key
                   WHERE e.run_id = rs.run_id AND e.stage = 'evaluate') AS dataset
-    FROM run_stages rs WHERE rs.stage IN ('evaluate', 'mteb'))
+    FROM run_stages rs WHERE rs.stage IN {SCORE_STAGES})
 SELECT label, dataset, method, key FROM stages
 WHERE ($since IS NULL OR started_at >= $since::TIMESTAMP) AND ($method IS NULL OR method = $method)
   AND ($dataset IS NULL OR dataset = $dataset)

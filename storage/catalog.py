@@ -19,6 +19,9 @@ import pyarrow as pa
 
 from storage.store import ArtifactStore
 
+# The stages whose artifacts hold a metrics.parquet: a run's scores are their artifacts.
+SCORE_STAGES = ("evaluate", "mteb")
+
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.
 METRICS_SCHEMA = pa.schema([
     ("key", pa.string()),  # the evaluate or mteb artifact that holds the score
@@ -90,10 +93,10 @@ class Catalog:
             FROM runs r, range(json_array_length(r.stages)::BIGINT) AS t(i),
                  LATERAL (SELECT r.stages->(t.i::INTEGER) AS s)
             ORDER BY r.started_at, position""")
-        self.con.execute("""
+        self.con.execute(f"""
             CREATE VIEW run_metrics AS
             SELECT rs.run_id, rs.started_at, rs.label, rs.method, m.*
-            FROM run_stages rs JOIN metrics m ON rs.stage IN ('evaluate', 'mteb') AND rs.key = m.key""")
+            FROM run_stages rs JOIN metrics m ON rs.stage IN {SCORE_STAGES} AND rs.key = m.key""")
 
     def _view(self, name: str, glob: Path, select: str) -> None:
         # read_json/read_parquet fail on a glob that matches nothing.
