@@ -17,14 +17,13 @@ import sys
 from typing import Literal
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
 from storage import ArtifactRef, ArtifactStore, file_digest
 from storage.store import ArtifactWriter
-from tasks import encode
+from tasks import encode, ingest
 from tasks.config import Section
 from tasks.models import model_identity
 from tasks.stage import Stage
@@ -43,11 +42,6 @@ class EmbedJob(Section):
     device: str = "auto"
 
 
-def read_pairs(path: str, split: str | None) -> pd.DataFrame:
-    pairs = pd.read_parquet(path)
-    return pairs[pairs["split"] == split].reset_index(drop=True) if split else pairs
-
-
 def _vectors(x: np.ndarray) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
 
@@ -55,7 +49,7 @@ def _vectors(x: np.ndarray) -> pa.FixedSizeListArray:
 def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: list[ArtifactRef],
                      out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     if job.pairs_path:
-        pairs = read_pairs(job.pairs_path, job.split)
+        pairs = ingest.read_pairs(job.pairs_path, job.split)
         texts, trained = pairs["sentence1"].tolist() + pairs["sentence2"].tolist(), inputs
     else:
         docs_ref, *trained = inputs
@@ -90,4 +84,4 @@ def _key_material(job: EmbedJob) -> list:
             file_digest(job.pairs_path) if job.pairs_path else None]
 
 
-EMBED = Stage("embed", build_embeddings, code=(sys.modules[__name__], encode), extra_key=_key_material)
+EMBED = Stage("embed", build_embeddings, code=(sys.modules[__name__], encode, ingest), extra_key=_key_material)

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from storage import ArtifactRef, ArtifactStore, metrics_table
 from storage.store import ArtifactWriter
-from tasks import embed, plots
+from tasks import embed, ingest, plots
 from tasks.config import KnnConfig, Section, StsConfig
 from tasks.encode import POOLINGS
 from tasks.metrics import geometry, knn, sts
@@ -99,7 +99,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: list[ArtifactRef],
             rows += layerwise_rows(store, docs_emb, labelled, labels, job.knn)
     pos_a = pos_b = None
     if job.sts:
-        pairs = embed.read_pairs(job.sts.path, job.sts.split)
+        pairs = ingest.read_pairs(job.sts.path, job.sts.split)
         s = embed.read_embeddings(store, sts_emb, job.pooling)
         a, b = s[: len(pairs)], s[len(pairs) :]
         rows.append(dict(metric="sts_spearman", value=sts.sts_spearman(a, b, pairs["score"].to_numpy()),
@@ -137,4 +137,4 @@ def draw_pictures(job: EvalJob, x: np.ndarray, labels: list[str], metrics: pd.Da
 
 
 # The STS file's digest is part of its embed artifact's key, an input of this stage.
-EVALUATE = Stage("evaluate", build_metrics, code=(sys.modules[__name__], embed, plots, knn, sts, geometry))
+EVALUATE = Stage("evaluate", build_metrics, code=(sys.modules[__name__], embed, ingest, plots, knn, sts, geometry))

@@ -59,6 +59,7 @@ from sentence_transformers import SentenceTransformer, models
 
 from storage import file_digest, stable_hash
 from tasks.config import InputError, LocalTaskConfig, MtebConfig
+from tasks.ingest import read_pairs, read_table, rows_of_split
 from tasks.models import POOLING_MODES, pick_device, resolve_model
 
 # A trial run (`limit` set) over a bigger retrieval corpus encodes only this many documents.
@@ -67,24 +68,6 @@ HUB_PROBE_TIMEOUT_S = 3.0
 
 
 # ---------------------------------------------------------------- local tasks
-
-
-def read_table(path: str | Path, columns: list[str]) -> pd.DataFrame:
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: file not found")
-    table = pd.read_parquet(path)
-    for column in columns:
-        if column not in table.columns:
-            raise InputError(f"{path}: missing column {column!r} (columns: {', '.join(table.columns)})")
-    return table.reset_index(drop=True)
-
-
-def rows_of_split(table: pd.DataFrame, cfg: LocalTaskConfig, path: str) -> pd.DataFrame:
-    rows = table if cfg.split is None else table[table["split"] == cfg.split]
-    if rows.empty:
-        raise InputError(f"{path}: no rows" + (f" with split {cfg.split!r}" if cfg.split else ""))
-    return rows
 
 
 def split_columns(cfg: LocalTaskConfig) -> list[str]:
@@ -146,26 +129,21 @@ class LocalClustering(LocalTask, AbsTaskClustering):
 
     def read(self) -> Dataset:
         docs = read_table(self.cfg.path, ["text", "label"] + split_columns(self.cfg))
-        docs = rows_of_split(docs[docs["label"].notna()], self.cfg, self.cfg.path).iloc[: self.cfg.limit]
+        docs = rows_of_split(docs[docs["label"].notna()], self.cfg.split, self.cfg.path).iloc[: self.cfg.limit]
         self.max_documents_per_cluster = len(docs)
         return Dataset.from_dict({"sentences": with_titles(docs), "labels": docs["label"].astype(str).tolist()})
-
-
-def read_pairs(cfg: LocalTaskConfig) -> pd.DataFrame:
-    pairs = read_table(cfg.path, ["sentence1", "sentence2", "score"] + split_columns(cfg))
-    return rows_of_split(pairs, cfg, cfg.path).iloc[: cfg.limit]
 
 
 class LocalSTS(LocalTask, AbsTaskSTS):
     # Scores are min-max normalised by the class's 0-5 range: a linear map, so correlations do not change.
     def read(self) -> Dataset:
-        pairs = read_pairs(self.cfg)
+        pairs = read_pairs(self.cfg.path, self.cfg.split, self.cfg.limit)
         return Dataset.from_dict({c: pairs[c].tolist() for c in ["sentence1", "sentence2", "score"]})
 
 
 class LocalPairClassification(LocalTask, AbsTaskPairClassification):
     def read(self) -> Dataset:
-        pairs = read_pairs(self.cfg)
+        pairs = read_pairs(self.cfg.path, self.cfg.split, self.cfg.limit)
         return Dataset.from_dict({"sentence1": pairs["sentence1"].tolist(), "sentence2": pairs["sentence2"].tolist(),
                                   "labels": (pairs["score"] >= self.cfg.positive_at).astype(int).tolist()})
 
@@ -175,7 +153,7 @@ class LocalRetrieval(LocalTask, AbsTaskRetrieval):
         cfg = self.cfg
         corpus = read_table(cfg.path, ["doc_id", "text"]).astype({"doc_id": str})
         qrels = read_table(cfg.queries, ["query_id", "query", "doc_id", "score"] + split_columns(cfg))
-        qrels = rows_of_split(qrels, cfg, cfg.queries).astype({"query_id": str, "doc_id": str})
+        qrels = rows_of_split(qrels, cfg.split, cfg.queries).astype({"query_id": str, "doc_id": str})
         queries = qrels.drop_duplicates("query_id").iloc[: cfg.limit]
         qrels = qrels[qrels["query_id"].isin(queries["query_id"])]
         unknown = qrels[~qrels["doc_id"].isin(corpus["doc_id"])]

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from storage import ArtifactRef, ArtifactStore, file_digest, metrics_table
 from storage.store import ArtifactWriter
-from tasks import mteb_eval
+from tasks import ingest, mteb_eval
 from tasks.config import LocalTaskConfig, MtebConfig, Section
 from tasks.models import model_identity
 from tasks.stage import Stage
@@ -58,5 +58,5 @@ def _key_material(job: MtebJob) -> list:
     return [model_identity(job.model) if job.model else None, files, mteb_eval.mteb.__version__]
 
 
-MTEB = Stage("mteb", build_scores, code=(sys.modules[__name__], mteb_eval), extra_key=_key_material,
+MTEB = Stage("mteb", build_scores, code=(sys.modules[__name__], mteb_eval, ingest), extra_key=_key_material,
              complete=scored)
