@@ -43,15 +43,16 @@ SELECT e.ord, e.label AS model, e.method, m.* EXCLUDE (key), e.key AS score_key
 FROM entries e JOIN metrics m ON m.key = e.key
 ORDER BY e.ord, m.dataset, m.metric, m.layer, m.pooling, m.step"""
 
+# The queries below read `scores`: LONG_SQL's rows, materialised once per table (see `_load`).
 IN_DOMAIN_SQL = f"""
-SELECT ord, model, dataset, metric, value, std, n FROM ({LONG_SQL})
+SELECT ord, model, dataset, metric, value, std, n FROM scores
 WHERE dataset <> 'mteb' AND metric NOT IN {CURVES}"""
 
 # One score per (model, task): the mean over the task's subsets and splits, as MTEB averages them.
-TASK_SQL = f"""
+TASK_SQL = """
 SELECT ord, model, task_type, metric AS task, any_value(main_score) AS main_score, avg(value) AS value,
        bool_and(status = 'ok') AS ok, any_value(note) AS note
-FROM ({LONG_SQL}) WHERE dataset = 'mteb' GROUP BY ALL"""
+FROM scores WHERE dataset = 'mteb' GROUP BY ALL"""
 
 BLOCK_SQL = f"""
 SELECT ord, model, task_type AS block, avg(value) AS value, count(*) AS tasks
@@ -61,7 +62,7 @@ AVERAGE_SQL = f"""
 SELECT ord, model, avg(value) AS value, string_agg(block, ', ' ORDER BY block) AS blocks
 FROM ({BLOCK_SQL}) GROUP BY ALL"""
 
-CURVE_SQL = f"SELECT model, metric, layer, pooling, step, value FROM ({LONG_SQL}) WHERE metric IN {CURVES}"
+CURVE_SQL = f"SELECT model, metric, layer, pooling, step, value FROM scores WHERE metric IN {CURVES}"
 
 
 class ReportEntry(Section):
@@ -84,15 +85,22 @@ def entries_for(job: ReportJob, inputs: list[ArtifactRef]) -> list[dict]:
     return rows
 
 
-def _query(catalog: Catalog, entries: list[dict], sql: str) -> pd.DataFrame:
+def _load(catalog: Catalog, entries: list[dict]) -> Catalog:
+    """Materialise the entries' scores as table `scores`: the metrics view reads every metrics
+    file in the store, so it is scanned once per table, not once per query."""
     models = pd.DataFrame(entries, columns=["label", "method", "key"])
     order = {label: i for i, label in enumerate(dict.fromkeys(models["label"]))}
     catalog.con.register("entries", models.assign(ord=models["label"].map(order)))
+    catalog.con.execute(f"CREATE OR REPLACE TEMP TABLE scores AS {LONG_SQL}")
+    return catalog
+
+
+def _query(catalog: Catalog, sql: str) -> pd.DataFrame:
     return catalog.con.execute(sql).df()
 
 
 def long_rows(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
-    return _query(catalog, entries, LONG_SQL)
+    return _query(_load(catalog, entries), "SELECT * FROM scores")
 
 
 def _cell(value: float, std: float | None = None) -> str:
@@ -105,29 +113,30 @@ def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     """Tasks as rows, models as columns; MTEB block means and their average at the bottom."""
     models = list(dict.fromkeys(e["label"] for e in entries))
     rows: list[dict] = []
-    scores = _query(catalog, entries, IN_DOMAIN_SQL)
+    catalog = _load(catalog, entries)
+    scores = _query(catalog, IN_DOMAIN_SQL)
     metric_order = {m: i for i, m in enumerate(LEGEND)}
     scores = scores.assign(o=scores["metric"].map(metric_order).fillna(len(LEGEND))).sort_values(["dataset", "o", "metric"])
     for (dataset, metric), group in scores.groupby(["dataset", "metric"], sort=False):
         rows.append(dict(task=f"{dataset}: {metric}", **{r.model: _cell(r.value, r.std) for r in group.itertuples()}))
         if metric == "knn_accuracy":
             rows.append(dict(task=f"{dataset}: knn_n", **{r.model: str(r.n) for r in group.itertuples()}))
-    tasks = _query(catalog, entries, TASK_SQL).sort_values(["task_type", "task"], na_position="last")
+    tasks = _query(catalog, TASK_SQL).sort_values(["task_type", "task"], na_position="last")
     for (task_type, task), group in tasks.groupby(["task_type", "task"], sort=False, dropna=False):
         main = group["main_score"].dropna()
         name = f"{task_type or 'mteb'}: {task}" + (f" ({main.iloc[0]})" if len(main) else "")
         rows.append(dict(task=name, **{r.model: _cell(r.value) if r.ok else "skipped" for r in group.itertuples()}))
-    for block, group in _query(catalog, entries, BLOCK_SQL).groupby("block"):
+    for block, group in _query(catalog, BLOCK_SQL).groupby("block"):
         n = int(group["tasks"].max())
         rows.append(dict(task=f"block mean: {block} ({n} task{'' if n == 1 else 's'})",
                          **{r.model: _cell(r.value) for r in group.itertuples()}))
-    for blocks, group in _query(catalog, entries, AVERAGE_SQL).groupby("blocks"):
+    for blocks, group in _query(catalog, AVERAGE_SQL).groupby("blocks"):
         rows.append(dict(task=f"average of block means ({blocks})", **{r.model: _cell(r.value) for r in group.itertuples()}))
     return pd.DataFrame(rows, columns=["task", *models]).fillna("")
 
 
 def skipped_notes(catalog: Catalog, entries: list[dict]) -> list[str]:
-    tasks = _query(catalog, entries, TASK_SQL)
+    tasks = _query(_load(catalog, entries), TASK_SQL)
     skipped = tasks[~tasks["ok"].astype(bool)].drop_duplicates("task")
     return [f"skipped: {r.task}: {r.note}" for r in skipped.itertuples()]
 
@@ -145,7 +154,7 @@ def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures
 
 def draw_curves(catalog: Catalog, entries: list[dict], out: ArtifactWriter, title: str) -> list[tuple[str, str]]:
     """Every model's layer-wise and learning curves in one picture each."""
-    curves, pictures = _query(catalog, entries, CURVE_SQL), []
+    curves, pictures = _query(_load(catalog, entries), CURVE_SQL), []
     layerwise = curves[curves["metric"] == "knn_accuracy_layerwise"]
     if len(layerwise):
         plots.layerwise_png(layerwise, out.folder / PICTURES["layerwise"], f"kNN accuracy per layer: {title}")
