@@ -1,4 +1,4 @@
-"""The `pipeline` flow: ingest → sentences → [stage 1] → views → train → evaluate → report.
+"""The `pipeline` flow: ingest → sentences → [summaries] → [stage 1] → views → train → evaluate → report.
 
 It only composes: each stage is a cached Prefect task (tasks/), artifacts are passed as small
 references, and a run record in the store says which artifact every stage used and whether
@@ -24,12 +24,15 @@ from tasks.config import MethodConfig, PipelineConfig, TrainConfig, load_config
 from tasks.embed import EMBED, EmbedJob
 from tasks.evaluate import CURVES, EVALUATE, EvalJob
 from tasks.ingest import INGEST
+from tasks.llm import LLM, LlmJob, needs_conversion
 from tasks.methods.recipes import pooling_for
 from tasks.models import INIT, InitConfig
 from tasks.mteb_stage import MTEB, MtebJob
 from tasks.report import REPORT, ReportEntry, ReportJob
+from tasks.semantic import SEMANTIC, SemanticJob
 from tasks.sentences import SENTENCES
 from tasks.stage import Stage
+from tasks.summaries import SUMMARIZE, SummarizeJob
 from tasks.train import TRAIN, TrainJob
 from tasks.views import PAIRS, PairsConfig
 
@@ -97,18 +100,21 @@ class ReportedModel:
 
 def train_method(run: RunRecord, cfg: PipelineConfig, method: MethodConfig, train: TrainConfig,
                  docs: ArtifactRef, sentences: ArtifactRef, base_model: str | None,
-                 start: list[ArtifactRef]) -> ReportedModel:
+                 start: list[ArtifactRef], summaries: ArtifactRef | None = None) -> ReportedModel:
     """Views, then training, for one method; `start` holds the encoder artifact to start from."""
     views = PairsConfig.for_method(method, train.epochs, cfg.evaluate.knn)
-    pairs = run.stage(PAIRS, views, [sentences] + ([docs] if views.held_out else []), method.name)
+    inputs = [sentences] + ([docs] if views.needs_documents else []) + ([summaries] if views.view == "summaries" else [])
+    pairs = run.stage(PAIRS, views, inputs, method.name)
     job = TrainJob.for_method(base_model, method, train, cfg.evaluate.knn)
     trained = run.stage(TRAIN, job, [pairs] + start + ([docs] if job.knn else []), method.name, method.recipe)
     return ReportedModel(method.name, method.recipe, [trained], pooling=pooling_for(method.recipe, train),
                          knn_holdout=method.knn_holdout)
 
 
-def evaluate_model(run: RunRecord, cfg: PipelineConfig, model: ReportedModel, docs: ArtifactRef) -> list[ArtifactRef]:
-    """Embed (cached per model and text set), then score: the evaluate artifact, then one per MTEB task."""
+def evaluate_model(run: RunRecord, cfg: PipelineConfig, model: ReportedModel, docs: ArtifactRef,
+                   summaries: ArtifactRef | None = None) -> list[ArtifactRef]:
+    """Embed (cached per model and text set), then score: the evaluate artifact, the semantic
+    benchmark's, then one per MTEB task."""
     ev = cfg.evaluate
     embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device)
     docs_emb = run.stage(EMBED, EmbedJob(layers="all" if ev.layerwise else "last", **embed),
@@ -118,6 +124,11 @@ def evaluate_model(run: RunRecord, cfg: PipelineConfig, model: ReportedModel, do
     job = EvalJob(label=model.label, model=model.external, dataset=cfg.data.display_name, pooling=model.pooling,
                   knn_holdout=model.knn_holdout, **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne"}))
     scores = [run.stage(EVALUATE, job, [docs, docs_emb, *sts_emb, *model.inputs], model.label, model.method)]
+    if ev.semantic:
+        job = SemanticJob(label=model.label, dataset=cfg.data.display_name, pooling=model.pooling,
+                          semantic=ev.semantic, summaries=summaries is not None, **embed)
+        scores.append(run.stage(SEMANTIC, job, [docs, docs_emb, *([summaries] if summaries else []), *model.inputs],
+                                model.label, model.method))
     if ev.mteb:
         settings = ev.mteb.model_dump(include={"max_length", "batch_size", "dtype"})
         for task in [*ev.mteb.task_names, *ev.mteb.local]:
@@ -130,6 +141,11 @@ def run_pipeline(cfg: PipelineConfig, store: ArtifactStore, run: RunRecord) -> A
     docs = run.stage(INGEST, cfg.data, [])
     sentences = run.stage(SENTENCES, cfg.sentences, [docs])
     init = run.stage(INIT, InitConfig.from_model(cfg.model), []) if cfg.model.random_init else None
+    summaries = None
+    if cfg.summaries:  # LLM summaries: SemCSE's positives and the semantic benchmark's queries
+        source = cfg.summaries.llm
+        llm = [run.stage(LLM, LlmJob(source=source), [])] if needs_conversion(source) else []
+        summaries = run.stage(SUMMARIZE, SummarizeJob.from_config(cfg.summaries), [docs, *llm])
 
     base, start = (None, [init]) if init else (cfg.model.name_or_path, [])
     models = [ReportedModel("base (random init)", "none", [init]) if init else
@@ -142,12 +158,12 @@ def run_pipeline(cfg: PipelineConfig, store: ArtifactStore, run: RunRecord) -> A
         models.append(replace(stage1, label=f"stage 1 ({pre.method.name})"))
         base, start = None, stage1.inputs
     for method in cfg.methods:
-        models.append(train_method(run, cfg, method, cfg.train_for(method), docs, sentences, base, start))
+        models.append(train_method(run, cfg, method, cfg.train_for(method), docs, sentences, base, start, summaries))
     models += [ReportedModel(name, "reference", [], name) for name in cfg.evaluate.reference_models]
 
     scores, entries = [], []
     for model in models:
-        model_scores = evaluate_model(run, cfg, model, docs)
+        model_scores = evaluate_model(run, cfg, model, docs, summaries)
         scores += model_scores
         entries.append(ReportEntry(label=model.label, method=model.method, scores=len(model_scores)))
     report_job = ReportJob(title=f"{cfg.name}: {cfg.data.display_name}", entries=entries)

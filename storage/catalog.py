@@ -5,7 +5,7 @@ Every report is a query over these views, so users can re-derive any number with
     artifacts    one row per finished artifact (stage, key, inputs, config, rows, wall time)
     runs         one row per pipeline run (status, config, start and end)
     run_stages   which artifact each stage of each run used, and whether it was cached
-    metrics      every score of the evaluate and mteb stages (one schema: METRICS_SCHEMA)
+    metrics      every score of the evaluate, semantic and mteb stages (one schema: METRICS_SCHEMA)
     run_metrics  metrics joined to the runs that produced or reused them
 """
 
@@ -20,11 +20,11 @@ import pyarrow as pa
 from storage.store import ArtifactStore
 
 # The stages whose artifacts hold a metrics.parquet: a run's scores are their artifacts.
-SCORE_STAGES = ("evaluate", "mteb")
+SCORE_STAGES = ("evaluate", "semantic", "mteb")
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.
 METRICS_SCHEMA = pa.schema([
-    ("key", pa.string()),  # the evaluate or mteb artifact that holds the score
+    ("key", pa.string()),  # the score stage's artifact that holds it (evaluate, semantic, mteb)
     ("model", pa.string()),  # train/<key>, init/<key> or the external model's name
     ("dataset", pa.string()),
     ("metric", pa.string()),  # knn_accuracy, sts_spearman, ... or the MTEB task's name

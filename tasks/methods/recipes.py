@@ -20,12 +20,13 @@ from tasks.config import TrainConfig, mask_ratio_for
 from tasks.methods.infonce import InfoNCELoss
 from tasks.methods.mlm import MaskedLMLoss, to_device
 from tasks.methods.retromae import RetroMAELoss, retromae_features
+from tasks.methods.triplet import TripletInBatchLoss
 from tasks.methods.tsdae import tsdae_loss
 
 Pair = tuple[str, str]
 
-# The papers' sentence vectors: CLS for SimCSE, TSDAE and RetroMAE, mean pooling for the others.
-DEFAULT_POOLING = {"simcse": "cls", "tsdae": "cls", "retromae": "cls", "retromae_infonce": "cls"}
+# The papers' sentence vectors: CLS for SimCSE, TSDAE, RetroMAE and SemCSE, mean pooling for the others.
+DEFAULT_POOLING = {r: "cls" for r in ("simcse", "tsdae", "retromae", "retromae_infonce", "semcse", "semcse_infonce")}
 
 
 def pooling_for(recipe: str, cfg: TrainConfig) -> str:
@@ -65,6 +66,10 @@ def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, m
         if one_pass:  # 2B rows: anchors, then positives; each row gets its own dropout mask
             return Objective(loss, lambda batch: [tokens([a for a, _ in batch] + [p for _, p in batch])])
         return Objective(loss, anchors_and_positives)
+    if recipe == "semcse":  # (anchor summary, positive): the other rows' positives are the negatives
+        return Objective(TripletInBatchLoss(model, cfg.margin, cfg.l2_weight), anchors_and_positives)
+    if recipe == "semcse_infonce":
+        return Objective(InfoNCELoss(model, cfg.temperature, "none", False), anchors_and_positives)
     if recipe == "ct":
         # Two copies of the encoder embed the same sentence; the one passed in is kept.
         return Objective(ContrastiveTensionLossInBatchNegatives(model, scale=1 / cfg.temperature), anchors_only)

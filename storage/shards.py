@@ -1,0 +1,41 @@
+"""Shard pools: rows that are expensive to make (LLM summaries), kept across runs and configs.
+
+A pool is a folder of Parquet shards under `pools/<name>/<key>/`. Each shard is written to a temp
+file and renamed into place, so a killed run loses at most the shard it was writing, and a shard
+once there is never rewritten. A stage reads what the pool already holds, makes only the missing
+rows, adds them as new shards, and then publishes its own artifact from the pool: changing which
+rows a stage wants (more documents, another prompt) makes only the new ones.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+class ShardPool:
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def shards(self) -> list[Path]:
+        return sorted(self.folder.glob("shard-*.parquet"))
+
+    def read(self) -> pa.Table | None:
+        """Every finished shard, oldest first; None while the pool is empty."""
+        shards = self.shards()
+        return pa.concat_tables([pq.read_table(s) for s in shards], promote_options="default") if shards else None
+
+    def write(self, table: pa.Table) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        # The name sorts by time, so `read` returns rows in the order they were made.
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        final = self.folder / f"shard-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
+        tmp = self.folder / f".{final.name}.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, final)
+        return final

