@@ -113,12 +113,14 @@ class TransformersGenerator:
 
     def _completion(self, row: torch.Tensor) -> Completion:
         ids = row.tolist()
-        eos = self.tokenizer.eos_token_id
-        ended = eos in ids  # the end token, or padding after a stop string ended this row early
-        if ended:
-            ids = ids[: ids.index(eos)]
+        # A row ends at the end token, or at the padding that follows a stop string in a batch.
+        ends = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
+        ended = next((i for i, t in enumerate(ids) if t in ends), None)
+        ids = ids if ended is None else ids[:ended]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        stopped = ended or any(text.endswith(stop) for stop in self.sampling.stop)
+        # Shorter than max_tokens: the batch's longest row, ended by a stop string (no padding after it).
+        stopped = ended is not None or len(ids) < self.sampling.max_tokens or any(
+            text.endswith(stop) for stop in self.sampling.stop)
         return Completion(text, "stop" if stopped else "length", len(ids))
 
 
