@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from pydantic import Field
 from tqdm.auto import tqdm
 
-from storage import ArtifactRef, ArtifactStore, stable_hash
+from storage import ArtifactRef, ArtifactStore, ShardPool, stable_hash
 from storage.store import ArtifactWriter
 from tasks import generate, llm
 from tasks.config import SEMCSE_PROMPTS, Sampling, Section, SummaryConfig
@@ -79,8 +79,8 @@ def summary_status(summary: str, ended: bool, finish: str, source: str, copied: 
         return "empty"
     if not ended and finish == "length":
         return "run_on"
-    grams = _trigrams(summary)
-    if grams and sum(g in set(_trigrams(source)) for g in grams) / len(grams) >= copied:
+    grams, source_grams = _trigrams(summary), set(_trigrams(source))
+    if grams and sum(g in source_grams for g in grams) / len(grams) >= copied:
         return "repeat"
     return "ok"
 
@@ -100,20 +100,19 @@ def _documents(store: ArtifactStore, job: SummarizeJob, docs_ref: ArtifactRef) -
 
 
 def _generate_missing(store: ArtifactStore, job: SummarizeJob, inputs: list[ArtifactRef], docs: list[dict],
-                      log: logging.Logger) -> int:
-    pool = store.pool("summaries", pool_key(job))
-    have = pool.read()
+                      pool: ShardPool, have: pa.Table | None, log: logging.Logger) -> list[pa.Table]:
+    """Generate what `have` (the pool as read) lacks; returns the new shards' tables."""
     done = set(zip(have["doc_digest"].to_pylist(), have["prompt_digest"].to_pylist())) if have else set()
     prompts = [(p, stable_hash(p)) for p in job.prompts]
     todo = [(d, [(p, h) for p, h in prompts if (d["digest"], h) not in done]) for d in docs]
     todo = [(d, missing) for d, missing in todo if missing]
     log.info("summaries: %d of %d documents need summaries (%d pool shards)", len(todo), len(docs), len(pool.shards()))
     if not todo:
-        return 0
+        return []
     model_dir = llm.llm_folder(store, inputs[1:], job.llm)
     generator = generate.make_generator(job.backend, model_dir, job.sampling)
     prefix, sampling = llm.prompt_prefix(model_dir), json.dumps(job.sampling.model_dump(mode="json"), sort_keys=True)
-    made = 0
+    made = []
     try:
         with tqdm(total=len(todo), desc="summaries", unit="doc") as bar:
             for start in range(0, len(todo), job.shard_size):
@@ -124,8 +123,8 @@ def _generate_missing(store: ArtifactStore, job: SummarizeJob, inputs: list[Arti
                              continuation=c.text, finish=c.finish, tokens=c.tokens, model=job.llm,
                              backend=generator.name, sampling=sampling, seed=job.sampling.seed)
                         for (d, p, h), completions in zip(asked, outputs) for i, c in enumerate(completions)]
-                pool.write(pa.Table.from_pylist(rows))
-                made += len(rows)
+                made.append(pa.Table.from_pylist(rows))
+                pool.write(made[-1])
                 bar.update(len(shard))
                 log.info("summaries: shard of %d documents done (%d/%d)", len(shard), start + len(shard), len(todo))
     finally:
@@ -136,12 +135,15 @@ def _generate_missing(store: ArtifactStore, job: SummarizeJob, inputs: list[Arti
 def build_summaries(store: ArtifactStore, job: SummarizeJob, inputs: list[ArtifactRef],
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     docs = _documents(store, job, inputs[0])
-    made = _generate_missing(store, job, inputs, docs, log)
-    pool = store.pool("summaries", pool_key(job)).read()
+    pool = store.pool("summaries", pool_key(job))
+    have = pool.read()
+    new = _generate_missing(store, job, inputs, docs, pool, have, log)
+    pooled = pa.concat_tables(([have] if have is not None else []) + new, promote_options="default")
+    made = sum(t.num_rows for t in new)
     by_digest = {d["digest"]: d for d in docs}
     prompt_ids = {stable_hash(p): i for i, p in enumerate(job.prompts, 1)}
     rows, seen = [], set()
-    for r in pool.to_pylist():  # oldest shard first: a row made twice (two runs at once) keeps the first
+    for r in pooled.to_pylist():  # oldest shard first: a row made twice (two runs at once) keeps the first
         doc, prompt_id = by_digest.get(r["doc_digest"]), prompt_ids.get(r["prompt_digest"])
         if doc is None or prompt_id is None or (r["doc_digest"], prompt_id, r["sample"]) in seen:
             continue
