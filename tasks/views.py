@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from itertools import groupby
 from typing import Literal
 
 import numpy as np
@@ -142,30 +141,30 @@ def draw_summary_pairs(summaries: dict[str, list[str]], titles: dict[str, str | 
                                            ("positive", pa.string()), ("positive_kind", pa.string())]))
 
 
+def texts_by_document(rows: pa.Table) -> dict[str, list[str]]:
+    """doc_id → its `text` values, in row order."""
+    result: dict[str, list[str]] = {}
+    for doc, text in zip(rows["doc_id"].to_pylist(), rows["text"].to_pylist()):
+        result.setdefault(doc, []).append(text)
+    return result
+
+
 def ok_summaries(store: ArtifactStore, ref: ArtifactRef) -> dict[str, list[str]]:
     """doc_id → the summaries the summarize stage's quality guard passed, in (prompt, sample) order."""
     table = store.read_table(ref, "summaries")
-    table = table.filter(pc.equal(table["status"], "ok"))
-    result: dict[str, list[str]] = {}
-    for doc, text in zip(table["doc_id"].to_pylist(), table["text"].to_pylist()):
-        result.setdefault(doc, []).append(text)
-    return result
+    return texts_by_document(table.filter(pc.equal(table["status"], "ok")))
 
 
 def sentences_by_document(sentences: pa.Table, min_words: int = 3) -> dict[str, list[str]]:
     """Every sentence of at least `min_words` words (kept by the length filter or not), in order."""
     rows = sentences.sort_by([("doc_id", "ascending"), ("position", "ascending")])
-    result: dict[str, list[str]] = {}
-    for doc, text in zip(rows["doc_id"].to_pylist(), rows["text"].to_pylist()):
-        if len(text.split()) >= min_words:
-            result.setdefault(doc, []).append(text.strip())
-    return result
+    long_enough = pa.array([len(t.split()) >= min_words for t in rows["text"].to_pylist()], pa.bool_())
+    return {doc: [t.strip() for t in texts] for doc, texts in texts_by_document(rows.filter(long_enough)).items()}
 
 
 def crops_by_document(sentences: pa.Table, n: int) -> dict[str, list[str]]:
     rows = sentences.filter(sentences["kept"]).sort_by([("doc_id", "ascending"), ("position", "ascending")])
-    pairs = zip(rows["doc_id"].to_pylist(), rows["text"].to_pylist())
-    return {doc: build_crops([text for _, text in group], n) for doc, group in groupby(pairs, key=lambda r: r[0])}
+    return {doc: build_crops(texts, n) for doc, texts in texts_by_document(rows).items()}
 
 
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef],
