@@ -1,4 +1,5 @@
-"""The `embforge` command: run a config, show reports, list runs and artifacts, query the catalog."""
+"""The `embforge` command: run a config, show reports, list runs, models and artifacts, query the
+catalog, and run the Prefect server with embforge's deployments."""
 
 from __future__ import annotations
 
@@ -49,10 +50,11 @@ def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)  # fail on a bad config before Prefect starts
+    from flows.params import RunParams
     from flows.pipeline import pipeline  # Prefect is slow to import: only when running
 
     store = _store(args)
-    state = pipeline(config_path=args.config, store=str(store.root), return_state=True)
+    state = pipeline(RunParams(config=args.config, store=str(store.root)), return_state=True)
     state.result()  # raises the run's own error, e.g. an InputError naming the bad row
     run_id = str(state.state_details.flow_run_id)
     catalog = Catalog(store)
@@ -119,6 +121,33 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    _print_table("registered models (what the evaluate and nightly deployments score)", Catalog(_store(args)).query(
+        "SELECT label, method, coalesce(artifact, external) AS model, pooling, experiment, registered_at "
+        "FROM models ORDER BY registered_at"))
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from flows import server
+
+    if args.store:
+        os.environ["EMBFORGE_STORE"] = args.store  # the served flow runs inherit it
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]warning:[/yellow] the Prefect API has no authentication; {args.host} "
+                      "exposes it beyond this machine")
+    return server.run_server(args.host, args.port, args.nightly_config, args.cron, args.timezone)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from flows import server
+
+    if args.store:
+        os.environ["EMBFORGE_STORE"] = args.store
+    server.serve_deployments(args.nightly_config, args.cron, args.timezone)
+    return 0
+
+
 def cmd_artifacts(args: argparse.Namespace) -> int:
     where = "WHERE stage = ?" if args.stage else ""
     rows = Catalog(_store(args)).query(
@@ -165,6 +194,19 @@ def parser() -> argparse.ArgumentParser:
     artifacts = add("artifacts", cmd_artifacts, "list finished artifacts")
     artifacts.add_argument("--stage", help="only this stage (ingest, sentences, pairs, train, ...)")
     artifacts.add_argument("--config", help="take the store from this config")
+    models = add("models", cmd_models, "list registered models")
+    models.add_argument("--config", help="take the store from this config")
+    for name, fn, help in (
+            ("server", cmd_server, "start a local Prefect server with its UI and serve embforge's deployments"),
+            ("serve", cmd_serve, "serve embforge's deployments against the Prefect server at PREFECT_API_URL")):
+        sp = add(name, fn, help)
+        if name == "server":
+            sp.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+            sp.add_argument("--port", type=int, default=4200, help="port of the UI and API (default 4200)")
+        sp.add_argument("--nightly-config", default="configs/demo.yaml",
+                        help="config whose benchmark set the nightly deployment scores (default configs/demo.yaml)")
+        sp.add_argument("--cron", help="nightly schedule as a cron line (default 03:00: \"0 3 * * *\")")
+        sp.add_argument("--timezone", help="time zone of the schedule (default: this machine's)")
     sql = add("sql", cmd_sql, "run a SQL query on the catalog views (runs, run_stages, artifacts, "
               "metrics, run_metrics)")
     sql.add_argument("query")

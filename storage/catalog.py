@@ -3,11 +3,13 @@
 Every report is a query over these views, so users can re-derive any number with SQL:
 
     artifacts    one row per finished artifact (stage, key, inputs, config, rows, wall time)
-    runs         one row per pipeline run (status, config, start and end)
+    runs         one row per flow run (flow, status, config, start and end)
+    models       every model a run registered (trained, base, reference): what `evaluate` scores
     run_stages   which artifact each stage of each run used, and whether it was cached
     metrics      every score of the evaluate, semantic and mteb stages (one schema: METRICS_SCHEMA)
     summaries    every LLM summary of every summarize artifact (key = the artifact), with its status
     run_metrics  metrics joined to the runs that produced or reused them
+    score_changes  per evaluate run: each score new, changed (with the previous value) or unchanged
 """
 
 from __future__ import annotations
@@ -50,6 +52,17 @@ METRICS_SCHEMA = pa.schema([
 ])
 
 
+# One row per score an evaluate run touched: `new` (first score of this model on this metric),
+# `changed` / `same` (scored again, e.g. a new task revision, next to the previous value) or
+# `unchanged` (already scored with the same model, task, revision and settings: not recomputed).
+CHANGES_SCHEMA = pa.schema([
+    ("label", pa.string()), ("model", pa.string()), ("dataset", pa.string()), ("metric", pa.string()),
+    ("layer", pa.int64()), ("pooling", pa.string()), ("split", pa.string()), ("subset", pa.string()),
+    ("status", pa.string()), ("value", pa.float64()), ("previous", pa.float64()), ("delta", pa.float64()),
+    ("key", pa.string()), ("previous_key", pa.string()),
+])
+
+
 def metrics_table(rows: list[dict], **common) -> pa.Table:
     """Score rows (plus fields shared by all of them) as a table with METRICS_SCHEMA."""
     names = METRICS_SCHEMA.names
@@ -60,9 +73,10 @@ _EMPTY = {
     "artifacts": "SELECT NULL::VARCHAR stage, NULL::VARCHAR key, NULL::VARCHAR[] inputs, NULL::JSON config,"
     " NULL::VARCHAR code_version, NULL::JSON rows, NULL::TIMESTAMP created_at, NULL::DOUBLE wall_s,"
     " NULL::VARCHAR path WHERE false",
-    "runs": "SELECT NULL::VARCHAR run_id, NULL::VARCHAR name, NULL::VARCHAR status, NULL::VARCHAR config_path,"
-    " NULL::JSON config, NULL::TIMESTAMP started_at, NULL::TIMESTAMP finished_at, NULL::VARCHAR error,"
-    " NULL::JSON stages WHERE false",
+    "runs": "SELECT NULL::VARCHAR run_id, NULL::VARCHAR name, NULL::VARCHAR flow, NULL::VARCHAR status,"
+    " NULL::VARCHAR config_path, NULL::JSON overrides, NULL::JSON config, NULL::TIMESTAMP started_at,"
+    " NULL::TIMESTAMP finished_at, NULL::VARCHAR error, NULL::JSON stages, NULL::JSON models WHERE false",
+    "score_changes": "SELECT NULL::VARCHAR run_id, * FROM empty_changes",
     "metrics": "SELECT * FROM empty_metrics",
     "summaries": "SELECT NULL::VARCHAR key, NULL::VARCHAR doc_id, NULL::BIGINT prompt_id, NULL::BIGINT sample,"
     " NULL::VARCHAR text, NULL::VARCHAR status, NULL::VARCHAR continuation, NULL::VARCHAR finish, NULL::BIGINT tokens,"
@@ -77,6 +91,7 @@ class Catalog:
         self.store = store
         self.con = duckdb.connect()
         self.con.register("empty_metrics", METRICS_SCHEMA.empty_table())
+        self.con.register("empty_changes", CHANGES_SCHEMA.empty_table())
         root = store.root
         self._view("artifacts", root / "artifacts" / "*" / "*" / "manifest.json", """
             SELECT stage, key, inputs, config, code_version, rows, created_at, wall_s,
@@ -85,9 +100,13 @@ class Catalog:
                  config: 'JSON', code_version: 'VARCHAR', rows: 'JSON', created_at: 'TIMESTAMP',
                  wall_s: 'DOUBLE'})""")
         self._view("runs", root / "runs" / "*.json", """
-            SELECT * FROM read_json('{glob}', columns={run_id: 'VARCHAR', name: 'VARCHAR',
-                 status: 'VARCHAR', config_path: 'VARCHAR', config: 'JSON', started_at: 'TIMESTAMP',
-                 finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON'})""")
+            SELECT * FROM read_json('{glob}', columns={run_id: 'VARCHAR', name: 'VARCHAR', flow: 'VARCHAR',
+                 status: 'VARCHAR', config_path: 'VARCHAR', overrides: 'JSON', config: 'JSON',
+                 started_at: 'TIMESTAMP', finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON',
+                 models: 'JSON'})""")
+        self._view("score_changes", root / "runs" / "*.changes.parquet", """
+            SELECT regexp_extract(filename, '([^/]+)\.changes\.parquet$', 1) AS run_id, * EXCLUDE (filename)
+            FROM read_parquet('{glob}', filename=true)""")
         self._view("metrics", root / "artifacts" / "*" / "*" / "metrics.parquet",
                    "SELECT * FROM read_parquet('{glob}', union_by_name=true)")
         self._view("summaries", root / "artifacts" / "summarize" / "*" / "summaries.parquet", """
@@ -100,6 +119,14 @@ class Catalog:
             FROM runs r, range(json_array_length(r.stages)::BIGINT) AS t(i),
                  LATERAL (SELECT r.stages->(t.i::INTEGER) AS s)
             ORDER BY r.started_at, position""")
+        self.con.execute("""
+            CREATE VIEW models AS
+            SELECT m->>'label' AS label, m->>'method' AS method, m->>'artifact' AS artifact,
+                   m->>'external' AS external, m->>'pooling' AS pooling,
+                   (m->>'knn_holdout')::BOOLEAN AS knn_holdout, r.name AS experiment, r.run_id,
+                   r.started_at AS registered_at
+            FROM runs r, range(coalesce(json_array_length(r.models), 0)::BIGINT) AS t(i),
+                 LATERAL (SELECT r.models->(t.i::INTEGER) AS m)""")
         self.con.execute(f"""
             CREATE VIEW run_metrics AS
             SELECT rs.run_id, rs.started_at, rs.label, rs.method, m.*

@@ -6,7 +6,9 @@ Layout under the store root:
     artifacts/<stage>/<key>/*.parquet|model  its data
     scratch/<stage>/<key>/                  resumable work in progress (training checkpoints)
     pools/<name>/<key>/shard-*.parquet      rows kept across runs and configs (LLM summaries)
-    runs/<run_id>.json                      one record per pipeline run
+    runs/<run_id>.json                      one record per flow run (stages, registered models)
+    runs/<run_id>.changes.parquet           what an evaluate run scored anew, and by how much
+                                            scores moved (the nightly summary)
     prefect-cache/                          Prefect's cache records, so deleting the store
                                             also forgets Prefect's cache
     .tmp/                                   artifacts being written; never read
@@ -163,6 +165,13 @@ class ArtifactStore:
         runs = self.root / "runs"
         runs.mkdir(parents=True, exist_ok=True)
         _write_json_atomic(runs / f"{run_id}.json", record)
+
+    def write_run_table(self, run_id: str, name: str, table: pa.Table) -> None:
+        runs = self.root / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        tmp = runs / f".{run_id}.{name}.{uuid.uuid4().hex}.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, runs / f"{run_id}.{name}.parquet")
 
 
 class ArtifactWriter:

@@ -7,7 +7,7 @@ Unknown keys are errors, every field has a description (it is the help text user
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -344,6 +344,16 @@ class EvaluateConfig(Section):
     device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
 
 
+class RetryConfig(Section):
+    attempts: int = Field(2, ge=0, description="Retries of a stage after a transient failure (out of "
+                          "memory, a crashed worker); bad input or config is never retried.")
+    delay_s: float = Field(10, ge=0, description="Wait before the first retry; it doubles for each next one.")
+
+    @property
+    def delays(self) -> list[float]:
+        return [self.delay_s * 2**i for i in range(self.attempts)]
+
+
 class PipelineConfig(Section):
     name: str = Field(description="Experiment name shown in runs and reports.")
     store: str = Field("embforge-store", description="Artifact store folder (relative to the config "
@@ -356,6 +366,7 @@ class PipelineConfig(Section):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     summaries: SummaryConfig | None = Field(None, description="LLM summaries of the documents (SemCSE's "
                                             "positives); `summaries: {}` takes every default.")
+    retries: RetryConfig = Field(default_factory=RetryConfig, description="Task-level retries with back-off.")
 
     @model_validator(mode="after")
     def _valid_methods(self) -> "PipelineConfig":
@@ -405,8 +416,24 @@ def _resolve_model(base: Path, name: str) -> str:
     return str((base / name).resolve()) if (base / name).exists() else name
 
 
-def load_config(path: str | Path) -> PipelineConfig:
-    """Read and validate a YAML config; relative file paths become absolute (config-relative)."""
+def apply_overrides(raw: dict, overrides: dict[str, Any], path: Path) -> dict:
+    """Set dotted fields (`train.epochs: 1`) on the raw YAML mapping, before validation, so an
+    override is checked exactly like the same field written in the file."""
+    for dotted, value in overrides.items():
+        *parents, leaf = dotted.split(".")
+        node = raw
+        for i, part in enumerate(parents):
+            child = node.setdefault(part, {}) if isinstance(node, dict) else None
+            if not isinstance(child, dict):
+                raise ConfigError(f"{path}: override {dotted}: {'.'.join(parents[:i + 1])} is not a section")
+            node = child
+        node[leaf] = value
+    return raw
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read and validate a YAML config, with optional dotted-field overrides; relative file paths
+    become absolute (config-relative)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
@@ -416,6 +443,7 @@ def load_config(path: str | Path) -> PipelineConfig:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    raw = apply_overrides(raw, overrides or {}, path)
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as e:

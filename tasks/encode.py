@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from tasks.models import pick_device, resolve_model
+from tasks.progress import StageProgress
 
 POOLINGS = ("mean", "cls", "sep")
 
@@ -48,7 +49,7 @@ class PooledEncoder:
         # Longest first, so texts of similar length share a batch and little padding is computed.
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.empty((len(layers), len(POOLINGS), len(texts), self.model.config.hidden_size), dtype=np.float32)
-        with torch.inference_mode():
+        with torch.inference_mode(), StageProgress(desc, len(texts), "texts") as progress:
             for start in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", mininterval=5):
                 idx = order[start : start + batch_size]
                 batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
@@ -58,6 +59,7 @@ class PooledEncoder:
                 for i, layer in enumerate(layers):
                     for j, pooling in enumerate(POOLINGS):
                         out[i, j, idx] = pool(states[layer], batch["attention_mask"], pooling).float().cpu().numpy()
+                progress.advance(len(idx))
         return out
 
     def encode(self, texts: list[str], max_length: int = 256, batch_size: int = 32) -> np.ndarray:

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter, stable_hash
+from tasks.config import ConfigError, InputError, RetryConfig
 
 # build(store, config, inputs, out, ref, log) writes the artifact's files into `out`.
 BuildFn = Callable[[ArtifactStore, Any, list[ArtifactRef], ArtifactWriter, ArtifactRef, logging.Logger], None]
@@ -42,7 +43,6 @@ class Stage:
     build: BuildFn
     code: tuple[ModuleType, ...]
     extra_key: Callable[[Any], Any] | None = None
-    retries: int = 0
     # False for an artifact that must be built again on the next run (an MTEB task skipped
     # because its data was not reachable gets scored once the data is there).
     complete: Callable[[ArtifactStore, ArtifactRef], bool] | None = None
@@ -76,8 +76,10 @@ class Stage:
         log.info("%s: wrote artifacts/%s/%s", self.name, ref.stage, ref.key)
         return ref
 
-    def as_task(self, store: ArtifactStore):
-        """The Prefect task for this stage, with its cache records kept inside `store`."""
+    def as_task(self, store: ArtifactStore, retry: RetryConfig | None = None):
+        """The Prefect task for this stage, with its cache records kept inside `store` and retries
+        with back-off for transient failures (training resumes from its checkpoint)."""
+        retry = retry or RetryConfig()
         def cache_key(_ctx, params: dict) -> str:
             ref = self.ref(params["config"], params["inputs"])
             if not self.reusable(store, ref):
@@ -89,6 +91,11 @@ class Stage:
         def run_stage(store_root: str, config: BaseModel, inputs: list[ArtifactRef]) -> ArtifactRef:
             return self.run(ArtifactStore(store_root), config, inputs, get_run_logger())
 
-        return task(run_stage, name=self.name, persist_result=True, retries=self.retries,
-                    retry_delay_seconds=[10, 60, 300][: self.retries],
+        return task(run_stage, name=self.name, persist_result=True, retries=retry.attempts,
+                    retry_delay_seconds=retry.delays, retry_condition_fn=transient_failure,
                     cache_policy=policy.configure(key_storage=str(store.prefect_cache)))
+
+
+def transient_failure(_task, _task_run, state) -> bool:
+    """Retry unless the stage failed on bad input or config: that fails the same way every time."""
+    return not isinstance(state.result(raise_on_failure=False), (InputError, ConfigError))

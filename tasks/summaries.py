@@ -32,6 +32,7 @@ from storage import ArtifactRef, ArtifactStore, ShardPool, stable_hash
 from storage.store import ArtifactWriter
 from tasks import generate, llm
 from tasks.config import SEMCSE_PROMPTS, Sampling, Section, SummaryConfig
+from tasks.progress import StageProgress
 from tasks.stage import Stage
 
 STATUSES = ("ok", "empty", "run_on", "repeat")
@@ -114,7 +115,8 @@ def _generate_missing(store: ArtifactStore, job: SummarizeJob, inputs: list[Arti
     prefix, sampling = llm.prompt_prefix(model_dir), json.dumps(job.sampling.model_dump(mode="json"), sort_keys=True)
     made = []
     try:
-        with tqdm(total=len(todo), desc="summaries", unit="doc") as bar:
+        with tqdm(total=len(todo), desc="summaries", unit="doc") as bar, \
+                StageProgress("summaries", len(todo), "documents") as progress:
             for start in range(0, len(todo), job.shard_size):
                 shard = todo[start : start + job.shard_size]
                 asked = [(d, p, h) for d, missing in shard for p, h in missing]
@@ -126,6 +128,7 @@ def _generate_missing(store: ArtifactStore, job: SummarizeJob, inputs: list[Arti
                 made.append(pa.Table.from_pylist(rows))
                 pool.write(made[-1])
                 bar.update(len(shard))
+                progress.advance(len(shard))
                 log.info("summaries: shard of %d documents done (%d/%d)", len(shard), start + len(shard), len(todo))
     finally:
         generator.close()
@@ -162,5 +165,5 @@ def build_summaries(store: ArtifactStore, job: SummarizeJob, inputs: list[Artifa
              table.num_rows - made, ", ".join(f"{s} {n}" for s, n in counts.items()))
 
 
-SUMMARIZE = Stage("summarize", build_summaries, code=(sys.modules[__name__], generate, llm), retries=1,
+SUMMARIZE = Stage("summarize", build_summaries, code=(sys.modules[__name__], generate, llm),
                   extra_key=lambda job: llm.identity(job.llm))

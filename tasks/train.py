@@ -106,4 +106,4 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
 
 
 TRAIN = Stage("train", build_model, code=(sys.modules[__name__], models, training, recipes, infonce, masking, mlm, retromae, triplet, tsdae, knn),
-              extra_key=lambda job: model_identity(job.base_model) if job.base_model else None, retries=1)
+              extra_key=lambda job: model_identity(job.base_model) if job.base_model else None)

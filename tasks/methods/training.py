@@ -22,6 +22,7 @@ from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 
 from tasks.config import TrainConfig
 from tasks.methods.recipes import Objective, Pair
+from tasks.progress import StageProgress
 
 
 @dataclass
@@ -95,6 +96,7 @@ def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: Tr
 
     loss_fn.train()  # dropout on: it is what makes the two views of dropout, SimCSE and CT differ
     bar = tqdm(total=len(batches), initial=len(history), desc="train", unit="batch", mininterval=5)
+    progress = StageProgress("train", len(batches), "steps", done=len(history))
     for step in range(len(history), len(batches)):
         epoch, batch = batches[step]
         loss = loss_fn(objective.collate(batch), None)
@@ -108,6 +110,7 @@ def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: Tr
             entry.knn_accuracy = measure()
         bar.update(1)
         bar.set_postfix(loss=f"{entry.loss:.3f}")
+        progress.advance()
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < len(batches):
             checkpoints.save({"model": loss_fn.state_dict(), "optimizer": optimizer.state_dict(),
                               "schedule": schedule.state_dict(), "rng": torch.get_rng_state(),
@@ -116,4 +119,5 @@ def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: Tr
         if on_step:
             on_step(entry)
     bar.close()
+    progress.close()
     return history

@@ -18,9 +18,10 @@ IN_DOMAIN = {"knn_accuracy", "knn_accuracy_splits", "sts_spearman", "alignment",
 
 
 def run(config):
+    from flows.params import RunParams
     from flows.pipeline import pipeline
 
-    state = pipeline(config_path=str(config), return_state=True)
+    state = pipeline(RunParams(config=str(config)), return_state=True)
     return str(state.state_details.flow_run_id), state
 
 
@@ -86,10 +87,11 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     docs = pd.read_parquet(DEMO_DOCS).head(20)
     pd.concat([docs, docs.head(1)]).to_parquet(bad)
     config = tiny_config(tmp_path, data={"path": str(bad), "name": "bad"})
+    from flows.params import RunParams
     from flows.pipeline import pipeline
 
     with pytest.raises(InputError, match=r"duplicate doc_id '\d+'.*bad.parquet row 1, .*bad.parquet row 21"):
-        pipeline(config_path=str(config))
+        pipeline(RunParams(config=str(config)))
     assert artifact_files(store) == files
     assert not any((store.root / ".tmp").iterdir())
     failed = Catalog(store).query("SELECT status, error FROM runs ORDER BY started_at DESC, finished_at DESC LIMIT 1")

@@ -1,0 +1,49 @@
+"""The flows' parameters as pydantic models: the Prefect UI renders them as a form with these
+defaults and descriptions, and rejects a value that breaks a constraint before the run is created.
+
+A config that does not exist, or an override that breaks the config's own validation, fails the
+flow run before its first task, with a message naming the file and field (shown in the UI).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class RunParams(BaseModel):
+    """Which experiment config to run, with optional field overrides, and where the artifacts go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: str = Field("configs/demo.yaml", pattern=r"\.ya?ml$",
+                        description="Experiment YAML (see configs/): absolute, or relative to the folder "
+                        "the server was started in.")
+    overrides: dict[str, Any] = Field(default_factory=dict,
+                                      description='Config fields to change for this run, by dotted name, e.g. '
+                                      '{"train.epochs": 2, "data.limit": 500}. Checked like the YAML.')
+    store: str | None = Field(None, description="Artifact store folder. Empty: EMBFORGE_STORE, else the "
+                              "config's `store`.")
+
+    @field_validator("config")
+    @classmethod
+    def _config_exists(cls, path: str) -> str:
+        if not Path(path).is_file():
+            raise ValueError(f"config file not found: {path} (relative paths start in {Path.cwd().name}/)")
+        return path
+
+
+class TrainParams(RunParams):
+    methods: list[str] = Field(default_factory=list, description="Train only these methods of the config "
+                               "(by name). Empty: all of them.")
+
+
+class EvaluateParams(RunParams):
+    """Score registered models on the config's benchmark set (its `data` and `evaluate` sections)."""
+
+    models: list[str] = Field(default_factory=list, description="Registered models to evaluate, by label or "
+                              "artifact (train/<key>); see `embforge models`. Empty: every registered model.")
+    force: bool = Field(False, description="Score again even what is already scored with the same model, "
+                        "task, task revision and settings.")

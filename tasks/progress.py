@@ -1,0 +1,73 @@
+"""How far a long stage is, as a progress artifact on its Prefect task run (seen in the Prefect UI).
+
+Outside a Prefect task run (plain scripts, tests) a `StageProgress` only counts, so the training
+loop, the encoder and summary generation keep running without Prefect.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+log = logging.getLogger("embforge.progress")
+
+
+class StageProgress:
+    """`done` of `total` `unit` of the current Prefect task run, e.g. "train: 120 of 400 steps".
+
+    The artifact shows what was sent last: on a failure it stays at the last value, not at 100.
+    """
+
+    # Each update is an HTTP call to the Prefect API, and a training step can take milliseconds.
+    min_interval_s = 2.0
+
+    def __init__(self, label: str, total: int, unit: str, done: int = 0):
+        self.label, self.total, self.unit, self.done = label, total, unit, done
+        self._artifact_id = None
+        # A task run implies Prefect is loaded: plain scripts do not pay its import (~1.5 s).
+        context = sys.modules.get("prefect.context")
+        self._reporting = context is not None and context.TaskRunContext.get() is not None
+        if self._reporting:
+            self._send()
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.done / self.total if self.total else 100.0
+
+    @property
+    def description(self) -> str:
+        return f"{self.label}: {self.done} of {self.total} {self.unit}"
+
+    def advance(self, n: int = 1) -> None:
+        self.update(self.done + n)
+
+    def update(self, done: int) -> None:
+        self.done = done
+        if self._reporting and time.monotonic() - self._sent_at >= self.min_interval_s:
+            self._send()
+
+    def close(self) -> None:
+        """Send the final count (100 % when every unit is done); later calls send nothing."""
+        if self._reporting:
+            self._send()
+            self._reporting = False
+
+    def __enter__(self) -> StageProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _send(self) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        try:
+            if self._artifact_id is None:
+                self._artifact_id = create_progress_artifact(progress=self.percent, description=self.description)
+            else:
+                update_progress_artifact(self._artifact_id, progress=self.percent, description=self.description)
+        except Exception as e:  # the UI's progress bar is not worth failing a stage for
+            log.warning("%s: Prefect progress updates stopped, the API failed: %s", self.label, e)
+            self._reporting = False
+        self._sent_at = time.monotonic()
