@@ -75,7 +75,7 @@ ORDER BY s.label, s.dataset, s.metric, s.layer, s.pooling"""
 def score_changes(catalog: Catalog, run_id: str, earlier: pa.Table) -> pa.Table:
     """What the run scored: `earlier` is SNAPSHOT_SQL's result from before the run."""
     catalog.con.register("earlier", earlier)
-    rows = catalog.con.execute(CHANGES_SQL, dict(run_id=run_id)).arrow()
+    rows = catalog.con.execute(CHANGES_SQL, dict(run_id=run_id)).to_arrow_table()
     return rows.select(CHANGES_SCHEMA.names).cast(CHANGES_SCHEMA)
 
 
@@ -113,7 +113,7 @@ def evaluate(params: EvaluateParams) -> dict:
 
     def body() -> dict:
         catalog = Catalog(store)
-        models, earlier = registered_models(catalog, params.models), catalog.con.execute(SNAPSHOT_SQL).arrow()
+        models, earlier = registered_models(catalog, params.models), catalog.con.execute(SNAPSHOT_SQL).to_arrow_table()
         if not models:
             raise ConfigError(f"no registered models in {store.root.name}/: run the `pipeline` or `train` flow first")
         docs = run.stage(INGEST, cfg.data, [])

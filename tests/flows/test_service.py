@@ -1,0 +1,225 @@
+"""embforge as a service: `embforge server` (a real Prefect server with its UI, on loopback) serving
+the deployments; runs created through the API as the UI creates them, retried with the real
+`prefect flow-run retry`, and the nightly re-evaluation triggered twice."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from storage import ArtifactStore, Catalog
+from tests.conftest import REPO, tiny_config
+
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+SECRET = "hf_embforge_test_secret_never_logged"
+SICK = REPO / "configs" / "data" / "sick_test.parquet"
+
+
+class Service:
+    """A started `embforge server`, and the REST calls the Prefect UI makes."""
+
+    def __init__(self, url: str, home: Path):
+        self.url, self.api, self.home = url, f"{url}/api", home
+
+    def call(self, method: str, path: str, body: dict | None = None, attempts: int = 5):
+        request = urllib.request.Request(f"{self.api}{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as e:
+            # A busy server's SQLite answers 503 now and then; Prefect's own client retries those too.
+            if e.code not in (429, 502, 503) or attempts == 1:
+                raise
+        time.sleep(2)
+        return self.call(method, path, body, attempts - 1)
+
+    def deployment(self, name: str) -> dict:
+        return self.call("GET", f"/deployments/name/{name}")
+
+    def start(self, name: str, **params) -> str:
+        run = self.call("POST", f"/deployments/{self.deployment(name)['id']}/create_flow_run",
+                        {"parameters": {"params": params}})
+        return run["id"]
+
+    def wait(self, run_id: str, timeout_s: float = 600) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            run = self.call("GET", f"/flow_runs/{run_id}")
+            if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                return run
+            time.sleep(1)
+        raise TimeoutError(f"flow run {run_id} did not finish in {timeout_s} s")
+
+    def task_runs(self, run_id: str) -> list[dict]:
+        return self.call("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}, "limit": 200})
+
+    def artifacts(self, run_id: str) -> list[dict]:
+        return self.call("POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [run_id]}}, "limit": 200})
+
+    def logs(self, run_id: str) -> list[dict]:
+        return self.call("POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "1", "HF_TOKEN": SECRET}
+    env.pop("PREFECT_API_URL", None)
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--port", str(port), "--nightly-config",
+                             str(tiny_config(home))], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    svc = Service(f"http://127.0.0.1:{port}", home)
+    deadline = time.monotonic() + 180
+    while True:  # up once every deployment is registered
+        try:
+            if len(svc.call("POST", "/deployments/filter", {})) == 5:
+                break
+        except (urllib.error.URLError, OSError):
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"embforge server did not come up:\n{(home / 'server.log').read_text()[-3000:]}")
+        time.sleep(1)
+    yield svc
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+
+def test_server_binds_loopback_only(service):
+    port = int(service.url.rsplit(":", 1)[1])
+    outside = [a for a in {i[4][0] for i in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+               if not a.startswith("127.")]
+    for address in outside:
+        with socket.socket() as s, pytest.raises(OSError):
+            s.settimeout(2)
+            s.connect((address, port))
+    assert service.call("GET", "/health") is True
+
+
+def test_deployments_have_typed_forms_and_reject_bad_parameters(service, tmp_path):
+    schema = service.deployment("pipeline/pipeline")["parameter_openapi_schema"]
+    form = schema["definitions"]["RunParams"]["properties"]
+    assert form["config"]["default"] == "configs/demo.yaml" and "Experiment YAML" in form["config"]["description"]
+    assert {"overrides", "store"} <= set(form)
+    assert "methods" in service.deployment("train/train")["parameter_openapi_schema"]["definitions"]["TrainParams"]["properties"]
+    assert "force" in service.deployment("evaluate/evaluate")["parameter_openapi_schema"]["definitions"]["EvaluateParams"]["properties"]
+    service.deployment("summarize/summarize")
+    nightly = service.deployment("evaluate/nightly")
+    assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]
+    assert nightly["schedules"][0]["schedule"]["timezone"]
+
+    # The server checks the form against the schema: no run is created.
+    with pytest.raises(urllib.error.HTTPError) as rejected:
+        service.start("pipeline/pipeline", config="experiment.txt")
+    assert rejected.value.code == 409 and "does not match" in rejected.value.read().decode()
+    # What only the flow can check fails the run before its first task, with the reason.
+    run = service.wait(service.start("pipeline/pipeline", config=str(tmp_path / "missing.yaml")))
+    assert run["state"]["type"] == "FAILED" and "config file not found" in run["state"]["message"]
+    config = tiny_config(tmp_path)
+    run = service.wait(service.start("pipeline/pipeline", config=str(config), overrides={"train.epochs": 0}))
+    assert run["state"]["type"] == "FAILED" and "train.epochs" in run["state"]["message"]
+    assert service.task_runs(run["id"]) == []
+
+
+def test_failed_evaluation_retried_continues_from_cached_stages(service, tmp_path):
+    broken = tmp_path / "sick.parquet"
+    pd.read_parquet(SICK).head(40).drop(columns=["score"]).to_parquet(broken)
+    mteb = {"local": [{"name": "SICK-R-40", "type": "sts", "path": str(broken)}], "max_length": 64}
+    config = tiny_config(tmp_path, evaluate={"mteb": mteb}, retries={"attempts": 1, "delay_s": 0})
+    run_id = service.start("pipeline/pipeline", config=str(config))
+    run = service.wait(run_id)
+    assert run["state"]["type"] == "FAILED" and "score" in run["state"]["message"]
+
+    pd.read_parquet(SICK).head(40).to_parquet(broken)  # the benchmark file is mended; retry the run
+    env = {**os.environ, "PREFECT_API_URL": service.api, "PREFECT_HOME": str(service.home)}
+    retry = subprocess.run([PREFECT, "flow-run", "retry", run_id], env=env, capture_output=True, text=True)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    run = service.wait(run_id)
+    assert run["state"]["type"] == "COMPLETED" and run["run_count"] == 2
+
+    first, second = {}, {}
+    for t in service.task_runs(run_id):
+        states = first if t["flow_run_run_count"] == 1 else second
+        states.setdefault(t["name"].split("[")[0], []).append(t["state"]["name"])
+    # The bad file is bad input: one attempt, no retries.
+    assert first["mteb"] == ["Failed"]
+    for stage in ("ingest", "sentences", "init", "pairs", "train"):
+        assert set(second[stage]) == {"Cached"}, (stage, second[stage])
+    assert set(first["train"]) == {"Completed"}
+    assert second["mteb"].count("Completed") == 3  # base, crops, dropout on the mended task
+    record = Catalog(ArtifactStore(tmp_path / "store")).query(
+        "SELECT status FROM runs WHERE run_id = ?", [run_id])
+    assert record == [{"status": "completed"}]
+
+
+def test_nightly_twice_scores_nothing_new_the_second_time(service, tmp_path):
+    config = tiny_config(tmp_path, evaluate={"mteb": {"local": [
+        {"name": "SICK-R-40", "type": "sts", "path": str(SICK), "limit": 40}], "max_length": 64}})
+    trained = service.wait(service.start("train/train", config=str(config)))
+    assert trained["state"]["type"] == "COMPLETED"
+    store = ArtifactStore(tmp_path / "store")
+    assert {r["method"] for r in Catalog(store).query("SELECT method FROM models")} == {"none", "crops", "dropout"}
+
+    def night(**params) -> tuple[dict, list[dict]]:
+        run = service.wait(service.start("evaluate/nightly", config=str(config), **params))
+        assert run["state"]["type"] == "COMPLETED", run["state"]["message"]
+        catalog = Catalog(store)
+        counts = catalog.query("SELECT status, count(*) AS n FROM score_changes WHERE run_id = ? GROUP BY ALL",
+                               [run["id"]])
+        return {r["status"]: r["n"] for r in counts}, catalog.query("SELECT * FROM metrics ORDER BY ALL")
+
+    first, scores = night()
+    assert set(first) == {"new"} and first["new"] > 0
+    second, again = night()
+    assert set(second) == {"unchanged"} and second["unchanged"] == first["new"]
+    assert again == scores  # the catalog rows are the same: nothing was scored again
+
+    # A new task is scored for every model; what was scored stays as it is.
+    twitter = {"name": "TwitterURL-40", "type": "pair_classification",
+               "path": str(REPO / "configs" / "data" / "twitter_url_test.parquet"), "limit": 40}
+    third, more = night(overrides={"evaluate.mteb.local": [
+        {"name": "SICK-R-40", "type": "sts", "path": str(SICK), "limit": 40}, twitter]})
+    assert third["new"] == 3 and third["unchanged"] == first["new"]
+    assert [r for r in more if r["metric"] != "TwitterURL-40"] == scores
+
+    forced, _ = night(force=True)
+    assert set(forced) == {"same"}  # scored again, same value, compared with what was there
+
+
+def test_artifacts_and_logs_hold_no_secret_or_outside_path(service, tmp_path):
+    run = service.wait(service.start("pipeline/pipeline", config=str(tiny_config(tmp_path))))
+    assert run["state"]["type"] == "COMPLETED"
+    artifacts = service.artifacts(run["id"])
+    assert {"table", "markdown", "progress"} <= {a["type"] for a in artifacts}
+    assert any(a["type"] == "progress" and a["data"] == 100 and "train" in a["description"] for a in artifacts)
+    store = str(ArtifactStore(tmp_path / "store").root)
+    texts = [json.dumps(a["data"]) + (a["description"] or "") for a in artifacts]
+    texts += [entry["message"] for entry in service.logs(run["id"])]
+    assert len(texts) > 20
+    for text in texts:
+        assert SECRET not in text
+        for path in re.findall(r"(?<![\w.:/])/[\w.-]+(?:/[\w.-]+)+", text):
+            assert path.startswith(store), f"absolute path outside the store: {path} in {text[:200]}"
