@@ -5,13 +5,10 @@ the deployments; runs created through the API as the UI creates them, retried wi
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -19,93 +16,10 @@ import pytest
 
 from storage import ArtifactStore, Catalog
 from tests.conftest import REPO, tiny_config
+from tests.flows.conftest import SECRET
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
-SECRET = "hf_embforge_test_secret_never_logged"
 SICK = REPO / "configs" / "data" / "sick_test.parquet"
-
-
-class Service:
-    """A started `embforge server`, and the REST calls the Prefect UI makes."""
-
-    def __init__(self, url: str, home: Path):
-        self.url, self.api, self.home = url, f"{url}/api", home
-
-    def call(self, method: str, path: str, body: dict | None = None, attempts: int = 5):
-        request = urllib.request.Request(f"{self.api}{path}", method=method,
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return json.load(response)
-        except urllib.error.HTTPError as e:
-            # A busy server's SQLite answers 503 now and then; Prefect's own client retries those too.
-            if e.code not in (429, 502, 503) or attempts == 1:
-                raise
-        time.sleep(2)
-        return self.call(method, path, body, attempts - 1)
-
-    def deployment(self, name: str) -> dict:
-        return self.call("GET", f"/deployments/name/{name}")
-
-    def start(self, name: str, **params) -> str:
-        run = self.call("POST", f"/deployments/{self.deployment(name)['id']}/create_flow_run",
-                        {"parameters": {"params": params}})
-        return run["id"]
-
-    def wait(self, run_id: str, timeout_s: float = 600) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            run = self.call("GET", f"/flow_runs/{run_id}")
-            if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-                return run
-            time.sleep(1)
-        raise TimeoutError(f"flow run {run_id} did not finish in {timeout_s} s")
-
-    def task_runs(self, run_id: str) -> list[dict]:
-        return self.call("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}, "limit": 200})
-
-    def artifacts(self, run_id: str) -> list[dict]:
-        return self.call("POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [run_id]}}, "limit": 200})
-
-    def logs(self, run_id: str) -> list[dict]:
-        return self.call("POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "1", "HF_TOKEN": SECRET}
-    env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--port", str(port), "--nightly-config",
-                             str(tiny_config(home))], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    svc = Service(f"http://127.0.0.1:{port}", home)
-    deadline = time.monotonic() + 180
-    while True:  # up once every deployment is registered
-        try:
-            if len(svc.call("POST", "/deployments/filter", {})) == 5:
-                break
-        except (urllib.error.URLError, OSError):
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"embforge server did not come up:\n{(home / 'server.log').read_text()[-3000:]}")
-        time.sleep(1)
-    yield svc
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    log.close()
 
 
 def test_server_binds_loopback_only(service):
