@@ -4,10 +4,12 @@ metrics artifact is shown, and save a screenshot (test-output/ui-finished-run.pn
 
 import re
 
+import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.conftest import REPO, tiny_config
 
+pytestmark = pytest.mark.slow  # a real server, flow runs in subprocesses: minutes
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags Chromium keeps dialling out, which this closed network refuses.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

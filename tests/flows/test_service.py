@@ -18,6 +18,7 @@ from storage import ArtifactStore, Catalog
 from tests.conftest import REPO, tiny_config
 from tests.flows.conftest import SECRET
 
+pytestmark = pytest.mark.slow  # a real server, flow runs in subprocesses: minutes
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 SICK = REPO / "configs" / "data" / "sick_test.parquet"
 

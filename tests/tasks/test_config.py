@@ -71,3 +71,16 @@ def test_method_overrides_apply_to_that_method_only(tmp_path):
     assert (tsdae.lr, tsdae.batch_size, tsdae.schedule) == (3e-5, 8, "constant")
     assert cfg.model.pretrain.data.path == str(tmp_path / "generic.parquet")
     assert cfg.model.pretrain.method.default_mask_ratio == 0.3
+
+
+def test_overrides_are_validated_like_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndata: {path: docs.parquet}\n")
+    cfg = load_config(path, {"train.epochs": 3, "evaluate.knn.k": 5, "name": "y"})
+    assert (cfg.train.epochs, cfg.evaluate.knn.k, cfg.name) == (3, 5, "y")
+    with pytest.raises(ConfigError, match=r"c.yaml: train.epochs: Input should be greater than or equal to 1"):
+        load_config(path, {"train.epochs": 0})
+    with pytest.raises(ConfigError, match=r"c.yaml: train.nope: Extra inputs are not permitted"):
+        load_config(path, {"train.nope": 1})
+    with pytest.raises(ConfigError, match=r"override name.first: name is not a section"):
+        load_config(path, {"name.first": 1})
