@@ -1,4 +1,6 @@
-"""The `pipeline` flow: ingest → sentences → [summaries] → [stage 1] → views → train → evaluate → report.
+"""The `pipeline` flow: ingest → sentences → [summaries] → [stage 1] → views → train → evaluate → report,
+and its parts as flows of their own: `train` (no evaluation) and `summarize` (flows/evaluate.py
+scores registered models).
 
 It only composes: each stage is a cached Prefect task (tasks/), artifacts are passed as small
 references, and a run record in the store says which artifact every stage used and whether
