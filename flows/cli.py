@@ -128,11 +128,15 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _served_store(args: argparse.Namespace) -> None:
+    if args.store:
+        os.environ["EMBFORGE_STORE"] = args.store  # the served flow runs inherit it
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     from flows import server
 
-    if args.store:
-        os.environ["EMBFORGE_STORE"] = args.store  # the served flow runs inherit it
+    _served_store(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         console.print(f"[yellow]warning:[/yellow] the Prefect API has no authentication; {args.host} "
                       "exposes it beyond this machine")
@@ -142,8 +146,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from flows import server
 
-    if args.store:
-        os.environ["EMBFORGE_STORE"] = args.store
+    _served_store(args)
     server.serve_deployments(args.nightly_config, args.cron, args.timezone)
     return 0
 

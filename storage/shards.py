@@ -18,6 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    """Write to a temp file beside `path`, then rename: readers see the whole file or none."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
 class ShardPool:
     def __init__(self, folder: Path):
         self.folder = folder
@@ -35,7 +42,5 @@ class ShardPool:
         # The name sorts by time, so `read` returns rows in the order they were made.
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
         final = self.folder / f"shard-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
-        tmp = self.folder / f".{final.name}.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, final)
+        write_parquet_atomic(table, final)
         return final

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.shards import ShardPool
+from storage.shards import ShardPool, write_parquet_atomic
 
 MANIFEST = "manifest.json"
 
@@ -161,17 +161,16 @@ class ArtifactStore:
         """Drop Prefect's cache record for `key` (Prefect names the record file after the key)."""
         (self.prefect_cache / key).unlink(missing_ok=True)
 
-    def write_run(self, run_id: str, record: dict) -> None:
+    def _runs(self) -> Path:
         runs = self.root / "runs"
         runs.mkdir(parents=True, exist_ok=True)
-        _write_json_atomic(runs / f"{run_id}.json", record)
+        return runs
+
+    def write_run(self, run_id: str, record: dict) -> None:
+        _write_json_atomic(self._runs() / f"{run_id}.json", record)
 
     def write_run_table(self, run_id: str, name: str, table: pa.Table) -> None:
-        runs = self.root / "runs"
-        runs.mkdir(parents=True, exist_ok=True)
-        tmp = runs / f".{run_id}.{name}.{uuid.uuid4().hex}.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, runs / f"{run_id}.{name}.parquet")
+        write_parquet_atomic(table, self._runs() / f"{run_id}.{name}.parquet")
 
 
 class ArtifactWriter:
