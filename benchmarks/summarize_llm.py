@@ -66,7 +66,7 @@ def workload(model_dir: str, documents: int) -> tuple[list[str], list[str]]:
 
     from tasks.config import SEMCSE_PROMPTS
     from tasks.llm import prompt_prefix
-    from tasks.summaries import build_prompt
+    from tasks.summarize import build_prompt
 
     docs = pd.read_parquet(DATA, columns=["title", "text"]).head(documents + 1).to_dict("records")
     if len(docs) <= documents:
@@ -108,11 +108,12 @@ def prepare_model(store_root: Path) -> tuple[str, float]:
     """The converted model folder (the `llm` stage's artifact, built once per store)."""
     from storage import ArtifactStore
     from tasks.llm import LLM, LlmJob, llm_folder
+    from tasks.stage import NoInputs
 
     start = time.perf_counter()
     store = ArtifactStore(store_root)
-    ref = LLM.run(store, LlmJob(source=SOURCE), [])
-    return llm_folder(store, [ref], SOURCE), time.perf_counter() - start
+    ref = LLM.run(store, LlmJob(source=SOURCE), NoInputs())
+    return llm_folder(store, ref, SOURCE), time.perf_counter() - start
 
 
 def run_row(row: str, model_dir: str, documents: int, verbose: bool) -> dict:

@@ -42,12 +42,12 @@ try:  # the new home of the losses; `sentence_transformers.losses` is deprecated
 except ImportError:
     from sentence_transformers.losses import MultipleNegativesRankingLoss
 
-from tasks.config import RECIPES, MethodConfig, RandomInitConfig, SentenceConfig, TrainConfig
-from tasks.methods.recipes import build_objective, pooling_for
+from tasks.config import MethodConfig, RandomInitConfig, SentenceConfig, TrainConfig
+from tasks.methods.recipes import RECIPES, build_objective, pooling_for
 from tasks.methods.training import Checkpoints, train_model
-from tasks.models import InitConfig, pick_device, save_random_encoder, sentence_model
+from tasks.models import pick_device, save_random_encoder, sentence_model
 from tasks.sentences import sentence_table
-from tasks.views import PairsConfig, crops_by_document, draw_pairs
+from tasks.pairs import PairsConfig, crops_by_document, draw_pairs
 
 DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 WARMUP = 1  # untimed first step of each side
@@ -68,7 +68,7 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: list[tuple
     """End time of every training step of `recipe` through embforge's loop."""
     model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg))
     stamps: list[float] = []
-    train_model(build_objective(model, recipe, cfg), [rows], cfg, Checkpoints(work / f"ckpt-{recipe}"),
+    train_model(build_objective(model, recipe, cfg, MethodConfig(name=recipe, recipe=recipe).resolved_mask_ratio), [rows], cfg, Checkpoints(work / f"ckpt-{recipe}"),
                 on_step=lambda _: stamps.append(time.perf_counter()))
     return stamps
 
@@ -114,9 +114,8 @@ def main() -> None:
     pairs = demo_rows("crops", total * args.batch_size)
     model_path = args.model
     if args.random_init:
-        init = RandomInitConfig()
         model_path = str(work / "init")
-        save_random_encoder(args.model, InitConfig(tokenizer=args.model, **init.model_dump()), Path(model_path))
+        save_random_encoder(args.model, RandomInitConfig(), Path(model_path))
     cfg = TrainConfig(batch_size=args.batch_size, lr=lr, max_length=args.max_length,
                       checkpoint_every=10**9, temperature=0.05, device=device)
     # embforge warms up over 10% of one epoch (at least 1 step); ST gets the same number of steps

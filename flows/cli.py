@@ -9,11 +9,13 @@ import os
 import sys
 
 import duckdb
+import yaml
 from rich.console import Console
 from rich.table import Table
 
 from storage import ArtifactStore, Catalog
 from storage.catalog import SCORE_STAGES
+from storage.store import open_store
 from tasks.config import ConfigError, InputError, load_config
 from tasks.report import comparison_table, long_rows, to_markdown
 
@@ -22,13 +24,22 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _store(args: argparse.Namespace) -> ArtifactStore:
-    if args.store:
-        return ArtifactStore(args.store)
-    if os.environ.get("EMBFORGE_STORE"):
-        return ArtifactStore(os.environ["EMBFORGE_STORE"])
-    if getattr(args, "config", None):
-        return ArtifactStore(load_config(args.config).store)
-    return ArtifactStore("embforge-store")
+    return open_store(args.store, load_config(args.config).store if getattr(args, "config", None) else None)
+
+
+def overrides(settings: list[str]) -> dict:
+    """`--set train.epochs=2` → {"train.epochs": 2}: values are YAML, so numbers, booleans, lists
+    and null mean what they mean in the config file."""
+    parsed = {}
+    for setting in settings:
+        field, sep, value = setting.partition("=")
+        if not sep or not field.strip():
+            raise ConfigError(f"--set {setting}: expected FIELD=VALUE, e.g. --set train.epochs=2")
+        try:
+            parsed[field.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {setting}: the value is not valid YAML: {e}") from None
+    return parsed
 
 
 def _print_table(title: str, rows: list[dict]) -> None:
@@ -49,16 +60,24 @@ def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)  # fail on a bad config before Prefect starts
+    changes = overrides(args.set)
+    cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
     from flows.params import RunParams
     from flows.pipeline import pipeline  # Prefect is slow to import: only when running
 
-    store = _store(args)
-    state = pipeline(RunParams(config=args.config, store=str(store.root)), return_state=True)
+    store = open_store(args.store, cfg.store)
+    params = RunParams(config=args.config, overrides=changes, store=str(store.root),
+                       rebuild_stale_versions=args.rebuild_stale_versions)
+    state = pipeline(params, return_state=True)
     state.result()  # raises the run's own error, e.g. an InputError naming the bad row
     run_id = str(state.state_details.flow_run_id)
     catalog = Catalog(store)
     _print_table(f"{cfg.name} (run {run_id})", comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
+    stale = catalog.query("SELECT stage, label, key, version_changes FROM run_stages WHERE run_id = ? "
+                          "AND state = 'Cached' AND version_changes IS NOT NULL ORDER BY position", [run_id])
+    if stale:
+        _print_table("cached artifacts built with other library versions (--rebuild-stale-versions rebuilds them)",
+                     stale)
     console.print(f"artifacts in {store.root}; query them with `embforge sql` or DuckDB")
     return 0
 
@@ -174,35 +193,41 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="embforge", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    def add(name: str, fn, help: str) -> argparse.ArgumentParser:
+    def add(name: str, fn, help: str, config: str | None = "option") -> argparse.ArgumentParser:
+        """A command with `--store`, and its config as a positional argument, an option or none."""
         sp = sub.add_parser(name, help=help, description=help)
         sp.add_argument("--store", help="artifact store folder (default: EMBFORGE_STORE, the config's "
                         "`store`, or ./embforge-store)")
+        if config == "positional":
+            sp.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
+        elif config == "option":
+            sp.add_argument("--config", help="take the store from this config")
         sp.set_defaults(fn=fn)
         return sp
 
-    run = add("run", cmd_run, "run an experiment config through the pipeline flow")
-    run.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
+    run = add("run", cmd_run, "run an experiment config through the pipeline flow", config="positional")
+    run.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                     help="change a config field for this run, e.g. --set train.epochs=2 --set "
+                     "methods.0.train.lr=1e-4 (YAML values, checked like the file; repeatable)")
+    run.add_argument("--rebuild-stale-versions", action="store_true",
+                     help="rebuild cached artifacts built with other versions of torch, transformers, "
+                     "sentence-transformers, mteb or vllm (by default they are reused and listed)")
     report = add("report", cmd_report, "show the task × model table of a run, or of the latest scores "
                  "matching filters")
     report.add_argument("--run", help="run id (default: the latest run)")
-    report.add_argument("--config", help="take the store from this config")
     report.add_argument("--json", action="store_true", help="one JSON object per score and model")
     report.add_argument("--markdown", action="store_true", help="the table as Markdown")
     report.add_argument("--dataset", help="latest scores of every model evaluated on this dataset")
     report.add_argument("--method", help="... trained with this recipe (none = base, reference = yardsticks)")
     report.add_argument("--since", help="... from runs started on or after this date (YYYY-MM-DD)")
-    runs = add("runs", cmd_runs, "list pipeline runs")
-    runs.add_argument("--config", help="take the store from this config")
+    add("runs", cmd_runs, "list pipeline runs")
     artifacts = add("artifacts", cmd_artifacts, "list finished artifacts")
     artifacts.add_argument("--stage", help="only this stage (ingest, sentences, pairs, train, ...)")
-    artifacts.add_argument("--config", help="take the store from this config")
-    models = add("models", cmd_models, "list registered models")
-    models.add_argument("--config", help="take the store from this config")
+    add("models", cmd_models, "list registered models")
     for name, fn, help in (
             ("server", cmd_server, "start a local Prefect server with its UI and serve embforge's deployments"),
             ("serve", cmd_serve, "serve embforge's deployments against the Prefect server at PREFECT_API_URL")):
-        sp = add(name, fn, help)
+        sp = add(name, fn, help, config=None)
         if name == "server":
             sp.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
             sp.add_argument("--port", type=int, default=4200, help="port of the UI and API (default 4200)")
@@ -213,7 +238,6 @@ def parser() -> argparse.ArgumentParser:
     sql = add("sql", cmd_sql, "run a SQL query on the catalog views (runs, run_stages, artifacts, "
               "metrics, run_metrics)")
     sql.add_argument("query")
-    sql.add_argument("--config", help="take the store from this config")
     return p
 
 

@@ -26,6 +26,9 @@ class RunParams(BaseModel):
                                       '{"train.epochs": 2, "data.limit": 500}. Checked like the YAML.')
     store: str | None = Field(None, description="Artifact store folder. Empty: EMBFORGE_STORE, else the "
                               "config's `store`.")
+    rebuild_stale_versions: bool = Field(False, description="Rebuild cached artifacts that were built with "
+                                         "other versions of torch, transformers, sentence-transformers, mteb "
+                                         "or vllm (by default they are reused and reported).")
 
     @field_validator("config")
     @classmethod

@@ -21,7 +21,7 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.evaluate import evaluate
+from flows.evaluate_registered import evaluate
 from flows.pipeline import pipeline, summarize, train
 
 NIGHTLY_CRON = "0 3 * * *"

@@ -115,7 +115,8 @@ class Catalog:
         self.con.execute("""
             CREATE VIEW run_stages AS
             SELECT r.run_id, r.started_at, t.i AS position, s->>'stage' AS stage, s->>'label' AS label,
-                   s->>'method' AS method, s->>'key' AS key, s->>'state' AS state
+                   s->>'method' AS method, s->>'key' AS key, s->>'state' AS state,
+                   s->'version_changes' AS version_changes
             FROM runs r, range(json_array_length(r.stages)::BIGINT) AS t(i),
                  LATERAL (SELECT r.stages->(t.i::INTEGER) AS s)
             ORDER BY r.started_at, position""")

@@ -21,6 +21,7 @@ half-written artifact that a later run could mistake for a finished one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -47,6 +48,11 @@ class ArtifactRef:
     stage: str
     key: str
 
+    @property
+    def address(self) -> str:
+        """`stage/key`: how run records and the catalog name an artifact."""
+        return f"{self.stage}/{self.key}"
+
 
 def stable_hash(*parts: Any) -> str:
     """Hash JSON-serialisable parts in a way that does not depend on dict order."""
@@ -55,13 +61,22 @@ def stable_hash(*parts: Any) -> str:
 
 
 def file_digest(path: str | Path) -> str:
-    """Content hash of a file, or of every file below a folder (names included)."""
-    path = Path(path)
+    """Content hash of a file, or of every file below a folder (names included). Memoised by the
+    files' (name, size, mtime), so a run hashes a large model folder once, not once per stage key."""
+    path = Path(path).resolve()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]
+    stats = tuple((name, f.stat().st_size, f.stat().st_mtime_ns) for name, f in zip(names, files))
+    return _digest(str(path), stats)
+
+
+@functools.lru_cache(maxsize=1024)
+def _digest(root: str, stats: tuple[tuple[str, int, int], ...]) -> str:
+    base = Path(root)
     h = hashlib.sha256()
-    for f in files:
-        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
-        with open(f, "rb") as fh:
+    for name, _, _ in stats:
+        h.update(name.encode())
+        with open(base / name if base.is_dir() else base, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()[:20]
@@ -75,6 +90,15 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     os.replace(tmp, path)
+
+
+DEFAULT_STORE = "embforge-store"
+
+
+def open_store(flag: str | None, configured: str | None = None) -> ArtifactStore:
+    """The store a command or flow uses: the flag (`--store`, a flow's `store`), else EMBFORGE_STORE,
+    else the config's `store`, else ./embforge-store."""
+    return ArtifactStore(flag or os.environ.get("EMBFORGE_STORE") or configured or DEFAULT_STORE)
 
 
 class ArtifactStore:
@@ -95,12 +119,12 @@ class ArtifactStore:
 
     def read_table(self, ref: ArtifactRef, name: str) -> pa.Table:
         if not self.exists(ref):
-            raise FileNotFoundError(f"artifact {ref.stage}/{ref.key} is not in the store {self.root}")
+            raise FileNotFoundError(f"artifact {ref.address} is not in the store {self.root}")
         return pq.read_table(self.path(ref) / f"{name}.parquet")
 
     @contextlib.contextmanager
-    def writing(self, ref: ArtifactRef, *, config: Any, inputs: list[ArtifactRef] | list[str],
-                code_version: str) -> Iterator["ArtifactWriter"]:
+    def writing(self, ref: ArtifactRef, *, config: Any, inputs: list[ArtifactRef], code_version: str,
+                libraries: dict[str, str | None]) -> Iterator[ArtifactWriter]:
         """Write an artifact into a temp folder; publish it atomically when the block succeeds."""
         tmp = self.root / ".tmp" / f"{ref.stage}-{ref.key}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
@@ -111,9 +135,10 @@ class ArtifactStore:
             manifest = {
                 "stage": ref.stage,
                 "key": ref.key,
-                "inputs": [i.key if isinstance(i, ArtifactRef) else i for i in inputs],
+                "inputs": [i.key for i in inputs],
                 "config": config,
                 "code_version": code_version,
+                "libraries": libraries,
                 "rows": writer.rows,
                 "files": sorted(p.name for p in tmp.iterdir()),
                 "extra": writer.extra,

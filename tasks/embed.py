@@ -5,15 +5,14 @@ however many metrics, reports or later runs use it. One forward pass gives every
 layer and all three poolings (mean, CLS, SEP), so the layer-wise curves and a recipe's own pooling
 come from the same artifact.
 
-Inputs: the documents artifact (text set = its `text` column) or, with `pairs_path`, nothing but
-the model (text set = sentence1 rows then sentence2 rows of that file); then the train or init
-artifact holding the model, if any. Output `embeddings.parquet`: row, layer, mean, cls, sep.
+Inputs: `documents` (text set = its `text` column), or none with `pairs_path` (text set =
+sentence1 rows then sentence2 rows of that file); `model`, the train or init artifact holding the
+model, if any. Output `embeddings.parquet`: row, layer, mean, cls, sep.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Literal
 
 import numpy as np
@@ -25,9 +24,8 @@ from storage import ArtifactRef, ArtifactStore, file_digest
 from storage.store import ArtifactWriter
 from tasks import encode, ingest
 from tasks.config import Section
-from tasks.models import model_identity
+from tasks.models import ModelInputs, model_identity
 from tasks.stage import Stage
-from tasks.train import model_path
 
 
 class EmbedJob(Section):
@@ -46,18 +44,21 @@ def _vectors(x: np.ndarray) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
 
 
-def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: list[ArtifactRef],
+class EmbedInputs(ModelInputs):
+    documents: ArtifactRef | None = None  # None: the texts of job.pairs_path
+
+
+def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
                      out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     if job.pairs_path:
         pairs = ingest.read_pairs(job.pairs_path, job.split)
-        texts, trained = pairs["sentence1"].tolist() + pairs["sentence2"].tolist(), inputs
+        texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
     else:
-        docs_ref, *trained = inputs
-        texts = store.read_table(docs_ref, "documents")["text"].to_pylist()
-    encoder = encode.PooledEncoder(model_path(store, trained[0]) if trained else job.model, job.device)
+        texts = store.read_table(inputs.documents, "documents")["text"].to_pylist()
+    encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device)
     layers = list(range(encoder.n_layers + 1)) if job.layers == "all" else [encoder.n_layers]
-    log.info("embed: %d texts, %d layer(s), max length %d", len(texts), len(layers), job.max_length)
-    emb = encoder.encode_layers(texts, job.max_length, job.batch_size, layers, desc=f"embed {ref.key[:8]}")
+    log.info("%d texts, %d layer(s), max length %d", len(texts), len(layers), job.max_length)
+    emb = encoder.encode_layers(texts, job.max_length, job.batch_size, layers)
     tables = [pa.table({"row": pa.array(np.arange(len(texts), dtype=np.int32)),
                         "layer": pa.array(np.full(len(texts), layer, dtype=np.int16)),
                         **{p: _vectors(emb[i, j]) for j, p in enumerate(encode.POOLINGS)}})
@@ -84,4 +85,4 @@ def _key_material(job: EmbedJob) -> list:
             file_digest(job.pairs_path) if job.pairs_path else None]
 
 
-EMBED = Stage("embed", build_embeddings, code=(sys.modules[__name__], encode, ingest), extra_key=_key_material)
+EMBED = Stage("embed", build_embeddings, extra_key=_key_material)

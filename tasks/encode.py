@@ -43,14 +43,14 @@ class PooledEncoder:
         return self.model.config.num_hidden_layers
 
     def encode_layers(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
-                      layers: list[int] | None = None, desc: str = "encode") -> np.ndarray:
+                      layers: list[int] | None = None) -> np.ndarray:
         """Embeddings of shape (len(layers), len(POOLINGS), len(texts), hidden); layers default to the last."""
         layers = [self.n_layers] if layers is None else layers
         # Longest first, so texts of similar length share a batch and little padding is computed.
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.empty((len(layers), len(POOLINGS), len(texts), self.model.config.hidden_size), dtype=np.float32)
-        with torch.inference_mode(), StageProgress(desc, len(texts), "texts") as progress:
-            for start in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", mininterval=5):
+        with torch.inference_mode(), StageProgress(len(texts), "texts") as progress:
+            for start in tqdm(range(0, len(texts), batch_size), desc=progress.label, unit="batch", mininterval=5):
                 idx = order[start : start + batch_size]
                 batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
                                        max_length=max_length, return_tensors="pt").to(self.model.device)

@@ -1,8 +1,9 @@
 """Evaluate one model on the labelled documents: kNN accuracy (also layer-wise), STS Spearman,
 embedding geometry, a t-SNE map and the learning curve.
 
-Inputs, in order: the documents artifact; the documents' embed artifact; the STS pairs' embed
-artifact when `sts` is set; the train or init artifact holding the model, if any. The vectors come
+Inputs: `documents`; `embeddings` (the documents' embed artifact); `sts_embeddings` (the STS
+pairs' embed artifact) when `sts` is set; `model`, the train or init artifact holding the model,
+if any (its learning curve is reported). The vectors come
 from the embeddings cache (tasks/embed.py), so nothing is encoded here. Output `metrics.parquet`
 (storage.METRICS_SCHEMA, one row per score) and PNG pictures next to it.
 """
@@ -10,7 +11,6 @@ from the embeddings cache (tasks/embed.py), so nothing is encoded here. Output `
 from __future__ import annotations
 
 import logging
-import sys
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,7 @@ from tasks import embed, ingest, plots
 from tasks.config import KnnConfig, Section, StsConfig
 from tasks.encode import POOLINGS
 from tasks.metrics import geometry, knn, sts
+from tasks.models import ModelInputs
 from tasks.stage import Stage
 
 PICTURES = {"tsne": "tsne.png", "layerwise": "layerwise.png", "learning_curve": "learning_curve.png"}
@@ -80,19 +81,23 @@ def learning_curve_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> 
             for s, a in zip(steps["step"], steps["knn_accuracy"])]
 
 
-def build_metrics(store: ArtifactStore, job: EvalJob, inputs: list[ArtifactRef],
+class EvaluateInputs(ModelInputs):
+    documents: ArtifactRef
+    embeddings: ArtifactRef
+    sts_embeddings: ArtifactRef | None = None
+
+
+def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
                   out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs_ref, docs_emb, *rest = inputs
-    sts_emb = rest.pop(0) if job.sts else None
-    model_ref = rest[0] if rest else None
+    docs_emb = inputs.embeddings
     last = max(embed.embedded_layers(store, docs_emb))
-    docs = store.read_table(docs_ref, "documents").to_pandas()
+    docs = store.read_table(inputs.documents, "documents").to_pandas()
     labelled = np.flatnonzero(docs["label"].notna().to_numpy())
     labels = docs["label"].iloc[labelled].tolist()
     x = embed.read_embeddings(store, docs_emb, job.pooling, last)
     rows = []
     if job.knn and len(labelled) < 2 * job.knn.k:
-        log.warning("evaluate: only %d labelled documents, kNN accuracy skipped", len(labelled))
+        log.warning("only %d labelled documents, kNN accuracy skipped", len(labelled))
     elif job.knn:
         rows += knn_rows(x[labelled], labels, job.knn, job.knn_holdout)
         if job.layerwise:
@@ -100,7 +105,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: list[ArtifactRef],
     pos_a = pos_b = None
     if job.sts:
         pairs = ingest.read_pairs(job.sts.path, job.sts.split)
-        s = embed.read_embeddings(store, sts_emb, job.pooling)
+        s = embed.read_embeddings(store, inputs.sts_embeddings, job.pooling)
         a, b = s[: len(pairs)], s[len(pairs) :]
         rows.append(dict(metric="sts_spearman", value=sts.sts_spearman(a, b, pairs["score"].to_numpy()),
                          n=len(pairs), repeats=1, split=job.sts.split))
@@ -108,17 +113,16 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: list[ArtifactRef],
         pos_a, pos_b = a[positive], b[positive]
     if job.geometry:
         rows += geometry.geometry_rows(x, pos_a, pos_b)
-    rows += learning_curve_rows(store, model_ref)
-    source = f"{model_ref.stage}/{model_ref.key}" if model_ref else job.model
+    rows += learning_curve_rows(store, inputs.model)
     for row in rows:  # the headline rows are the model's own pooling on its last layer
         row.setdefault("layer", last)
         row.setdefault("pooling", job.pooling)
-    table = metrics_table(rows, key=ref.key, model=source, dataset=job.dataset, status="ok")
+    table = metrics_table(rows, key=ref.key, model=inputs.model_name(job.model), dataset=job.dataset, status="ok")
     out.write_table("metrics", table)
     draw_pictures(job, x[labelled], labels, table.to_pandas(), out)
     for r in rows:
         if r["metric"] not in CURVES:
-            log.info("evaluate %s: %s = %.4f%s", job.label, r["metric"], r["value"],
+            log.info("%s = %.4f%s", r["metric"], r["value"],
                      f" ± {r['std']:.4f}" if r.get("std") is not None else "")
 
 
@@ -137,4 +141,4 @@ def draw_pictures(job: EvalJob, x: np.ndarray, labels: list[str], metrics: pd.Da
 
 
 # The STS file's digest is part of its embed artifact's key, an input of this stage.
-EVALUATE = Stage("evaluate", build_metrics, code=(sys.modules[__name__], embed, ingest, plots, knn, sts, geometry))
+EVALUATE = Stage("evaluate", build_metrics)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +17,7 @@ import pyarrow as pa
 from storage import ArtifactRef, ArtifactStore, file_digest
 from storage.store import ArtifactWriter
 from tasks.config import DataConfig, InputError
-from tasks.stage import Stage
+from tasks.stage import NoInputs, Stage
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 COLUMNS = ["doc_id", "title", "text", "label", "split"]
@@ -151,13 +150,13 @@ def _data_digest(cfg: DataConfig) -> str | None:
     return file_digest(local) if Path(local).exists() else None
 
 
-def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: list[ArtifactRef],
+def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     docs = load_documents(cfg)
     schema = pa.schema([(c, pa.string()) for c in COLUMNS])
     out.write_table("documents", pa.Table.from_pandas(docs[COLUMNS], schema=schema, preserve_index=False))
     out.extra.update(dataset=cfg.display_name, labelled=int(docs["label"].notna().sum()))
-    log.info("ingest: %d documents (%d labelled) from %s", len(docs), out.extra["labelled"], cfg.display_name)
+    log.info("%d documents (%d labelled) from %s", len(docs), out.extra["labelled"], cfg.display_name)
 
 
-INGEST = Stage("ingest", build_documents, code=(sys.modules[__name__],), extra_key=_data_digest)
+INGEST = Stage("ingest", build_documents, extra_key=_data_digest)

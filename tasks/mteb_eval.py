@@ -58,7 +58,7 @@ from mteb.models import SentenceTransformerEncoderWrapper
 from sentence_transformers import SentenceTransformer, models
 
 from storage import file_digest, stable_hash
-from tasks.config import InputError, LocalTaskConfig, MtebConfig
+from tasks.config import InputError, LocalTaskConfig, MtebSettings
 from tasks.ingest import read_pairs, read_table, rows_of_split
 from tasks.models import POOLING_MODES, pick_device, resolve_model
 
@@ -224,7 +224,7 @@ def load_hub_data(task: AbsTask) -> None:
 # ---------------------------------------------------------------- evaluation
 
 
-def mteb_encoder(model: str, pooling: str, cfg: MtebConfig, device: str) -> SentenceTransformerEncoderWrapper:
+def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str) -> SentenceTransformerEncoderWrapper:
     transformer = models.Transformer(resolve_model(model), max_seq_length=cfg.max_length)
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device))
@@ -259,14 +259,14 @@ def evaluated_items(task: AbsTask, split: str, subset: str) -> int:
     return len(data)
 
 
-def row(cfg: MtebConfig, name: str, **fields) -> dict:
+def row(cfg: MtebSettings, name: str, **fields) -> dict:
     base = dict(metric=name, value=None, std=None, n=None, repeats=1, split=None, task_type=None,
                 revision=None, mteb_version=mteb.__version__, main_score=None, subset=None,
                 dtype=cfg.dtype, batch_size=cfg.batch_size, max_length=cfg.max_length, status="ok", note=None)
     return base | fields
 
 
-def evaluate_mteb(model: str, pooling: str, cfg: MtebConfig, task: str | LocalTaskConfig, device: str,
+def evaluate_mteb(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskConfig, device: str,
                   cache_dir: Path, log: logging.Logger) -> list[dict]:
     """Score one model on one MTEB task (a Hub task name or a local task): one row per split and
     subset, or one `skipped` row when the task cannot run here."""
@@ -282,7 +282,7 @@ def evaluate_mteb(model: str, pooling: str, cfg: MtebConfig, task: str | LocalTa
             mteb_task = LOCAL_TASKS[task.type](task)
             mteb_task.load_data()
     except Skipped as e:
-        log.warning("mteb: skipped %s: %s", name, e)
+        log.warning("skipped %s: %s", name, e)
         known = {} if mteb_task is None else dict(
             task_type=task_type(mteb_task), main_score=mteb_task.metadata.main_score,
             revision=mteb_task.metadata.revision, split=",".join(mteb_task.eval_splits))
@@ -297,6 +297,6 @@ def evaluate_mteb(model: str, pooling: str, cfg: MtebConfig, task: str | LocalTa
                 revision=result.dataset_revision, main_score=main_score)
             for split, per_subset in result.scores.items() for scores in per_subset]
     for r in rows:
-        log.info("mteb %s: %s %s/%s %s = %.4f (n=%s)", model, name, r["split"], r["subset"], main_score,
+        log.info("%s %s/%s %s = %.4f (n=%s)", name, r["split"], r["subset"], main_score,
                  r["value"], r["n"])
     return rows

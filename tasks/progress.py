@@ -1,7 +1,8 @@
 """How far a long stage is, as a progress artifact on its Prefect task run (seen in the Prefect UI).
 
 Outside a Prefect task run (plain scripts, tests) a `StageProgress` only counts, so the training
-loop, the encoder and summary generation keep running without Prefect.
+loop, the encoder and summary generation keep running without Prefect. It is named after the stage
+being built (`embed[crops]`, set by Stage.run), so the UI says which model or recipe it is about.
 """
 
 from __future__ import annotations
@@ -9,12 +10,16 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextvars import ContextVar
 
 log = logging.getLogger("embforge.progress")
 
+# What is being built, e.g. ("embed[crops]", its key): set by Stage.run around a build.
+current_stage: ContextVar[tuple[str, str]] = ContextVar("current_stage", default=("", ""))
+
 
 class StageProgress:
-    """`done` of `total` `unit` of the current Prefect task run, e.g. "train: 120 of 400 steps".
+    """`done` of `total` `unit` of the current stage, e.g. "train[crops]: 120 of 400 steps · 3f9a1c2e".
 
     The artifact shows what was sent last: on a failure it stays at the last value, not at 100.
     """
@@ -22,8 +27,10 @@ class StageProgress:
     # Each update is an HTTP call to the Prefect API, and a training step can take milliseconds.
     min_interval_s = 2.0
 
-    def __init__(self, label: str, total: int, unit: str, done: int = 0):
-        self.label, self.total, self.unit, self.done = label, total, unit, done
+    def __init__(self, total: int, unit: str, done: int = 0):
+        self.total, self.unit, self.done = total, unit, done
+        self.label, self.key = current_stage.get()
+        self.label = self.label or "progress"
         self._artifact_id = None
         # A task run implies Prefect is loaded: plain scripts do not pay its import (~1.5 s).
         context = sys.modules.get("prefect.context")
@@ -37,7 +44,7 @@ class StageProgress:
 
     @property
     def description(self) -> str:
-        return f"{self.label}: {self.done} of {self.total} {self.unit}"
+        return f"{self.label}: {self.done} of {self.total} {self.unit}" + (f" · {self.key[:8]}" if self.key else "")
 
     def advance(self, n: int = 1) -> None:
         self.update(self.done + n)

@@ -11,17 +11,20 @@ long form), `report.md` (tables and pictures) and the combined layer-wise and le
 from __future__ import annotations
 
 import logging
-import sys
+import posixpath
+import re
 
 import pandas as pd
 import pyarrow as pa
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from storage import ArtifactRef, ArtifactStore, Catalog
 from storage.store import ArtifactWriter
 from tasks import plots
 from tasks.config import Section
 from tasks.evaluate import CURVES, PICTURES
-from tasks.stage import Stage
+from tasks.stage import Inputs, Stage
 
 LEGEND = {
     "knn_accuracy": "kNN accuracy (k=10, Euclidean, raw embeddings with the model's pooling) on the "
@@ -74,7 +77,6 @@ CURVE_SQL = f"SELECT model, metric, layer, pooling, step, value FROM scores WHER
 class ReportEntry(Section):
     label: str
     method: str
-    scores: int = 1  # how many of the report's inputs (evaluate, then mteb artifacts) are this model's
 
 
 class ReportJob(Section):
@@ -82,13 +84,14 @@ class ReportJob(Section):
     entries: list[ReportEntry]
 
 
-def entries_for(job: ReportJob, inputs: list[ArtifactRef]) -> list[dict]:
+class ReportInputs(Inputs):
+    scores: dict[str, list[ArtifactRef]]  # model label → its evaluate, semantic and mteb artifacts
+
+
+def entries_for(job: ReportJob, inputs: ReportInputs) -> list[dict]:
     """One row per (model, score artifact), in the report's model order."""
-    rows, i = [], 0
-    for entry in job.entries:
-        rows += [dict(label=entry.label, method=entry.method, key=ref.key) for ref in inputs[i : i + entry.scores]]
-        i += entry.scores
-    return rows
+    return [dict(label=entry.label, method=entry.method, key=ref.key)
+            for entry in job.entries for ref in inputs.scores[entry.label]]
 
 
 def _load(catalog: Catalog, entries: list[dict]) -> Catalog:
@@ -176,12 +179,13 @@ def tsne_pictures(store: ArtifactStore, entries: list[dict]) -> list[tuple[str, 
     """Links, relative to a report folder, to each model's t-SNE map."""
     found = []
     for e in entries:
-        if (store.root / "artifacts" / "evaluate" / e["key"] / PICTURES["tsne"]).is_file():
-            found.append((f"t-SNE: {e['label']}", f"../../evaluate/{e['key']}/{PICTURES['tsne']}"))
+        scores = ArtifactRef("evaluate", e["key"])
+        if (store.path(scores) / PICTURES["tsne"]).is_file():
+            found.append((f"t-SNE: {e['label']}", f"../../{scores.address}/{PICTURES['tsne']}"))
     return found
 
 
-def build_report(store: ArtifactStore, job: ReportJob, inputs: list[ArtifactRef],
+def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     entries = entries_for(job, inputs)
     catalog = Catalog(store)
@@ -189,7 +193,25 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: list[ArtifactRef]
     pictures = draw_curves(catalog, entries, out, job.title) + tsne_pictures(store, entries)
     markdown = to_markdown(job.title, comparison_table(catalog, entries), skipped_notes(catalog, entries), pictures)
     out.write_text("report.md", markdown)
-    log.info("report:\n%s", markdown)
+    log.info("\n%s", markdown)
 
 
-REPORT = Stage("report", build_report, code=(sys.modules[__name__], plots))
+REPORT = Stage("report", build_report)
+
+
+@task(name="publish-report")
+def publish_report(store_root: str, report: ArtifactRef) -> None:
+    """Show the report in the Prefect UI (cheap, so never cached: every run gets its artifacts)."""
+    store = ArtifactStore(store_root)
+    rows = store.read_table(report, "report").to_pandas()
+    rows = rows[~rows["metric"].isin(CURVES)]  # the curves are pictures in the report
+    table = rows[["model", "method", "dataset", "metric", "value", "std", "n", "layer", "pooling", "status"]]
+    create_table_artifact(table=table.astype(object).where(table.notna(), None).to_dict("records"),
+                          key="embforge-metrics", description="Metrics of this run's models")
+    # The UI cannot open files relative to the report's folder: name pictures by their place in the store.
+    folder = store.path(report).relative_to(store.root).as_posix()
+    markdown = re.sub(r"\]\((?!https?:)([^)]+\.png)\)",
+                      lambda m: f"]({posixpath.normpath(posixpath.join(folder, m.group(1)))})",
+                      (store.path(report) / "report.md").read_text())
+    create_markdown_artifact(markdown=markdown + f"\nPictures and Parquet files are in the artifact store under `{folder}`.\n",
+                             key="embforge-report", description="Task × model report")

@@ -1,4 +1,4 @@
-"""The semantic benchmark (SemCSE, methods.md §5): does the model place related texts of one paper
+"""The semantic benchmark (SemCSE, docs/methods.md §5): does the model place related texts of one paper
 close together? Four scores, rows in the same metrics catalog as every other evaluation:
 
     semantic_rank_title_abstract   average rank (1 = best) of a paper's abstract for its title
@@ -10,14 +10,13 @@ Ranks are among the first `limit` documents (cosine, tasks/metrics/semantic.py).
 vectors come from the embeddings cache; titles, halves and summaries are encoded here with the
 model's own pooling.
 
-Inputs: the documents artifact, the documents' embed artifact, the summarize artifact (when the
-run has summaries), then the train or init artifact holding the model, if any.
+Inputs: `documents`, `embeddings` (the documents' embed artifact), `summaries` (the summarize
+artifact, when the run has summaries), `model` (the train or init artifact holding it, if any).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 
 import numpy as np
 import pyarrow.compute as pc
@@ -28,9 +27,8 @@ from storage.store import ArtifactWriter
 from tasks import embed, encode
 from tasks.config import SemanticConfig, Section
 from tasks.metrics import semantic
-from tasks.models import model_identity
+from tasks.models import ModelInputs, model_identity
 from tasks.stage import Stage
-from tasks.train import model_path
 
 
 class SemanticJob(Section):
@@ -39,24 +37,26 @@ class SemanticJob(Section):
     dataset: str
     pooling: str = "mean"
     semantic: SemanticConfig
-    summaries: bool = False  # the third input is a summarize artifact
     max_length: int
     batch_size: int
     device: str = "auto"
 
 
-def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: list[ArtifactRef],
+class SemanticInputs(ModelInputs):
+    documents: ArtifactRef
+    embeddings: ArtifactRef
+    summaries: ArtifactRef | None = None
+
+
+def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: SemanticInputs,
                    out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs_ref, docs_emb, *rest = inputs
-    summaries_ref = rest.pop(0) if job.summaries else None
-    model_ref = rest[0] if rest else None
-    docs = store.read_table(docs_ref, "documents").to_pandas()
-    abstracts = embed.read_embeddings(store, docs_emb, job.pooling)
+    docs = store.read_table(inputs.documents, "documents").to_pandas()
+    abstracts = embed.read_embeddings(store, inputs.embeddings, job.pooling)
     n = min(len(docs), job.semantic.limit or len(docs))
-    encoder = encode.PooledEncoder(model_path(store, model_ref) if model_ref else job.model, job.device, job.pooling)
+    encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, job.pooling)
 
     def vectors(texts: list[str], what: str) -> np.ndarray:
-        log.info("semantic %s: encoding %d %s", job.label, len(texts), what)
+        log.info("encoding %d %s", len(texts), what)
         return encoder.encode(texts, job.max_length, job.batch_size)
 
     rows = []
@@ -69,8 +69,8 @@ def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: list[Artifact
     halves = [semantic.split_halves(docs["text"].iloc[i]) for i in halved]
     first, second = vectors([h[0] for h in halves], "first halves"), vectors([h[1] for h in halves], "second halves")
     rows.append(dict(metric="semantic_rank_halves", value=semantic.average_rank(first, second), n=len(halved)))
-    if summaries_ref:
-        table = store.read_table(summaries_ref, "summaries")
+    if inputs.summaries:
+        table = store.read_table(inputs.summaries, "summaries")
         table = table.filter(pc.equal(table["status"], "ok"))
         position = {d: i for i, d in enumerate(docs["doc_id"].iloc[:n])}
         kept = [(position[d], t) for d, t in zip(table["doc_id"].to_pylist(), table["text"].to_pylist()) if d in position]
@@ -84,12 +84,11 @@ def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: list[Artifact
     if len(labelled) > job.semantic.k:
         rows.append(dict(metric=f"semantic_same_label_{job.semantic.k}nn", n=len(labelled), value=semantic.same_label_proportion(
             abstracts[labelled], docs["label"].iloc[labelled].tolist(), job.semantic.k)))
-    source = f"{model_ref.stage}/{model_ref.key}" if model_ref else job.model
-    out.write_table("metrics", metrics_table(rows, key=ref.key, model=source, dataset=job.dataset, status="ok",
-                                             pooling=job.pooling, layer=max(embed.embedded_layers(store, docs_emb))))
+    out.write_table("metrics", metrics_table(rows, key=ref.key, model=inputs.model_name(job.model), dataset=job.dataset,
+                                             status="ok", pooling=job.pooling,
+                                             layer=max(embed.embedded_layers(store, inputs.embeddings))))
     for r in rows:
-        log.info("semantic %s: %s = %.4f (n=%d)", job.label, r["metric"], r["value"], r["n"])
+        log.info("%s = %.4f (n=%d)", r["metric"], r["value"], r["n"])
 
 
-SEMANTIC = Stage("semantic", build_semantic, code=(sys.modules[__name__], embed, encode, semantic),
-                 extra_key=lambda job: model_identity(job.model) if job.model else None)
+SEMANTIC = Stage("semantic", build_semantic, extra_key=lambda job: model_identity(job.model) if job.model else None)

@@ -9,7 +9,6 @@ sentence passes the length filter and may be used in crops.
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Callable, Iterable
 
 import blingfire
@@ -19,7 +18,7 @@ import pyarrow.compute as pc
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter
 from tasks.config import SentenceConfig
-from tasks.stage import Stage
+from tasks.stage import Inputs, Stage
 
 
 def split_paper(text: str) -> list[str]:
@@ -55,15 +54,19 @@ def sentence_table(doc_ids: Iterable[str], texts: Iterable[str], cfg: SentenceCo
     return pa.table(cols, schema=schema)
 
 
-def build_sentences(store: ArtifactStore, cfg: SentenceConfig, inputs: list[ArtifactRef],
+class SentencesInputs(Inputs):
+    documents: ArtifactRef
+
+
+def build_sentences(store: ArtifactStore, cfg: SentenceConfig, inputs: SentencesInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs = store.read_table(inputs[0], "documents")
+    docs = store.read_table(inputs.documents, "documents")
     table = sentence_table(docs["doc_id"].to_pylist(), docs["text"].to_pylist(), cfg)
     out.write_table("sentences", table)
     kept = pc.sum(table["kept"]).as_py() or 0
     out.extra.update(kept=kept)
-    log.info("sentences (%s): %d sentences, %d kept (%d-%d chars)", cfg.splitter, table.num_rows,
+    log.info("%s splitter: %d sentences, %d kept (%d-%d chars)", cfg.splitter, table.num_rows,
              kept, cfg.min_chars, cfg.max_chars)
 
 
-SENTENCES = Stage("sentences", build_sentences, code=(sys.modules[__name__],))
+SENTENCES = Stage("sentences", build_sentences)

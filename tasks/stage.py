@@ -1,99 +1,160 @@
 """Stage identity and the thin Prefect wrapper that every stage shares.
 
-A stage's key = hash(stage name, its config section, the keys of its inputs, extra key material
-such as input-file digests, and a code version = hash of the source files the stage depends on).
-The same key is the Prefect cache key and the artifact's folder name, so Prefect's `Cached`
-state and the store agree. If the store was deleted, Prefect's cache records go with it.
+A stage's key = hash(stage name, its config section, its inputs' keys by role, extra key material
+such as input-file digests, and its code version: the source of the module that defines its build
+function and of every first-party module that imports, transitively; tasks/identity.py). The
+same key is the Prefect cache key and the artifact's folder name, so Prefect's `Cached` state and
+the store agree. If the store was deleted, Prefect's cache records go with it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import logging
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import CacheKeyFnPolicy
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter, stable_hash
 from tasks.config import ConfigError, InputError, RetryConfig
+from tasks.identity import code_version, library_versions, version_changes
+from tasks.progress import current_stage
 
+
+class Inputs(BaseModel):
+    """A stage's input artifacts, each under the name of its role (`sentences`, `documents`, ...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def key_by_role(self) -> dict[str, Any]:
+        """role → key (or list of keys, or mapping of them): what the stage's key hashes."""
+        def key(value: Any) -> Any:
+            if isinstance(value, ArtifactRef):
+                return value.key
+            if isinstance(value, list):
+                return [key(v) for v in value]
+            if isinstance(value, dict):
+                return {k: key(v) for k, v in value.items()}
+            return value
+        return {role: key(getattr(self, role)) for role in type(self).model_fields}
+
+    def refs(self) -> list[ArtifactRef]:
+        """Every input artifact, in role order."""
+        def flat(value: Any) -> list[ArtifactRef]:
+            if isinstance(value, ArtifactRef):
+                return [value]
+            if isinstance(value, (list, dict)):
+                return [r for v in (value.values() if isinstance(value, dict) else value) for r in flat(v)]
+            return []
+        return [r for role in type(self).model_fields for r in flat(getattr(self, role))]
+
+
+class NoInputs(Inputs):
+    """For stages that start from their config alone (ingest, init, llm)."""
+
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+InputsT = TypeVar("InputsT", bound=Inputs)
 # build(store, config, inputs, out, ref, log) writes the artifact's files into `out`.
-BuildFn = Callable[[ArtifactStore, Any, list[ArtifactRef], ArtifactWriter, ArtifactRef, logging.Logger], None]
+BuildFn = Callable[[ArtifactStore, Any, Any, ArtifactWriter, ArtifactRef, logging.Logger], None]
 
-
-def code_version(*modules: ModuleType) -> str:
-    """Hash of the source of the modules a stage depends on: editing them invalidates its cache."""
-    h = hashlib.sha256()
-    for module in modules:
-        h.update(inspect.getsource(module).encode())
-    return h.hexdigest()[:12]
+# Every stage, by name: the stage-identity test walks them all.
+STAGES: dict[str, Stage] = {}
 
 
 @dataclass(frozen=True)
-class Stage:
+class Stage(Generic[ConfigT, InputsT]):
     """One pipeline stage: a pure build function plus what makes its identity."""
 
     name: str
     build: BuildFn
-    code: tuple[ModuleType, ...]
     extra_key: Callable[[Any], Any] | None = None
     # False for an artifact that must be built again on the next run (an MTEB task skipped
     # because its data was not reachable gets scored once the data is there).
     complete: Callable[[ArtifactStore, ArtifactRef], bool] | None = None
 
+    def __post_init__(self) -> None:
+        STAGES[self.name] = self
+
+    @property
+    def code_version(self) -> str:
+        return code_version(self.build.__module__)
+
     def reusable(self, store: ArtifactStore, ref: ArtifactRef) -> bool:
         return store.exists(ref) and (self.complete is None or self.complete(store, ref))
 
-    def key(self, config: BaseModel, inputs: list[ArtifactRef]) -> str:
+    def ref(self, config: ConfigT, inputs: InputsT) -> ArtifactRef:
         extra = self.extra_key(config) if self.extra_key else None
-        return stable_hash(self.name, config.model_dump(mode="json"), [i.key for i in inputs],
-                           extra, code_version(*self.code))
+        key = stable_hash(self.name, config.model_dump(mode="json"), inputs.key_by_role(), extra, self.code_version)
+        return ArtifactRef(self.name, key)
 
-    def ref(self, config: BaseModel, inputs: list[ArtifactRef]) -> ArtifactRef:
-        return ArtifactRef(self.name, self.key(config, inputs))
+    def version_changes(self, store: ArtifactStore, ref: ArtifactRef) -> dict[str, list[str | None]]:
+        """Libraries whose version differs from the one the stored artifact was built with."""
+        return version_changes(store.manifest(ref).get("libraries")) if store.exists(ref) else {}
 
-    def run(self, store: ArtifactStore, config: BaseModel, inputs: list[ArtifactRef],
-            log: logging.Logger | None = None) -> ArtifactRef:
-        """Build the artifact unless the store already has it. Runs without Prefect."""
-        log = log or logging.getLogger(f"embforge.{self.name}")
-        ref = self.ref(config, inputs)
+    def display(self, label: str = "") -> str:
+        """How logs and progress name what is built: `embed[crops]`, or the stage's name alone."""
+        return f"{self.name}[{label}]" if label else self.name
+
+    def run(self, store: ArtifactStore, config: ConfigT, inputs: InputsT, log: logging.Logger | None = None,
+            ref: ArtifactRef | None = None, label: str = "") -> ArtifactRef:
+        """Build the artifact unless the store already has it. Runs without Prefect; `ref` is
+        `self.ref(config, inputs)` when the caller has it already; `label` names the model,
+        recipe or corpus it is for in logs and progress."""
+        name = self.display(label)
+        log = Labelled(log or logging.getLogger(f"embforge.{self.name}"), name)
+        ref = ref or self.ref(config, inputs)
         if self.reusable(store, ref):
-            log.info("%s: artifact %s already in the store, reusing it", self.name, ref.key)
+            log.info("artifact %s already in the store, reusing it", ref.key)
             return ref
         if store.exists(ref):
-            log.info("%s: artifact %s is incomplete, building it again", self.name, ref.key)
+            log.info("artifact %s is incomplete, building it again", ref.key)
             store.discard(ref)
-        with store.writing(ref, config=config.model_dump(mode="json"), inputs=inputs,
-                           code_version=code_version(*self.code)) as out:
-            self.build(store, config, inputs, out, ref, log)
+        building = current_stage.set((name, ref.key))
+        try:
+            with store.writing(ref, config=config.model_dump(mode="json"), inputs=inputs.refs(),
+                               code_version=self.code_version, libraries=library_versions()) as out:
+                self.build(store, config, inputs, out, ref, log)
+        finally:
+            current_stage.reset(building)
         store.drop_scratch(ref)  # checkpoints are only needed until the artifact is published
-        log.info("%s: wrote artifacts/%s/%s", self.name, ref.stage, ref.key)
+        log.info("wrote artifacts/%s", ref.address)
         return ref
 
     def as_task(self, store: ArtifactStore, retry: RetryConfig | None = None):
         """The Prefect task for this stage, with its cache records kept inside `store` and retries
-        with back-off for transient failures (training resumes from its checkpoint)."""
+        with back-off for transient failures (training resumes from its checkpoint). It is called
+        with the artifact's ref, computed once by the caller."""
         retry = retry or RetryConfig()
+
         def cache_key(_ctx, params: dict) -> str:
-            ref = self.ref(params["config"], params["inputs"])
+            ref = params["ref"]
             if not self.reusable(store, ref):
                 store.forget_prefect_record(ref.key)  # deleted by hand or incomplete: Prefect must not hit
             return ref.key
 
         policy = CacheKeyFnPolicy(cache_key_fn=cache_key)
 
-        def run_stage(store_root: str, config: BaseModel, inputs: list[ArtifactRef]) -> ArtifactRef:
-            return self.run(ArtifactStore(store_root), config, inputs, get_run_logger())
+        def run_stage(store_root: str, config: ConfigT, inputs: InputsT, ref: ArtifactRef, label: str = "") -> ArtifactRef:
+            return self.run(ArtifactStore(store_root), config, inputs, get_run_logger(), ref, label)
 
         return task(run_stage, name=self.name, persist_result=True, retries=retry.attempts,
                     retry_delay_seconds=retry.delays, retry_condition_fn=transient_failure,
                     cache_policy=policy.configure(key_storage=str(store.prefect_cache)))
+
+
+class Labelled(logging.LoggerAdapter):
+    """Starts every line with what is being built (`embed[crops]: 2758 texts ...`)."""
+
+    def __init__(self, log: logging.Logger | logging.LoggerAdapter, label: str):
+        super().__init__(log, {})
+        self.label = label
+
+    def process(self, msg, kwargs):
+        return f"{self.label}: {msg}", kwargs
 
 
 def transient_failure(_task, _task_run, state) -> bool:

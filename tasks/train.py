@@ -1,7 +1,7 @@
-"""Train: fine-tune an encoder with one recipe on a views artifact; save it in sentence-transformers format.
+"""Train: fine-tune an encoder with one recipe on a pairs artifact; save it in sentence-transformers format.
 
-Inputs: the pairs (views) artifact, then the init or stage-1 artifact the encoder starts from (if
-any), then the documents artifact when a learning curve is asked for (`train.eval_every`).
+Inputs: `pairs`, `start` (the init or stage-1 artifact the encoder starts from, if any), and
+`documents` when a learning curve is asked for (`train.eval_every`).
 Only the encoder is saved: decoders, MLM heads and projection heads are training-only.
 Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
 Output: `model/` (loads with `SentenceTransformer(path)`) and `training.parquet` (the per-step loss
@@ -11,7 +11,6 @@ and learning rate, and with `eval_every` the kNN accuracy from step 0 on: the le
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Callable
 
 import pyarrow as pa
@@ -24,17 +23,17 @@ from sentence_transformers import SentenceTransformer
 
 from tasks.config import InputError, KnnConfig, MethodConfig, Section, TrainConfig
 from tasks import models
-from tasks.methods import infonce, masking, mlm, recipes, retromae, training, triplet, tsdae
+from tasks.methods import recipes, training
 from tasks.metrics import knn
-from tasks.models import model_identity, sentence_model
-from tasks.stage import Stage
+from tasks.models import model_identity, model_path, sentence_model
+from tasks.stage import Inputs, Stage
 
 
 class TrainJob(Section):
     base_model: str | None = Field(description="Pre-trained start (name or path); None when the "
                                    "inputs carry the encoder to start from (random init, stage 1).")
     recipe: str
-    mask_ratio: float | None = None  # None: the recipe's own
+    mask_ratio: float | None = None  # the encoder's masking ratio, for recipes that mask
     decoder_visible: float = 0.5
     train: TrainConfig
     knn: KnnConfig | None = Field(None, description="Protocol of the learning curve (set with eval_every).")
@@ -42,7 +41,7 @@ class TrainJob(Section):
     @classmethod
     def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
                    knn: KnnConfig | None) -> "TrainJob":
-        return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.default_mask_ratio,
+        return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.resolved_mask_ratio,
                    decoder_visible=method.decoder_visible, train=train, knn=knn if train.eval_every else None)
 
 
@@ -74,27 +73,27 @@ def knn_curve(model: SentenceTransformer, docs: pa.Table, cfg: KnnConfig, batch_
     return measure
 
 
-def model_path(store: ArtifactStore, ref: ArtifactRef) -> str:
-    """Folder of the encoder held by a train or init artifact."""
-    return str(store.path(ref) / "model")
+class TrainInputs(Inputs):
+    pairs: ArtifactRef
+    start: ArtifactRef | None = None  # the init or stage-1 encoder; else job.base_model
+    documents: ArtifactRef | None = None  # the learning curve's (with train.eval_every)
 
 
-def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
+def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    pairs_ref, *start = inputs
-    docs_ref = start.pop() if job.knn else None
     cfg = job.train
-    model = sentence_model(model_path(store, start[0]) if start else job.base_model, cfg.max_length,
+    model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
                            cfg.device, recipes.pooling_for(job.recipe, cfg), cfg.layer)
     objective = frozen_objective(model, job)
-    pairs = store.read_table(pairs_ref, "pairs").to_pydict()
+    pairs = store.read_table(inputs.pairs, "pairs").to_pydict()
     epochs = max(pairs["epoch"]) + 1
     per_epoch: list[list[recipes.Pair]] = [[] for _ in range(epochs)]
     for epoch, anchor, positive in zip(pairs["epoch"], pairs["anchor"], pairs["positive"]):
         per_epoch[epoch].append((anchor, positive))
-    log.info("train %s: %d rows x %d epoch(s), batch %d, lr %g, on %s", job.recipe, len(per_epoch[0]),
+    log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s", job.recipe, len(per_epoch[0]),
              epochs, cfg.batch_size, cfg.lr, model.device)
-    measure = knn_curve(model, store.read_table(docs_ref, "documents"), job.knn, cfg.batch_size) if docs_ref else None
+    measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
+               if inputs.documents else None)
     # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
     # this is the starting model on a resume too).
     start = [dict(step=0, epoch=0, loss=None, lr=None, knn_accuracy=measure())] if measure else []
@@ -105,5 +104,4 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: list[ArtifactRef],
     out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)
 
 
-TRAIN = Stage("train", build_model, code=(sys.modules[__name__], models, training, recipes, infonce, masking, mlm, retromae, triplet, tsdae, knn),
-              extra_key=lambda job: model_identity(job.base_model) if job.base_model else None)
+TRAIN = Stage("train", build_model, extra_key=lambda job: model_identity(job.base_model) if job.base_model else None)

@@ -92,11 +92,11 @@ def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: Tr
         if torch.cuda.is_available() and state["cuda_rng"] is not None:  # None: saved on a CPU machine
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         history = [StepLog(**h) for h in state["history"]]
-        log.info("train: resuming from checkpoint at step %d of %d", len(history), len(batches))
+        log.info("resuming from checkpoint at step %d of %d", len(history), len(batches))
 
     loss_fn.train()  # dropout on: it is what makes the two views of dropout, SimCSE and CT differ
-    bar = tqdm(total=len(batches), initial=len(history), desc="train", unit="batch", mininterval=5)
-    progress = StageProgress("train", len(batches), "steps", done=len(history))
+    progress = StageProgress(len(batches), "steps", done=len(history))
+    bar = tqdm(total=len(batches), initial=len(history), desc=progress.label, unit="batch", mininterval=5)
     for step in range(len(history), len(batches)):
         epoch, batch = batches[step]
         loss = loss_fn(objective.collate(batch), None)

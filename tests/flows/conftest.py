@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, tiny_config
-
-SECRET = "hf_embforge_test_secret_never_logged"  # in the server's environment; must never show up
+from tests.helpers import REPO, SECRET, tiny_config
 
 
 class Service:

@@ -7,7 +7,7 @@ import re
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.conftest import REPO, tiny_config
+from tests.helpers import REPO, tiny_config
 
 pytestmark = pytest.mark.slow  # a real server, flow runs in subprocesses: minutes
 CHROMIUM = "/usr/bin/chromium"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from storage import ArtifactStore, Catalog
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 EMBFORGE = [sys.executable, "-m", "flows.cli"]
 REPO = Path(__file__).resolve().parents[2]

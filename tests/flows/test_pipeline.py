@@ -9,7 +9,7 @@ from sentence_transformers import SentenceTransformer
 
 from storage import ArtifactStore, Catalog
 from tasks.config import InputError
-from tests.conftest import DEMO_DOCS, STSB, tiny_config
+from tests.helpers import DEMO_DOCS, STSB, tiny_config
 
 SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores
 STAGES = ["ingest", "sentences", "init", "pairs", "train", "pairs", "train", *SCORE_STAGES * 3, "report"]

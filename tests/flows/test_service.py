@@ -15,8 +15,7 @@ import pandas as pd
 import pytest
 
 from storage import ArtifactStore, Catalog
-from tests.conftest import REPO, tiny_config
-from tests.flows.conftest import SECRET
+from tests.helpers import REPO, SECRET, tiny_config
 
 pytestmark = pytest.mark.slow  # a real server, flow runs in subprocesses: minutes
 PREFECT = str(Path(sys.executable).with_name("prefect"))

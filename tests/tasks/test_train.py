@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from tasks.config import ModelConfig, RandomInitConfig, TrainConfig
+from tasks.config import MethodConfig, ModelConfig, RandomInitConfig, TrainConfig
 from tasks.methods.recipes import build_objective
 from tasks.methods.training import Checkpoints, make_batches, train_model
-from tasks.models import InitConfig, save_random_encoder, sentence_model
+from tasks.models import save_random_encoder, sentence_model
 from tasks.train import TrainJob, frozen_objective
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
@@ -16,12 +16,12 @@ PAIRS = [[(f"doc {i} first part about topic {i % 3}", f"doc {i} second part, top
 def init_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("init") / "model"
     cfg = ModelConfig(random_init=RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64))
-    save_random_encoder(cfg.name_or_path, InitConfig.from_model(cfg), folder)
+    save_random_encoder(cfg.name_or_path, cfg.random_init, folder)
     return str(folder)
 
 
 def train_contrastive(model, pairs, cfg, checkpoints, on_step=None):
-    return train_model(build_objective(model, "crops", cfg), pairs, cfg, checkpoints, on_step=on_step)
+    return train_model(build_objective(model, "crops", cfg, mask_ratio=None), pairs, cfg, checkpoints, on_step=on_step)
 
 
 def weights(model):
@@ -69,10 +69,10 @@ def test_a_lone_trailing_pair_is_not_a_batch():
 def test_frozen_embeddings_and_layers_stay_bit_identical(tmp_path, recipe):
     folder = tmp_path / "init"
     cfg = ModelConfig(random_init=RandomInitConfig(layers=2, hidden=32, heads=2, intermediate=64))
-    save_random_encoder(cfg.name_or_path, InitConfig.from_model(cfg), folder)
+    save_random_encoder(cfg.name_or_path, cfg.random_init, folder)
     train = CFG.model_copy(update={"freeze_embeddings": True, "freeze_layers": 1})
     model = sentence_model(str(folder), 32)
-    objective = frozen_objective(model, TrainJob(base_model=None, recipe=recipe, train=train))
+    objective = frozen_objective(model, TrainJob.for_method(None, MethodConfig(name=recipe, recipe=recipe), train, None))
     before = weights(model)
     train_model(objective, [PAIRS[0][:8]], train, Checkpoints(tmp_path / "ckpt"))
     after = weights(model)
@@ -105,7 +105,7 @@ def test_pooling_modes_pick_the_right_tokens(init_dir):
 def test_layer_knob_gives_that_hidden_layer_of_the_full_model(tmp_path):
     folder = tmp_path / "init"
     cfg = ModelConfig(random_init=RandomInitConfig(layers=3, hidden=32, heads=2, intermediate=64))
-    save_random_encoder(cfg.name_or_path, InitConfig.from_model(cfg), folder)
+    save_random_encoder(cfg.name_or_path, cfg.random_init, folder)
     full = sentence_model(str(folder), 32).eval()
     features = full.preprocess(["a text to embed"])
     with torch.no_grad():
@@ -129,7 +129,7 @@ def test_learning_curve_is_measured_every_n_steps_without_changing_training(init
         model.train()
         return 0.5
 
-    curve = train_model(build_objective(model, "crops", cfg), PAIRS, cfg, Checkpoints(tmp_path / "b"),
+    curve = train_model(build_objective(model, "crops", cfg, mask_ratio=None), PAIRS, cfg, Checkpoints(tmp_path / "b"),
                         measure=measure)
     assert [h.step for h in curve if h.knn_accuracy is not None] == [3, 6, 9, 10]
     assert [h.loss for h in curve] == [h.loss for h in plain]  # measuring does not disturb the RNG

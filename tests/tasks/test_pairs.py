@@ -2,7 +2,7 @@ import pyarrow as pa
 
 from tasks.config import SentenceConfig
 from tasks.sentences import sentence_table
-from tasks.views import Replacement, build_crops, crops_by_document, draw_pairs, draw_summary_pairs
+from tasks.pairs import Replacement, build_crops, crops_by_document, draw_pairs, draw_summary_pairs
 
 
 def s(ch, n=120):
@@ -64,7 +64,7 @@ def test_noise_view_pairs_a_word_deleted_crop_with_the_crop_itself():
 def test_held_out_pairs_leave_out_exactly_the_knn_test_documents():
     from sklearn.model_selection import train_test_split
 
-    from tasks.views import HeldOut, knn_test_documents
+    from tasks.pairs import HeldOut, knn_test_documents
 
     ids = [f"d{i}" for i in range(30)]
     docs = pa.table({"doc_id": ids, "label": [None if i % 5 == 0 else str(i % 3) for i in range(30)]})

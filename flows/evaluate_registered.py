@@ -19,6 +19,7 @@ from storage import ArtifactRef, ArtifactStore, Catalog
 from storage.catalog import CHANGES_SCHEMA, SCORE_STAGES
 from tasks.config import ConfigError
 from tasks.ingest import INGEST
+from tasks.stage import NoInputs
 
 REGISTERED_SQL = """
 SELECT m.* FROM models m LEFT JOIN artifacts a ON a.path = 'artifacts/' || m.artifact
@@ -41,8 +42,8 @@ def registered_models(catalog: Catalog, wanted: list[str]) -> list[ReportedModel
     models = []
     for r in rows:
         label = r["label"] if labels.count(r["label"]) == 1 else f"{r['label']} ({r['experiment']})"
-        inputs = [ArtifactRef(*r["artifact"].split("/"))] if r["artifact"] else []
-        models.append(ReportedModel(label, r["method"], inputs, r["external"], r["pooling"], r["knn_holdout"]))
+        artifact = ArtifactRef(*r["artifact"].split("/")) if r["artifact"] else None
+        models.append(ReportedModel(label, r["method"], artifact, r["external"], r["pooling"], r["knn_holdout"]))
     return models
 
 
@@ -109,16 +110,17 @@ def publish_changes(store: ArtifactStore, run_id: str, earlier: pa.Table, title:
 def evaluate(params: EvaluateParams) -> dict:
     """Score registered models on the config's benchmark set; returns how many scores were new,
     changed, the same or already there."""
-    cfg, store, run = open_run(params, "evaluate")
+    run = open_run(params, "evaluate")
+    cfg, store = run.cfg, run.store
 
     def body() -> dict:
         catalog = Catalog(store)
         models, earlier = registered_models(catalog, params.models), catalog.con.execute(SNAPSHOT_SQL).to_arrow_table()
         if not models:
             raise ConfigError(f"no registered models in {store.root.name}/: run the `pipeline` or `train` flow first")
-        docs = run.stage(INGEST, cfg.data, [])
-        summaries = summarize_corpus(run, cfg, docs) if cfg.evaluate.semantic else None
-        report_models(run, cfg, models, Corpus(docs, summaries), store, params.force)
-        return publish_changes(store, run.run_id, earlier, f"{cfg.name}: scores of {len(models)} registered models")
+        docs = run.stage(INGEST, cfg.data, NoInputs())
+        summaries = summarize_corpus(run, docs) if cfg.evaluate.semantic else None
+        report_models(run, models, Corpus(docs, summaries), params.force)
+        return publish_changes(store, run.record.run_id, earlier, f"{cfg.name}: scores of {len(models)} registered models")
 
     return recorded(run, body)

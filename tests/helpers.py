@@ -1,0 +1,29 @@
+"""Constants and config builders the tests share (fixtures stay in conftest.py)."""
+
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DOCS = REPO / "configs" / "data" / "ohsumed_demo.parquet"
+STSB = REPO / "configs" / "data" / "stsb.parquet"
+# In the test server's environment; must never show up in anything it writes.
+SECRET = "hf_embforge_test_secret_never_logged"
+
+
+def tiny_config(tmp_path: Path, **overrides) -> Path:
+    """A config that runs the whole pipeline in well under a minute on 2 cores."""
+    cfg = {
+        "name": "tiny",
+        "store": str(tmp_path / "store"),
+        "data": {"path": str(DEMO_DOCS), "name": "ohsumed-tiny", "limit": 150},
+        "model": {"random_init": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64}},
+        "methods": [{"name": "crops", "recipe": "crops"}, {"name": "dropout", "recipe": "dropout"}],
+        "train": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_length": 64, "checkpoint_every": 2},
+        "evaluate": {"max_length": 64, "knn": {"repeats": 3}, "sts": {"path": str(STSB)}},
+    }
+    for section, value in overrides.items():
+        cfg[section] = {**cfg.get(section, {}), **value} if isinstance(value, dict) else value
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path

@@ -1,0 +1,134 @@
+"""Derived stage identity: editing any first-party module a stage imports changes its key, editing
+any other leaves it alone. The ground truth is what Python really imports (recorded in a fresh
+process), not the import walker under test."""
+
+import contextlib
+import importlib
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tasks
+from tasks import identity
+from tasks.config import DataConfig
+from tasks.stage import STAGES, NoInputs
+from tests.helpers import DEMO_DOCS, REPO
+
+ALL_STAGES = {"ingest", "sentences", "pairs", "llm", "summarize", "init", "train", "embed", "evaluate", "semantic",
+              "mteb", "report"}
+FIRST_PARTY_FILES = sorted(p for package in identity.FIRST_PARTY for p in (REPO / package).rglob("*.py"))
+
+# Records every import statement executed while the stage modules load: importer → imported.
+RECORD_IMPORTS = """
+import builtins, importlib, json, sys
+first_party = lambda name: name.split(".")[0] in ("flows", "tasks", "storage")
+edges, real_import = {}, builtins.__import__
+
+def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+    module = real_import(name, globals, locals, fromlist, level)
+    importer = (globals or {}).get("__name__", "")
+    target = importlib.util.resolve_name("." * level + name, globals["__package__"]) if level else name
+    parts = target.split(".")
+    names = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    names |= {f"{target}.{item}" for item in fromlist or () if f"{target}.{item}" in sys.modules}
+    edges.setdefault(importer, set()).update(n for n in names if first_party(n))
+    return module
+
+builtins.__import__ = recording_import
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+builtins.__import__ = real_import
+
+def reachable(start):
+    seen, todo = set(), [start]
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo += edges.get(current, ())
+    return sorted(seen)
+
+print(json.dumps({name: reachable(name) for name in sys.argv[1:]}))
+"""
+
+
+def import_every_stage() -> None:
+    for module in pkgutil.walk_packages(tasks.__path__, "tasks."):
+        importlib.import_module(module.name)
+
+
+@pytest.fixture(scope="module")
+def imported() -> dict[str, list[str]]:
+    """Stage module → the first-party modules importing it really loads, itself included."""
+    import_every_stage()
+    modules = sorted({STAGES[name].build.__module__ for name in ALL_STAGES})
+    out = subprocess.run([sys.executable, "-c", RECORD_IMPORTS, *modules], cwd=REPO, capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def edited(monkeypatch: pytest.MonkeyPatch, path: Path):
+    """`path` as if someone had added a line to it."""
+    real = identity.read_source
+    with monkeypatch.context() as m:
+        m.setattr(identity, "read_source", lambda p: real(p) + (b"\n# edited\n" if p == path else b""))
+        identity.code_version.cache_clear()
+        yield
+    identity.code_version.cache_clear()
+
+
+def test_every_stage_is_registered():
+    import_every_stage()
+    assert ALL_STAGES <= set(STAGES)
+
+
+@pytest.mark.parametrize("name", sorted(ALL_STAGES))
+def test_editing_what_a_stage_imports_changes_its_code_version_and_nothing_else_does(name, imported, monkeypatch):
+    stage = STAGES[name]
+    before = stage.code_version
+    loaded = {identity.module_file(m) for m in imported[stage.build.__module__]} - {None}
+    assert identity.module_file("tasks.config") in loaded and identity.module_file(stage.build.__module__) in loaded
+    for path in sorted(loaded):
+        with edited(monkeypatch, path):
+            assert stage.code_version != before, f"editing {path.relative_to(REPO)} left {name}'s key unchanged"
+    unrelated = [p for p in FIRST_PARTY_FILES if p not in set(identity.module_closure(stage.build.__module__).values())]
+    assert identity.module_file("flows.cli") in unrelated  # the CLI is no stage's code
+    for path in unrelated:
+        with edited(monkeypatch, path):
+            assert stage.code_version == before, f"editing {path.relative_to(REPO)} changed {name}'s key"
+
+
+def test_a_reference_models_embeddings_depend_on_the_model_loading_code(monkeypatch):
+    """The case hand-kept lists got wrong: embed reads an external model through tasks/models.py."""
+    import_every_stage()
+    with edited(monkeypatch, identity.module_file("tasks.models")):
+        edited_version = STAGES["embed"].code_version
+    assert edited_version != STAGES["embed"].code_version
+
+
+def test_the_key_hashes_the_code_version(monkeypatch):
+    ingest, config = STAGES["ingest"], DataConfig(path=str(DEMO_DOCS))
+    before = ingest.ref(config, NoInputs())
+    with edited(monkeypatch, identity.module_file("tasks.config")):
+        assert ingest.ref(config, NoInputs()) != before
+    assert ingest.ref(config, NoInputs()) == before
+
+
+def test_relative_imports_and_packages_are_followed():
+    names = identity._imported_names(b"from . import knn\nfrom ..methods.tsdae import delete_words\n",
+                                     "tasks.metrics")
+    assert {"tasks.metrics.knn", "tasks.methods.tsdae", "tasks.methods", "tasks"} <= names
+
+
+def test_library_versions_differences_are_named():
+    now = identity.library_versions()
+    assert now["torch"] and now["transformers"] and now["sentence-transformers"] and now["mteb"]
+    assert identity.version_changes(now) == {}
+    older = {**now, "torch": "1.0.0"}
+    assert identity.version_changes(older) == {"torch": ["1.0.0", now["torch"]]}
+    assert set(identity.version_changes(None)) == {lib for lib, v in now.items() if v is not None}
