@@ -413,17 +413,25 @@ def _resolve_model(base: Path, name: str) -> str:
 
 
 def apply_overrides(raw: dict, overrides: dict[str, Any], path: Path) -> dict:
-    """Set dotted fields (`train.epochs: 1`) on the raw YAML mapping, before validation, so an
-    override is checked exactly like the same field written in the file."""
+    """Set dotted fields (`train.epochs: 1`, `methods.0.train.lr: 1e-4`: a number picks a list
+    item) on the raw YAML mapping, before validation, so an override is checked exactly like the
+    same field written in the file."""
     for dotted, value in overrides.items():
         *parents, leaf = dotted.split(".")
-        node = raw
-        for i, part in enumerate(parents):
-            child = node.setdefault(part, {}) if isinstance(node, dict) else None
-            if not isinstance(child, dict):
-                raise ConfigError(f"{path}: override {dotted}: {'.'.join(parents[:i + 1])} is not a section")
-            node = child
-        node[leaf] = value
+        node: Any = raw
+        for i, part in enumerate([*parents, leaf]):
+            where = ".".join(parents[:i])  # the list or section `part` is looked up in
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(f"{path}: override {dotted}: {where}: no item {part} "
+                                      f"(the list has {len(node)})")
+                part = int(part)
+            elif not isinstance(node, dict):
+                raise ConfigError(f"{path}: override {dotted}: {where} is not a section")
+            if i == len(parents):
+                node[part] = value
+            else:
+                node = node[part] if isinstance(node, list) else node.setdefault(part, {})
     return raw
 
 

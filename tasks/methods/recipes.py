@@ -144,7 +144,7 @@ def pooling_help() -> str:
     by_pooling: dict[str, list[str]] = {}
     for r in RECIPES.values():
         by_pooling.setdefault(r.pooling, []).append(r.name)
-    return ", ".join(f"{p.upper() if p != 'mean' else p} for {', '.join(names)}" for p, names in by_pooling.items())
+    return "; ".join(f"{p.upper() if p != 'mean' else p} for {', '.join(names)}" for p, names in by_pooling.items())
 
 
 def pooling_for(recipe: str, cfg: TrainConfig) -> str:

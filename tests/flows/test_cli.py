@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import ArtifactStore, Catalog
+from storage import ArtifactRef, ArtifactStore, Catalog
 from tests.helpers import tiny_config
 
 EMBFORGE = [sys.executable, "-m", "flows.cli"]
@@ -35,6 +35,19 @@ def test_bad_config_exits_non_zero_naming_the_field(tmp_path, env):
     assert not (tmp_path / "store").exists()
 
 
+def test_set_overrides_are_yaml_values_and_a_bad_one_exits_naming_it(tmp_path, env):
+    from flows.cli import overrides
+
+    assert overrides(["train.epochs=2", "methods.0.train.lr=1e-4", "evaluate.sts=null", "name=a=b"]) == {
+        "train.epochs": 2, "methods.0.train.lr": 1e-4, "evaluate.sts": None, "name": "a=b"}
+    config = tiny_config(tmp_path)
+    result = embforge("run", str(config), "--set", "train.epochs", env=env)
+    assert result.returncode == 2 and "--set train.epochs: expected FIELD=VALUE" in result.stdout
+    result = embforge("run", str(config), "--set", "methods.5.seed=1", env=env)
+    assert result.returncode == 2 and "override methods.5.seed: methods: no item 5 (the list has 2)" in result.stdout
+    assert not (tmp_path / "store").exists()
+
+
 def test_missing_input_file_exits_non_zero(tmp_path, env):
     config = tiny_config(tmp_path, data={"path": str(tmp_path / "missing.parquet")})
     result = embforge("run", str(config), env=env)
@@ -45,11 +58,14 @@ def test_missing_input_file_exits_non_zero(tmp_path, env):
 @pytest.mark.slow
 def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
     # Big enough that training takes a while, so the kill lands mid-way.
+    # The file says one epoch; both runs ask for two with --set, so the resume only finds the
+    # checkpoint if the override reaches the stage keys the same way both times.
     config = tiny_config(tmp_path, data={"limit": 400}, methods=[{"name": "crops", "recipe": "crops"}],
                          model={"random_init": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128}},
-                         train={"batch_size": 8, "epochs": 2, "checkpoint_every": 3, "max_length": 128})
+                         train={"batch_size": 8, "epochs": 1, "checkpoint_every": 3, "max_length": 128})
+    two_epochs = ["--set", "train.epochs=2"]
     store = ArtifactStore(tmp_path / "store")
-    proc = subprocess.Popen([*EMBFORGE, "run", str(config)], cwd=REPO, env=env, start_new_session=True,
+    proc = subprocess.Popen([*EMBFORGE, "run", str(config), *two_epochs], cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not list((store.root / "scratch").glob("train/*/checkpoint.pt")):
@@ -60,9 +76,9 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
     proc.wait()
     assert not (store.root / "artifacts" / "train").exists()  # killed before training finished
 
-    result = embforge("run", str(config), env=env)
+    result = embforge("run", str(config), *two_epochs, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "resuming from checkpoint at step" in result.stdout + result.stderr
+    assert "train[crops]: resuming from checkpoint at step" in result.stdout + result.stderr
     catalog = Catalog(store)
     runs = catalog.query("SELECT run_id, status FROM runs ORDER BY started_at")
     assert [r["status"] for r in runs] == ["running", "completed"]  # the killed run never finished
@@ -70,6 +86,8 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
         "SELECT stage, state FROM run_stages WHERE run_id = ?", [runs[1]["run_id"]])}
     assert states["ingest"] == states["sentences"] == states["pairs"] == states["init"] == "Cached"
     assert states["train"] == "Completed"
+    [trained] = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [runs[1]["run_id"]])
+    assert store.manifest(ArtifactRef("train", trained["key"]))["config"]["train"]["epochs"] == 2
 
     # The JSON report has one line per model and metric, with the numbers the catalog holds.
     report = embforge("report", "--json", "--store", str(store.root), env=env)

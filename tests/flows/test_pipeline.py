@@ -1,5 +1,6 @@
 """The pipeline flow on a tiny slice of the demo corpus, under the real Prefect engine."""
 
+import json
 import shutil
 
 import pandas as pd
@@ -7,7 +8,7 @@ import pytest
 import yaml
 from sentence_transformers import SentenceTransformer
 
-from storage import ArtifactStore, Catalog
+from storage import ArtifactRef, ArtifactStore, Catalog
 from tasks.config import InputError
 from tests.helpers import DEMO_DOCS, STSB, tiny_config
 
@@ -17,11 +18,11 @@ IN_DOMAIN = {"knn_accuracy", "knn_accuracy_splits", "sts_spearman", "alignment",
              "top1_pc_variance", "top10_pc_variance"}
 
 
-def run(config):
+def run(config, **params):
     from flows.params import RunParams
     from flows.pipeline import pipeline
 
-    state = pipeline(RunParams(config=str(config)), return_state=True)
+    state = pipeline(RunParams(config=str(config), **params), return_state=True)
     return str(state.state_details.flow_run_id), state
 
 
@@ -67,6 +68,22 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     catalog = Catalog(store)
     assert {s["state"] for s in stages(catalog, second)} == {"Cached"}
     assert artifact_files(store) == files
+
+    # 2b. An artifact built with another library version is reused and reported, and rebuilt on request.
+    init_key = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'init'", [first])[0]["key"]
+    manifest_path = store.path(ArtifactRef("init", init_key)) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    torch_now = manifest["libraries"]["torch"]
+    manifest_path.write_text(json.dumps({**manifest, "libraries": {**manifest["libraries"], "torch": "1.0.0"}}))
+    reused, _ = run(config)
+    stale = Catalog(store).query("SELECT stage, state, version_changes FROM run_stages WHERE run_id = ? "
+                                 "AND version_changes IS NOT NULL", [reused])
+    assert [(s["stage"], s["state"], json.loads(s["version_changes"])) for s in stale] == [
+        ("init", "Cached", {"torch": ["1.0.0", torch_now]})]
+    rebuilt, _ = run(config, rebuild_stale_versions=True)
+    states = {s["stage"]: s["state"] for s in stages(Catalog(store), rebuilt)}
+    assert states.pop("init") == "Completed" and set(states.values()) == {"Cached"}  # same key: nothing else moves
+    assert store.manifest(ArtifactRef("init", init_key))["libraries"]["torch"] == torch_now
 
     # 3. Changing the evaluation recomputes evaluate and report only.
     third, _ = run(tiny_config(tmp_path, evaluate={"knn": {"repeats": 2}}))

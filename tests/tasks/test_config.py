@@ -1,8 +1,11 @@
+import os
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tasks.config import ConfigError, load_config
+from tasks.config import ConfigError, MethodConfig, TrainConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,3 +87,44 @@ def test_overrides_are_validated_like_the_file(tmp_path):
         load_config(path, {"train.nope": 1})
     with pytest.raises(ConfigError, match=r"override name.first: name is not a section"):
         load_config(path, {"name.first": 1})
+
+
+def test_overrides_pick_list_items_by_number(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndata: {path: docs.parquet}\nmethods:\n  - {name: a, recipe: crops}\n"
+                    "  - {name: b, recipe: mlm}\n")
+    cfg = load_config(path, {"methods.1.train.lr": 1e-4, "methods.0.n_sentences": 1})
+    assert cfg.train_for(cfg.methods[1]).lr == 1e-4 and cfg.train_for(cfg.methods[0]).lr == 2e-5
+    assert cfg.methods[0].n_sentences == 1
+    with pytest.raises(ConfigError, match=r"override methods.2.seed: methods: no item 2 \(the list has 2\)"):
+        load_config(path, {"methods.2.seed": 1})
+    with pytest.raises(ConfigError, match=r"c.yaml: .*methods.0.train.lr: Input should be greater than 0"):
+        load_config(path, {"methods.0.train.lr": -1})
+
+
+def test_a_config_is_parsed_once_per_version_of_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndata: {path: docs.parquet}\n")
+    parsed = []
+    real = yaml.safe_load
+    monkeypatch.setattr(yaml, "safe_load", lambda text: parsed.append(text) or real(text))
+    first = load_config(path, {"train.epochs": 2})
+    assert load_config(str(path), {"train.epochs": 2}) is first and len(parsed) == 1
+    assert load_config(path).train.epochs == 1 and len(parsed) == 2  # other overrides: another config
+    path.write_text("name: renamed\ndata: {path: docs.parquet}\n")
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # a new version, even within the clock's tick
+    assert load_config(path, {"train.epochs": 2}).name == "renamed"
+
+
+def test_recipe_help_and_defaults_come_from_the_registry():
+    from tasks.methods.recipes import RECIPES
+
+    fields = MethodConfig.model_fields
+    assert set(fields["recipe"].annotation.__args__) == set(RECIPES)
+    for recipe in RECIPES.values():
+        assert f"`{recipe.name}`: {recipe.description}" in fields["recipe"].description
+    pooling = TrainConfig.model_fields["pooling"].description
+    groups = pooling[pooling.index("own (") + 5 : pooling.rindex(")")].split("; ")
+    stated = {name: group.split(" for ")[0].lower() for group in groups for name in group.split(" for ")[1].split(", ")}
+    assert stated == {r.name: r.pooling for r in RECIPES.values()}
+    assert stated["semcse"] == "cls"  # the help once said mean while training used CLS
