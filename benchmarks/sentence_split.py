@@ -134,7 +134,8 @@ def main() -> None:
             table.add_row(
                 name, f"{r['docs_per_s']:,.0f}", f"{1 / r['speed_vs_naive']:,.0f}", f"{r['sents_per_doc']:.2f}",
                 f"{r['frag_frac']:.1%}", f"{r['crop_frac']:.1%}",
-                *(str(r[k]) for k in ["bad_abbrev", "bad_decimal", "bad_total", "soft_splits", "lower_starts", "missed"]),
+                *(str(r[k]) for k in ["bad_abbrev", "bad_decimal", "bad_total", "soft_splits", "lower_starts",
+                                      "missed"]),
             )
         Console(width=140).print(table)
     except ImportError:  # plain fallback

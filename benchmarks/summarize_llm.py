@@ -1,6 +1,6 @@
 """Benchmark summary generation: tokens/s of the vLLM backend against transformers `generate`.
 
-The workload is the summarize stage's (SemCSE, methods.md §5): for each of the first --documents
+The workload is the summarize stage's (SemCSE, docs/methods.md §5): for each of the first --documents
 abstracts of the demo corpus, "title + abstract" followed by each of the 5 SemCSE prompts, 3
 samples per prompt (temperature 0.7, top-k 50, top-p 0.95, seed 0), with the stop strings
 disabled and max_tokens 32 so that every continuation has the same length budget and the token
@@ -24,9 +24,9 @@ token stops early, and its padding in transformers' batch costs time but does no
 
 Expected on 2 CPU cores: vLLM >= 2x transformers (measured with 6 documents: vllm 79, without
 prefix caching 51, transformers 31 tokens/s, so 2.6x; start-up ~45 s for vLLM, ~7 s for transformers).
-On a CPU, tasks/generate.py binds vLLM's OpenMP threads to all the cores this process may use (VLLM_CPU_OMP_THREADS_BIND,
-from os.sched_getaffinity), because vLLM's default leaves one core to its scheduler: on 2 cores that halves
-its throughput.
+On a CPU, tasks/generate.py binds vLLM's OpenMP threads to all the cores this process may use
+(VLLM_CPU_OMP_THREADS_BIND, from os.sched_getaffinity), because vLLM's default leaves one core to its
+scheduler: on 2 cores that halves its throughput.
 Usage:
     .venv/bin/python benchmarks/summarize_llm.py [--documents 6] [--store /tmp/embforge-bench-store]
                                                  [--rows vllm,vllm_no_prefix_cache,transformers] [--bf16]

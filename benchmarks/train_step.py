@@ -46,8 +46,8 @@ from tasks.config import MethodConfig, RandomInitConfig, SentenceConfig, TrainCo
 from tasks.methods.recipes import RECIPES, build_objective, pooling_for
 from tasks.methods.training import Checkpoints, train_model
 from tasks.models import pick_device, save_random_encoder, sentence_model
-from tasks.sentences import sentence_table
 from tasks.pairs import PairsConfig, crops_by_document, draw_pairs
+from tasks.sentences import sentence_table
 
 DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 WARMUP = 1  # untimed first step of each side
@@ -68,7 +68,8 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: list[tuple
     """End time of every training step of `recipe` through embforge's loop."""
     model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg))
     stamps: list[float] = []
-    train_model(build_objective(model, recipe, cfg, MethodConfig(name=recipe, recipe=recipe).resolved_mask_ratio), [rows], cfg, Checkpoints(work / f"ckpt-{recipe}"),
+    train_model(build_objective(model, recipe, cfg, MethodConfig(name=recipe, recipe=recipe).resolved_mask_ratio),
+                [rows], cfg, Checkpoints(work / f"ckpt-{recipe}"),
                 on_step=lambda _: stamps.append(time.perf_counter()))
     return stamps
 

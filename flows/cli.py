@@ -72,7 +72,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     state.result()  # raises the run's own error, e.g. an InputError naming the bad row
     run_id = str(state.state_details.flow_run_id)
     catalog = Catalog(store)
-    _print_table(f"{cfg.name} (run {run_id})", comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
+    _print_table(f"{cfg.name} (run {run_id})",
+                 comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
     stale = catalog.query("SELECT stage, label, key, version_changes FROM run_stages WHERE run_id = ? "
                           "AND state = 'Cached' AND version_changes IS NOT NULL ORDER BY position", [run_id])
     if stale:

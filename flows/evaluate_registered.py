@@ -121,6 +121,7 @@ def evaluate(params: EvaluateParams) -> dict:
         docs = run.stage(INGEST, cfg.data, NoInputs())
         summaries = summarize_corpus(run, docs) if cfg.evaluate.semantic else None
         report_models(run, models, Corpus(docs, summaries), params.force)
-        return publish_changes(store, run.record.run_id, earlier, f"{cfg.name}: scores of {len(models)} registered models")
+        return publish_changes(store, run.record.run_id, earlier,
+                               f"{cfg.name}: scores of {len(models)} registered models")
 
     return recorded(run, body)

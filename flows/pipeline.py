@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -104,7 +105,8 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
-                 base_model: str | None, start: ArtifactRef | None, summaries: ArtifactRef | None = None) -> ReportedModel:
+                 base_model: str | None, start: ArtifactRef | None,
+                 summaries: ArtifactRef | None = None) -> ReportedModel:
     """Pairs, then training, for one method; `start` is the encoder artifact to start from, if any."""
     knn = run.cfg.evaluate.knn
     views = PairsConfig.for_method(method, train.epochs, knn)
@@ -131,7 +133,8 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
     sts_emb = stage(EMBED, EmbedJob(pairs_path=ev.sts.path, split=ev.sts.split, **embed),
                     EmbedInputs(model=model.artifact)) if ev.sts else None
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
-                  knn_holdout=model.knn_holdout, **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne"}))
+                  knn_holdout=model.knn_holdout,
+                  **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne"}))
     scores = [stage(EVALUATE, job, EvaluateInputs(documents=docs, embeddings=docs_emb, sts_embeddings=sts_emb,
                                                   model=model.artifact), force)]
     if ev.semantic:
@@ -222,7 +225,8 @@ def train(params: TrainParams) -> list[dict]:
     """Train the config's methods (or some of them) without evaluating; the models are registered
     for the `evaluate` and `nightly` deployments. Returns the trained artifacts."""
     run = open_run(params, "train")
-    return recorded(run, lambda: [m.registration() for m in train_models(run, selected_methods(run.cfg, params.methods))[0]])
+    return recorded(run, lambda: [m.registration()
+                                  for m in train_models(run, selected_methods(run.cfg, params.methods))[0]])
 
 
 @flow(name="summarize")

@@ -36,7 +36,8 @@ def deployments(nightly_config: str, cron: str | None = None, timezone: str | No
         train.to_deployment(name="train", tags=tags, description="Train a config's methods; register the models."),
         evaluate.to_deployment(name="evaluate", tags=tags, description="Score registered models on a config's "
                                "benchmark set; only what is not scored yet is computed."),
-        evaluate.to_deployment(name="nightly", tags=tags, schedule=Cron(cron or NIGHTLY_CRON, timezone=timezone or local_timezone()),
+        evaluate.to_deployment(name="nightly", tags=tags,
+                               schedule=Cron(cron or NIGHTLY_CRON, timezone=timezone or local_timezone()),
                                parameters={"params": {"config": nightly_config}},
                                description="Nightly re-evaluation of every registered model."),
         summarize.to_deployment(name="summarize", tags=tags, description="Generate a config's LLM summaries."),

@@ -104,7 +104,7 @@ class Catalog:
                  status: 'VARCHAR', config_path: 'VARCHAR', overrides: 'JSON', config: 'JSON',
                  started_at: 'TIMESTAMP', finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON',
                  models: 'JSON'})""")
-        self._view("score_changes", root / "runs" / "*.changes.parquet", """
+        self._view("score_changes", root / "runs" / "*.changes.parquet", r"""
             SELECT regexp_extract(filename, '([^/]+)\.changes\.parquet$', 1) AS run_id, * EXCLUDE (filename)
             FROM read_parquet('{glob}', filename=true)""")
         self._view("metrics", root / "artifacts" / "*" / "*" / "metrics.parquet",

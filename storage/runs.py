@@ -3,14 +3,14 @@ run shows how far it got. The catalog's `runs`, `run_stages` and `models` views 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from storage.store import ArtifactRef, ArtifactStore
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 class RunRecord:
@@ -32,8 +32,8 @@ class RunRecord:
                   version_changes: dict | None = None) -> None:
         """A stage the run used: its artifact and whether Prefect found it cached; `version_changes`:
         libraries whose version differs from the one a cached artifact was built with."""
-        self.record["stages"].append(dict(stage=ref.stage, label=label, method=method, key=ref.key, state=state,
-                                          version_changes=version_changes or None))
+        stage = dict(stage=ref.stage, label=label, method=method, key=ref.key, state=state)
+        self.record["stages"].append(stage | ({"version_changes": version_changes} if version_changes else {}))
         self._save()
 
     def register(self, models: list[dict]) -> None:
@@ -44,8 +44,3 @@ class RunRecord:
     def finish(self, status: str, error: str | None = None) -> None:
         self.record.update(status=status, finished_at=now(), error=error)
         self._save()
-
-    @property
-    def stale(self) -> list[dict]:
-        """The stages whose cached artifact was built with other library versions."""
-        return [s for s in self.record["stages"] if s.get("version_changes") and s["state"] == "Cached"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,7 +40,7 @@ class ShardPool:
     def write(self, table: pa.Table) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
         # The name sorts by time, so `read` returns rows in the order they were made.
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
         final = self.folder / f"shard-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
         write_parquet_atomic(table, final)
         return final

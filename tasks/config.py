@@ -50,7 +50,7 @@ class DataConfig(Section):
     limit: int | None = Field(None, gt=0, description="Use only the first N documents (quick trials).")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DataConfig":
+    def _one_source(self) -> DataConfig:
         if (self.path is None) == (self.hf_dataset is None):
             raise ValueError("give exactly one of `path` or `hf_dataset`")
         return self
@@ -69,7 +69,7 @@ class SentenceConfig(Section):
     max_chars: int = Field(250, gt=0, description="... and at most this many characters.")
 
     @model_validator(mode="after")
-    def _range(self) -> "SentenceConfig":
+    def _range(self) -> SentenceConfig:
         if self.min_chars > self.max_chars:
             raise ValueError("min_chars must not exceed max_chars")
         return self
@@ -83,7 +83,7 @@ class RandomInitConfig(Section):
     seed: int = Field(0, description="Seed of the random initialisation.")
 
     @model_validator(mode="after")
-    def _heads(self) -> "RandomInitConfig":
+    def _heads(self) -> RandomInitConfig:
         if self.hidden % self.heads:
             raise ValueError("heads must divide hidden")
         return self
@@ -99,7 +99,8 @@ class MethodConfig(Section):
                                   "from the encoder's input (at least one word is kept).")
     mask_ratio: float | None = Field(None, gt=0, lt=1, description="Encoder masking ratio of the "
                                      "recipes that mask (default: the recipe's own: " + ", ".join(
-                                         f"{r.mask_ratio} for {r.name}" for r in RECIPES.values() if r.mask_ratio) + ").")
+                                         f"{r.mask_ratio} for {r.name}" for r in RECIPES.values()
+                                         if r.mask_ratio) + ").")
     decoder_visible: float = Field(0.5, gt=0, le=1, description="RetroMAE: share of the other "
                                    "tokens each decoder position may attend to.")
     title_rate: float = Field(0.15, ge=0, le=1, description="SemCSE: share of positives replaced "
@@ -120,7 +121,7 @@ class MethodConfig(Section):
         return self.mask_ratio or RECIPES[self.recipe].mask_ratio
 
     @model_validator(mode="after")
-    def _replacement_rates(self) -> "MethodConfig":
+    def _replacement_rates(self) -> MethodConfig:
         if self.title_rate + self.sentence_rate > 1:
             raise ValueError("title_rate + sentence_rate must not exceed 1")
         return self
@@ -216,7 +217,7 @@ class StsConfig(Section):
     split: str | None = Field("test", description="Rows of this `split` only (None: all rows).")
 
 
-# The cropping paper's MTEB subset (methods.md §1): task name → block of the block average.
+# The cropping paper's MTEB subset (docs/methods.md §1): task name → block of the block average.
 PAPER_MTEB_TASKS = {
     "ArxivClusteringP2P": "clustering", "BiorxivClusteringP2P": "clustering",
     "MedrxivClusteringP2P": "clustering", "RedditClusteringP2P": "clustering",
@@ -242,7 +243,7 @@ class LocalTaskConfig(Section):
                                "(paraphrase), below it a negative.")
 
     @model_validator(mode="after")
-    def _queries(self) -> "LocalTaskConfig":
+    def _queries(self) -> LocalTaskConfig:
         if (self.type == "retrieval") != (self.queries is not None):
             raise ValueError("`queries` is required for retrieval tasks and only for them")
         return self
@@ -272,7 +273,7 @@ class MtebConfig(MtebSettings):
         return list(dict.fromkeys(names))
 
 
-# SemCSE's five continuation prompts (methods.md §5), appended to "title + abstract".
+# SemCSE's five continuation prompts (docs/methods.md §5), appended to "title + abstract".
 SEMCSE_PROMPTS = [
     "To summarize, the key findings of our research, stated in one sentence that includes all relevant "
     "information, are that",
@@ -284,7 +285,7 @@ SEMCSE_PROMPTS = [
 
 
 class Sampling(Section):
-    """Sampling settings; the SemCSE authors' sibling project used 0.7 / 50 / 0.95 (methods.md §5)."""
+    """Sampling settings; the SemCSE authors' sibling project used 0.7 / 50 / 0.95 (docs/methods.md §5)."""
 
     n: int = Field(3, ge=1, description="Continuations sampled per prompt (the paper: 3).")
     temperature: float = Field(0.7, ge=0, description="Sampling temperature (0 = greedy).")
@@ -314,7 +315,7 @@ class SummaryConfig(Section):
 
 
 class SemanticConfig(Section):
-    """SemCSE's semantic benchmark (methods.md §5)."""
+    """SemCSE's semantic benchmark (docs/methods.md §5)."""
 
     limit: int | None = Field(1000, gt=0, description="Rank among the first N documents (None: all).")
     k: int = Field(5, ge=1, description="Neighbours of the same-label proportion.")
@@ -323,7 +324,7 @@ class SemanticConfig(Section):
 class EvaluateConfig(Section):
     max_length: int = Field(256, ge=8, description="Truncate evaluated texts to this many tokens.")
     batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
-    knn: KnnConfig | None = Field(default_factory=KnnConfig, description="kNN accuracy (methods.md §1).")
+    knn: KnnConfig | None = Field(default_factory=KnnConfig, description="kNN accuracy (docs/methods.md §1).")
     sts: StsConfig | None = Field(None, description="STS Spearman correlation of cosine similarities.")
     layerwise: bool = Field(False, description="kNN accuracy on every hidden layer (0 = embedding "
                             "layer) with mean, CLS and SEP pooling: the layer-wise curves.")
@@ -365,7 +366,7 @@ class PipelineConfig(Section):
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Task-level retries with back-off.")
 
     @model_validator(mode="after")
-    def _valid_methods(self) -> "PipelineConfig":
+    def _valid_methods(self) -> PipelineConfig:
         names = [m.name for m in self.methods]
         if len(names) != len(set(names)):
             raise ValueError(f"method names must be unique, got {names}")
@@ -471,7 +472,8 @@ def _load_config(file: str, _resolved: str, _mtime_ns: int, _size: int, override
         local = [t.model_copy(update={"path": _resolve(base, t.path), "queries": _resolve(base, t.queries)})
                  for t in evaluate.mteb.local]
         evaluate = evaluate.model_copy(update={"mteb": evaluate.mteb.model_copy(update={"local": local})})
-    evaluate = evaluate.model_copy(update={"reference_models": [_resolve_model(base, m) for m in evaluate.reference_models]})
+    evaluate = evaluate.model_copy(update={"reference_models": [_resolve_model(base, m)
+                                                                for m in evaluate.reference_models]})
     model = cfg.model.model_copy(update={"name_or_path": _resolve_model(base, cfg.model.name_or_path)})
     if model.pretrain:
         stage1 = model.pretrain.data

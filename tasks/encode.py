@@ -55,7 +55,8 @@ class PooledEncoder:
                 batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
                                        max_length=max_length, return_tensors="pt").to(self.model.device)
                 hidden = self.model(**batch, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
-                states = hidden.hidden_states if hidden.hidden_states is not None else {self.n_layers: hidden.last_hidden_state}
+                states = (hidden.hidden_states if hidden.hidden_states is not None
+                          else {self.n_layers: hidden.last_hidden_state})
                 for i, layer in enumerate(layers):
                     for j, pooling in enumerate(POOLINGS):
                         out[i, j, idx] = pool(states[layer], batch["attention_mask"], pooling).float().cpu().numpy()

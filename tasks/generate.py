@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
+
 from tasks.config import InputError, Sampling
 
 Backend = Literal["auto", "vllm", "transformers"]

@@ -46,7 +46,7 @@ def _package(name: str, path: Path) -> str:
     return name if path.name == "__init__.py" else name.rpartition(".")[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _imported_names(source: bytes, package: str) -> frozenset[str]:
     """Every module name an import statement in `source` may load, parent packages included."""
     names: set[str] = set()
@@ -89,7 +89,7 @@ def _loaded_file(name: str) -> Path | None:
     return Path(file) if file else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_version(module: str) -> str:
     """Hash of the source of `module` and of every first-party module it imports."""
     h = hashlib.sha256()

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from storage import ArtifactRef, ArtifactStore, file_digest, metrics_table
 from storage.store import ArtifactWriter
-from tasks import ingest, mteb_eval
+from tasks import mteb_eval
 from tasks.config import LocalTaskConfig, MtebSettings, Section
 from tasks.models import ModelInputs, model_identity
 from tasks.stage import Stage

@@ -66,7 +66,7 @@ class PairsConfig(Section):
         return self.held_out is not None or self.view == "summaries"
 
     @classmethod
-    def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None) -> "PairsConfig":
+    def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None) -> PairsConfig:
         # Only what shapes the rows is part of the identity: recipes that read the same view (and
         # renamed methods) share one artifact.
         view = RECIPES[method.recipe].view

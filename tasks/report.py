@@ -125,22 +125,24 @@ def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     catalog = _load(catalog, entries)
     scores = _query(catalog, IN_DOMAIN_SQL)
     metric_order = {m: i for i, m in enumerate(LEGEND)}
-    scores = scores.assign(o=scores["metric"].map(metric_order).fillna(len(LEGEND))).sort_values(["dataset", "o", "metric"])
+    scores = scores.assign(o=scores["metric"].map(metric_order).fillna(len(LEGEND))).sort_values(
+        ["dataset", "o", "metric"])
     for (dataset, metric), group in scores.groupby(["dataset", "metric"], sort=False):
         rows.append(dict(task=f"{dataset}: {metric}", **{r.model: _cell(r.value, r.std) for r in group.itertuples()}))
         if metric == "knn_accuracy":
             rows.append(dict(task=f"{dataset}: knn_n", **{r.model: str(r.n) for r in group.itertuples()}))
     tasks = _query(catalog, TASK_SQL).sort_values(["task_type", "task"], na_position="last")
-    for (task_type, task), group in tasks.groupby(["task_type", "task"], sort=False, dropna=False):
+    for (task_type, mteb_task), group in tasks.groupby(["task_type", "task"], sort=False, dropna=False):
         main = group["main_score"].dropna()
-        name = f"{task_type or 'mteb'}: {task}" + (f" ({main.iloc[0]})" if len(main) else "")
+        name = f"{task_type or 'mteb'}: {mteb_task}" + (f" ({main.iloc[0]})" if len(main) else "")
         rows.append(dict(task=name, **{r.model: _cell(r.value) if r.ok else "skipped" for r in group.itertuples()}))
     for block, group in _query(catalog, BLOCK_SQL).groupby("block"):
         n = int(group["tasks"].max())
         rows.append(dict(task=f"block mean: {block} ({n} task{'' if n == 1 else 's'})",
                          **{r.model: _cell(r.value) for r in group.itertuples()}))
     for blocks, group in _query(catalog, AVERAGE_SQL).groupby("blocks"):
-        rows.append(dict(task=f"average of block means ({blocks})", **{r.model: _cell(r.value) for r in group.itertuples()}))
+        rows.append(dict(task=f"average of block means ({blocks})",
+                         **{r.model: _cell(r.value) for r in group.itertuples()}))
     return pd.DataFrame(rows, columns=["task", *models]).fillna("")
 
 
@@ -213,5 +215,6 @@ def publish_report(store_root: str, report: ArtifactRef) -> None:
     markdown = re.sub(r"\]\((?!https?:)([^)]+\.png)\)",
                       lambda m: f"]({posixpath.normpath(posixpath.join(folder, m.group(1)))})",
                       (store.path(report) / "report.md").read_text())
-    create_markdown_artifact(markdown=markdown + f"\nPictures and Parquet files are in the artifact store under `{folder}`.\n",
+    create_markdown_artifact(markdown=markdown + "\nPictures and Parquet files are in the artifact store "
+                                      f"under `{folder}`.\n",
                              key="embforge-report", description="Task × model report")

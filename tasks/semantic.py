@@ -25,7 +25,7 @@ from pydantic import Field
 from storage import ArtifactRef, ArtifactStore, metrics_table
 from storage.store import ArtifactWriter
 from tasks import embed, encode
-from tasks.config import SemanticConfig, Section
+from tasks.config import Section, SemanticConfig
 from tasks.metrics import semantic
 from tasks.models import ModelInputs, model_identity
 from tasks.stage import Stage
@@ -73,7 +73,8 @@ def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: SemanticInput
         table = store.read_table(inputs.summaries, "summaries")
         table = table.filter(pc.equal(table["status"], "ok"))
         position = {d: i for i, d in enumerate(docs["doc_id"].iloc[:n])}
-        kept = [(position[d], t) for d, t in zip(table["doc_id"].to_pylist(), table["text"].to_pylist()) if d in position]
+        kept = [(position[d], t) for d, t in zip(table["doc_id"].to_pylist(), table["text"].to_pylist())
+                if d in position]
         papers = sorted({i for i, _ in kept})  # candidates: the papers that have summaries
         if len(papers) >= 2:
             column = {p: j for j, p in enumerate(papers)}
@@ -82,8 +83,9 @@ def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: SemanticInput
                 queries, abstracts[papers], np.array([column[i] for i, _ in kept]))))
     labelled = np.flatnonzero(docs["label"].notna().to_numpy())
     if len(labelled) > job.semantic.k:
-        rows.append(dict(metric=f"semantic_same_label_{job.semantic.k}nn", n=len(labelled), value=semantic.same_label_proportion(
-            abstracts[labelled], docs["label"].iloc[labelled].tolist(), job.semantic.k)))
+        rows.append(dict(metric=f"semantic_same_label_{job.semantic.k}nn", n=len(labelled),
+                         value=semantic.same_label_proportion(
+                             abstracts[labelled], docs["label"].iloc[labelled].tolist(), job.semantic.k)))
     out.write_table("metrics", metrics_table(rows, key=ref.key, model=inputs.model_name(job.model), dataset=job.dataset,
                                              status="ok", pooling=job.pooling,
                                              layer=max(embed.embedded_layers(store, inputs.embeddings))))

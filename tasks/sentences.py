@@ -9,7 +9,7 @@ sentence passes the length filter and may be used in crops.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import blingfire
 import pyarrow as pa

@@ -10,8 +10,9 @@ the store agree. If the store was deleted, Prefect's cache records go with it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import CacheKeyFnPolicy
@@ -138,7 +139,8 @@ class Stage(Generic[ConfigT, InputsT]):
 
         policy = CacheKeyFnPolicy(cache_key_fn=cache_key)
 
-        def run_stage(store_root: str, config: ConfigT, inputs: InputsT, ref: ArtifactRef, label: str = "") -> ArtifactRef:
+        def run_stage(store_root: str, config: ConfigT, inputs: InputsT, ref: ArtifactRef,
+                      label: str = "") -> ArtifactRef:
             return self.run(ArtifactStore(store_root), config, inputs, get_run_logger(), ref, label)
 
         return task(run_stage, name=self.name, persist_result=True, retries=retry.attempts,

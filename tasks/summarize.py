@@ -144,9 +144,12 @@ def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeI
         text, ended = first_sentence(r["continuation"])
         status = summary_status(text, ended, r["finish"], source_text(doc["title"], doc["text"]))
         rows.append(dict(doc_id=doc["doc_id"], prompt_id=prompt_id, sample=r["sample"], text=text, status=status,
-                         **{k: r[k] for k in ("continuation", "finish", "tokens", "model", "backend", "sampling", "seed")}))
-    table = pa.Table.from_pylist(rows).sort_by([("doc_id", "ascending"), ("prompt_id", "ascending"), ("sample", "ascending")])
-    stats = table.group_by(["prompt_id", "status"]).aggregate([("sample", "count")]).rename_columns(["prompt_id", "status", "count"])
+                         **{k: r[k] for k in ("continuation", "finish", "tokens", "model", "backend", "sampling",
+                                              "seed")}))
+    table = pa.Table.from_pylist(rows).sort_by([("doc_id", "ascending"), ("prompt_id", "ascending"),
+                                                ("sample", "ascending")])
+    stats = table.group_by(["prompt_id", "status"]).aggregate([("sample", "count")]).rename_columns(
+        ["prompt_id", "status", "count"])
     out.write_table("summaries", table)
     out.write_table("stats", stats.sort_by([("prompt_id", "ascending"), ("status", "ascending")]))
     counts = {s: int(pc.sum(pc.equal(table["status"], s)).as_py() or 0) for s in STATUSES}

@@ -11,18 +11,17 @@ and learning rate, and with `eval_every` the kNN accuracy from step 0 on: the le
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
+from sentence_transformers import SentenceTransformer
 
 from storage import ArtifactRef, ArtifactStore
 from storage.store import ArtifactWriter
-from sentence_transformers import SentenceTransformer
-
-from tasks.config import InputError, KnnConfig, MethodConfig, Section, TrainConfig
 from tasks import models
+from tasks.config import InputError, KnnConfig, MethodConfig, Section, TrainConfig
 from tasks.methods import recipes, training
 from tasks.metrics import knn
 from tasks.models import model_identity, model_path, sentence_model
@@ -40,7 +39,7 @@ class TrainJob(Section):
 
     @classmethod
     def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
-                   knn: KnnConfig | None) -> "TrainJob":
+                   knn: KnnConfig | None) -> TrainJob:
         return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.resolved_mask_ratio,
                    decoder_visible=method.decoder_visible, train=train, knn=knn if train.eval_every else None)
 

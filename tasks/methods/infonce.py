@@ -1,4 +1,4 @@
-"""InfoNCE / NT-Xent, one direction, in-batch negatives (methods.md §1, §2).
+"""InfoNCE / NT-Xent, one direction, in-batch negatives (docs/methods.md §1, §2).
 
 For anchor i the logits are cos(a_i, p_j) / τ over every positive j in the batch and the target
 is j = i. With τ = 0.05 this is sentence-transformers' MultipleNegativesRankingLoss(scale=20)

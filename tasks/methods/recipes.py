@@ -10,12 +10,12 @@ ours (tasks/methods/*). The papers' settings are in docs/methods.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Literal
 
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.losses import (
-    ContrastiveTensionLossInBatchNegatives, MatryoshkaLoss)
+from sentence_transformers.sentence_transformer.losses import ContrastiveTensionLossInBatchNegatives, MatryoshkaLoss
 from torch import nn
 
 from tasks.methods.infonce import InfoNCELoss

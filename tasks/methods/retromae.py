@@ -61,13 +61,16 @@ class EnhancedDecoder(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, query: torch.Tensor, key_value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """query, key_value: (B, L, H); mask: (B, L, L) bool. Returns (B, L, H)."""
         B, L, H = query.shape
-        q = self.query(query).view(B, L, self.heads, -1).transpose(1, 2)
+        q = self.query(query).view(B, L, self.heads, -1).transpose(1, 2)  # (B, heads, L, H/heads)
+        # (B, L, 2H) -> (B, L, 2, heads, H/heads) -> (2, B, heads, L, H/heads): k and v
         k, v = self.key_value(key_value).view(B, L, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None],
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None],  # mask (B, 1, L, L): every head
                                            dropout_p=self.attn_dropout if self.training else 0.0)
+        a = a.transpose(1, 2).reshape(B, L, H)  # (B, heads, L, H/heads) -> (B, L, H)
         # Residual on the query stream: the output at i is a prediction for position i.
-        x = self.ln_attn(query + self.dropout(self.out(a.transpose(1, 2).reshape(B, L, H))))
+        x = self.ln_attn(query + self.dropout(self.out(a)))
         return self.ln_ff(x + self.dropout(self.ff(x)))
 
 
@@ -88,14 +91,14 @@ class RetroMAELoss(nn.Module):
         maskable = maskable_positions(self.model, ids, attention)
         masked, enc_labels = mask_tokens(ids, maskable, self.mask_ratio, tokenizer.mask_token_id,
                                          len(tokenizer), f["word_ids"])
-        hidden = encoder(input_ids=masked, **encoder_inputs(f)).last_hidden_state
-        h = hidden[:, 0]
+        hidden = encoder(input_ids=masked, **encoder_inputs(f)).last_hidden_state  # (B, L, H)
+        h = hidden[:, 0]  # (B, H): [CLS], the sentence embedding
 
         embeddings = encoder.embeddings
-        key_value = embeddings(input_ids=ids, token_type_ids=f.get("token_type_ids"))
-        key_value = torch.cat([h[:, None], key_value[:, 1:]], dim=1)
-        positions = embeddings.position_embeddings(torch.arange(ids.shape[1], device=ids.device))
-        query = h[:, None] + positions[None]
+        key_value = embeddings(input_ids=ids, token_type_ids=f.get("token_type_ids"))  # (B, L, H), unmasked
+        key_value = torch.cat([h[:, None], key_value[:, 1:]], dim=1)  # slot 0 holds h instead of [CLS]
+        positions = embeddings.position_embeddings(torch.arange(ids.shape[1], device=ids.device))  # (L, H)
+        query = h[:, None] + positions[None]  # (B, 1, H) + (1, L, H) -> (B, L, H): h + p_i
         decoded = self.decoder(query, key_value, decoder_attention_mask(attention, self.decoder_visible))
         dec_labels = ids.masked_fill(~maskable, -100)
         return selected_ce(self.head, hidden, enc_labels), selected_ce(self.head, decoded, dec_labels), h

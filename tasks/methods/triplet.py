@@ -1,4 +1,4 @@
-"""SemCSE's in-batch triplet loss (methods.md, SemCSE).
+"""SemCSE's in-batch triplet loss (docs/methods.md §5).
 
 Anchor i is a summary of document i, its positive p_i another summary of the same document, and
 the positives p_j of every other pair in the batch are its negatives: B − 1 triplets per anchor,

@@ -1,4 +1,4 @@
-"""TSDAE (methods.md §3): word-deletion noise, and sentence-transformers' decoder loss.
+"""TSDAE (docs/methods.md §3): word-deletion noise, and sentence-transformers' decoder loss.
 
 The noise is ours: sentence-transformers' widely copied example keeps each word with probability
 0.6, i.e. deletes 40%; the paper deletes 60%. Words are whitespace tokens (the paper used NLTK's

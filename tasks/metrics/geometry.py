@@ -1,4 +1,4 @@
-"""Embedding-space geometry (methods.md §6): alignment, uniformity and two anisotropy measures.
+"""Embedding-space geometry (docs/methods.md §6): alignment, uniformity and two anisotropy measures.
 
 They explain *why* a kNN or STS score moved: contrastive training should pull positives together
 (alignment ↓), spread documents over the sphere (uniformity ↓) and undo the "narrow cone" of

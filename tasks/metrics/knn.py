@@ -1,4 +1,4 @@
-"""kNN accuracy, the cropping paper's in-domain metric (methods.md §1).
+"""kNN accuracy, the cropping paper's in-domain metric (docs/methods.md §1).
 
 k = 10, Euclidean distance on raw embeddings, uniform votes, brute force, a 90/10 split drawn
 with scikit-learn's `train_test_split(random_state=42)`; ties in the vote go to the smallest

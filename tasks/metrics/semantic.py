@@ -1,4 +1,4 @@
-"""SemCSE's semantic benchmark (methods.md, SemCSE): does the embedding place related texts close?
+"""SemCSE's semantic benchmark (docs/methods.md §5): does the embedding place related texts close?
 
 - average rank (1 = best) of the matching item among all candidates, for title ↔ abstract,
   first half ↔ second half of an abstract (`split_halves`) and summary ↔ paper;

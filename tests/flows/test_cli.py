@@ -38,7 +38,7 @@ def test_bad_config_exits_non_zero_naming_the_field(tmp_path, env):
 def test_set_overrides_are_yaml_values_and_a_bad_one_exits_naming_it(tmp_path, env):
     from flows.cli import overrides
 
-    assert overrides(["train.epochs=2", "methods.0.train.lr=1e-4", "evaluate.sts=null", "name=a=b"]) == {
+    assert overrides(["train.epochs=2", "methods.0.train.lr=1.0e-4", "evaluate.sts=null", "name=a=b"]) == {
         "train.epochs": 2, "methods.0.train.lr": 1e-4, "evaluate.sts": None, "name": "a=b"}
     config = tiny_config(tmp_path)
     result = embforge("run", str(config), "--set", "train.epochs", env=env)

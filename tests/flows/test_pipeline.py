@@ -10,6 +10,7 @@ from sentence_transformers import SentenceTransformer
 
 from storage import ArtifactRef, ArtifactStore, Catalog
 from tasks.config import InputError
+from tasks.methods.recipes import RECIPES as REGISTRY
 from tests.helpers import DEMO_DOCS, STSB, tiny_config
 
 SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores
@@ -88,7 +89,8 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     # 3. Changing the evaluation recomputes evaluate and report only.
     third, _ = run(tiny_config(tmp_path, evaluate={"knn": {"repeats": 2}}))
     states = {(s["stage"], s["state"]) for s in stages(Catalog(store), third)}
-    assert {st for stage, st in states if stage in ("ingest", "sentences", "init", "pairs", "train", "embed")} == {"Cached"}
+    assert {st for stage, st in states
+            if stage in ("ingest", "sentences", "init", "pairs", "train", "embed")} == {"Cached"}
     assert {st for stage, st in states if stage in ("evaluate", "report")} == {"Completed"}
 
     # 4. An artifact deleted by hand is rebuilt, even though Prefect had it cached.
@@ -120,7 +122,8 @@ def test_tiny_config_helper_overrides(tmp_path):
     assert cfg["train"]["epochs"] == 2 and cfg["train"]["batch_size"] == 16
 
 
-RECIPES = ["crops", "dropout", "simcse", "tsdae", "ct", "mlm", "retromae", "retromae_infonce"]  # semcse: below
+# Every recipe that trains without LLM summaries (those are tested below, with vLLM).
+RECIPES = [name for name, recipe in REGISTRY.items() if not recipe.needs_summaries]
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -169,7 +172,8 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     catalog = Catalog(store)
     # The held-out model trained on none of the documents kNN accuracy is measured on.
-    pairs = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'pairs' AND label = 'crops-held-out'",
+    pairs = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'pairs' "
+                          "AND label = 'crops-held-out'",
                           [first])[0]["key"]
     trained_on = set(pd.read_parquet(store.root / "artifacts" / "pairs" / pairs / "pairs.parquet")["doc_id"])
     docs = pd.read_parquet(DEMO_DOCS).head(150)
@@ -181,7 +185,8 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
                              "AND metric LIKE 'knn_accuracy%' AND metric <> 'knn_accuracy_layerwise'", [first])
     assert held_out == [{"metric": "knn_accuracy", "split": "seed 42, test documents held out of training"}]
     scores = pd.DataFrame(catalog.query("SELECT label, metric, layer, pooling, step, value, status, task_type, "
-                                        "main_score, mteb_version, revision FROM run_metrics WHERE run_id = ?", [first]))
+                                        "main_score, mteb_version, revision FROM run_metrics WHERE run_id = ?",
+                                        [first]))
     # Layer-wise kNN: embedding layer and the one transformer layer, three poolings, for both models.
     layerwise = scores[scores["metric"] == "knn_accuracy_layerwise"]
     assert set(zip(layerwise["label"], layerwise["layer"], layerwise["pooling"])) == {

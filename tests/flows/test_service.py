@@ -38,8 +38,10 @@ def test_deployments_have_typed_forms_and_reject_bad_parameters(service, tmp_pat
     form = schema["definitions"]["RunParams"]["properties"]
     assert form["config"]["default"] == "configs/demo.yaml" and "Experiment YAML" in form["config"]["description"]
     assert {"overrides", "store"} <= set(form)
-    assert "methods" in service.deployment("train/train")["parameter_openapi_schema"]["definitions"]["TrainParams"]["properties"]
-    assert "force" in service.deployment("evaluate/evaluate")["parameter_openapi_schema"]["definitions"]["EvaluateParams"]["properties"]
+    assert "methods" in (service.deployment("train/train")["parameter_openapi_schema"]
+                         ["definitions"]["TrainParams"]["properties"])
+    assert "force" in (service.deployment("evaluate/evaluate")["parameter_openapi_schema"]
+                       ["definitions"]["EvaluateParams"]["properties"])
     service.deployment("summarize/summarize")
     nightly = service.deployment("evaluate/nightly")
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]

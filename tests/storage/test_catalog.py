@@ -18,7 +18,8 @@ def test_catalog_joins_runs_to_metrics(tmp_path):
     ref = ArtifactRef("evaluate", "e1")
     metrics = pd.DataFrame([dict(key="e1", model="m", dataset="d", metric="knn_accuracy", value=0.5,
                                  std=None, n=10, repeats=1, split="seed 42")])
-    with store.writing(ref, config={"k": 10}, inputs=[ArtifactRef("ingest", "docs")], code_version="v", libraries={}) as out:
+    with store.writing(ref, config={"k": 10}, inputs=[ArtifactRef("ingest", "docs")], code_version="v",
+                       libraries={}) as out:
         out.write_table("metrics", pa.Table.from_pandas(metrics, preserve_index=False))
     store.write_run("run-1", dict(run_id="run-1", name="x", status="completed", config_path="c.yaml",
                                   config={}, started_at="2026-01-01T00:00:00+00:00", finished_at=None,

@@ -48,7 +48,8 @@ def store_with_docs(tmp_path_factory):
 
 def test_embed_artifact_reads_back_each_layer_and_pooling_in_text_order(store_with_docs):
     store, docs = store_with_docs
-    ref = EMBED.run(store, EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=5), EmbedInputs(documents=docs))
+    ref = EMBED.run(store, EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=5),
+                    EmbedInputs(documents=docs))
     assert embedded_layers(store, ref) == list(range(7))
     texts = store.read_table(docs, "documents")["text"].to_pylist()
     encoder = PooledEncoder(MODEL, "cpu")

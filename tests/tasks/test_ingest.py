@@ -3,8 +3,7 @@ import json
 import pandas as pd
 import pytest
 
-from tasks.config import DataConfig
-from tasks.config import InputError
+from tasks.config import DataConfig, InputError
 from tasks.ingest import load_documents
 
 ROWS = [dict(doc_id="a", title="T1", text="First text.", label="x", split="train"),

@@ -1,8 +1,8 @@
 import pyarrow as pa
 
 from tasks.config import SentenceConfig
-from tasks.sentences import sentence_table
 from tasks.pairs import Replacement, build_crops, crops_by_document, draw_pairs, draw_summary_pairs
+from tasks.sentences import sentence_table
 
 
 def s(ch, n=120):

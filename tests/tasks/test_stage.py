@@ -27,7 +27,8 @@ def run_stage(store: ArtifactStore, stage: Stage, job: Job, retry: RetryConfig) 
     """The task's final state name and its result (the artifact, or the exception)."""
     @flow
     def one_stage():
-        state = stage.as_task(store, retry)(str(store.root), job, NoInputs(), stage.ref(job, NoInputs()), return_state=True)
+        state = stage.as_task(store, retry)(str(store.root), job, NoInputs(), stage.ref(job, NoInputs()),
+                                            return_state=True)
         return state.name, state.result(raise_on_failure=False)
 
     return one_stage()
@@ -35,7 +36,8 @@ def run_stage(store: ArtifactStore, stage: Stage, job: Job, retry: RetryConfig) 
 
 def test_a_transient_failure_is_retried_and_the_stage_completes(prefect_harness, tmp_path):
     store, attempts = ArtifactStore(tmp_path), []
-    state, ref = run_stage(store, flaky_stage(attempts), Job(fail_with="memory", failures=2), RetryConfig(attempts=2, delay_s=0))
+    state, ref = run_stage(store, flaky_stage(attempts), Job(fail_with="memory", failures=2),
+                           RetryConfig(attempts=2, delay_s=0))
     assert state == "Completed" and len(attempts) == 3
     assert store.exists(ref)
 
@@ -49,7 +51,8 @@ def test_retries_run_out(prefect_harness, tmp_path):
 
 def test_bad_input_is_not_retried(prefect_harness, tmp_path):
     store, attempts = ArtifactStore(tmp_path), []
-    state, error = run_stage(store, flaky_stage(attempts), Job(fail_with="input", failures=1), RetryConfig(attempts=3, delay_s=0))
+    state, error = run_stage(store, flaky_stage(attempts), Job(fail_with="input", failures=1),
+                             RetryConfig(attempts=3, delay_s=0))
     assert state == "Failed" and isinstance(error, InputError) and attempts == ["input"]
     assert not any((tmp_path / "artifacts").glob("*/*/manifest.json"))
 

@@ -14,8 +14,8 @@ from storage import ArtifactStore
 from tasks.config import SEMCSE_PROMPTS, DataConfig, Sampling, SummaryConfig
 from tasks.ingest import INGEST
 from tasks.llm import prompt_prefix
-from tasks.summarize import SUMMARIZE, SummarizeInputs, build_prompt, first_sentence, pool_key, summary_status
 from tasks.stage import NoInputs
+from tasks.summarize import SUMMARIZE, SummarizeInputs, build_prompt, first_sentence, pool_key, summary_status
 from tests.helpers import DEMO_DOCS, REPO
 
 SOURCE = "Aspirin lowers the risk of stroke in older adults.\nWe followed 900 patients for ten years."

@@ -72,7 +72,8 @@ def test_frozen_embeddings_and_layers_stay_bit_identical(tmp_path, recipe):
     save_random_encoder(cfg.name_or_path, cfg.random_init, folder)
     train = CFG.model_copy(update={"freeze_embeddings": True, "freeze_layers": 1})
     model = sentence_model(str(folder), 32)
-    objective = frozen_objective(model, TrainJob.for_method(None, MethodConfig(name=recipe, recipe=recipe), train, None))
+    objective = frozen_objective(model, TrainJob.for_method(None, MethodConfig(name=recipe, recipe=recipe), train,
+                                                            None))
     before = weights(model)
     train_model(objective, [PAIRS[0][:8]], train, Checkpoints(tmp_path / "ckpt"))
     after = weights(model)

@@ -5,13 +5,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from sentence_transformers.sentence_transformer.losses import ContrastiveTensionLossInBatchNegatives
 from torch import nn
 
 from tasks.config import TrainConfig
 from tasks.methods.infonce import InfoNCELoss, info_nce
 from tasks.methods.tsdae import delete_words, tsdae_loss
 from tasks.models import sentence_model
-from sentence_transformers.sentence_transformer.losses import ContrastiveTensionLossInBatchNegatives
 
 
 def test_word_deletion_deletes_sixty_percent_not_forty():
