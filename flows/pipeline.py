@@ -19,9 +19,8 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.params import RunParams, TrainParams
-from storage import ArtifactRef, ArtifactStore
 from storage.runs import RunRecord
-from storage.store import open_store
+from storage.store import ArtifactRef, ArtifactStore, open_store
 from tasks.config import ConfigError, MethodConfig, PipelineConfig, TrainConfig, load_config
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
@@ -63,21 +62,26 @@ class Run:
     def __init__(self, cfg: PipelineConfig, store: ArtifactStore, params: RunParams, flow_name: str):
         self.cfg, self.store = cfg, store
         self.rebuild_stale = params.rebuild_stale_versions
+        self.rebuilt: set[str] = set()  # keys built again this run: what reads them is built again too
         self.record = RunRecord(store, str(flow_run.id or f"local-{os.getpid()}"), name=cfg.name, flow=flow_name,
                                 config_path=params.config, overrides=params.overrides,
                                 config=cfg.model_dump(mode="json"))
 
     def stage(self, stage: Stage, config, inputs: Inputs, label: str = "", method: str = "",
               force: bool = False) -> ArtifactRef:
+        """Run `stage` as a cached task; `force` builds it again even if the store has it."""
         ref = stage.ref(config, inputs)  # once per call: the task and its cache policy are handed it
         changes = stage.version_changes(self.store, ref)
-        if changes and not (force or self.rebuild_stale):
+        # An input built again under the same key may hold other bytes: its readers are rebuilt too.
+        force = force or any(i.key in self.rebuilt for i in inputs.refs()) or bool(changes and self.rebuild_stale)
+        if changes and not force:
             get_run_logger().warning(
-                "%s: cached artifact %s was built with other library versions (%s); "
-                "--rebuild-stale-versions rebuilds it", stage.display(label), ref.address,
-                ", ".join(f"{lib} {was} → {now_}" for lib, (was, now_) in changes.items()))
-        if (force or (changes and self.rebuild_stale)) and self.store.exists(ref):
+                "%s: cached artifact %s was built with other library versions (%s); rerun with "
+                "--rebuild-stale-versions (rebuild_stale_versions in the UI) to rebuild it", stage.display(label),
+                ref.address, ", ".join(f"{lib} {was} → {now_}" for lib, (was, now_) in changes.items()))
+        if force and self.store.exists(ref):
             self.store.discard(ref)  # Prefect's cache record goes with it (Stage.as_task)
+            self.rebuilt.add(ref.key)
         runner = stage.as_task(self.store, self.cfg.retries).with_options(task_run_name=stage.display(label))
         state = runner(str(self.store.root), config, inputs, ref, label, return_state=True)
         self.record.add_stage(ref, state.name, label, method, changes)

@@ -1,8 +1,4 @@
-"""Everything embforge writes to disk: the artifact store and the DuckDB catalog over it."""
-
-from storage.catalog import METRICS_SCHEMA, Catalog, metrics_table
-from storage.shards import ShardPool
-from storage.store import ArtifactRef, ArtifactStore, file_digest, stable_hash
-
-__all__ = ["METRICS_SCHEMA", "ArtifactRef", "ArtifactStore", "Catalog", "ShardPool", "metrics_table", "file_digest",
-           "stable_hash"]
+"""Everything embforge writes to disk: the artifact store (storage/store.py), pools of rows kept
+across runs (storage/shards.py), run records (storage/runs.py) and the DuckDB catalog over them
+(storage/catalog.py). Import from the module you need: a stage that never reads the catalog does
+not depend on its code (a stage's identity follows its imports)."""

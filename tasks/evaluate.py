@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from storage import ArtifactRef, ArtifactStore, metrics_table
-from storage.store import ArtifactWriter
+from storage.catalog import metrics_table
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks import embed, ingest, plots
 from tasks.config import KnnConfig, Section, StsConfig
 from tasks.encode import POOLINGS

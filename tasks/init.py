@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from storage import ArtifactRef, ArtifactStore
-from storage.store import ArtifactWriter
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks.config import ModelConfig, RandomInitConfig
 from tasks.models import model_identity, save_random_encoder
 from tasks.stage import NoInputs, Stage

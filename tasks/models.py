@@ -15,7 +15,7 @@ import torch
 from sentence_transformers import SentenceTransformer, models
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from storage import ArtifactRef, ArtifactStore, file_digest
+from storage.store import ArtifactRef, ArtifactStore, file_digest
 from tasks.config import InputError, RandomInitConfig
 from tasks.stage import Inputs
 

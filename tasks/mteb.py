@@ -12,8 +12,8 @@ import logging
 
 from pydantic import Field
 
-from storage import ArtifactRef, ArtifactStore, file_digest, metrics_table
-from storage.store import ArtifactWriter
+from storage.catalog import metrics_table
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
 from tasks import mteb_eval
 from tasks.config import LocalTaskConfig, MtebSettings, Section
 from tasks.models import ModelInputs, model_identity

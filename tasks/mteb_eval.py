@@ -57,7 +57,7 @@ from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.models import SentenceTransformerEncoderWrapper
 from sentence_transformers import SentenceTransformer, models
 
-from storage import file_digest, stable_hash
+from storage.store import file_digest, stable_hash
 from tasks.config import InputError, LocalTaskConfig, MtebSettings
 from tasks.ingest import read_pairs, read_table, rows_of_split
 from tasks.models import POOLING_MODES, pick_device, resolve_model

@@ -28,8 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from storage import ArtifactRef, ArtifactStore
-from storage.store import ArtifactWriter
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks.config import InputError, KnnConfig, MethodConfig, Section
 from tasks.methods.recipes import RECIPES, View
 from tasks.methods.tsdae import delete_words

@@ -18,9 +18,10 @@ import pandas as pd
 import pyarrow as pa
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import model_validator
 
-from storage import ArtifactRef, ArtifactStore, Catalog
-from storage.store import ArtifactWriter
+from storage.catalog import Catalog
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks import plots
 from tasks.config import Section
 from tasks.evaluate import CURVES, PICTURES
@@ -82,6 +83,13 @@ class ReportEntry(Section):
 class ReportJob(Section):
     title: str
     entries: list[ReportEntry]
+
+    @model_validator(mode="after")
+    def _unique_labels(self) -> ReportJob:
+        labels = [e.label for e in self.entries]
+        if len(labels) != len(set(labels)):
+            raise ValueError(f"report: model labels must be unique, got {labels}")
+        return self
 
 
 class ReportInputs(Inputs):
@@ -177,13 +185,13 @@ def draw_curves(catalog: Catalog, entries: list[dict], out: ArtifactWriter, titl
     return pictures
 
 
-def tsne_pictures(store: ArtifactStore, entries: list[dict]) -> list[tuple[str, str]]:
-    """Links, relative to a report folder, to each model's t-SNE map."""
+def tsne_pictures(store: ArtifactStore, entries: list[dict], report: ArtifactRef) -> list[tuple[str, str]]:
+    """Links, relative to the report's folder, to each model's t-SNE map."""
     found = []
     for e in entries:
         scores = ArtifactRef("evaluate", e["key"])
         if (store.path(scores) / PICTURES["tsne"]).is_file():
-            found.append((f"t-SNE: {e['label']}", f"../../{scores.address}/{PICTURES['tsne']}"))
+            found.append((f"t-SNE: {e['label']}", store.link(report, scores, PICTURES["tsne"])))
     return found
 
 
@@ -192,7 +200,7 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
     entries = entries_for(job, inputs)
     catalog = Catalog(store)
     out.write_table("report", pa.Table.from_pandas(long_rows(catalog, entries), preserve_index=False))
-    pictures = draw_curves(catalog, entries, out, job.title) + tsne_pictures(store, entries)
+    pictures = draw_curves(catalog, entries, out, job.title) + tsne_pictures(store, entries, ref)
     markdown = to_markdown(job.title, comparison_table(catalog, entries), skipped_notes(catalog, entries), pictures)
     out.write_text("report.md", markdown)
     log.info("\n%s", markdown)

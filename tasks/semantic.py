@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow.compute as pc
 from pydantic import Field
 
-from storage import ArtifactRef, ArtifactStore, metrics_table
-from storage.store import ArtifactWriter
+from storage.catalog import metrics_table
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks import embed, encode
 from tasks.config import Section, SemanticConfig
 from tasks.metrics import semantic

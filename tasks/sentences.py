@@ -15,8 +15,7 @@ import blingfire
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage import ArtifactRef, ArtifactStore
-from storage.store import ArtifactWriter
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks.config import SentenceConfig
 from tasks.stage import Inputs, Stage
 

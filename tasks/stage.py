@@ -2,7 +2,7 @@
 
 A stage's key = hash(stage name, its config section, its inputs' keys by role, extra key material
 such as input-file digests, and its code version: the source of the module that defines its build
-function and of every first-party module that imports, transitively; tasks/identity.py). The
+function and of every first-party module it imports, transitively; tasks/identity.py). The
 same key is the Prefect cache key and the artifact's folder name, so Prefect's `Cached` state and
 the store agree. If the store was deleted, Prefect's cache records go with it.
 """
@@ -18,8 +18,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import CacheKeyFnPolicy
 from pydantic import BaseModel, ConfigDict
 
-from storage import ArtifactRef, ArtifactStore
-from storage.store import ArtifactWriter, stable_hash
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_hash
 from tasks.config import ConfigError, InputError, RetryConfig
 from tasks.identity import code_version, library_versions, version_changes
 from tasks.progress import current_stage
@@ -94,7 +93,9 @@ class Stage(Generic[ConfigT, InputsT]):
 
     def version_changes(self, store: ArtifactStore, ref: ArtifactRef) -> dict[str, list[str | None]]:
         """Libraries whose version differs from the one the stored artifact was built with."""
-        return version_changes(store.manifest(ref).get("libraries")) if store.exists(ref) else {}
+        if not store.exists(ref):
+            return {}
+        return version_changes(store.manifest(ref).get("libraries"), self.build.__module__)
 
     def display(self, label: str = "") -> str:
         """How logs and progress name what is built: `embed[crops]`, or the stage's name alone."""
@@ -117,7 +118,8 @@ class Stage(Generic[ConfigT, InputsT]):
         building = current_stage.set((name, ref.key))
         try:
             with store.writing(ref, config=config.model_dump(mode="json"), inputs=inputs.refs(),
-                               code_version=self.code_version, libraries=library_versions()) as out:
+                               roles=inputs.key_by_role(), code_version=self.code_version,
+                               libraries=library_versions(self.build.__module__)) as out:
                 self.build(store, config, inputs, out, ref, log)
         finally:
             current_stage.reset(building)

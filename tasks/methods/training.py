@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 
 from tasks.config import TrainConfig
-from tasks.methods.recipes import Objective, Pair
+from tasks.methods.objectives import Objective
+from tasks.methods.recipes import Pair
 from tasks.progress import StageProgress
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import ArtifactRef, ArtifactStore, Catalog
+from storage.catalog import Catalog
+from storage.store import ArtifactRef, ArtifactStore
 from tests.helpers import tiny_config
 
 EMBFORGE = [sys.executable, "-m", "flows.cli"]

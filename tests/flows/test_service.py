@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from storage import ArtifactStore, Catalog
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
 from tests.helpers import REPO, SECRET, tiny_config
 
 pytestmark = pytest.mark.slow  # a real server, flow runs in subprocesses: minutes

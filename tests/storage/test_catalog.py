@@ -1,7 +1,8 @@
 import pandas as pd
 import pyarrow as pa
 
-from storage import ArtifactRef, ArtifactStore, Catalog
+from storage.catalog import Catalog
+from storage.store import ArtifactRef, ArtifactStore
 
 
 def test_views_exist_on_an_empty_store(tmp_path):

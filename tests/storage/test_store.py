@@ -3,7 +3,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from storage import ArtifactRef, ArtifactStore, file_digest, stable_hash
+from storage.store import ArtifactRef, ArtifactStore, file_digest, stable_hash
 
 
 def write(store, ref, rows=3):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from storage import ArtifactStore
+from storage.store import ArtifactStore
 from tasks.config import DataConfig
 from tasks.embed import EMBED, EmbedInputs, EmbedJob, embedded_layers, read_embeddings
 from tasks.encode import POOLINGS, PooledEncoder, pool

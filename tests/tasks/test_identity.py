@@ -125,10 +125,24 @@ def test_relative_imports_and_packages_are_followed():
     assert {"tasks.metrics.knn", "tasks.methods.tsdae", "tasks.methods", "tasks"} <= names
 
 
-def test_library_versions_differences_are_named():
-    now = identity.library_versions()
-    assert now["torch"] and now["transformers"] and now["sentence-transformers"] and now["mteb"]
-    assert identity.version_changes(now) == {}
-    older = {**now, "torch": "1.0.0"}
-    assert identity.version_changes(older) == {"torch": ["1.0.0", now["torch"]]}
-    assert set(identity.version_changes(None)) == {lib for lib, v in now.items() if v is not None}
+def test_data_stages_do_not_depend_on_losses_or_the_catalog():
+    """The registry the config reads is data only, and `storage` does not import the catalog."""
+    import_every_stage()
+    for name in ("ingest", "sentences", "pairs"):
+        closure = identity.module_closure(STAGES[name].build.__module__)
+        assert not {"tasks.methods.objectives", "tasks.methods.training", "tasks.methods.retromae",
+                    "storage.catalog"} & set(closure), name
+    assert "tasks.methods.objectives" in identity.module_closure(STAGES["train"].build.__module__)
+
+
+def test_library_versions_follow_what_the_stage_imports():
+    import_every_stage()
+    assert identity.libraries_used("tasks.ingest") == ()
+    assert set(identity.libraries_used("tasks.train")) == {"torch", "transformers", "sentence-transformers"}
+    assert "mteb" in identity.libraries_used("tasks.mteb") and "vllm" in identity.libraries_used("tasks.summarize")
+    now = identity.library_versions("tasks.mteb")
+    assert all(now[lib] for lib in ("torch", "transformers", "sentence-transformers", "mteb"))
+    assert identity.version_changes(now, "tasks.mteb") == {}
+    older = {**now, "torch": "1.0.0", "vllm": "0.0.1"}  # vllm: not the mteb stage's business
+    assert identity.version_changes(older, "tasks.mteb") == {"torch": ["1.0.0", now["torch"]]}
+    assert set(identity.version_changes(None, "tasks.mteb")) == set(now)  # recorded before versions were

@@ -7,7 +7,7 @@ from prefect import flow, get_client, task
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
 from prefect.runtime import flow_run
 
-from storage import ArtifactStore
+from storage.store import ArtifactStore
 from tasks.config import DataConfig
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.ingest import INGEST

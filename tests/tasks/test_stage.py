@@ -3,7 +3,7 @@
 import pyarrow as pa
 from prefect import flow
 
-from storage import ArtifactStore
+from storage.store import ArtifactStore
 from tasks.config import InputError, RetryConfig, Section
 from tasks.stage import NoInputs, Stage
 

@@ -10,7 +10,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from storage import ArtifactStore
+from storage.store import ArtifactStore
 from tasks.config import SEMCSE_PROMPTS, DataConfig, Sampling, SummaryConfig
 from tasks.ingest import INGEST
 from tasks.llm import prompt_prefix
@@ -83,10 +83,10 @@ def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, l
 
 KILLABLE = """
 import sys
-from storage import ArtifactStore
+from storage.store import ArtifactStore
 from tasks.config import SummaryConfig
 from tasks.summarize import SUMMARIZE, SummarizeInputs
-from storage import ArtifactRef
+from storage.store import ArtifactRef
 store = ArtifactStore(sys.argv[1])
 job = SummaryConfig.model_validate_json(sys.argv[2])
 SUMMARIZE.run(store, job, SummarizeInputs(documents=ArtifactRef("ingest", sys.argv[3])))

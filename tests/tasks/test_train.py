@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from tasks.config import MethodConfig, ModelConfig, RandomInitConfig, TrainConfig
-from tasks.methods.recipes import build_objective
+from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, make_batches, train_model
 from tasks.models import save_random_encoder, sentence_model
 from tasks.train import TrainJob, frozen_objective
@@ -21,7 +21,7 @@ def init_dir(tmp_path_factory):
 
 
 def train_contrastive(model, pairs, cfg, checkpoints, on_step=None):
-    return train_model(build_objective(model, "crops", cfg, mask_ratio=None), pairs, cfg, checkpoints, on_step=on_step)
+    return train_model(build_objective(model, "crops", cfg, None, None), pairs, cfg, checkpoints, on_step=on_step)
 
 
 def weights(model):
@@ -130,7 +130,7 @@ def test_learning_curve_is_measured_every_n_steps_without_changing_training(init
         model.train()
         return 0.5
 
-    curve = train_model(build_objective(model, "crops", cfg, mask_ratio=None), PAIRS, cfg, Checkpoints(tmp_path / "b"),
+    curve = train_model(build_objective(model, "crops", cfg, None, None), PAIRS, cfg, Checkpoints(tmp_path / "b"),
                         measure=measure)
     assert [h.step for h in curve if h.knn_accuracy is not None] == [3, 6, 9, 10]
     assert [h.loss for h in curve] == [h.loss for h in plain]  # measuring does not disturb the RNG

@@ -5,6 +5,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 from torch import nn
 
+from tasks.config import MethodConfig
 from tasks.methods.mlm import MaskedLMLoss, masked_lm_head
 from tasks.methods.retromae import RetroMAELoss, decoder_attention_mask, retromae_features
 from tasks.models import sentence_model
@@ -15,6 +16,9 @@ TEXTS = ["Unbelievable hepatocellular carcinoma outcomes were reported.",
          "No change."]
 POSITIVES = ["Survival improved after resection.", "She went home on day three.",
              "Wound infections were rare.", "Results were similar."]
+
+# The papers' settings, as a method config resolves them.
+PAPER = MethodConfig(name="retromae", recipe="retromae")
 
 
 @pytest.fixture
@@ -58,7 +62,7 @@ def test_retromae_features_word_ids(model):
 
 def test_retromae_loss_trains_encoder_and_decoder(model):
     torch.manual_seed(0)
-    loss_fn = RetroMAELoss(model)
+    loss_fn = RetroMAELoss(model, PAPER.resolved_mask_ratio, PAPER.resolved_decoder_visible)
     loss = loss_fn([retromae_features(model, TEXTS)])
     assert torch.isfinite(loss)
     loss.backward()
@@ -69,7 +73,7 @@ def test_retromae_loss_trains_encoder_and_decoder(model):
 
 
 def test_decoder_and_head_share_the_encoder_embeddings(model):
-    loss_fn = RetroMAELoss(model)
+    loss_fn = RetroMAELoss(model, PAPER.resolved_mask_ratio, PAPER.resolved_decoder_visible)
     embedding = model.transformers_model.get_input_embeddings().weight
     projection = [m for m in loss_fn.head.modules() if isinstance(m, nn.Linear)][-1]
     assert projection.weight is embedding
@@ -79,7 +83,7 @@ def test_decoder_and_head_share_the_encoder_embeddings(model):
 
 
 def test_infonce_term_is_added_for_the_same_random_draws(model):
-    loss_fn = RetroMAELoss(model, temperature=0.05)
+    loss_fn = RetroMAELoss(model, PAPER.resolved_mask_ratio, PAPER.resolved_decoder_visible, temperature=0.05)
     features = [retromae_features(model, TEXTS), retromae_features(model, POSITIVES)]
     torch.manual_seed(3)
     terms = loss_fn.losses(features)
@@ -97,7 +101,7 @@ def test_infonce_term_is_added_for_the_same_random_draws(model):
 
 def test_masked_lm_loss_backpropagates_and_ties_head(model):
     torch.manual_seed(0)
-    loss_fn = MaskedLMLoss(model)
+    loss_fn = MaskedLMLoss(model, MethodConfig(name="m", recipe="mlm").resolved_mask_ratio)
     projection = [m for m in loss_fn.head.modules() if isinstance(m, nn.Linear)][-1]
     assert projection.weight is model.transformers_model.get_input_embeddings().weight
     loss = loss_fn([model.preprocess(TEXTS)])  # includes the 'modality' string entry
@@ -115,7 +119,7 @@ def test_head_falls_back_to_config_when_folder_is_gone(model):
 
 def test_only_the_encoder_is_saved(model, tmp_path):
     torch.manual_seed(0)
-    loss_fn = RetroMAELoss(model, temperature=0.05)
+    loss_fn = RetroMAELoss(model, PAPER.resolved_mask_ratio, PAPER.resolved_decoder_visible, temperature=0.05)
     optimizer = torch.optim.Adam(loss_fn.parameters(), lr=1e-3)
     before = model.encode(TEXTS, convert_to_tensor=True)
     features = [retromae_features(model, TEXTS), retromae_features(model, POSITIVES)]

@@ -1,0 +1,102 @@
+"""The loss of every recipe in the registry (tasks/methods/recipes.py), and its collate function.
+
+Kept apart from the registry so that the config and the data stages do not import (and so do not
+depend on) the losses: a stage's identity follows its imports. `OBJECTIVES` must name exactly the
+registry's recipes; importing this module checks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.losses import ContrastiveTensionLossInBatchNegatives, MatryoshkaLoss
+from torch import nn
+
+from tasks.config import TrainConfig
+from tasks.methods.infonce import InfoNCELoss
+from tasks.methods.mlm import MaskedLMLoss, to_device
+from tasks.methods.recipes import RECIPES, Pair, Recipe
+from tasks.methods.retromae import RetroMAELoss, retromae_features
+from tasks.methods.triplet import TripletInBatchLoss
+from tasks.methods.tsdae import tsdae_loss
+
+
+@dataclass
+class Objective:
+    loss: nn.Module  # holds the model (and any training-only decoder or head) as submodules
+    collate: Callable[[list[Pair]], list[dict]]  # a batch of texts -> the loss's sentence_features
+
+
+# (recipe, model, train config, encoder mask ratio, RetroMAE's decoder_visible) -> the objective;
+# the last two are None for recipes that do not use them (MethodConfig resolves them).
+ObjectiveFn = Callable[[Recipe, SentenceTransformer, TrainConfig, "float | None", "float | None"], Objective]
+
+
+def tokens(model: SentenceTransformer, texts: list[str]) -> dict:
+    return to_device(model.preprocess(texts), model.device)
+
+
+def anchors_and_positives(model: SentenceTransformer) -> Callable[[list[Pair]], list[dict]]:
+    # Two passes, as sentence-transformers does: one pass over 2B rows was 25% slower on CPU.
+    return lambda batch: [tokens(model, [a for a, _ in batch]), tokens(model, [p for _, p in batch])]
+
+
+def info_nce(one_pass: bool) -> ObjectiveFn:
+    def objective(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+        loss = InfoNCELoss(model, cfg.temperature, cfg.head or recipe.head, one_pass)
+        if cfg.matryoshka_dims:
+            loss = MatryoshkaLoss(model, loss, sorted(cfg.matryoshka_dims, reverse=True))
+        if one_pass:  # 2B rows: anchors, then positives; each row gets its own dropout mask
+            return Objective(loss, lambda batch: [tokens(model, [a for a, _ in batch] + [p for _, p in batch])])
+        return Objective(loss, anchors_and_positives(model))
+    return objective
+
+
+def semcse_triplet(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+    # (anchor summary, positive): the other rows' positives are the negatives
+    return Objective(TripletInBatchLoss(model, cfg.margin, cfg.l2_weight), anchors_and_positives(model))
+
+
+def semcse_info_nce(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+    return Objective(InfoNCELoss(model, cfg.temperature, "none", False), anchors_and_positives(model))
+
+
+def contrastive_tension(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+    # Two copies of the encoder embed the same sentence; the one passed in is kept.
+    return Objective(ContrastiveTensionLossInBatchNegatives(model, scale=1 / cfg.temperature),
+                     lambda batch: [tokens(model, [a for a, _ in batch])])
+
+
+def tsdae(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+    return Objective(tsdae_loss(model), anchors_and_positives(model))  # (noisy input, original)
+
+
+def masked_lm(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+    # The MLM and RetroMAE losses move their own inputs to the device.
+    return Objective(MaskedLMLoss(model, mask_ratio), lambda batch: [model.preprocess([a for a, _ in batch])])
+
+
+def retromae(with_infonce: bool) -> ObjectiveFn:
+    def objective(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+        loss = RetroMAELoss(model, mask_ratio, decoder_visible, cfg.temperature if with_infonce else None)
+        sides = (0, 1) if with_infonce else (0,)
+        return Objective(loss, lambda batch: [retromae_features(model, [pair[i] for pair in batch]) for i in sides])
+    return objective
+
+
+OBJECTIVES: dict[str, ObjectiveFn] = {
+    "crops": info_nce(False), "dropout": info_nce(False), "simcse": info_nce(True), "tsdae": tsdae,
+    "ct": contrastive_tension, "mlm": masked_lm, "retromae": retromae(False), "retromae_infonce": retromae(True),
+    "semcse": semcse_triplet, "semcse_infonce": semcse_info_nce,
+}
+if set(OBJECTIVES) != set(RECIPES):
+    raise RuntimeError(f"objectives and recipe registry disagree: {sorted(set(OBJECTIVES) ^ set(RECIPES))}")
+
+
+def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, mask_ratio: float | None,
+                    decoder_visible: float | None) -> Objective:
+    """The recipe's loss around `model`; `mask_ratio` and `decoder_visible` as the method config
+    resolves them."""
+    return OBJECTIVES[recipe](RECIPES[recipe], model, cfg, mask_ratio, decoder_visible)

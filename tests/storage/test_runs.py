@@ -1,0 +1,28 @@
+"""Run records: rewritten after every step, readable by the catalog at any point."""
+
+import json
+
+from storage.catalog import Catalog
+from storage.runs import RunRecord
+from storage.store import ArtifactRef, ArtifactStore
+
+
+def test_a_record_shows_how_far_the_run_got_and_what_was_stale(tmp_path):
+    store = ArtifactStore(tmp_path)
+    record = RunRecord(store, "run-1", name="x", flow="pipeline", config_path="c.yaml", overrides={"a.b": 1},
+                       config={"name": "x"})
+    record.add_stage(ArtifactRef("ingest", "k1"), "Completed", label="", method="")
+    record.add_stage(ArtifactRef("train", "k2"), "Cached", label="crops", method="crops",
+                     version_changes={"torch": ["1.0.0", "2.13.0"]})
+    catalog = Catalog(store)
+    assert catalog.query("SELECT status FROM runs") == [{"status": "running"}]  # a killed run stays so
+    rows = catalog.query("SELECT stage, label, state, version_changes FROM run_stages ORDER BY position")
+    assert [(r["stage"], r["label"], r["state"]) for r in rows] == [
+        ("ingest", "", "Completed"), ("train", "crops", "Cached")]
+    assert rows[0]["version_changes"] is None
+    assert json.loads(rows[1]["version_changes"]) == {"torch": ["1.0.0", "2.13.0"]}
+    record.register([dict(label="crops", method="crops", artifact="train/k2", external=None, pooling="mean",
+                          knn_holdout=False)])
+    record.finish("completed")
+    assert Catalog(store).query("SELECT label, artifact FROM models") == [{"label": "crops", "artifact": "train/k2"}]
+    assert Catalog(store).query("SELECT status, error FROM runs") == [{"status": "completed", "error": None}]
