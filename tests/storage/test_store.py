@@ -72,3 +72,21 @@ def test_run_records_are_replaced_atomically(tmp_path):
     files = list((tmp_path / "runs").iterdir())
     assert [f.name for f in files] == ["r1.json"]
     assert json.loads(files[0].read_text())["status"] == "completed"
+
+
+def test_a_folder_is_hashed_once_until_a_file_changes(tmp_path, monkeypatch):
+    from storage import store as store_module
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"\0" * 1000)
+    (folder / "config.json").write_text("{}")
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
+    store_module._digest.cache_clear()
+    first = file_digest(folder)
+    assert file_digest(folder) == first and file_digest(str(folder)) == first
+    assert len(opened) == 2  # each file read once, for the first call only
+    (folder / "config.json").write_text('{"hidden": 8}')
+    assert file_digest(folder) != first
