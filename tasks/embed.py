@@ -66,6 +66,13 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     out.extra.update(texts=len(texts), layers=layers, dim=int(emb.shape[-1]))
 
 
+class EmbeddedDocumentsInputs(ModelInputs):
+    """What a scoring stage reads: the documents, their embed artifact and (if embforge made it) the model."""
+
+    documents: ArtifactRef
+    embeddings: ArtifactRef
+
+
 def read_embeddings(store: ArtifactStore, ref: ArtifactRef, pooling: str, layer: int | None = None) -> np.ndarray:
     """The (texts × dim) matrix of one layer (default: the last) and pooling, in text order."""
     table = store.read_table(ref, "embeddings").select(["row", "layer", pooling])

@@ -22,7 +22,6 @@ from tasks import embed, ingest, plots
 from tasks.config import KnnConfig, Section, StsConfig
 from tasks.encode import POOLINGS
 from tasks.metrics import geometry, knn, sts
-from tasks.models import ModelInputs
 from tasks.stage import Stage
 
 PICTURES = {"tsne": "tsne.png", "layerwise": "layerwise.png", "learning_curve": "learning_curve.png"}
@@ -81,9 +80,7 @@ def learning_curve_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> 
             for s, a in zip(steps["step"], steps["knn_accuracy"])]
 
 
-class EvaluateInputs(ModelInputs):
-    documents: ArtifactRef
-    embeddings: ArtifactRef
+class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     sts_embeddings: ArtifactRef | None = None
 
 

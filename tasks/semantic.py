@@ -27,7 +27,7 @@ from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks import embed, encode
 from tasks.config import Section, SemanticConfig
 from tasks.metrics import semantic
-from tasks.models import ModelInputs, model_identity
+from tasks.models import model_identity
 from tasks.stage import Stage
 
 
@@ -42,9 +42,7 @@ class SemanticJob(Section):
     device: str = "auto"
 
 
-class SemanticInputs(ModelInputs):
-    documents: ArtifactRef
-    embeddings: ArtifactRef
+class SemanticInputs(embed.EmbeddedDocumentsInputs):
     summaries: ArtifactRef | None = None
 
 
