@@ -46,20 +46,40 @@ def make_batches(pairs_per_epoch: list[list[Pair]], batch_size: int) -> list[tup
 
 
 class Checkpoints:
-    """The latest resumable state of one training run, saved atomically in `folder`."""
+    """The two latest resumable states of one training run, saved atomically in `folder`.
+
+    Loading never runs code (`weights_only`: tensors, numbers, strings, lists and dicts only), so a
+    writable store is no way to attack whoever resumes; a checkpoint that cannot be read (cut short
+    by a full disk, or crafted) is set aside with a warning and the one before it is used.
+    """
 
     def __init__(self, folder: Path):
         self.folder = folder
         self.path = folder / "checkpoint.pt"
+        self.previous = folder / "checkpoint.previous.pt"
 
     def save(self, state: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".checkpoint.{os.getpid()}.tmp"
         torch.save(state, tmp)
-        os.replace(tmp, self.path)  # a kill mid-save leaves the previous checkpoint intact
+        if self.path.is_file():
+            os.replace(self.path, self.previous)
+        os.replace(tmp, self.path)  # a kill at any point leaves at least one complete checkpoint
 
-    def load(self) -> dict | None:
-        return torch.load(self.path, weights_only=False) if self.path.is_file() else None
+    def load(self, log: logging.Logger | logging.LoggerAdapter | None = None) -> dict | None:
+        """The newest readable state, or None to start from step 0."""
+        for path in (self.path, self.previous):
+            if not path.is_file():
+                continue
+            try:
+                return torch.load(path, weights_only=True)
+            except Exception as e:  # truncated, not a checkpoint, or holding objects that would run code
+                aside = path.with_name(f"{path.name}.unreadable")
+                os.replace(path, aside)
+                (log or logging.getLogger("embforge.train")).warning(
+                    "checkpoint %s cannot be read (%s: %s); set aside as %s, trying an earlier one",
+                    path.name, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "", aside.name)
+        return None
 
 
 def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: TrainConfig,
@@ -84,7 +104,7 @@ def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: Tr
     torch.manual_seed(cfg.seed)
     history: list[StepLog] = []
 
-    state = checkpoints.load()
+    state = checkpoints.load(log)
     if state is not None:
         loss_fn.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

@@ -28,17 +28,20 @@ def weights(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def test_resume_after_a_crash_gives_bit_identical_weights(init_dir, tmp_path):
-    straight = sentence_model(init_dir, CFG.max_length)
-    full = train_contrastive(straight, PAIRS, CFG, Checkpoints(tmp_path / "a"))
-
+def killed_at_step_7(init_dir, folder):
+    """A training run killed after step 7: checkpoints at steps 2, 4 and 6 (the last two kept)."""
     def crash(entry):
         if entry.step == 7:
             raise KeyboardInterrupt("killed")
 
-    crashed = sentence_model(init_dir, CFG.max_length)
     with pytest.raises(KeyboardInterrupt):
-        train_contrastive(crashed, PAIRS, CFG, Checkpoints(tmp_path / "b"), on_step=crash)
+        train_contrastive(sentence_model(init_dir, CFG.max_length), PAIRS, CFG, Checkpoints(folder), on_step=crash)
+
+
+def test_resume_after_a_crash_gives_bit_identical_weights(init_dir, tmp_path):
+    straight = sentence_model(init_dir, CFG.max_length)
+    full = train_contrastive(straight, PAIRS, CFG, Checkpoints(tmp_path / "a"))
+    killed_at_step_7(init_dir, tmp_path / "b")
     assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["history"][-1]["step"] == 6
 
     resumed_model = sentence_model(init_dir, CFG.max_length)  # a fresh process starts from the init
@@ -134,3 +137,38 @@ def test_learning_curve_is_measured_every_n_steps_without_changing_training(init
                         measure=measure)
     assert [h.step for h in curve if h.knn_accuracy is not None] == [3, 6, 9, 10]
     assert [h.loss for h in curve] == [h.loss for h in plain]  # measuring does not disturb the RNG
+
+
+class RunsAShellCommand:
+    """What a crafted checkpoint could hold: unpickling it would run `touch`."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_crafted_checkpoint_runs_nothing_and_training_starts_over(init_dir, tmp_path):
+    marker = tmp_path / "pwned"
+    (tmp_path / "b").mkdir()
+    torch.save({"history": RunsAShellCommand(marker)}, tmp_path / "b" / "checkpoint.pt")  # a plain pickle inside
+    full = train_contrastive(sentence_model(init_dir, CFG.max_length), PAIRS, CFG, Checkpoints(tmp_path / "a"))
+    again = train_contrastive(sentence_model(init_dir, CFG.max_length), PAIRS, CFG, Checkpoints(tmp_path / "b"))
+    assert not marker.exists()
+    assert [h.loss for h in again] == [h.loss for h in full]  # from step 0, as if there were none
+    assert (tmp_path / "b" / "checkpoint.pt.unreadable").is_file()
+
+
+def test_a_truncated_checkpoint_resumes_from_the_one_before(init_dir, tmp_path):
+    straight = sentence_model(init_dir, CFG.max_length)
+    full = train_contrastive(straight, PAIRS, CFG, Checkpoints(tmp_path / "a"))
+    killed_at_step_7(init_dir, tmp_path / "b")
+    latest = tmp_path / "b" / "checkpoint.pt"
+    latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])  # a disk that filled up mid-copy
+    resumed_model = sentence_model(init_dir, CFG.max_length)
+    resumed = train_contrastive(resumed_model, PAIRS, CFG, Checkpoints(tmp_path / "b"))
+    assert resumed[3].step == 4 and [h.loss for h in resumed] == [h.loss for h in full]  # from step 4
+    assert all(torch.equal(a, b) for a, b in zip(weights(straight).values(), weights(resumed_model).values()))
