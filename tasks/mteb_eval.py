@@ -40,27 +40,30 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import datasets
-import mteb
 import pandas as pd
 import torch
 from datasets import Dataset
 from huggingface_hub import constants as hub_constants
-from mteb.abstasks import (
-    AbsTask,
-    AbsTaskClustering,
-    AbsTaskClusteringLegacy,
-    AbsTaskPairClassification,
-    AbsTaskRetrieval,
-    AbsTaskSTS,
-)
-from mteb.abstasks.task_metadata import TaskMetadata
-from mteb.models import SentenceTransformerEncoderWrapper
 from sentence_transformers import SentenceTransformer, models
 
 from storage.store import file_digest, stable_hash
 from tasks.config import InputError, LocalTaskConfig, MtebSettings
 from tasks.ingest import read_pairs, read_table, rows_of_split
 from tasks.models import POOLING_MODES, pick_device, resolve_model
+from tasks.rng import global_rng_kept
+
+with global_rng_kept():  # importing mteb seeds the process-wide generators with 42
+    import mteb
+    from mteb.abstasks import (
+        AbsTask,
+        AbsTaskClustering,
+        AbsTaskClusteringLegacy,
+        AbsTaskPairClassification,
+        AbsTaskRetrieval,
+        AbsTaskSTS,
+    )
+    from mteb.abstasks.task_metadata import TaskMetadata
+    from mteb.models import SentenceTransformerEncoderWrapper
 
 # A trial run (`limit` set) over a bigger retrieval corpus encodes only this many documents.
 MAX_TRIAL_CORPUS = 10_000
@@ -270,6 +273,12 @@ def evaluate_mteb(model: str, pooling: str, cfg: MtebSettings, task: str | Local
                   cache_dir: Path, log: logging.Logger) -> list[dict]:
     """Score one model on one MTEB task (a Hub task name or a local task): one row per split and
     subset, or one `skipped` row when the task cannot run here."""
+    with global_rng_kept():  # mteb seeds the process-wide generators (task objects, evaluation)
+        return _scores(model, pooling, cfg, task, device, cache_dir, log)
+
+
+def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskConfig, device: str,
+            cache_dir: Path, log: logging.Logger) -> list[dict]:
     name = task if isinstance(task, str) else task.name
     mteb_task = None
     try:

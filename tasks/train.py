@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 from pydantic import Field
 from sentence_transformers import SentenceTransformer
 
@@ -46,6 +47,8 @@ class TrainJob(Section):
 def frozen_objective(model: SentenceTransformer, job: TrainJob) -> objectives.Objective:
     """The recipe's loss around `model`, with the configured layers frozen."""
     cfg = job.train
+    # Training-only parts (heads, decoders) start from the seed, not from whatever the process drew before.
+    torch.manual_seed(cfg.seed)
     objective = objectives.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible)
     # Freeze after building the loss: TSDAE's tied decoder replaces the encoder's parameters with
     # its own, and CT's second copy must be frozen too.

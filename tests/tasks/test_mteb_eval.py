@@ -5,12 +5,17 @@ score is 0.8203 Spearman, and our own STS metric must agree with mteb's on the s
 """
 
 import logging
+import random
+import subprocess
+import sys
 import time
 
 import datasets
 import huggingface_hub
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from tasks import mteb_eval
@@ -36,6 +41,17 @@ def evaluate(task, cache_dir, cfg=SHORT, model=MODEL, pooling="mean"):
     return mteb_eval.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, LOG)
 
 
+IMPORT_AND_DRAW = "import random, sys; random.seed(int(sys.argv[1])); import tasks.mteb_eval; print(random.random())"
+
+
+def test_importing_mteb_leaves_the_global_generators_alone():
+    """Two runs started together once drew the same temporary-server port: importing mteb seeds
+    Python's global generator with 42."""
+    draws = [subprocess.run([sys.executable, "-c", IMPORT_AND_DRAW, seed], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.split()[-1] for seed in ("1", "2")]
+    assert draws[0] != draws[1]  # with mteb's reseeding both were 0.045346811013382116
+
+
 def test_minilm_stsb_matches_published_score_and_our_metric(cache_dir):
     # The whole test split (1,379 pairs): its first 300 are all image captions (0.93, not 0.82).
     cfg = MtebSettings(max_length=256, batch_size=32, dtype="float32")
@@ -56,7 +72,12 @@ def test_minilm_stsb_matches_published_score_and_our_metric(cache_dir):
 
 def test_local_clustering(cache_dir):
     task = LocalTaskConfig(name="OHSUMED-clustering", type="clustering", path=str(DEMO_DOCS), split=None, limit=150)
+    random.seed(7)
+    before = random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state()
     [row] = evaluate(task, cache_dir)
+    # mteb seeds the process-wide generators for itself; the rest of the process keeps its own draws.
+    after = random.getstate(), np.random.get_state()[1], torch.get_rng_state()
+    assert before[0] == after[0] and (before[1] == after[1]).all() and torch.equal(before[2], after[2])
     assert (row["status"], row["main_score"], row["task_type"]) == ("ok", "v_measure", "clustering")
     assert (row["split"], row["n"]) == ("all", 150)
     assert 0.3 < row["value"] < 0.8

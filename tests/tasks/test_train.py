@@ -172,3 +172,19 @@ def test_a_truncated_checkpoint_resumes_from_the_one_before(init_dir, tmp_path):
     resumed = train_contrastive(resumed_model, PAIRS, CFG, Checkpoints(tmp_path / "b"))
     assert resumed[3].step == 4 and [h.loss for h in resumed] == [h.loss for h in full]  # from step 4
     assert all(torch.equal(a, b) for a, b in zip(weights(straight).values(), weights(resumed_model).values()))
+
+
+@pytest.mark.parametrize("recipe", ["simcse", "retromae"])
+def test_training_only_parts_start_from_the_seed_whatever_was_drawn_before(init_dir, recipe):
+    job = TrainJob.for_method(None, MethodConfig(name=recipe, recipe=recipe), CFG, None)
+
+    def training_only_weights() -> dict:
+        model = sentence_model(init_dir, CFG.max_length)
+        loss = frozen_objective(model, job).loss
+        own = {id(p) for p in model.parameters()}
+        return {k: v.clone() for k, v in loss.state_dict(keep_vars=True).items() if id(v) not in own}
+
+    first = training_only_weights()
+    torch.rand(1000)  # another stage ran first in this process
+    second = training_only_weights()
+    assert first and all(torch.equal(first[k], second[k]) for k in first)
