@@ -129,8 +129,8 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
     ev, dataset = run.cfg.evaluate, run.cfg.data.display_name
     embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device)
 
-    def stage(stage: Stage, job, inputs: Inputs, again: bool = False) -> ArtifactRef:
-        return run.stage(stage, job, inputs, model.label, model.method, again)
+    def stage(kind: Stage, job, inputs: Inputs, again: bool = False) -> ArtifactRef:
+        return run.stage(kind, job, inputs, model.label, model.method, again)
 
     docs_emb = stage(EMBED, EmbedJob(layers="all" if ev.layerwise else "last", **embed),
                      EmbedInputs(documents=docs, model=model.artifact))

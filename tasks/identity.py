@@ -109,6 +109,7 @@ def libraries_used(module: str) -> tuple[str, ...]:
     return tuple(lib for lib, (import_name, _) in LIBRARIES.items() if import_name in imported)
 
 
+@functools.cache  # asked once per stage call; installs do not change under a running process
 def installed_version(library: str) -> str | None:
     for distribution in LIBRARIES[library][1]:
         try:

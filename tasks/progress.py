@@ -29,8 +29,8 @@ class StageProgress:
 
     def __init__(self, total: int, unit: str, done: int = 0):
         self.total, self.unit, self.done = total, unit, done
-        self.label, self.key = current_stage.get()
-        self.label = self.label or "progress"
+        label, self.key = current_stage.get()
+        self.label = label or "progress"
         self._artifact_id = None
         # A task run implies Prefect is loaded: plain scripts do not pay its import (~1.5 s).
         context = sys.modules.get("prefect.context")

@@ -12,15 +12,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import CacheKeyFnPolicy
 from pydantic import BaseModel, ConfigDict
 
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_hash
+from tasks import identity
 from tasks.config import ConfigError, InputError, RetryConfig
-from tasks.identity import code_version, library_versions, version_changes
 from tasks.progress import current_stage
 
 
@@ -31,33 +31,31 @@ class Inputs(BaseModel):
 
     def key_by_role(self) -> dict[str, Any]:
         """role → key (or list of keys, or mapping of them): what the stage's key hashes."""
-        def key(value: Any) -> Any:
-            if isinstance(value, ArtifactRef):
-                return value.key
-            if isinstance(value, list):
-                return [key(v) for v in value]
-            if isinstance(value, dict):
-                return {k: key(v) for k, v in value.items()}
-            return value
-        return {role: key(getattr(self, role)) for role in type(self).model_fields}
+        return {role: _map_refs(getattr(self, role), lambda ref: ref.key) for role in type(self).model_fields}
 
     def refs(self) -> list[ArtifactRef]:
         """Every input artifact, in role order."""
-        def flat(value: Any) -> list[ArtifactRef]:
-            if isinstance(value, ArtifactRef):
-                return [value]
-            if isinstance(value, (list, dict)):
-                return [r for v in (value.values() if isinstance(value, dict) else value) for r in flat(v)]
-            return []
-        return [r for role in type(self).model_fields for r in flat(getattr(self, role))]
+        found: list[ArtifactRef] = []
+        for role in type(self).model_fields:
+            _map_refs(getattr(self, role), found.append)
+        return found
+
+
+def _map_refs(value: Any, fn: Callable[[ArtifactRef], Any]) -> Any:
+    """`value` with `fn` applied to every ArtifactRef in it (inputs nest them in lists and dicts)."""
+    if isinstance(value, ArtifactRef):
+        return fn(value)
+    if isinstance(value, list):
+        return [_map_refs(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: _map_refs(v, fn) for k, v in value.items()}
+    return value
 
 
 class NoInputs(Inputs):
     """For stages that start from their config alone (ingest, init, llm)."""
 
 
-ConfigT = TypeVar("ConfigT", bound=BaseModel)
-InputsT = TypeVar("InputsT", bound=Inputs)
 # build(store, config, inputs, out, ref, log) writes the artifact's files into `out`.
 BuildFn = Callable[[ArtifactStore, Any, Any, ArtifactWriter, ArtifactRef, logging.Logger], None]
 
@@ -66,7 +64,7 @@ STAGES: dict[str, Stage] = {}
 
 
 @dataclass(frozen=True)
-class Stage(Generic[ConfigT, InputsT]):
+class Stage:
     """One pipeline stage: a pure build function plus what makes its identity."""
 
     name: str
@@ -81,12 +79,12 @@ class Stage(Generic[ConfigT, InputsT]):
 
     @property
     def code_version(self) -> str:
-        return code_version(self.build.__module__)
+        return identity.code_version(self.build.__module__)
 
     def reusable(self, store: ArtifactStore, ref: ArtifactRef) -> bool:
         return store.exists(ref) and (self.complete is None or self.complete(store, ref))
 
-    def ref(self, config: ConfigT, inputs: InputsT) -> ArtifactRef:
+    def ref(self, config: BaseModel, inputs: Inputs) -> ArtifactRef:
         extra = self.extra_key(config) if self.extra_key else None
         key = stable_hash(self.name, config.model_dump(mode="json"), inputs.key_by_role(), extra, self.code_version)
         return ArtifactRef(self.name, key)
@@ -95,13 +93,13 @@ class Stage(Generic[ConfigT, InputsT]):
         """Libraries whose version differs from the one the stored artifact was built with."""
         if not store.exists(ref):
             return {}
-        return version_changes(store.manifest(ref).get("libraries"), self.build.__module__)
+        return identity.version_changes(store.manifest(ref).get("libraries"), self.build.__module__)
 
     def display(self, label: str = "") -> str:
         """How logs and progress name what is built: `embed[crops]`, or the stage's name alone."""
         return f"{self.name}[{label}]" if label else self.name
 
-    def run(self, store: ArtifactStore, config: ConfigT, inputs: InputsT, log: logging.Logger | None = None,
+    def run(self, store: ArtifactStore, config: BaseModel, inputs: Inputs, log: logging.Logger | None = None,
             ref: ArtifactRef | None = None, label: str = "") -> ArtifactRef:
         """Build the artifact unless the store already has it. Runs without Prefect; `ref` is
         `self.ref(config, inputs)` when the caller has it already; `label` names the model,
@@ -119,7 +117,7 @@ class Stage(Generic[ConfigT, InputsT]):
         try:
             with store.writing(ref, config=config.model_dump(mode="json"), inputs=inputs.refs(),
                                roles=inputs.key_by_role(), code_version=self.code_version,
-                               libraries=library_versions(self.build.__module__)) as out:
+                               libraries=identity.library_versions(self.build.__module__)) as out:
                 self.build(store, config, inputs, out, ref, log)
         finally:
             current_stage.reset(building)
@@ -141,7 +139,7 @@ class Stage(Generic[ConfigT, InputsT]):
 
         policy = CacheKeyFnPolicy(cache_key_fn=cache_key)
 
-        def run_stage(store_root: str, config: ConfigT, inputs: InputsT, ref: ArtifactRef,
+        def run_stage(store_root: str, config: BaseModel, inputs: Inputs, ref: ArtifactRef,
                       label: str = "") -> ArtifactRef:
             return self.run(ArtifactStore(store_root), config, inputs, get_run_logger(), ref, label)
 

@@ -76,9 +76,10 @@ class Checkpoints:
             except Exception as e:  # truncated, not a checkpoint, or holding objects that would run code
                 aside = path.with_name(f"{path.name}.unreadable")
                 os.replace(path, aside)
+                reason = (str(e).splitlines() or [""])[0][:200]
                 (log or logging.getLogger("embforge.train")).warning(
                     "checkpoint %s cannot be read (%s: %s); set aside as %s, trying an earlier one",
-                    path.name, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "", aside.name)
+                    path.name, type(e).__name__, reason, aside.name)
         return None
 
 
