@@ -80,9 +80,9 @@ class Run:
                 "--rebuild-stale-versions (rebuild_stale_versions in the UI) to rebuild it", stage.display(label),
                 ref.address, ", ".join(f"{lib} {was} → {now_}" for lib, (was, now_) in changes.items()))
         if force and self.store.exists(ref):
-            self.store.discard(ref)  # Prefect's cache record goes with it (Stage.as_task)
+            self.store.discard(ref)
             self.rebuilt.add(ref.key)
-        runner = stage.as_task(self.store, self.cfg.retries).with_options(task_run_name=stage.display(label))
+        runner = stage.as_task(self.cfg.retries).with_options(task_run_name=stage.display(label))
         state = runner(str(self.store.root), config, inputs, ref, label, return_state=True)
         self.record.add_stage(ref, state.name, label, method, changes)
         return state.result()  # raises the stage's own error if it failed

@@ -9,6 +9,7 @@ rows a stage wants (more documents, another prompt) makes only the new ones.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from datetime import UTC, datetime
@@ -33,9 +34,17 @@ class ShardPool:
         return sorted(self.folder.glob("shard-*.parquet"))
 
     def read(self) -> pa.Table | None:
-        """Every finished shard, oldest first; None while the pool is empty."""
-        shards = self.shards()
-        return pa.concat_tables([pq.read_table(s) for s in shards], promote_options="default") if shards else None
+        """Every readable shard, oldest first; None while the pool has none. A shard that cannot be
+        read is renamed `*.damaged` with a warning: its rows are missing, so they are made again."""
+        tables = []
+        for shard in self.shards():
+            try:
+                tables.append(pq.read_table(shard))
+            except (pa.ArrowException, OSError) as e:
+                shard.rename(shard.with_suffix(".damaged"))
+                logging.getLogger("embforge.store").warning("%s cannot be read (%s): set aside, its rows are made "
+                                                            "again", shard, e)
+        return pa.concat_tables(tables, promote_options="default") if tables else None
 
     def write(self, table: pa.Table) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,19 @@ Layout under the store root:
     runs/<run_id>.json                      one record per flow run (stages, registered models)
     runs/<run_id>.changes.parquet           what an evaluate run scored anew, and by how much
                                             scores moved (the nightly summary)
-    prefect-cache/                          Prefect's cache records, so deleting the store
-                                            also forgets Prefect's cache
-    .tmp/                                   artifacts being written; never read
+    damaged/<stage>/<key>-<time>/           artifacts that failed a check, set aside for a look
+                                            (the next run rebuilds them; safe to delete)
+    .tmp/<stage>-<key>.<host>.<pid>.<id>/   artifacts being written; never read
 
-An artifact is written into `.tmp/` and renamed into place in one step, so a directory under
-`artifacts/` is always complete: a crash leaves at most a stale temp folder, never a
-half-written artifact that a later run could mistake for a finished one.
+The store is self-contained: whether a stage is cached is decided from the store alone (Prefect
+keeps no result files anywhere), so a store copied to another machine or opened with another
+PREFECT_HOME gives the same all-cached rerun.
+
+An artifact is written into `.tmp/`, its files and manifest are fsynced, and the folder is renamed
+into place in one step (then the parent is fsynced), so a directory under `artifacts/` is always
+complete: a crash or power cut leaves at most a temp folder, which the next run removes once its
+process is gone. The manifest records every file's size and SHA-256: every read checks sizes,
+`embforge verify` checks digests, and an artifact that fails is set aside and rebuilt, never served.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,6 +47,11 @@ import pyarrow.parquet as pq
 from storage.shards import ShardPool, write_parquet_atomic
 
 MANIFEST = "manifest.json"
+HOST = socket.gethostname()
+
+
+class DamagedArtifactError(RuntimeError):
+    """An artifact's files do not match its manifest: it is never served (not retried either)."""
 
 
 @dataclass(frozen=True)
@@ -82,20 +94,53 @@ def _digest(root: str, stats: tuple[tuple[str, int, int], ...]) -> str:
     h = hashlib.sha256()
     for name, _, _ in stats:
         h.update(name.encode())
-        with open(base / name if base.is_dir() else base, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
+        _hash_file(h, base / name if base.is_dir() else base)
     return h.hexdigest()[:20]
+
+
+def _hash_file(h, path: Path):
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h
 
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file's (or a folder's entries') data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in _files(path)) if path.is_dir() else path.stat().st_size
 
 
 DEFAULT_STORE = "embforge-store"
@@ -112,6 +157,8 @@ class ArtifactStore:
 
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
+        if self.root.exists() and not self.root.is_dir():
+            raise NotADirectoryError(f"store {root} is a file, not a folder")
 
     # -- finished artifacts -------------------------------------------------
     def path(self, ref: ArtifactRef) -> Path:
@@ -127,21 +174,65 @@ class ArtifactStore:
     def manifest(self, ref: ArtifactRef) -> dict:
         return json.loads((self.path(ref) / MANIFEST).read_text())
 
-    def read_table(self, ref: ArtifactRef, name: str) -> pa.Table:
+    def problems(self, ref: ArtifactRef, digests: bool = False) -> list[str]:
+        """How the artifact's files differ from its manifest (sizes; SHA-256 too with `digests`):
+        empty when it can be trusted. Manifests from before sizes were recorded list names only."""
+        folder = self.path(ref)
+        try:
+            expected = self.manifest(ref)["files"]
+        except (OSError, ValueError, KeyError) as e:
+            return [f"{MANIFEST} cannot be read ({e})"]
+        found = []
+        for name, want in (expected.items() if isinstance(expected, dict) else ((n, None) for n in expected)):
+            path = folder / name
+            if not path.exists():
+                found.append(f"{name} is missing")
+            elif want and path.stat().st_size != want["size"]:
+                found.append(f"{name} is {path.stat().st_size:,} bytes, expected {want['size']:,}")
+            elif want and digests and _hash_file(hashlib.sha256(), path).hexdigest() != want["sha256"]:
+                found.append(f"{name} has other contents than it was published with (SHA-256 differs)")
+        return found
+
+    def check(self, ref: ArtifactRef) -> None:
+        """Raise unless the artifact is there with the sizes its manifest records: what every read does."""
         if not self.exists(ref):
             raise FileNotFoundError(f"artifact {ref.address} is not in the store {self.root}")
+        if found := self.problems(ref):
+            raise DamagedArtifactError(f"{ref.address}: {'; '.join(found)}; rerun the flow that made it to "
+                                       "rebuild it")
+
+    def read_table(self, ref: ArtifactRef, name: str) -> pa.Table:
+        self.check(ref)
         return pq.read_table(self.path(ref) / f"{name}.parquet")
+
+    def _temp(self, ref: ArtifactRef, what: str = "") -> Path:
+        """A new folder under .tmp/ named after its owner (host, process), so leftovers can be told apart."""
+        path = self.root / ".tmp" / f"{ref.stage}-{ref.key}{what}.{HOST}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        for attempt in range(3):
+            try:
+                path.mkdir(parents=True)
+                return path
+            except FileNotFoundError:  # another run removed the empty .tmp/ between our two mkdirs
+                if attempt == 2:
+                    raise
+        return path
+
+    def _tidy_temp(self) -> None:
+        with contextlib.suppress(OSError):  # not empty: another process is writing
+            (self.root / ".tmp").rmdir()
 
     @contextlib.contextmanager
     def writing(self, ref: ArtifactRef, *, config: Any, inputs: list[ArtifactRef], code_version: str,
                 libraries: dict[str, str | None], roles: dict[str, Any] | None = None) -> Iterator[ArtifactWriter]:
-        """Write an artifact into a temp folder; publish it atomically when the block succeeds."""
-        tmp = self.root / ".tmp" / f"{ref.stage}-{ref.key}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
+        """Write an artifact into a temp folder; publish it atomically and durably when the block succeeds."""
+        tmp = self._temp(ref)
         writer = ArtifactWriter(tmp)
         started = time.perf_counter()
         try:
             yield writer
+            files = _files(tmp)
+            for path in files:
+                _fsync(path)
             manifest = {
                 "stage": ref.stage,
                 "key": ref.key,
@@ -151,28 +242,67 @@ class ArtifactStore:
                 "code_version": code_version,
                 "libraries": libraries,
                 "rows": writer.rows,
-                "files": sorted(p.name for p in tmp.iterdir()),
+                "files": {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size,
+                                                           "sha256": _hash_file(hashlib.sha256(), p).hexdigest()}
+                          for p in files},
                 "extra": writer.extra,
                 "created_at": now(),
                 "wall_s": round(time.perf_counter() - started, 3),
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+            for folder in [tmp / MANIFEST, *{p.parent for p in files}, tmp]:
+                _fsync(folder)
             final = self.path(ref)
             final.parent.mkdir(parents=True, exist_ok=True)
+            if final.exists() and not self.exists(ref):  # a folder without manifest was never finished
+                self.set_aside(ref, "it has no manifest")
             try:
                 os.rename(tmp, final)
             except OSError:
                 if not self.exists(ref):  # someone else finished the same key first: keep theirs
                     raise
+            _fsync(final.parent)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            self._tidy_temp()
 
     def discard(self, ref: ArtifactRef) -> None:
         """Remove a finished artifact: moved aside in one rename, so it never looks half there."""
-        aside = self.root / ".tmp" / f"{ref.stage}-{ref.key}-discarded-{uuid.uuid4().hex[:8]}"
-        aside.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(self.path(ref), aside)
+        aside = self._temp(ref, "-discarded")
+        with contextlib.suppress(FileNotFoundError):  # another run discarded it first
+            os.replace(self.path(ref), aside)
         shutil.rmtree(aside, ignore_errors=True)
+        self._tidy_temp()
+
+    def set_aside(self, ref: ArtifactRef, why: str) -> Path | None:
+        """Move an artifact that cannot be trusted to damaged/ (kept for a look), with a note saying why."""
+        aside = self.root / "damaged" / ref.stage / f"{ref.key}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(self.path(ref), aside)
+        except FileNotFoundError:  # another run set it aside first
+            return None
+        (aside / "DAMAGED.txt").write_text(f"{why}\n")
+        return aside
+
+    def clear_leftovers(self) -> tuple[int, int]:
+        """Remove temp folders whose writer is gone (a killed run's): returns (folders, bytes) freed.
+        A folder of another machine's process is left alone: we cannot tell whether it still runs."""
+        freed = [0, 0]
+        for path in (self.root / ".tmp").glob("*"):
+            owner = path.name.rsplit(".", 3)  # <stage>-<key>[-discarded].<host>.<pid>.<id>
+            if len(owner) == 4 and owner[1] == HOST and owner[2].isdigit() and not process_alive(int(owner[2])):
+                size = _size(path)
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+                freed[0] += 1
+                freed[1] += size
+        self._tidy_temp()
+        return freed[0], freed[1]
+
+    def artifacts(self, stage: str | None = None) -> list[ArtifactRef]:
+        """Every finished artifact (of one stage)."""
+        return [ArtifactRef(p.parent.parent.name, p.parent.name)
+                for p in sorted((self.root / "artifacts").glob(f"{stage or '*'}/*/{MANIFEST}"))]
 
     # -- work in progress ---------------------------------------------------
     def scratch(self, ref: ArtifactRef) -> Path:
@@ -189,14 +319,6 @@ class ArtifactStore:
         return ShardPool(self.root / "pools" / name / key)
 
     # -- runs ---------------------------------------------------------------
-    @property
-    def prefect_cache(self) -> Path:
-        return self.root / "prefect-cache"
-
-    def forget_prefect_record(self, key: str) -> None:
-        """Drop Prefect's cache record for `key` (Prefect names the record file after the key)."""
-        (self.prefect_cache / key).unlink(missing_ok=True)
-
     def _runs(self) -> Path:
         runs = self.root / "runs"
         runs.mkdir(parents=True, exist_ok=True)

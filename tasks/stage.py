@@ -3,8 +3,9 @@
 A stage's key = hash(stage name, its config section, its inputs' keys by role, extra key material
 such as input-file digests, and its code version: the source of the module that defines its build
 function and of every first-party module it imports, transitively; tasks/identity.py). The
-same key is the Prefect cache key and the artifact's folder name, so Prefect's `Cached` state and
-the store agree. If the store was deleted, Prefect's cache records go with it.
+same key is the artifact's folder name. Whether a stage is cached is decided from the store alone:
+the task returns a `Cached` state when the store holds a trustworthy artifact for its key, so
+nothing outside the store (no Prefect result file, no PREFECT_HOME) is needed to resume a run.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import CacheKeyFnPolicy
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_hash
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, DamagedArtifactError, stable_hash
 from tasks import identity
 from tasks.config import ConfigError, InputError, RetryConfig
 from tasks.progress import current_stage
@@ -81,8 +83,22 @@ class Stage:
     def code_version(self) -> str:
         return identity.code_version(self.build.__module__)
 
-    def reusable(self, store: ArtifactStore, ref: ArtifactRef) -> bool:
-        return store.exists(ref) and (self.complete is None or self.complete(store, ref))
+    def cached(self, store: ArtifactStore, ref: ArtifactRef, log: logging.Logger | logging.LoggerAdapter) -> bool:
+        """Whether the store holds a finished artifact for `ref` that can be served. One that fails its
+        size check is set aside (to damaged/) and one that is incomplete is discarded: both are rebuilt."""
+        if not store.exists(ref):
+            return False
+        if damage := store.problems(ref):
+            store.set_aside(ref, "; ".join(damage))
+            log.warning("%s: %s — rebuilding (the damaged one is in damaged/%s)", ref.address, "; ".join(damage),
+                        ref.stage)
+            return False
+        if self.complete and not self.complete(store, ref):
+            log.info("artifact %s is incomplete, building it again", ref.key)
+            store.discard(ref)
+            return False
+        log.info("artifact %s already in the store, reusing it", ref.key)
+        return True
 
     def ref(self, config: BaseModel, inputs: Inputs) -> ArtifactRef:
         extra = self.extra_key(config) if self.extra_key else None
@@ -104,16 +120,19 @@ class Stage:
         """Build the artifact unless the store already has it. Runs without Prefect; `ref` is
         `self.ref(config, inputs)` when the caller has it already; `label` names the model,
         recipe or corpus it is for in logs and progress."""
-        name = self.display(label)
-        log = Labelled(log or logging.getLogger(f"embforge.{self.name}"), name)
         ref = ref or self.ref(config, inputs)
-        if self.reusable(store, ref):
-            log.info("artifact %s already in the store, reusing it", ref.key)
-            return ref
-        if store.exists(ref):
-            log.info("artifact %s is incomplete, building it again", ref.key)
-            store.discard(ref)
-        building = current_stage.set((name, ref.key))
+        log = self._log(log, label)
+        return ref if self.cached(store, ref, log) else self.publish(store, config, inputs, ref, log, label)
+
+    def _log(self, log: logging.Logger | None, label: str) -> Labelled:
+        return Labelled(log or logging.getLogger(f"embforge.{self.name}"), self.display(label))
+
+    def publish(self, store: ArtifactStore, config: BaseModel, inputs: Inputs, ref: ArtifactRef,
+                log: logging.Logger | logging.LoggerAdapter, label: str = "") -> ArtifactRef:
+        """Build the artifact from inputs that pass their size check, and publish it."""
+        for source in inputs.refs():
+            store.check(source)
+        building = current_stage.set((self.display(label), ref.key))
         try:
             with store.writing(ref, config=config.model_dump(mode="json"), inputs=inputs.refs(),
                                roles=inputs.key_by_role(), code_version=self.code_version,
@@ -125,27 +144,21 @@ class Stage:
         log.info("wrote artifacts/%s", ref.address)
         return ref
 
-    def as_task(self, store: ArtifactStore, retry: RetryConfig | None = None):
-        """The Prefect task for this stage, with its cache records kept inside `store` and retries
-        with back-off for transient failures (training resumes from its checkpoint). It is called
-        with the artifact's ref, computed once by the caller."""
+    def as_task(self, retry: RetryConfig | None = None):
+        """The Prefect task for this stage, with retries and back-off for transient failures (training
+        resumes from its checkpoint). It is called with the artifact's ref, computed once by the caller,
+        and ends `Cached` when the store has the artifact: Prefect's own cache and result files are
+        not used, so the store alone decides."""
         retry = retry or RetryConfig()
 
-        def cache_key(_ctx, params: dict) -> str:
-            ref = params["ref"]
-            if not self.reusable(store, ref):
-                store.forget_prefect_record(ref.key)  # deleted by hand or incomplete: Prefect must not hit
-            return ref.key
+        def run_stage(store_root: str, config: BaseModel, inputs: Inputs, ref: ArtifactRef, label: str = ""):
+            store, log = ArtifactStore(store_root), self._log(get_run_logger(), label)
+            if self.cached(store, ref, log):
+                return Completed(data=ref, name="Cached", message=f"artifacts/{ref.address} is in the store")
+            return self.publish(store, config, inputs, ref, log, label)
 
-        policy = CacheKeyFnPolicy(cache_key_fn=cache_key)
-
-        def run_stage(store_root: str, config: BaseModel, inputs: Inputs, ref: ArtifactRef,
-                      label: str = "") -> ArtifactRef:
-            return self.run(ArtifactStore(store_root), config, inputs, get_run_logger(), ref, label)
-
-        return task(run_stage, name=self.name, persist_result=True, retries=retry.attempts,
-                    retry_delay_seconds=retry.delays, retry_condition_fn=transient_failure,
-                    cache_policy=policy.configure(key_storage=str(store.prefect_cache)))
+        return task(run_stage, name=self.name, cache_policy=NO_CACHE, persist_result=False, retries=retry.attempts,
+                    retry_delay_seconds=retry.delays, retry_condition_fn=transient_failure)
 
 
 class Labelled(logging.LoggerAdapter):
@@ -160,5 +173,6 @@ class Labelled(logging.LoggerAdapter):
 
 
 def transient_failure(_task, _task_run, state) -> bool:
-    """Retry unless the stage failed on bad input or config: that fails the same way every time."""
-    return not isinstance(state.result(raise_on_failure=False), (InputError, ConfigError))
+    """Retry unless the stage failed on bad input, config or a damaged input artifact: those fail the
+    same way every time."""
+    return not isinstance(state.result(raise_on_failure=False), (InputError, ConfigError, DamagedArtifactError))

@@ -96,7 +96,7 @@ def test_embed_stage_reports_its_texts_under_the_models_label(tmp_path, tiny_dir
     @flow
     def embedding():
         inputs = EmbedInputs(documents=docs)
-        return EMBED.as_task(store)(str(store.root), job, inputs, EMBED.ref(job, inputs), "tiny")
+        return EMBED.as_task()(str(store.root), job, inputs, EMBED.ref(job, inputs), "tiny")
 
     state = embedding(return_state=True)
     ref = state.result()

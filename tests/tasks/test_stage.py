@@ -1,11 +1,14 @@
-"""Stage retries through the real Prefect engine: transient failures are retried, bad input is not."""
+"""Stages through the real Prefect engine: transient failures are retried, bad input is not; the store
+alone decides what is cached, and an artifact that fails its check is rebuilt, never served."""
+
+import logging
 
 import pyarrow as pa
 from prefect import flow
 
-from storage.store import ArtifactStore
+from storage.store import ArtifactRef, ArtifactStore, DamagedArtifactError
 from tasks.config import InputError, RetryConfig, Section
-from tasks.stage import NoInputs, Stage
+from tasks.stage import Inputs, NoInputs, Stage
 
 
 class Job(Section):
@@ -27,8 +30,8 @@ def run_stage(store: ArtifactStore, stage: Stage, job: Job, retry: RetryConfig) 
     """The task's final state name and its result (the artifact, or the exception)."""
     @flow
     def one_stage():
-        state = stage.as_task(store, retry)(str(store.root), job, NoInputs(), stage.ref(job, NoInputs()),
-                                            return_state=True)
+        state = stage.as_task(retry)(str(store.root), job, NoInputs(), stage.ref(job, NoInputs()),
+                                     return_state=True)
         return state.name, state.result(raise_on_failure=False)
 
     return one_stage()
@@ -59,3 +62,69 @@ def test_bad_input_is_not_retried(prefect_harness, tmp_path):
 
 def test_back_off_doubles():
     assert RetryConfig(attempts=3, delay_s=10).delays == [10, 20, 40]
+
+
+def test_the_store_alone_decides_what_is_cached(prefect_harness, tmp_path):
+    store, attempts = ArtifactStore(tmp_path), []
+    stage, job = flaky_stage(attempts), Job(fail_with="memory", failures=0)
+    assert run_stage(store, stage, job, RetryConfig())[0] == "Completed"
+    state, ref = run_stage(store, stage, job, RetryConfig())
+    assert state == "Cached" and ref == stage.ref(job, NoInputs()) and len(attempts) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifacts"]  # no Prefect cache or result files
+    store.discard(ref)  # deleted by hand: built again
+    assert run_stage(store, stage, job, RetryConfig())[0] == "Completed" and len(attempts) == 2
+
+
+def truncate(path, size=None):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2 if size is None else size])
+
+
+def test_a_damaged_artifact_is_set_aside_reported_and_rebuilt(prefect_harness, tmp_path, caplog):
+    store, attempts = ArtifactStore(tmp_path), []
+    stage, job = flaky_stage(attempts), Job(fail_with="memory", failures=0)
+    ref = run_stage(store, stage, job, RetryConfig())[1]
+    table = store.path(ref) / "rows.parquet"
+    size = table.stat().st_size
+    truncate(table, 10)
+    with caplog.at_level(logging.WARNING):
+        state, rebuilt = run_stage(store, stage, job, RetryConfig())
+    assert state == "Completed" and rebuilt == ref and len(attempts) == 2
+    assert store.problems(ref) == [] and store.read_table(ref, "rows")["x"].to_pylist() == [1]
+    assert f"flaky/{ref.key}: rows.parquet is 10 bytes, expected {size:,} — rebuilding" in caplog.text
+    [aside] = (tmp_path / "damaged" / "flaky").iterdir()
+    assert (aside / "rows.parquet").stat().st_size == 10
+    assert "rows.parquet is 10 bytes" in (aside / "DAMAGED.txt").read_text()
+
+
+def test_a_folder_without_manifest_is_cleared_before_publishing(prefect_harness, tmp_path):
+    store, attempts = ArtifactStore(tmp_path), []
+    stage, job = flaky_stage(attempts), Job(fail_with="memory", failures=0)
+    ref = run_stage(store, stage, job, RetryConfig())[1]
+    (store.path(ref) / "manifest.json").unlink()
+    state, again = run_stage(store, stage, job, RetryConfig())
+    assert state == "Completed" and again == ref and store.problems(ref) == [] and len(attempts) == 2
+
+
+class ReadsRows(Inputs):
+    rows: ArtifactRef
+
+
+def test_a_damaged_input_is_an_error_that_is_not_retried(prefect_harness, tmp_path):
+    store, attempts = ArtifactStore(tmp_path), []
+    source = run_stage(store, flaky_stage(attempts), Job(fail_with="memory", failures=0), RetryConfig())[1]
+    truncate(store.path(source) / "rows.parquet")
+    reads = []
+    reader = Stage("reader", lambda store, job, inputs, out, ref, log: reads.append(inputs.rows))
+    inputs, job = ReadsRows(rows=source), Job(fail_with="memory", failures=0)
+
+    @flow
+    def read_it():
+        state = reader.as_task(RetryConfig(attempts=3, delay_s=0))(str(store.root), job, inputs,
+                                                                   reader.ref(job, inputs), return_state=True)
+        return state.name, state.result(raise_on_failure=False)
+
+    state, error = read_it()
+    assert state == "Failed" and isinstance(error, DamagedArtifactError)
+    assert reads == []  # inputs are checked before the build starts, and the error is not retried
+    assert f"flaky/{source.key}: rows.parquet is" in str(error)
