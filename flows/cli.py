@@ -11,6 +11,7 @@ import sys
 import duckdb
 import yaml
 from rich.console import Console
+from rich.progress import track
 from rich.table import Table
 
 from flows.params import RunParams
@@ -73,6 +74,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     catalog = Catalog(store)
     _print_table(f"{cfg.name} (run {run_id})",
                  comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
+    reused = catalog.query("SELECT stage, label FROM run_stages WHERE run_id = ? AND state = 'Cached' "
+                           "ORDER BY position", [run_id])
+    if reused:
+        console.print(f"resumed {len(reused)} stage(s) from the store: "
+                      + ", ".join(f"{r['stage']}[{r['label']}]" if r["label"] else r["stage"] for r in reused))
     stale = catalog.query("SELECT stage, label, key, version_changes FROM run_stages WHERE run_id = ? "
                           "AND state = 'Cached' AND version_changes IS NOT NULL ORDER BY position", [run_id])
     if stale:
@@ -179,6 +185,22 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check every finished artifact's files against the sizes and SHA-256 digests in its manifest;
+    one that fails is set aside (damaged/), so the next run rebuilds it."""
+    store = _store(args)
+    refs, damaged = store.artifacts(args.stage), []
+    for ref in track(refs, description="verifying", console=console, transient=True):
+        if found := store.problems(ref, digests=True):
+            store.set_aside(ref, "; ".join(found))
+            damaged.append(dict(artifact=ref.address, problem="; ".join(found)))
+    if damaged:
+        _print_table("damaged artifacts, set aside to damaged/ (the next run rebuilds them)", damaged)
+        return 1
+    console.print(f"{len(refs)} artifact(s) verified: every file has the size and SHA-256 its manifest records")
+    return 0
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     try:
         rows = Catalog(_store(args)).query(args.query)
@@ -223,6 +245,9 @@ def parser() -> argparse.ArgumentParser:
     artifacts = add("artifacts", cmd_artifacts, "list finished artifacts")
     artifacts.add_argument("--stage", help="only this stage (ingest, sentences, pairs, train, ...)")
     add("models", cmd_models, "list registered models")
+    verify = add("verify", cmd_verify, "check every artifact's files against the sizes and digests in its "
+                 "manifest; set aside what fails (exit 1), so the next run rebuilds it")
+    verify.add_argument("--stage", help="only this stage's artifacts")
     for name, fn, help in (
             ("server", cmd_server, "start a local Prefect server with its UI and serve embforge's deployments"),
             ("serve", cmd_serve, "serve embforge's deployments against the Prefect server at PREFECT_API_URL")):

@@ -94,7 +94,12 @@ class Run:
 def open_run(params: RunParams, flow_name: str) -> Run:
     """Load the config with the run's overrides (a bad one fails here, before any task) and start the record."""
     cfg = load_config(params.config, params.overrides)
-    return Run(cfg, open_store(params.store, cfg.store), params, flow_name)
+    store = open_store(params.store, cfg.store)
+    folders, freed = store.clear_leftovers()
+    if folders:
+        get_run_logger().info("removed %d temp folder(s) left in %s by killed runs: %.1f MB freed", folders,
+                              store.root / ".tmp", freed / 1e6)
+    return Run(cfg, store, params, flow_name)
 
 
 def recorded(run: Run, body: Callable[[], T]) -> T:

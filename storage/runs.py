@@ -1,11 +1,18 @@
 """Run records: one JSON file per flow run under `runs/`, rewritten after every stage, so a killed
-run shows how far it got. The catalog's `runs`, `run_stages` and `models` views read them."""
+run shows how far it got. The catalog's `runs`, `run_stages` and `models` views read them.
+
+A live run rewrites its heartbeat every HEARTBEAT_S seconds; the catalog shows a `running` record
+as `crashed` once its process is gone (same host) or its heartbeat is older than three beats."""
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
-from storage.store import ArtifactRef, ArtifactStore, now
+from storage.store import HOST, ArtifactRef, ArtifactStore, now
+
+HEARTBEAT_S = float(os.environ.get("EMBFORGE_HEARTBEAT_S", "30"))
 
 
 class RunRecord:
@@ -17,25 +24,34 @@ class RunRecord:
         self.store, self.run_id = store, run_id
         self.record = dict(run_id=run_id, name=name, flow=flow, status="running", config_path=config_path,
                            overrides=overrides, config=config, started_at=now(), finished_at=None,
-                           error=None, stages=[], models=[])
+                           error=None, stages=[], models=[], host=HOST, pid=os.getpid(), heartbeat_at=now(),
+                           heartbeat_s=HEARTBEAT_S)
+        self._lock = threading.Lock()  # the heartbeat thread and the flow both rewrite the record
+        self._stopped = threading.Event()
         self._save()
+        threading.Thread(target=self._beat, name=f"heartbeat-{run_id}", daemon=True).start()
 
-    def _save(self) -> None:
-        self.store.write_run(self.run_id, self.record)
+    def _save(self, **changes: Any) -> None:
+        with self._lock:
+            self.record.update(changes)
+            self.store.write_run(self.run_id, self.record)
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(HEARTBEAT_S):
+            self._save(heartbeat_at=now())
 
     def add_stage(self, ref: ArtifactRef, state: str, label: str = "", method: str = "",
                   version_changes: dict | None = None) -> None:
         """A stage the run used: its artifact and whether Prefect found it cached; `version_changes`:
         libraries whose version differs from the one a cached artifact was built with."""
         stage = dict(stage=ref.stage, label=label, method=method, key=ref.key, state=state)
-        self.record["stages"].append(stage | ({"version_changes": version_changes} if version_changes else {}))
-        self._save()
+        self._save(stages=[*self.record["stages"], stage | ({"version_changes": version_changes}
+                                                            if version_changes else {})])
 
     def register(self, models: list[dict]) -> None:
         """Models the run made or scored: the catalog's `models` view (what `evaluate` re-scores)."""
-        self.record["models"] += models
-        self._save()
+        self._save(models=[*self.record["models"], *models])
 
     def finish(self, status: str, error: str | None = None) -> None:
-        self.record.update(status=status, finished_at=now(), error=error)
-        self._save()
+        self._stopped.set()
+        self._save(status=status, finished_at=now(), error=error, heartbeat_at=now())

@@ -312,7 +312,11 @@ class ArtifactStore:
         return path
 
     def drop_scratch(self, ref: ArtifactRef) -> None:
-        shutil.rmtree(self.root / "scratch" / ref.stage / ref.key, ignore_errors=True)
+        folder = self.root / "scratch" / ref.stage / ref.key
+        shutil.rmtree(folder, ignore_errors=True)
+        for parent in (folder.parent, folder.parent.parent):
+            with contextlib.suppress(OSError):  # not empty: other work in progress
+                parent.rmdir()
 
     def pool(self, name: str, key: str) -> ShardPool:
         """Rows that outlive any one artifact, e.g. summaries per (LLM, sampling settings)."""

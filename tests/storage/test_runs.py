@@ -1,7 +1,11 @@
 """Run records: rewritten after every step, readable by the catalog at any point."""
 
 import json
+import os
+import socket
+import time
 
+from storage import runs
 from storage.catalog import Catalog
 from storage.runs import RunRecord
 from storage.store import ArtifactRef, ArtifactStore
@@ -26,3 +30,19 @@ def test_a_record_shows_how_far_the_run_got_and_what_was_stale(tmp_path):
     record.finish("completed")
     assert Catalog(store).query("SELECT label, artifact FROM models") == [{"label": "crops", "artifact": "train/k2"}]
     assert Catalog(store).query("SELECT status, error FROM runs") == [{"status": "completed", "error": None}]
+
+
+def test_a_live_run_beats_and_a_finished_one_stops(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "HEARTBEAT_S", 0.05)
+    store = ArtifactStore(tmp_path)
+    record = RunRecord(store, "run-1", name="x", flow="pipeline", config_path="c.yaml", overrides={}, config={})
+    first = json.loads((tmp_path / "runs" / "run-1.json").read_text())
+    assert (first["host"], first["pid"], first["heartbeat_s"]) == (socket.gethostname(), os.getpid(), 0.05)
+    deadline = time.time() + 5
+    while json.loads((tmp_path / "runs" / "run-1.json").read_text())["heartbeat_at"] == first["heartbeat_at"]:
+        assert time.time() < deadline, "no heartbeat"
+        time.sleep(0.05)
+    record.finish("completed")
+    done = (tmp_path / "runs" / "run-1.json").read_text()
+    time.sleep(1.2)  # heartbeats have one-second resolution: a beat after finish would show
+    assert (tmp_path / "runs" / "run-1.json").read_text() == done
