@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from datetime import UTC, datetime
 
 import duckdb
 import yaml
@@ -15,17 +16,26 @@ from rich.progress import track
 from rich.table import Table
 
 from flows.params import RunParams
-from storage.catalog import SCORE_STAGES, Catalog
+from storage.catalog import SCORE_STAGES, Catalog, QueryError
 from storage.store import ArtifactStore, open_store
 from tasks.config import ConfigError, InputError, load_config
 from tasks.report import comparison_table, long_rows, to_markdown
 
 # Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).
+# Warnings (a damaged file the catalog skipped) go to stderr through the root logger's handler, which
+# importing Prefect sets up: stdout stays the report (`report --json`).
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
+def _open_store(flag: str | None, configured: str | None = None) -> ArtifactStore:
+    store = open_store(flag, configured)
+    if store.root.is_file():  # else listings would show an empty store, and `run` fail in its first stage
+        raise ConfigError(f"store {store.root} is a file, not a folder")
+    return store
+
+
 def _store(args: argparse.Namespace) -> ArtifactStore:
-    return open_store(args.store, load_config(args.config).store if getattr(args, "config", None) else None)
+    return _open_store(args.store, load_config(args.config).store if getattr(args, "config", None) else None)
 
 
 def overrides(settings: list[str]) -> dict:
@@ -65,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
     from flows.pipeline import pipeline  # Prefect is slow to import: only when running
 
-    store = open_store(args.store, cfg.store)
+    store = _open_store(args.store, cfg.store)
     params = RunParams(config=args.config, overrides=changes, store=str(store.root),
                        rebuild_stale_versions=args.rebuild_stale_versions)
     state = pipeline(params, return_state=True)
@@ -101,7 +111,17 @@ QUALIFY dense_rank() OVER (PARTITION BY label, dataset ORDER BY started_at DESC)
 ORDER BY started_at, position"""
 
 
-def filtered_entries(catalog: Catalog, dataset: str | None, method: str | None, since: str | None) -> list[dict]:
+def iso_time(text: str) -> datetime:
+    """`--since`: a date or an ISO timestamp, as UTC without a zone like the runs' `started_at`."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD) or an ISO timestamp") from None
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def filtered_entries(catalog: Catalog, dataset: str | None, method: str | None,
+                     since: datetime | None) -> list[dict]:
     rows = catalog.con.execute(FILTERED_ENTRIES_SQL, dict(dataset=dataset, method=method, since=since)).df()
     if rows["dataset"].nunique() > 1:  # the same method name on two corpora is two models
         rows["label"] = rows["label"] + " (" + rows["dataset"].fillna("?") + ")"
@@ -204,8 +224,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_sql(args: argparse.Namespace) -> int:
     try:
         rows = Catalog(_store(args)).query(args.query)
-    except duckdb.Error as e:  # a typo in the user's query is not a crash
-        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+    except (duckdb.Error, QueryError) as e:  # a typo in the user's query, or a write, is not a crash
+        console.print(f"[bold red]error:[/bold red] {str(e).splitlines()[0]}", highlight=False)
         return 2
     _print_table(args.query, rows)
     return 0
@@ -240,7 +260,8 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--markdown", action="store_true", help="the table as Markdown")
     report.add_argument("--dataset", help="latest scores of every model evaluated on this dataset")
     report.add_argument("--method", help="... trained with this recipe (none = base, reference = yardsticks)")
-    report.add_argument("--since", help="... from runs started on or after this date (YYYY-MM-DD)")
+    report.add_argument("--since", type=iso_time,
+                        help="... from runs started on or after this date (YYYY-MM-DD, or an ISO timestamp)")
     add("runs", cmd_runs, "list pipeline runs")
     artifacts = add("artifacts", cmd_artifacts, "list finished artifacts")
     artifacts.add_argument("--stage", help="only this stage (ingest, sentences, pairs, train, ...)")
@@ -259,8 +280,8 @@ def parser() -> argparse.ArgumentParser:
                         help="config whose benchmark set the nightly deployment scores (default configs/demo.yaml)")
         sp.add_argument("--cron", help="nightly schedule as a cron line (default 03:00: \"0 3 * * *\")")
         sp.add_argument("--timezone", help="time zone of the schedule (default: this machine's)")
-    sql = add("sql", cmd_sql, "run a SQL query on the catalog views (runs, run_stages, artifacts, "
-              "metrics, run_metrics)")
+    sql = add("sql", cmd_sql, "run a SELECT query on the catalog views (runs, run_stages, artifacts, "
+              "metrics, run_metrics); it reads nothing outside the store and writes nothing")
     sql.add_argument("query")
     return p
 

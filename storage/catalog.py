@@ -3,24 +3,38 @@
 Every report is a query over these views, so users can re-derive any number with SQL:
 
     artifacts    one row per finished artifact (stage, key, inputs, config, rows, wall time)
-    runs         one row per flow run (flow, status, config, start and end)
+    runs         one row per flow run (flow, status, config, start and end, host, pid, heartbeat)
     models       every model a run registered (trained, base, reference): what `evaluate` scores
     run_stages   which artifact each stage of each run used, and whether it was cached
     metrics      every score of the evaluate, semantic and mteb stages (one schema: METRICS_SCHEMA)
     summaries    every LLM summary of every summarize artifact (key = the artifact), with its status
     run_metrics  metrics joined to the runs that produced or reused them
     score_changes  per evaluate run: each score new, changed (with the previous value) or unchanged
+
+A run still `running` whose process is gone is shown `crashed`. The catalog is read-only: a query
+runs only if it is one SELECT, and it reads no file outside the store. A damaged file (a truncated
+run record, manifest or Parquet file) is left out of the views with a warning.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from glob import glob as glob_files
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from storage.store import ArtifactStore
+
+log = logging.getLogger("embforge.catalog")
 
 # The stages whose artifacts hold a metrics.parquet: a run's scores are their artifacts.
 SCORE_STAGES = ("evaluate", "semantic", "mteb")
@@ -75,7 +89,8 @@ _EMPTY = {
     " NULL::VARCHAR path WHERE false",
     "runs": "SELECT NULL::VARCHAR run_id, NULL::VARCHAR name, NULL::VARCHAR flow, NULL::VARCHAR status,"
     " NULL::VARCHAR config_path, NULL::JSON overrides, NULL::JSON config, NULL::TIMESTAMP started_at,"
-    " NULL::TIMESTAMP finished_at, NULL::VARCHAR error, NULL::JSON stages, NULL::JSON models WHERE false",
+    " NULL::TIMESTAMP finished_at, NULL::VARCHAR error, NULL::JSON stages, NULL::JSON models, NULL::VARCHAR host,"
+    " NULL::BIGINT pid, NULL::TIMESTAMP heartbeat_at, NULL::BIGINT heartbeat_s WHERE false",
     "score_changes": "SELECT NULL::VARCHAR run_id, * FROM empty_changes",
     "metrics": "SELECT * FROM empty_metrics",
     "summaries": "SELECT NULL::VARCHAR key, NULL::VARCHAR doc_id, NULL::BIGINT prompt_id, NULL::BIGINT sample,"
@@ -84,8 +99,64 @@ _EMPTY = {
 }
 
 
+# A run still `running` has crashed once it missed this many heartbeats (its machine went down, or
+# the process died where its pid cannot be checked).
+MISSED_HEARTBEATS = 3
+
+
+class QueryError(ValueError):
+    """SQL the read-only catalog does not run: empty, several statements, or not a SELECT."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def _crashed(record: dict) -> bool:
+    """Whether a run recorded as `running` is gone: its process on this machine has ended, or its
+    heartbeat stopped. Records written before runs had a pid and heartbeat keep their status."""
+    if record.get("status") != "running":
+        return False
+    if record.get("host") == socket.gethostname() and record.get("pid") is not None and not _alive(int(record["pid"])):
+        return True
+    if record.get("heartbeat_at") is None or record.get("heartbeat_s") is None:
+        return False
+    silent = datetime.now(UTC) - datetime.fromisoformat(record["heartbeat_at"])
+    return silent > timedelta(seconds=MISSED_HEARTBEATS * record["heartbeat_s"])
+
+
+def _json_object(path: str) -> dict:
+    record = json.loads(Path(path).read_text())
+    if not isinstance(record, dict):
+        raise ValueError(f"a JSON {type(record).__name__}, not an object")
+    return record
+
+
+def _readable(pattern: Path, read: Callable[[str], Any]) -> dict[str, Any]:
+    """The files matching `pattern`, each with what `read` made of it. A file it cannot read (cut
+    short by a full disk or a killed copy) is skipped with a warning, so the others stay queryable."""
+    found = {}
+    for path in sorted(glob_files(str(pattern))):
+        try:
+            found[path] = read(path)
+        except (OSError, ValueError, TypeError) as e:
+            log.warning("skipped the damaged file %s: %s", path, e)
+    return found
+
+
+def _sql_list(values: list[str]) -> str:
+    return "[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]::VARCHAR[]"
+
+
 class Catalog:
-    """An in-memory DuckDB connection with the store's views defined on it."""
+    """An in-memory DuckDB connection with the store's views defined on it, that can read only the
+    store's files (internal code may still register tables and create temporary ones)."""
 
     def __init__(self, store: ArtifactStore):
         self.store = store
@@ -93,25 +164,30 @@ class Catalog:
         self.con.register("empty_metrics", METRICS_SCHEMA.empty_table())
         self.con.register("empty_changes", CHANGES_SCHEMA.empty_table())
         root = store.root
-        self._view("artifacts", root / "artifacts" / "*" / "*" / "manifest.json", """
+        self._view("artifacts", _readable(root / "artifacts" / "*" / "*" / "manifest.json", _json_object), """
             SELECT stage, key, inputs, config, code_version, rows, created_at, wall_s,
                    'artifacts/' || stage || '/' || key AS path
-            FROM read_json('{glob}', columns={stage: 'VARCHAR', key: 'VARCHAR', inputs: 'VARCHAR[]',
+            FROM read_json({files}, columns={stage: 'VARCHAR', key: 'VARCHAR', inputs: 'VARCHAR[]',
                  config: 'JSON', code_version: 'VARCHAR', rows: 'JSON', created_at: 'TIMESTAMP',
                  wall_s: 'DOUBLE'})""")
-        self._view("runs", root / "runs" / "*.json", """
-            SELECT * FROM read_json('{glob}', columns={run_id: 'VARCHAR', name: 'VARCHAR', flow: 'VARCHAR',
+        runs = _readable(root / "runs" / "*.json", lambda path: _crashed(_json_object(path)))
+        self._view("runs", runs, """
+            SELECT * EXCLUDE (filename) REPLACE (
+                CASE WHEN list_contains({crashed}, filename) THEN 'crashed' ELSE status END AS status)
+            FROM read_json({files}, filename=true, columns={run_id: 'VARCHAR', name: 'VARCHAR', flow: 'VARCHAR',
                  status: 'VARCHAR', config_path: 'VARCHAR', overrides: 'JSON', config: 'JSON',
                  started_at: 'TIMESTAMP', finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON',
-                 models: 'JSON'})""")
-        self._view("score_changes", root / "runs" / "*.changes.parquet", r"""
+                 models: 'JSON', host: 'VARCHAR', pid: 'BIGINT', heartbeat_at: 'TIMESTAMP', heartbeat_s: 'BIGINT'})
+            """.replace("{crashed}", _sql_list([path for path, crashed in runs.items() if crashed])))
+        self._view("score_changes", _readable(root / "runs" / "*.changes.parquet", pq.read_metadata), r"""
             SELECT regexp_extract(filename, '([^/]+)\.changes\.parquet$', 1) AS run_id, * EXCLUDE (filename)
-            FROM read_parquet('{glob}', filename=true)""")
-        self._view("metrics", root / "artifacts" / "*" / "*" / "metrics.parquet",
-                   "SELECT * FROM read_parquet('{glob}', union_by_name=true)")
-        self._view("summaries", root / "artifacts" / "summarize" / "*" / "summaries.parquet", """
+            FROM read_parquet({files}, filename=true)""")
+        self._view("metrics", _readable(root / "artifacts" / "*" / "*" / "metrics.parquet", pq.read_metadata),
+                   "SELECT * FROM read_parquet({files}, union_by_name=true)")
+        self._view("summaries", _readable(root / "artifacts" / "summarize" / "*" / "summaries.parquet",
+                                          pq.read_metadata), """
             SELECT regexp_extract(filename, 'summarize/([^/]+)/summaries.parquet', 1) AS key, * EXCLUDE (filename)
-            FROM read_parquet('{glob}', filename=true)""")
+            FROM read_parquet({files}, filename=true)""")
         self.con.execute("""
             CREATE VIEW run_stages AS
             SELECT r.run_id, r.started_at, t.i AS position, s->>'stage' AS stage, s->>'label' AS label,
@@ -133,13 +209,28 @@ class Catalog:
             SELECT rs.run_id, rs.started_at, rs.label, rs.method, m.*
             FROM run_stages rs JOIN metrics m ON rs.stage IN {SCORE_STAGES} AND rs.key = m.key""")
 
-    def _view(self, name: str, glob: Path, select: str) -> None:
-        # read_json/read_parquet fail on a glob that matches nothing.
-        found = bool(glob_files(str(glob)))
-        sql = select.replace("{glob}", str(glob)) if found else _EMPTY[name]
+        # Views read the store's files when queried, so the store stays readable; nothing else is (COPY TO,
+        # ATTACH, read_csv('/etc/passwd'), INSTALL), and a locked configuration cannot be SET back.
+        self.con.execute(f"SET allowed_directories = {_sql_list([str(root) + os.sep])}")
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
+
+    def _view(self, name: str, files: dict[str, Any], select: str) -> None:
+        # read_json/read_parquet fail on an empty list of files.
+        sql = select.replace("{files}", _sql_list(list(files))) if files else _EMPTY[name]
         self.con.execute(f"CREATE VIEW {name} AS {sql}")
 
     def query(self, sql: str, params: list | None = None) -> list[dict]:
+        """The rows of one SELECT (DESCRIBE, SHOW and SUMMARIZE are SELECTs too). Anything else is
+        refused with a QueryError before it runs: the catalog is read-only (EXPLAIN ANALYZE, for one,
+        would run the statement it explains)."""
+        statements = self.con.extract_statements(sql)
+        if not statements:
+            raise QueryError("the query is empty")
+        if len(statements) > 1:
+            raise QueryError(f"one query at a time, got {len(statements)} statements")
+        if statements[0].type != duckdb.StatementType.SELECT:
+            raise QueryError(f"the catalog is read-only: only SELECT queries run, not {statements[0].type.name}")
         cur = self.con.execute(sql, params or [])
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row)) for row in cur.fetchall()]

@@ -1,0 +1,60 @@
+"""Bad arguments to `embforge` exit 2 with one line naming what is wrong, never a traceback."""
+
+import os
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+
+from flows.cli import iso_time, main
+from storage.store import ArtifactStore
+from tests.helpers import REPO
+
+
+def exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own errors
+        return e.code
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report", "--since", "notadate"], "argument --since: 'notadate' is not a date"),
+    (["sql", ""], "error: the query is empty"),
+    (["sql", "COPY (SELECT 1) TO 'x.csv'"], "error: the catalog is read-only: only SELECT queries run, not COPY"),
+    (["sql", "SELECT * FROM read_csv('/etc/passwd')"], 'error: Permission Error: Cannot access file "/etc/passwd"'),
+    (["runs", "--store", "notes.txt"], "notes.txt is a file, not a folder"),
+], ids=["date", "empty-sql", "copy", "outside-store", "store-is-a-file"])
+def test_a_bad_argument_exits_2_with_one_line_naming_it(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EMBFORGE_STORE", str(tmp_path / "store"))
+    (tmp_path / "notes.txt").write_text("not a store")
+    assert exit_code(argv) == 2
+    out = capsys.readouterr()
+    errors = [line for line in (out.out + out.err).splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0]
+    assert "Traceback" not in out.out + out.err
+    assert not list(tmp_path.rglob("x.csv"))
+
+
+def test_since_takes_a_date_or_an_iso_timestamp_in_utc():
+    assert iso_time("2026-01-01") == datetime(2026, 1, 1)
+    assert iso_time("2026-01-01T01:00:00+02:00") == datetime(2025, 12, 31, 23)
+
+
+def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    for run_id in ("good-run", "cut-run"):
+        store.write_run(run_id, dict(run_id=run_id, name="x", status="completed",
+                                     started_at="2026-01-01T00:00:00+00:00", stages=[]))
+    cut = store.root / "runs" / "cut-run.json"
+    cut.write_text(cut.read_text()[:40])
+    # A subprocess: the warning reaches the console through the logging Prefect sets up on import.
+    result = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "--store", str(store.root)], cwd=REPO,
+                            env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "good-run" in result.stdout and "cut-run" not in result.stdout
+    assert f"skipped the damaged file {cut}" in result.stderr
+    assert "Traceback" not in result.stderr
