@@ -17,7 +17,7 @@ from rich.table import Table
 
 from flows.params import RunParams
 from storage.catalog import SCORE_STAGES, Catalog, QueryError
-from storage.store import ArtifactStore, open_store
+from storage.store import ArtifactStore, DamagedArtifactError, open_store
 from tasks.config import ConfigError, InputError, load_config
 from tasks.report import comparison_table, long_rows, to_markdown
 
@@ -27,15 +27,8 @@ from tasks.report import comparison_table, long_rows, to_markdown
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
-def _open_store(flag: str | None, configured: str | None = None) -> ArtifactStore:
-    store = open_store(flag, configured)
-    if store.root.is_file():  # else listings would show an empty store, and `run` fail in its first stage
-        raise ConfigError(f"store {store.root} is a file, not a folder")
-    return store
-
-
 def _store(args: argparse.Namespace) -> ArtifactStore:
-    return _open_store(args.store, load_config(args.config).store if getattr(args, "config", None) else None)
+    return open_store(args.store, load_config(args.config).store if getattr(args, "config", None) else None)
 
 
 def overrides(settings: list[str]) -> dict:
@@ -75,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
     from flows.pipeline import pipeline  # Prefect is slow to import: only when running
 
-    store = _open_store(args.store, cfg.store)
+    store = open_store(args.store, cfg.store)
     params = RunParams(config=args.config, overrides=changes, store=str(store.root),
                        rebuild_stale_versions=args.rebuild_stale_versions)
     state = pipeline(params, return_state=True)
@@ -290,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, InputError, FileNotFoundError) as e:
+    except (ConfigError, InputError, FileNotFoundError, NotADirectoryError, DamagedArtifactError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
 

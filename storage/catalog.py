@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from glob import glob as glob_files
@@ -32,7 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.store import ArtifactStore
+from storage.store import HOST, ArtifactStore, process_alive
 
 log = logging.getLogger("embforge.catalog")
 
@@ -90,7 +89,7 @@ _EMPTY = {
     "runs": "SELECT NULL::VARCHAR run_id, NULL::VARCHAR name, NULL::VARCHAR flow, NULL::VARCHAR status,"
     " NULL::VARCHAR config_path, NULL::JSON overrides, NULL::JSON config, NULL::TIMESTAMP started_at,"
     " NULL::TIMESTAMP finished_at, NULL::VARCHAR error, NULL::JSON stages, NULL::JSON models, NULL::VARCHAR host,"
-    " NULL::BIGINT pid, NULL::TIMESTAMP heartbeat_at, NULL::BIGINT heartbeat_s WHERE false",
+    " NULL::BIGINT pid, NULL::TIMESTAMP heartbeat_at, NULL::DOUBLE heartbeat_s WHERE false",
     "score_changes": "SELECT NULL::VARCHAR run_id, * FROM empty_changes",
     "metrics": "SELECT * FROM empty_metrics",
     "summaries": "SELECT NULL::VARCHAR key, NULL::VARCHAR doc_id, NULL::BIGINT prompt_id, NULL::BIGINT sample,"
@@ -108,22 +107,12 @@ class QueryError(ValueError):
     """SQL the read-only catalog does not run: empty, several statements, or not a SELECT."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0 only checks that the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True
-
-
 def _crashed(record: dict) -> bool:
     """Whether a run recorded as `running` is gone: its process on this machine has ended, or its
     heartbeat stopped. Records written before runs had a pid and heartbeat keep their status."""
     if record.get("status") != "running":
         return False
-    if record.get("host") == socket.gethostname() and record.get("pid") is not None and not _alive(int(record["pid"])):
+    if record.get("host") == HOST and record.get("pid") is not None and not process_alive(int(record["pid"])):
         return True
     if record.get("heartbeat_at") is None or record.get("heartbeat_s") is None:
         return False
@@ -177,7 +166,7 @@ class Catalog:
             FROM read_json({files}, filename=true, columns={run_id: 'VARCHAR', name: 'VARCHAR', flow: 'VARCHAR',
                  status: 'VARCHAR', config_path: 'VARCHAR', overrides: 'JSON', config: 'JSON',
                  started_at: 'TIMESTAMP', finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON',
-                 models: 'JSON', host: 'VARCHAR', pid: 'BIGINT', heartbeat_at: 'TIMESTAMP', heartbeat_s: 'BIGINT'})
+                 models: 'JSON', host: 'VARCHAR', pid: 'BIGINT', heartbeat_at: 'TIMESTAMP', heartbeat_s: 'DOUBLE'})
             """.replace("{crashed}", _sql_list([path for path, crashed in runs.items() if crashed])))
         self._view("score_changes", _readable(root / "runs" / "*.changes.parquet", pq.read_metadata), r"""
             SELECT regexp_extract(filename, '([^/]+)\.changes\.parquet$', 1) AS run_id, * EXCLUDE (filename)

@@ -2,7 +2,7 @@
 run shows how far it got. The catalog's `runs`, `run_stages` and `models` views read them.
 
 A live run rewrites its heartbeat every HEARTBEAT_S seconds; the catalog shows a `running` record
-as `crashed` once its process is gone (same host) or its heartbeat is older than three beats."""
+as `crashed` once its process is gone (same host) or it missed MISSED_HEARTBEATS beats (storage/catalog.py)."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
     assert "train[crops]: resuming from checkpoint at step" in result.stdout + result.stderr
     catalog = Catalog(store)
     runs = catalog.query("SELECT run_id, status FROM runs ORDER BY started_at")
-    assert [r["status"] for r in runs] == ["running", "completed"]  # the killed run never finished
+    assert [r["status"] for r in runs] == ["crashed", "completed"]  # the killed run never finished
     states = {r["stage"]: r["state"] for r in catalog.query(
         "SELECT stage, state FROM run_stages WHERE run_id = ?", [runs[1]["run_id"]])}
     assert states["ingest"] == states["sentences"] == states["pairs"] == states["init"] == "Cached"

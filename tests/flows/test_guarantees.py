@@ -1,0 +1,102 @@
+"""What the README's "What embforge guarantees" promises, end to end through the `embforge` command:
+a run killed inside any stage resumes to the same numbers, a store copied elsewhere reruns all
+cached, and runs started together on one store all finish with the same numbers."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
+from tests.flows.test_cli import EMBFORGE, REPO, embforge
+from tests.helpers import tiny_config
+
+# In pipeline order; `train` is killed mid-epoch, right after its first checkpoint.
+STAGES = ["ingest", "sentences", "pairs", "train", "embed", "evaluate", "report"]
+
+
+def home(tmp_path, name: str) -> dict:
+    return {**os.environ, "PREFECT_HOME": str(tmp_path / name), "HF_HUB_OFFLINE": "1"}
+
+
+def latest_scores(store) -> dict:
+    """(model, metric, split, layer, step) → value of the latest run's scores."""
+    catalog = Catalog(ArtifactStore(store))
+    rows = catalog.query("SELECT label, metric, split, layer, step, value FROM run_metrics WHERE run_id = ?",
+                         [catalog.latest_run_id()])
+    assert rows
+    return {(r["label"], r["metric"], r["split"], r["layer"], r["step"]): r["value"] for r in rows}
+
+
+def statuses(store) -> list[str]:
+    return [r["status"] for r in Catalog(ArtifactStore(store)).query("SELECT status FROM runs ORDER BY started_at")]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One tiny two-recipe run without faults: the numbers every other run must reproduce."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    config = tiny_config(tmp)
+    result = embforge("run", str(config), env=home(tmp, "prefect"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return config, tmp / "store", latest_scores(tmp / "store")
+
+
+@pytest.mark.slow
+def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(uninterrupted, tmp_path):
+    config, store, scores = uninterrupted
+    shutil.copytree(store, tmp_path / "copy")
+    result = embforge("run", str(config), "--store", str(tmp_path / "copy"), env=home(tmp_path, "other-home"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    catalog = Catalog(ArtifactStore(tmp_path / "copy"))
+    states = catalog.query("SELECT DISTINCT state FROM run_stages WHERE run_id = ?", [catalog.latest_run_id()])
+    assert states == [{"state": "Cached"}]
+    assert latest_scores(tmp_path / "copy") == scores
+
+
+@pytest.mark.slow
+def test_kill_9_inside_every_stage_then_resume_gives_the_uninterrupted_numbers(uninterrupted, tmp_path):
+    config, _, scores = uninterrupted
+    store = tmp_path / "store"
+    for number, stage in enumerate(STAGES, 1):
+        killed = subprocess.run([sys.executable, "-m", "tests.flows.faults", stage, "run", str(config), "--store",
+                                 str(store)], cwd=REPO, env=home(tmp_path, "prefect"), start_new_session=True,
+                                capture_output=True, text=True, timeout=600)
+        assert killed.returncode == -signal.SIGKILL, f"{stage}: {killed.stdout}{killed.stderr}"
+        assert statuses(store) == ["crashed"] * number, stage  # the killed run does not stay `running`
+        assert list((store / ".tmp").glob(f"{stage}-*")), stage  # killed inside it: its temp folder is left
+    result = embforge("run", str(config), "--store", str(store), env=home(tmp_path, "prefect"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "removed " in result.stdout + result.stderr and "temp folder(s) left" in result.stdout + result.stderr
+    assert not (store / ".tmp").exists()
+    assert statuses(store) == ["crashed"] * len(STAGES) + ["completed"]
+    assert latest_scores(store) == scores
+    assert embforge("verify", "--store", str(store), env=home(tmp_path, "prefect")).returncode == 0
+
+
+@pytest.mark.slow
+def test_runs_started_together_on_one_store_all_finish_with_the_same_numbers(uninterrupted, tmp_path):
+    config, _, scores = uninterrupted
+    crops_only = tmp_path / "crops.yaml"  # another config sharing ingest, sentences, init and crops' stages
+    crops_only.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "name": "crops-only",
+                                          "methods": [{"name": "crops", "recipe": "crops"}]}))
+    store, env = tmp_path / "store", home(tmp_path, "prefect")  # one PREFECT_HOME, as for one user
+    runs = [subprocess.Popen([*EMBFORGE, "run", str(c), "--store", str(store)], cwd=REPO, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for c in (config, config, crops_only)]
+    for run in runs:
+        output = run.communicate(timeout=900)[0]
+        assert run.returncode == 0, output
+    catalog = Catalog(ArtifactStore(store))
+    for run in catalog.query("SELECT run_id, name FROM runs"):
+        rows = catalog.query("SELECT label, metric, split, layer, step, value FROM run_metrics WHERE run_id = ?",
+                             [run["run_id"]])
+        got = {(r["label"], r["metric"], r["split"], r["layer"], r["step"]): r["value"] for r in rows}
+        assert got == {k: v for k, v in scores.items() if k[0] in {r["label"] for r in rows}}, run["name"]
+        assert {k[0] for k in got} == ({"base (random init)", "crops"} if run["name"] == "crops-only"
+                                       else {k[0] for k in scores})
+    assert embforge("verify", "--store", str(store), env=env).returncode == 0
