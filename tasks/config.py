@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from storage.store import DEFAULT_STORE
@@ -414,10 +417,53 @@ def _resolve(base: Path, value: str | None) -> str | None:
     return str(p if p.is_absolute() else (base / p).resolve())
 
 
+def _local_model(name: str) -> bool:
+    """Whether a model name can only be a path: a `.gguf` file (tasks/llm.py) or a name that is
+    no Hub id (`./x`, `/x`, `~/x`, `a/b/c`); `org/model` may be either, `package:` names neither."""
+    if name.startswith("package:"):
+        return False
+    if name.endswith(".gguf"):
+        return True
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
+
+
 def _resolve_model(base: Path, name: str) -> str:
-    # A model may be a Hub name ("org/model") or a folder (or GGUF file) next to the config: only
-    # an existing one is made absolute.
-    return str((base / name).resolve()) if (base / name).exists() else name
+    # A model may be a Hub name ("org/model") or a folder (or GGUF file) next to the config: an
+    # existing one, or one that can only be a path, is made absolute.
+    return _resolve(base, name) if (base / name).exists() or _local_model(name) else name
+
+
+def _named_files(cfg: PipelineConfig) -> Iterator[tuple[str, str | None, bool]]:
+    """(dotted field, resolved path, whether a folder will do) of every local file the config names.
+    Hub names (datasets, models, MTEB tasks) are not files: what they need is checked when loading."""
+    yield "data.path", cfg.data.path, True
+    if cfg.model.pretrain:
+        yield "model.pretrain.data.path", cfg.model.pretrain.data.path, True
+    if cfg.evaluate.sts:
+        yield "evaluate.sts.path", cfg.evaluate.sts.path, False
+    for i, task in enumerate(cfg.evaluate.mteb.local if cfg.evaluate.mteb else []):
+        yield f"evaluate.mteb.local.{i}.path", task.path, False
+        yield f"evaluate.mteb.local.{i}.queries", task.queries, False
+    models = {"model.name_or_path": cfg.model.name_or_path,
+              **{f"evaluate.reference_models.{i}": m for i, m in enumerate(cfg.evaluate.reference_models)},
+              "summaries.llm": cfg.summaries.llm if cfg.summaries else None}
+    for field, name in models.items():
+        if name and _local_model(name):
+            yield field, name, not name.endswith(".gguf")
+
+
+def _check_files(path: Path, cfg: PipelineConfig) -> None:
+    # At load time, so a typo fails the command at once rather than the stage that reads the
+    # file, possibly hours into a run.
+    missing = [f"{path}: {field}: {'file or folder' if folder_ok else 'file'} not found: {value}"
+               for field, value, folder_ok in _named_files(cfg)
+               if value and not (Path(value).exists() if folder_ok else Path(value).is_file())]
+    if missing:
+        raise ConfigError("\n".join(missing))
 
 
 def apply_overrides(raw: dict, overrides: dict[str, Any], path: Path) -> dict:
@@ -445,14 +491,16 @@ def apply_overrides(raw: dict, overrides: dict[str, Any], path: Path) -> dict:
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     """Read and validate a YAML config, with optional dotted-field overrides; relative file paths
-    become absolute (config-relative). Loaded once per (file version, overrides): a command and the
-    flow it starts share the result."""
+    become absolute (config-relative) and must exist. Parsed once per (file version, overrides): a
+    command and the flow it starts share the result."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     stat = path.stat()
-    return _load_config(str(path), str(path.resolve()), stat.st_mtime_ns, stat.st_size,
-                        json.dumps(overrides or {}, sort_keys=True, default=str))
+    cfg = _load_config(str(path), str(path.resolve()), stat.st_mtime_ns, stat.st_size,
+                       json.dumps(overrides or {}, sort_keys=True, default=str))
+    _check_files(path, cfg)  # on every load, cached or not: the files can go while the config stays
+    return cfg
 
 
 @functools.lru_cache(maxsize=32)

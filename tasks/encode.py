@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from tasks.models import pick_device, resolve_model
+from tasks.models import load_model, pick_device
 from tasks.progress import StageProgress
 
 POOLINGS = ("mean", "cls", "sep")
@@ -34,9 +34,8 @@ class PooledEncoder:
 
     def __init__(self, model: str, device: str = "auto", pooling: str = "mean"):
         self.pooling = pooling
-        path = resolve_model(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).to(pick_device(device)).eval()
+        self.tokenizer = load_model(model, AutoTokenizer.from_pretrained)
+        self.model = load_model(model, AutoModel.from_pretrained).to(pick_device(device)).eval()
 
     @property
     def n_layers(self) -> int:

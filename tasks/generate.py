@@ -85,12 +85,15 @@ class TransformersGenerator:
     def __init__(self, model_dir: str, sampling: Sampling, group: int = 5, device: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from tasks.models import load_model
+
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = load_model(model_dir, AutoTokenizer.from_pretrained)
         self.tokenizer.padding_side = "left"  # generation continues from the right end
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device).eval()
+        self.model = load_model(model_dir, lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32))
+        self.model = self.model.to(self.device).eval()
         self.sampling, self.group = sampling, group
         torch.manual_seed(sampling.seed)
 

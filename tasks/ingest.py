@@ -56,6 +56,8 @@ def read_file(path: Path) -> pd.DataFrame:
     if kind == "csv":
         try:
             return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
+        except pd.errors.EmptyDataError:  # not even a header: no rows
+            return pd.DataFrame()
         except pd.errors.ParserError as e:
             raise InputError(f"{path}: cannot parse CSV: {e}") from None
     rows = []
@@ -127,11 +129,19 @@ def load_documents(cfg: DataConfig) -> pd.DataFrame:
         docs = normalise(datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split).to_pandas(), cfg, source)
         docs["_where"] = [f"{source} row {i}" for i in range(1, len(docs) + 1)]
     else:
+        files = input_files(cfg)
+        source = cfg.path if len(files) == 1 else f"{cfg.path} ({len(files)} files)"
         parts = []
-        for f in input_files(cfg):
-            part = normalise(read_file(f), cfg, str(f))
+        for f in files:
+            frame = read_file(f)
+            if len(frame) == 0:  # adds no document (and may have no columns to check)
+                continue
+            part = normalise(frame, cfg, str(f))
             parts.append(part.assign(_where=[f"{f} row {i}" for i in range(1, len(part) + 1)]))
-        docs = pd.concat(parts, ignore_index=True)
+        docs = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    # Refused here: an empty documents artifact would fail much later, as a puzzle about crops.
+    if docs.empty:
+        raise InputError(f"{source}: 0 rows, no documents to ingest")
     dup = docs["doc_id"].duplicated(keep=False)
     if dup.any():
         first = docs.loc[dup, "doc_id"].iloc[0]

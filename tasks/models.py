@@ -9,7 +9,9 @@ A model is named the way users already name models: a Hub id, a local folder, or
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from sentence_transformers import SentenceTransformer, models
@@ -18,6 +20,8 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 from storage.store import ArtifactRef, ArtifactStore, file_digest
 from tasks.config import InputError, RandomInitConfig
 from tasks.stage import Inputs
+
+T = TypeVar("T")
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -33,6 +37,21 @@ def resolve_model(name_or_path: str) -> str:
     if not (folder / "config.json").is_file():
         raise InputError(f"model {name_or_path!r}: no model folder at {folder}")
     return str(folder)
+
+
+def load_model(name_or_path: str, load: Callable[[str], T]) -> T:
+    """`load` (a `from_pretrained` or `models.Transformer`) applied to the resolved name. Hub names
+    load through the Hub as usual; only a name found nowhere changes: an InputError that names it,
+    so the stage fails once, not once per retry with the library's tracebacks."""
+    resolved = resolve_model(name_or_path)
+    try:
+        return load(resolved)
+    except (OSError, ValueError) as e:  # not found (RepositoryNotFoundError, ...) or not a Hub id
+        if Path(resolved).exists():  # a local model that does not load: its own error says why
+            raise
+        reason = next(iter(str(e).strip().splitlines()), "") or type(e).__name__
+        raise InputError(f"model {name_or_path!r}: not a local folder, not an installed package "
+                         f"(package:<name>), and not loadable from the Hugging Face Hub: {reason}") from None
 
 
 def model_identity(name_or_path: str) -> str:
@@ -63,7 +82,7 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     `layer` = L keeps only the first L transformer layers: its last hidden state is then
     hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
     """
-    transformer = models.Transformer(resolve_model(path), max_seq_length=max_length)
+    transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length))
     if layer is not None:
         encoder = transformer.auto_model
         blocks = transformer_blocks(encoder)
@@ -90,7 +109,7 @@ def freeze(model: SentenceTransformer, embeddings: bool, layers: int) -> None:
 def save_random_encoder(tokenizer_source: str, cfg: RandomInitConfig, folder: Path) -> None:
     """Save a randomly initialised BERT encoder, with `tokenizer_source`'s tokenizer, as a
     sentence-transformers model folder (mean pooling)."""
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer_source))
+    tokenizer = load_model(tokenizer_source, AutoTokenizer.from_pretrained)
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
                         num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
                         max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id)

@@ -49,7 +49,7 @@ from sentence_transformers import SentenceTransformer, models
 from storage.store import file_digest, stable_hash
 from tasks.config import InputError, LocalTaskConfig, MtebSettings
 from tasks.ingest import read_pairs, read_table, rows_of_split
-from tasks.models import POOLING_MODES, pick_device, resolve_model
+from tasks.models import POOLING_MODES, load_model, pick_device
 from tasks.rng import global_rng_kept
 
 with global_rng_kept():  # importing mteb seeds the process-wide generators with 42
@@ -228,7 +228,7 @@ def load_hub_data(task: AbsTask) -> None:
 
 
 def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str) -> SentenceTransformerEncoderWrapper:
-    transformer = models.Transformer(resolve_model(model), max_seq_length=cfg.max_length)
+    transformer = load_model(model, lambda p: models.Transformer(p, max_seq_length=cfg.max_length))
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device))
     encoder.to(getattr(torch, cfg.dtype))

@@ -53,7 +53,9 @@ def test_missing_input_file_exits_non_zero(tmp_path, env):
     config = tiny_config(tmp_path, data={"path": str(tmp_path / "missing.parquet")})
     result = embforge("run", str(config), env=env)
     assert result.returncode == 2
-    assert "missing.parquet does not exist" in result.stdout
+    assert (f"{config}: data.path: file or folder not found: {tmp_path / 'missing.parquet'}"
+            in " ".join(result.stdout.split()))
+    assert not (tmp_path / "store").exists()  # refused when the config loads, before Prefect starts
 
 
 @pytest.mark.slow

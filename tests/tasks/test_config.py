@@ -18,6 +18,7 @@ def test_shipped_configs_validate(name):
 
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path):
+    (tmp_path / "docs.parquet").touch()
     (tmp_path / "c.yaml").write_text("name: x\ndata: {path: docs.parquet}\nstore: out\n")
     cfg = load_config(tmp_path / "c.yaml")
     assert cfg.data.path == str(tmp_path / "docs.parquet")
@@ -55,6 +56,7 @@ def test_missing_config_file(tmp_path):
 
 def test_model_folder_next_to_the_config_is_made_absolute_hub_names_are_kept(tmp_path):
     (tmp_path / "my-model").mkdir()
+    (tmp_path / "d.csv").touch()
     (tmp_path / "c.yaml").write_text("name: x\ndata: {path: d.csv}\nmodel: {name_or_path: my-model}\n"
                                      "evaluate: {reference_models: [org/hub-model]}\n")
     cfg = load_config(tmp_path / "c.yaml")
@@ -62,7 +64,66 @@ def test_model_folder_next_to_the_config_is_made_absolute_hub_names_are_kept(tmp
     assert cfg.evaluate.reference_models == ["org/hub-model"]
 
 
+# Every local file a config can name: the field, the name in the file, and whether it is a folder.
+NAMED_FILES = [("data.path", "docs.parquet", False), ("model.pretrain.data.path", "generic", True),
+               ("evaluate.sts.path", "sts.parquet", False), ("evaluate.mteb.local.0.path", "corpus.parquet", False),
+               ("evaluate.mteb.local.0.queries", "queries.parquet", False),
+               ("model.name_or_path", "./encoder", True), ("evaluate.reference_models.0", "./reference", True),
+               ("summaries.llm", "llm.gguf", False)]
+NAMES_EVERY_FILE = """name: x
+data: {path: docs.parquet}
+model:
+  name_or_path: ./encoder
+  pretrain: {data: {path: generic}, method: {name: s1, recipe: retromae}}
+evaluate:
+  sts: {path: sts.parquet}
+  reference_models: [./reference]
+  mteb: {local: [{name: r, type: retrieval, path: corpus.parquet, queries: queries.parquet}]}
+summaries: {llm: llm.gguf}
+"""
+
+
+def config_naming_every_file(tmp_path: Path) -> Path:
+    for _, name, folder in NAMED_FILES:
+        (tmp_path / name).mkdir() if folder else (tmp_path / name).touch()
+    path = tmp_path / "c.yaml"
+    path.write_text(NAMES_EVERY_FILE)
+    return path
+
+
+@pytest.mark.parametrize("field, name, folder", NAMED_FILES)
+def test_a_missing_file_fails_the_load_naming_config_field_and_path(tmp_path, field, name, folder):
+    path = config_naming_every_file(tmp_path)
+    load_config(path)
+    (tmp_path / name).rmdir() if folder else (tmp_path / name).unlink()
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"{path}: {field}: " in str(err.value) and f"not found: {(tmp_path / name).resolve()}" in str(err.value)
+
+
+def test_a_missing_file_set_by_an_override_names_the_field(tmp_path):
+    path = config_naming_every_file(tmp_path)
+    with pytest.raises(ConfigError, match=f"c.yaml: evaluate.sts.path: file not found: {tmp_path / 'other.parquet'}"):
+        load_config(path, {"evaluate.sts.path": "other.parquet"})
+    with pytest.raises(ConfigError) as err:  # every missing file at once, one line each
+        load_config(path, {"data.path": "a.csv", "evaluate.mteb.local.0.queries": "q.parquet"})
+    assert str(err.value).splitlines() == [f"{path}: data.path: file or folder not found: {tmp_path / 'a.csv'}",
+                                           f"{path}: evaluate.mteb.local.0.queries: file not found: "
+                                           f"{tmp_path / 'q.parquet'}"]
+
+
+def test_names_that_may_be_on_the_hub_are_not_checked(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndata: {hf_dataset: org/no-such-dataset}\nmodel: {name_or_path: org/no-such-model}\n"
+                    "evaluate: {reference_models: [bert-base-uncased], mteb: {tasks: [NoSuchTask]}}\n"
+                    "summaries: {llm: org/no-such-llm}\n")
+    cfg = load_config(path)
+    assert (cfg.model.name_or_path, cfg.summaries.llm) == ("org/no-such-model", "org/no-such-llm")
+
+
 def test_method_overrides_apply_to_that_method_only(tmp_path):
+    (tmp_path / "d.csv").touch()
+    (tmp_path / "generic.parquet").touch()
     (tmp_path / "c.yaml").write_text(
         "name: x\ndata: {path: d.csv}\ntrain: {lr: 2.0e-5, batch_size: 64}\nmethods:\n"
         "  - {name: crops, recipe: crops}\n"
@@ -77,6 +138,7 @@ def test_method_overrides_apply_to_that_method_only(tmp_path):
 
 
 def test_overrides_are_validated_like_the_file(tmp_path):
+    (tmp_path / "docs.parquet").touch()
     path = tmp_path / "c.yaml"
     path.write_text("name: x\ndata: {path: docs.parquet}\n")
     cfg = load_config(path, {"train.epochs": 3, "evaluate.knn.k": 5, "name": "y"})
@@ -90,6 +152,7 @@ def test_overrides_are_validated_like_the_file(tmp_path):
 
 
 def test_overrides_pick_list_items_by_number(tmp_path):
+    (tmp_path / "docs.parquet").touch()
     path = tmp_path / "c.yaml"
     path.write_text("name: x\ndata: {path: docs.parquet}\nmethods:\n  - {name: a, recipe: crops}\n"
                     "  - {name: b, recipe: mlm}\n")
@@ -103,6 +166,7 @@ def test_overrides_pick_list_items_by_number(tmp_path):
 
 
 def test_a_config_is_parsed_once_per_version_of_the_file(tmp_path, monkeypatch):
+    (tmp_path / "docs.parquet").touch()
     path = tmp_path / "c.yaml"
     path.write_text("name: x\ndata: {path: docs.parquet}\n")
     parsed = []

@@ -1,10 +1,13 @@
 import json
+import re
 
 import pandas as pd
 import pytest
 
+from storage.store import ArtifactStore
 from tasks.config import DataConfig, InputError
-from tasks.ingest import load_documents
+from tasks.ingest import INGEST, load_documents
+from tasks.stage import NoInputs
 
 ROWS = [dict(doc_id="a", title="T1", text="First text.", label="x", split="train"),
         dict(doc_id="b", title="T2", text="Second text.", label="y", split="test"),
@@ -70,6 +73,30 @@ def test_duplicate_ids_name_both_rows(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in [*ROWS, {**ROWS[0], "text": "again"}]))
     with pytest.raises(InputError, match=r"duplicate doc_id 'a' .*docs.jsonl row 1, .*docs.jsonl row 4"):
         load_documents(cfg(path))
+
+
+@pytest.mark.parametrize("name, write", [
+    ("docs.csv", lambda path: path.write_text("doc_id,title,text,label,split\n")),  # a header only
+    ("docs.parquet", lambda path: pd.DataFrame(ROWS).iloc[:0].to_parquet(path)),
+    ("docs.csv", lambda path: path.write_text("")),  # not even a header
+    ("docs.jsonl", lambda path: path.write_text("\n\n")),
+])
+def test_an_empty_corpus_is_refused_naming_the_file_and_nothing_is_published(tmp_path, name, write):
+    path = tmp_path / name
+    write(path)
+    store = ArtifactStore(tmp_path / "store")
+    with pytest.raises(InputError, match=re.escape(f"{path}: 0 rows, no documents to ingest")):
+        INGEST.run(store, cfg(path), NoInputs())
+    assert not (store.root / "artifacts").exists() and not any((store.root / ".tmp").iterdir())
+
+
+def test_a_folder_of_empty_files_is_refused_an_empty_file_among_others_adds_nothing(tmp_path):
+    pd.DataFrame(ROWS).iloc[:0].to_parquet(tmp_path / "a.parquet")
+    (tmp_path / "b.csv").write_text("doc_id,text\n")
+    with pytest.raises(InputError, match=re.escape(f"{tmp_path} (2 files): 0 rows, no documents to ingest")):
+        load_documents(cfg(tmp_path))
+    pd.DataFrame(ROWS).to_parquet(tmp_path / "c.parquet")
+    assert load_documents(cfg(tmp_path)).to_dict("records") == ROWS
 
 
 def test_limit_keeps_the_first_documents(tmp_path):

@@ -1,0 +1,50 @@
+"""A model name found nowhere is bad input that names the model, whichever loader meets it first.
+
+The tests run offline (tests/conftest.py sets HF_HUB_OFFLINE); online the Hub answers "repository
+not found" for these names, which is the same InputError.
+"""
+
+import pytest
+
+from storage.store import ArtifactStore
+from tasks.config import InputError, MtebSettings, RandomInitConfig, Sampling
+from tasks.encode import PooledEncoder
+from tasks.generate import TransformersGenerator
+from tasks.init import INIT, InitConfig
+from tasks.models import save_random_encoder, sentence_model
+from tasks.mteb_eval import mteb_encoder
+from tasks.stage import NoInputs
+
+TINY = RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64)
+LOADERS = {
+    "train": lambda name, tmp_path: sentence_model(name, max_length=64),
+    "init": lambda name, tmp_path: save_random_encoder(name, TINY, tmp_path / "model"),
+    "embed": lambda name, tmp_path: PooledEncoder(name, "cpu"),
+    "mteb": lambda name, tmp_path: mteb_encoder(name, "mean", MtebSettings(), "cpu"),
+    "summaries": lambda name, tmp_path: TransformersGenerator(name, Sampling(), device="cpu"),
+}
+
+
+@pytest.mark.parametrize("name", ["no-such-org/no-such-model", "/no/such/folder"])
+@pytest.mark.parametrize("loader", LOADERS)
+def test_a_model_found_nowhere_is_an_input_error_naming_it(tmp_path, loader, name):
+    with pytest.raises(InputError) as err:
+        LOADERS[loader](name, tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"model {name!r}: not a local folder, not an installed package (package:<name>), "
+                              "and not loadable from the Hugging Face Hub: ")
+    assert "\n" not in message  # the library's first line, not its traceback
+
+
+def test_a_local_folder_that_does_not_load_keeps_its_own_error(tmp_path):
+    (tmp_path / "model").mkdir()
+    with pytest.raises(ValueError, match="Unrecognized model") as err:  # no config.json
+        sentence_model(str(tmp_path / "model"), max_length=64)
+    assert not isinstance(err.value, InputError)
+
+
+def test_the_stage_fails_on_the_name_and_publishes_nothing(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    with pytest.raises(InputError, match="model 'no-such-org/no-such-model': "):  # never retried (tasks/stage.py)
+        INIT.run(store, InitConfig(tokenizer="no-such-org/no-such-model", **TINY.model_dump()), NoInputs())
+    assert not (store.root / "artifacts").exists()
