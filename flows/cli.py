@@ -28,7 +28,8 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _store(args: argparse.Namespace) -> ArtifactStore:
-    return open_store(args.store, load_config(args.config).store if getattr(args, "config", None) else None)
+    config = getattr(args, "config", None)
+    return open_store(args.store, load_config(config, check_files=False).store if config else None)
 
 
 def overrides(settings: list[str]) -> dict:

@@ -489,9 +489,10 @@ def apply_overrides(raw: dict, overrides: dict[str, Any], path: Path) -> dict:
     return raw
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None, check_files: bool = True) -> PipelineConfig:
     """Read and validate a YAML config, with optional dotted-field overrides; relative file paths
-    become absolute (config-relative) and must exist. Parsed once per (file version, overrides): a
+    become absolute (config-relative) and must exist (unless `check_files` is off: a command that only
+    takes the store from the config reads none of them). Parsed once per (file version, overrides): a
     command and the flow it starts share the result."""
     path = Path(path)
     if not path.is_file():
@@ -499,7 +500,8 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
     stat = path.stat()
     cfg = _load_config(str(path), str(path.resolve()), stat.st_mtime_ns, stat.st_size,
                        json.dumps(overrides or {}, sort_keys=True, default=str))
-    _check_files(path, cfg)  # on every load, cached or not: the files can go while the config stays
+    if check_files:
+        _check_files(path, cfg)  # on every load, cached or not: the files can go while the config stays
     return cfg
 
 
