@@ -67,12 +67,16 @@ def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
 def cmd_run(args: argparse.Namespace) -> int:
     changes = overrides(args.set)
     cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
-    from flows.pipeline import pipeline  # Prefect is slow to import: only when running
+    from flows.logs import logged  # Prefect is slow to import: only when running
+    from flows.pipeline import pipeline
 
     store = open_store(args.store, cfg.store)
     params = RunParams(config=args.config, overrides=changes, store=str(store.root),
                        rebuild_stale_versions=args.rebuild_stale_versions)
-    state = pipeline(params, return_state=True)
+    with logged(store.log_file("run")) as log_file:
+        state = pipeline(params, return_state=True)
+    if state.is_failed():
+        console.print(f"the full log, with tracebacks: {log_file}", highlight=False)
     state.result()  # raises the run's own error, e.g. an InputError naming the bad row
     run_id = str(state.state_details.flow_run_id)
     catalog = Catalog(store)

@@ -9,6 +9,7 @@ Layout under the store root:
     runs/<run_id>.json                      one record per flow run (stages, registered models)
     runs/<run_id>.changes.parquet           what an evaluate run scored anew, and by how much
                                             scores moved (the nightly summary)
+    logs/run-<time>-<pid>.log               the full log of an `embforge run`, tracebacks included
     damaged/<stage>/<key>-<time>/           artifacts that failed a check, set aside for a look
                                             (the next run rebuilds them; safe to delete)
     .tmp/<stage>-<key>.<host>.<pid>.<id>/   artifacts being written; never read
@@ -330,6 +331,10 @@ class ArtifactStore:
 
     def write_run(self, run_id: str, record: dict) -> None:
         _write_json_atomic(self._runs() / f"{run_id}.json", record)
+
+    def log_file(self, command: str) -> Path:
+        """Where a command run writes its full log (tracebacks included): logs/<command>-<time>-<pid>.log."""
+        return self.root / "logs" / f"{command}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{os.getpid()}.log"
 
     def write_run_table(self, run_id: str, name: str, table: pa.Table) -> None:
         write_parquet_atomic(table, self._runs() / f"{run_id}.{name}.parquet")

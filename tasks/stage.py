@@ -172,7 +172,10 @@ class Labelled(logging.LoggerAdapter):
         return f"{self.label}: {msg}", kwargs
 
 
+# Errors that fail the same way every time: never retried, and said in one line to the user.
+INPUT_ERRORS = (InputError, ConfigError, DamagedArtifactError)
+
+
 def transient_failure(_task, _task_run, state) -> bool:
-    """Retry unless the stage failed on bad input, config or a damaged input artifact: those fail the
-    same way every time."""
-    return not isinstance(state.result(raise_on_failure=False), (InputError, ConfigError, DamagedArtifactError))
+    """Retry unless the stage failed on bad input, config or a damaged input artifact."""
+    return not isinstance(state.result(raise_on_failure=False), INPUT_ERRORS)

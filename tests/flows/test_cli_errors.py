@@ -9,7 +9,7 @@ import pytest
 
 from flows.cli import iso_time, main
 from storage.store import ArtifactStore
-from tests.helpers import REPO
+from tests.helpers import REPO, tiny_config
 
 
 def exit_code(argv: list[str]) -> int:
@@ -58,3 +58,27 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
     assert "good-run" in result.stdout and "cut-run" not in result.stdout
     assert f"skipped the damaged file {cut}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, message", [
+    ("missing-columns", "bad.csv: column 'doc_id' (data.columns.id)"),
+    ("empty-corpus", "bad.csv: 0 rows, no documents to ingest"),
+    ("unknown-model", "model 'no-such-org/no-such-model': not a local folder"),
+])
+def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_in_the_log(tmp_path, case, message):
+    data = {"missing-columns": "text,label\nhello world,a\n", "empty-corpus": "doc_id,title,text,label\n"}
+    (tmp_path / "bad.csv").write_text(data.get(case, ""))
+    change = ({"model": {"name_or_path": "no-such-org/no-such-model"}} if case == "unknown-model"
+              else {"data": {"path": str(tmp_path / "bad.csv")}})
+    config = tiny_config(tmp_path, **change)
+    result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,
+                            env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "HF_HUB_OFFLINE": "1"},
+                            text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in " ".join(output.split()), output
+    assert "Traceback" not in output and "Retrying" not in output
+    [log] = (tmp_path / "store" / "logs").glob("run-*.log")
+    assert "Traceback" in log.read_text() and f"the full log, with tracebacks: {log}" in " ".join(output.split())

@@ -58,6 +58,26 @@ def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(un
     assert states == [{"state": "Cached"}]
     assert latest_scores(tmp_path / "copy") == scores
 
+    # Damage it as a full disk, a crash mid-copy or a hand would: two files cut short, a manifest gone.
+    cut = [next((tmp_path / "copy" / "artifacts" / stage).glob(f"*/{name}.parquet"))
+           for stage, name in (("pairs", "pairs"), ("embed", "embeddings"))]
+    sizes = [path.stat().st_size for path in cut]
+    for path in cut:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    next((tmp_path / "copy" / "artifacts" / "sentences").glob("*/manifest.json")).unlink()
+    result = embforge("run", str(config), "--store", str(tmp_path / "copy"), env=home(tmp_path, "other-home"))
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, output
+    for path, size in zip(cut, sizes):
+        assert (f"{path.parent.parent.name}/{path.parent.name}: {path.name} is {size // 2:,} bytes, expected "
+                f"{size:,} — rebuilding") in output
+    catalog = Catalog(ArtifactStore(tmp_path / "copy"))
+    built = catalog.query("SELECT stage FROM run_stages WHERE run_id = ? AND state = 'Completed' ORDER BY stage",
+                          [catalog.latest_run_id()])
+    assert [r["stage"] for r in built] == ["embed", "pairs", "sentences"]  # only what was damaged
+    assert latest_scores(tmp_path / "copy") == scores
+    assert embforge("verify", "--store", str(tmp_path / "copy"), env=home(tmp_path, "other-home")).returncode == 0
+
 
 @pytest.mark.slow
 def test_kill_9_inside_every_stage_then_resume_gives_the_uninterrupted_numbers(uninterrupted, tmp_path):
