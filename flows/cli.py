@@ -17,8 +17,8 @@ from rich.table import Table
 
 from flows.params import RunParams
 from storage.catalog import SCORE_STAGES, Catalog, QueryError
-from storage.store import ArtifactStore, DamagedArtifactError, open_store
-from tasks.config import ConfigError, InputError, load_config
+from storage.store import ArtifactStore, open_store
+from tasks.config import INPUT_ERRORS, ConfigError, load_config
 from tasks.report import comparison_table, long_rows, to_markdown
 
 # Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).
@@ -207,15 +207,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Check every finished artifact's files against the sizes and SHA-256 digests in its manifest;
     one that fails is set aside (damaged/), so the next run rebuilds it."""
     store = _store(args)
-    refs, damaged = store.artifacts(args.stage), []
+    if not (store.root / "artifacts").is_dir():
+        raise FileNotFoundError(f"no artifacts in {store.root}: is it the store? (--store, EMBFORGE_STORE)")
+    refs, damaged, unverifiable = store.artifacts(args.stage), [], 0
     for ref in track(refs, description="verifying", console=console, transient=True):
         if found := store.problems(ref, digests=True):
             store.set_aside(ref, "; ".join(found))
             damaged.append(dict(artifact=ref.address, problem="; ".join(found)))
+        unverifiable += store.published_files(ref) is None and not found
     if damaged:
         _print_table("damaged artifacts, set aside to damaged/ (the next run rebuilds them)", damaged)
         return 1
-    console.print(f"{len(refs)} artifact(s) verified: every file has the size and SHA-256 its manifest records")
+    console.print(f"{len(refs) - unverifiable} artifact(s) verified: every file has the size and SHA-256 its "
+                  "manifest records" + (f"; {unverifiable} made before digests were recorded: their files are "
+                                        "there, their contents cannot be checked" if unverifiable else ""))
     return 0
 
 
@@ -288,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, InputError, FileNotFoundError, NotADirectoryError, DamagedArtifactError) as e:
+    except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
 

@@ -1,50 +1,38 @@
-"""Where a command's log goes: the whole of it, tracebacks included, to a file in the store; on the
-console, an error the user can fix (bad input, config, a damaged artifact) is said in one line,
-without the traceback Prefect's engine logs with it."""
+"""Where `embforge run` logs: all of it, tracebacks included, to a file in the store; on the console,
+an error the user can fix (bad input, config, a damaged artifact) is left to the command's own
+one-line `error:`, without the traceback Prefect's engine logs with it."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from tasks.stage import INPUT_ERRORS
+from tasks.config import INPUT_ERRORS
 
 
-class BriefInputErrors(logging.Formatter):
-    """Wraps a console handler's formatter: records of INPUT_ERRORS lose their traceback there (only)."""
-
-    def __init__(self, inner: logging.Formatter | None):
-        super().__init__()
-        self.inner = inner or logging.Formatter()
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.exc_info and isinstance(record.exc_info[1], INPUT_ERRORS):
-            record = copy.copy(record)  # the log file's handler gets the record with its traceback
-            record.exc_info, record.exc_text = None, None
-        return self.inner.format(record)
+def _not_an_input_error(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], INPUT_ERRORS))
 
 
 @contextlib.contextmanager
 def logged(path: Path) -> Iterator[Path]:
-    """Log everything at INFO and above to `path` and keep input errors brief on the console."""
+    """Log everything at INFO and above to `path`; keep the console's records of input errors out."""
     root = logging.getLogger()
     path.parent.mkdir(parents=True, exist_ok=True)
     to_file = logging.FileHandler(path, encoding="utf-8")
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     to_file.setLevel(logging.INFO)
-    consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler)
-                and not isinstance(h, logging.FileHandler)]
-    formatters = [h.formatter for h in consoles]
+    # A filter on the handler, not the logger: the file handler still gets the record with its traceback.
+    consoles = [h for h in root.handlers if type(h) is not logging.FileHandler and isinstance(h, logging.StreamHandler)]
     for handler in consoles:
-        handler.setFormatter(BriefInputErrors(handler.formatter))
+        handler.addFilter(_not_an_input_error)
     root.addHandler(to_file)
     try:
         yield path
     finally:
         root.removeHandler(to_file)
         to_file.close()
-        for handler, formatter in zip(consoles, formatters):
-            handler.setFormatter(formatter)
+        for handler in consoles:
+            handler.removeFilter(_not_an_input_error)

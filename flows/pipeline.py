@@ -82,8 +82,11 @@ class Run:
         if force and self.store.exists(ref):
             self.store.discard(ref)
             self.rebuilt.add(ref.key)
+        was_there, before = self.store.path(ref).exists(), self.store.published_files(ref)
         runner = stage.as_task(self.cfg.retries).with_options(task_run_name=stage.display(label))
         state = runner(str(self.store.root), config, inputs, ref, label, return_state=True)
+        if was_there and state.name != "Cached" and (before is None or before != self.store.published_files(ref)):
+            self.rebuilt.add(ref.key)  # set aside as damaged or incomplete, and rebuilt with other bytes
         self.record.add_stage(ref, state.name, label, method, changes)
         return state.result()  # raises the stage's own error if it failed
 

@@ -112,8 +112,8 @@ def _crashed(record: dict) -> bool:
     heartbeat stopped. Records written before runs had a pid and heartbeat keep their status."""
     if record.get("status") != "running":
         return False
-    if record.get("host") == HOST and record.get("pid") is not None and not process_alive(int(record["pid"])):
-        return True
+    if record.get("host") == HOST and record.get("pid") is not None:  # on this machine the process decides
+        return not process_alive(int(record["pid"]))
     if record.get("heartbeat_at") is None or record.get("heartbeat_s") is None:
         return False
     silent = datetime.now(UTC) - datetime.fromisoformat(record["heartbeat_at"])

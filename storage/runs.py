@@ -6,6 +6,7 @@ as `crashed` once its process is gone (same host) or it missed MISSED_HEARTBEATS
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -38,7 +39,10 @@ class RunRecord:
 
     def _beat(self) -> None:
         while not self._stopped.wait(HEARTBEAT_S):
-            self._save(heartbeat_at=now())
+            try:
+                self._save(heartbeat_at=now())
+            except OSError as e:  # a full disk for a moment must not stop the beats: the run would look crashed
+                logging.getLogger("embforge.runs").warning("run %s: heartbeat not written: %s", self.run_id, e)
 
     def add_stage(self, ref: ArtifactRef, state: str, label: str = "", method: str = "",
                   version_changes: dict | None = None) -> None:

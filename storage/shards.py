@@ -9,6 +9,7 @@ rows a stage wants (more documents, another prompt) makes only the new ones.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -41,7 +42,8 @@ class ShardPool:
             try:
                 tables.append(pq.read_table(shard))
             except (pa.ArrowException, OSError) as e:
-                shard.rename(shard.with_suffix(".damaged"))
+                with contextlib.suppress(FileNotFoundError):  # another reader set it aside first
+                    shard.rename(shard.with_suffix(".damaged"))
                 logging.getLogger("embforge.store").warning("%s cannot be read (%s): set aside, its rows are made "
                                                             "again", shard, e)
         return pa.concat_tables(tables, promote_options="default") if tables else None

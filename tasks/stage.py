@@ -20,9 +20,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, DamagedArtifactError, stable_hash
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_hash
 from tasks import identity
-from tasks.config import ConfigError, InputError, RetryConfig
+from tasks.config import INPUT_ERRORS, RetryConfig
 from tasks.progress import current_stage
 
 
@@ -89,9 +89,9 @@ class Stage:
         if not store.exists(ref):
             return False
         if damage := store.problems(ref):
-            store.set_aside(ref, "; ".join(damage))
-            log.warning("%s: %s — rebuilding (the damaged one is in damaged/%s)", ref.address, "; ".join(damage),
-                        ref.stage)
+            aside = store.set_aside(ref, "; ".join(damage))
+            log.warning("%s: %s — rebuilding%s", ref.address, "; ".join(damage),
+                        f" (the damaged one is kept in {aside})" if aside else "")
             return False
         if self.complete and not self.complete(store, ref):
             log.info("artifact %s is incomplete, building it again", ref.key)
@@ -107,9 +107,11 @@ class Stage:
 
     def version_changes(self, store: ArtifactStore, ref: ArtifactRef) -> dict[str, list[str | None]]:
         """Libraries whose version differs from the one the stored artifact was built with."""
-        if not store.exists(ref):
+        try:
+            built_with = store.manifest(ref).get("libraries")
+        except (OSError, ValueError, AttributeError):  # none, or damaged: `cached` sets it aside
             return {}
-        return identity.version_changes(store.manifest(ref).get("libraries"), self.build.__module__)
+        return identity.version_changes(built_with, self.build.__module__)
 
     def display(self, label: str = "") -> str:
         """How logs and progress name what is built: `embed[crops]`, or the stage's name alone."""
@@ -170,10 +172,6 @@ class Labelled(logging.LoggerAdapter):
 
     def process(self, msg, kwargs):
         return f"{self.label}: {msg}", kwargs
-
-
-# Errors that fail the same way every time: never retried, and said in one line to the user.
-INPUT_ERRORS = (InputError, ConfigError, DamagedArtifactError)
 
 
 def transient_failure(_task, _task_run, state) -> bool:

@@ -58,23 +58,28 @@ def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(un
     assert states == [{"state": "Cached"}]
     assert latest_scores(tmp_path / "copy") == scores
 
-    # Damage it as a full disk, a crash mid-copy or a hand would: two files cut short, a manifest gone.
-    cut = [next((tmp_path / "copy" / "artifacts" / stage).glob(f"*/{name}.parquet"))
-           for stage, name in (("pairs", "pairs"), ("embed", "embeddings"))]
+    # Damage it as a full disk, a crash mid-copy or a hand would: two data files and a manifest cut
+    # short, a manifest gone.
+    artifacts = tmp_path / "copy" / "artifacts"
+    cut = [next((artifacts / stage).glob(f"*/{name}")) for stage, name in (
+        ("pairs", "pairs.parquet"), ("embed", "embeddings.parquet"), ("evaluate", "manifest.json"))]
     sizes = [path.stat().st_size for path in cut]
     for path in cut:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    next((tmp_path / "copy" / "artifacts" / "sentences").glob("*/manifest.json")).unlink()
+    next((artifacts / "report").glob("*/manifest.json")).unlink()
     result = embforge("run", str(config), "--store", str(tmp_path / "copy"), env=home(tmp_path, "other-home"))
     output = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 0, output
-    for path, size in zip(cut, sizes):
+    for path, size in zip(cut[:2], sizes):
         assert (f"{path.parent.parent.name}/{path.parent.name}: {path.name} is {size // 2:,} bytes, expected "
                 f"{size:,} — rebuilding") in output
+    assert f"evaluate/{cut[2].parent.name}: manifest.json cannot be read" in output
     catalog = Catalog(ArtifactStore(tmp_path / "copy"))
     built = catalog.query("SELECT stage FROM run_stages WHERE run_id = ? AND state = 'Completed' ORDER BY stage",
                           [catalog.latest_run_id()])
-    assert [r["stage"] for r in built] == ["embed", "pairs", "sentences"]  # only what was damaged
+    # Only what was damaged, and the report reading the evaluate artifact whose bytes were not known any
+    # more; pairs and embeddings came out as published before, so what reads them stays cached.
+    assert [r["stage"] for r in built] == ["embed", "evaluate", "pairs", "report"]
     assert latest_scores(tmp_path / "copy") == scores
     assert embforge("verify", "--store", str(tmp_path / "copy"), env=home(tmp_path, "other-home")).returncode == 0
 

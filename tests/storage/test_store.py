@@ -135,20 +135,26 @@ def test_publishing_is_durable_data_and_manifest_are_on_disk_before_the_rename(t
     assert events[rename + 1:] == [("fsync", str(tmp_path / "artifacts" / "stage"))]  # the new entry
 
 
-def test_leftover_temp_folders_of_dead_processes_are_removed(tmp_path):
+@pytest.mark.parametrize("host", [HOST, "node-7.cluster.example.org"])
+def test_leftover_temp_folders_of_dead_processes_are_removed(tmp_path, monkeypatch, host):
+    from storage import store as store_module
+
+    monkeypatch.setattr(store_module, "HOST", host)
     store = ArtifactStore(tmp_path)
     dead = subprocess.Popen(["true"])
     dead.wait()
     leftovers = {name: tmp_path / ".tmp" / name for name in (
-        f"train-k.{HOST}.{dead.pid}.0a0b0c0d",  # a killed run's: removed
-        f"train-k.{HOST}.{os.getpid()}.0a0b0c0d",  # ours, still writing: kept
+        f"train-k.{host}.{dead.pid}.0a0b0c0d",  # a killed run's: removed
+        f"train-k.{host}.{os.getpid()}.0a0b0c0d",  # ours, still writing: kept
         f"train-k.other-host.{dead.pid}.0a0b0c0d",  # another machine's: cannot tell, kept
+        f"train-k.example.org.{dead.pid}.0a0b0c0d",  # another machine whose name ends like ours: kept
     )}
     for path in leftovers.values():
         path.mkdir(parents=True)
         (path / "weights.bin").write_bytes(b"\0" * 1000)
     assert store.clear_leftovers() == (1, 1000)
     assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == sorted(list(leftovers)[1:])
+    assert store.clear_leftovers() == (0, 0)
 
 
 def test_a_damaged_pool_shard_is_set_aside_and_the_rest_is_read(tmp_path, caplog):

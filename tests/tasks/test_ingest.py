@@ -87,7 +87,7 @@ def test_an_empty_corpus_is_refused_naming_the_file_and_nothing_is_published(tmp
     store = ArtifactStore(tmp_path / "store")
     with pytest.raises(InputError, match=re.escape(f"{path}: 0 rows, no documents to ingest")):
         INGEST.run(store, cfg(path), NoInputs())
-    assert not (store.root / "artifacts").exists() and not any((store.root / ".tmp").iterdir())
+    assert not (store.root / "artifacts").exists() and not (store.root / ".tmp").exists()
 
 
 def test_a_folder_of_empty_files_is_refused_an_empty_file_among_others_adds_nothing(tmp_path):

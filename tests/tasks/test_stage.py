@@ -110,13 +110,16 @@ class ReadsRows(Inputs):
     rows: ArtifactRef
 
 
-def test_a_damaged_input_is_an_error_that_is_not_retried(prefect_harness, tmp_path):
+def test_a_damaged_input_is_an_error_that_is_not_retried(prefect_harness, tmp_path, monkeypatch):
     store, attempts = ArtifactStore(tmp_path), []
     source = run_stage(store, flaky_stage(attempts), Job(fail_with="memory", failures=0), RetryConfig())[1]
     truncate(store.path(source) / "rows.parquet")
     reads = []
     reader = Stage("reader", lambda store, job, inputs, out, ref, log: reads.append(inputs.rows))
     inputs, job = ReadsRows(rows=source), Job(fail_with="memory", failures=0)
+
+    checks, check = [], ArtifactStore.check
+    monkeypatch.setattr(ArtifactStore, "check", lambda self, ref: checks.append(ref) or check(self, ref))
 
     @flow
     def read_it():
@@ -126,5 +129,5 @@ def test_a_damaged_input_is_an_error_that_is_not_retried(prefect_harness, tmp_pa
 
     state, error = read_it()
     assert state == "Failed" and isinstance(error, DamagedArtifactError)
-    assert reads == []  # inputs are checked before the build starts, and the error is not retried
+    assert reads == [] and checks == [source]  # checked before the build starts, once: not retried
     assert f"flaky/{source.key}: rows.parquet is" in str(error)
