@@ -43,16 +43,6 @@ class EvalJob(Section):
     tsne: bool = True
 
 
-def knn_skipped(labels: list[str], cfg: KnnConfig) -> str | None:
-    """Why kNN accuracy would say nothing about the model (the warning), or None."""
-    if len(labels) < 2 * cfg.k:
-        return f"only {len(labels)} labelled documents, kNN accuracy skipped"
-    if len(set(labels)) == 1:  # every neighbour votes for the one label
-        return (f"all {len(labels)} labelled documents have the label {labels[0]!r}: kNN accuracy would be "
-                "1.000 for any model, skipped")
-    return None
-
-
 def knn_rows(emb: np.ndarray, labels: list[str], cfg: KnnConfig, held_out: bool = False) -> list[dict]:
     acc, n_test = knn.knn_accuracy(emb, labels, cfg.k, cfg.test_size, cfg.seed)
     split = f"seed {cfg.seed}" + (", test documents held out of training" if held_out else "")
@@ -103,7 +93,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     labels = docs["label"].iloc[labelled].tolist()
     x = embed.read_embeddings(store, docs_emb, job.pooling, last)
     rows = []
-    skipped = job.knn and knn_skipped(labels, job.knn)
+    skipped = job.knn and knn.knn_skipped(labels, job.knn.k)
     if skipped:
         log.warning(skipped)
     elif job.knn:

@@ -62,9 +62,9 @@ def knn_curve(model: SentenceTransformer, docs: pa.Table, cfg: KnnConfig, batch_
     """kNN accuracy of the model as it is now (its own pooling, training max length)."""
     docs = docs.filter(pc.is_valid(docs["label"]))
     texts, labels = docs["text"].to_pylist(), docs["label"].to_pylist()
-    if len(texts) < 2 * cfg.k:
-        raise InputError(f"train.eval_every: only {len(texts)} labelled documents, a learning curve "
-                         f"needs at least {2 * cfg.k}")
+    if reason := knn.knn_skipped(labels, cfg.k):  # a curve of nothing, or of 1.000 at every step
+        raise InputError(f"train.eval_every: {reason}: the learning curve needs at least {2 * cfg.k} labelled "
+                         "documents of two labels or more")
 
     def measure() -> float:
         emb = model.encode(texts, batch_size=batch_size, show_progress_bar=False)  # eval mode: no RNG draws

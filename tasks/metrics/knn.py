@@ -27,6 +27,16 @@ def knn_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, k:
     return pred
 
 
+def knn_skipped(labels: list, k: int) -> str | None:
+    """Why kNN accuracy would say nothing about a model on these labels (a warning), or None."""
+    if len(labels) < 2 * k:
+        return f"only {len(labels)} labelled documents, kNN accuracy skipped"
+    if len(set(labels)) == 1:  # every neighbour votes for the one label
+        return (f"all {len(labels)} labelled documents have the label {labels[0]!r}: kNN accuracy would be "
+                "1.000 for any model, skipped")
+    return None
+
+
 def split_indices(n: int, test_size: float = 0.1, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
     """Train and test positions among n labelled documents (the paper's split for seed 42)."""
     return train_test_split(np.arange(n), test_size=test_size, random_state=seed)

@@ -1,11 +1,12 @@
+import pyarrow as pa
 import pytest
 import torch
 
-from tasks.config import MethodConfig, ModelConfig, RandomInitConfig, TrainConfig
+from tasks.config import InputError, KnnConfig, MethodConfig, ModelConfig, RandomInitConfig, TrainConfig
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, make_batches, train_model
 from tasks.models import save_random_encoder, sentence_model
-from tasks.train import TrainJob, frozen_objective
+from tasks.train import TrainJob, frozen_objective, knn_curve
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
 PAIRS = [[(f"doc {i} first part about topic {i % 3}", f"doc {i} second part, topic {i % 3}")
@@ -188,3 +189,13 @@ def test_training_only_parts_start_from_the_seed_whatever_was_drawn_before(init_
     torch.rand(1000)  # another stage ran first in this process
     second = training_only_weights()
     assert first and all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.parametrize("labels, reason", [
+    (["a"] * 30, "all 30 labelled documents have the label 'a'"),
+    (["a", "b"] * 2, "only 4 labelled documents"),
+])
+def test_a_learning_curve_of_nothing_is_refused(labels, reason):
+    docs = pa.table({"text": [f"text {i}" for i in range(len(labels))], "label": labels})
+    with pytest.raises(InputError, match=f"train.eval_every: {reason}.*two labels or more"):
+        knn_curve(None, docs, KnnConfig(k=3), 8)
