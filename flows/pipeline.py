@@ -70,7 +70,7 @@ class Run:
     def stage(self, stage: Stage, config, inputs: Inputs, label: str = "", method: str = "",
               force: bool = False) -> ArtifactRef:
         """Run `stage` as a cached task; `force` builds it again even if the store has it."""
-        ref = stage.ref(config, inputs)  # once per call: the task and its cache policy are handed it
+        ref = stage.ref(config, inputs)  # once per call: the task is handed it
         changes = stage.version_changes(self.store, ref)
         # An input built again under the same key may hold other bytes: its readers are rebuilt too.
         force = force or any(i.key in self.rebuilt for i in inputs.refs()) or bool(changes and self.rebuild_stale)
