@@ -145,7 +145,8 @@ def _sql_list(values: list[str]) -> str:
 
 class Catalog:
     """An in-memory DuckDB connection with the store's views defined on it, that can read only the
-    store's files (internal code may still register tables and create temporary ones)."""
+    store's files (internal code may still register tables and create temporary ones). The views
+    cover the files that were there and readable when it was built: build a new one to see later runs."""
 
     def __init__(self, store: ArtifactStore):
         self.store = store

@@ -295,4 +295,4 @@ def test_semcse_summaries_through_vllm_training_and_semantic_benchmark(tmp_path,
 
     # A second run reuses the summaries: nothing is generated again.
     second, _ = run(config)
-    assert {r["stage"]: r["state"] for r in stages(catalog, second)}["summarize"] == "Cached"
+    assert {r["stage"]: r["state"] for r in stages(Catalog(store), second)}["summarize"] == "Cached"
