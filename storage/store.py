@@ -84,7 +84,7 @@ def file_digest(path: str | Path) -> str:
     """Content hash of a file, or of every file below a folder (names included). Memoised by the
     files' (name, size, mtime), so a run hashes a large model folder once, not once per stage key."""
     path = Path(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = _files(path) if path.is_dir() else [path]
     names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]  # a link's own name
     stats = tuple((name, f.stat().st_size, f.stat().st_mtime_ns) for name, f in zip(names, files))
     return _digest(str(path.resolve()), stats)
@@ -176,12 +176,17 @@ class ArtifactStore:
     def manifest(self, ref: ArtifactRef) -> dict:
         return json.loads((self.path(ref) / MANIFEST).read_text())
 
+    def readable_manifest(self, ref: ArtifactRef) -> dict | None:
+        """The manifest, or None when there is none or it cannot be read (`problems` says why)."""
+        try:
+            manifest = self.manifest(ref)
+        except (OSError, ValueError):
+            return None
+        return manifest if isinstance(manifest, dict) else None
+
     def published_files(self, ref: ArtifactRef) -> dict | None:
         """name → size and SHA-256 the stored artifact was published with; None without a readable manifest."""
-        try:
-            files = self.manifest(ref)["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        files = (self.readable_manifest(ref) or {}).get("files")
         return files if isinstance(files, dict) else None
 
     def problems(self, ref: ArtifactRef, digests: bool = False) -> list[str]:
@@ -260,8 +265,7 @@ class ArtifactStore:
                 "wall_s": round(time.perf_counter() - started, 3),
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-            folders = sorted((p for p in tmp.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-            for path in [tmp / MANIFEST, *folders, tmp]:  # the new entries of every folder, deepest first
+            for path in [tmp / MANIFEST, *(p for p in tmp.rglob("*") if p.is_dir()), tmp]:  # every folder's entries
                 _fsync(path)
             final = self.path(ref)
             final.parent.mkdir(parents=True, exist_ok=True)

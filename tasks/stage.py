@@ -107,11 +107,8 @@ class Stage:
 
     def version_changes(self, store: ArtifactStore, ref: ArtifactRef) -> dict[str, list[str | None]]:
         """Libraries whose version differs from the one the stored artifact was built with."""
-        try:
-            built_with = store.manifest(ref).get("libraries")
-        except (OSError, ValueError, AttributeError):  # none, or damaged: `cached` sets it aside
-            return {}
-        return identity.version_changes(built_with, self.build.__module__)
+        manifest = store.readable_manifest(ref)  # none, or damaged: `cached` sets it aside
+        return {} if manifest is None else identity.version_changes(manifest.get("libraries"), self.build.__module__)
 
     def display(self, label: str = "") -> str:
         """How logs and progress name what is built: `embed[crops]`, or the stage's name alone."""
