@@ -37,7 +37,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -372,8 +372,18 @@ class ArtifactWriter:
         self.extra: dict[str, Any] = {}
 
     def write_table(self, name: str, table: pa.Table) -> None:
-        pq.write_table(table, self.folder / f"{name}.parquet")
-        self.rows[name] = table.num_rows
+        self.write_batches(name, table.schema, [table])
+
+    def write_batches(self, name: str, schema: pa.Schema, batches: Iterable[pa.Table | pa.RecordBatch]) -> int:
+        """Write `name`.parquet one row group per batch as the batches are produced, so a table
+        larger than memory streams through; returns the rows written."""
+        rows = 0
+        with pq.ParquetWriter(self.folder / f"{name}.parquet", schema) as writer:
+            for batch in batches:
+                writer.write(batch)
+                rows += batch.num_rows
+        self.rows[name] = rows
+        return rows
 
     def write_text(self, name: str, text: str) -> None:
         (self.folder / name).write_text(text)
