@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 from storage.shards import ShardPool, write_parquet_atomic
 
 MANIFEST = "manifest.json"
+WORK = ".work"  # a stage's temporary files inside the artifact being written; removed before publishing
 HOST = socket.gethostname()
 
 
@@ -245,6 +246,7 @@ class ArtifactStore:
         started = time.perf_counter()
         try:
             yield writer
+            shutil.rmtree(writer.folder / WORK, ignore_errors=True)
             files = _files(tmp)
             for path in files:
                 _fsync(path)
@@ -370,6 +372,14 @@ class ArtifactWriter:
         self.folder = folder
         self.rows: dict[str, int] = {}
         self.extra: dict[str, Any] = {}
+
+    @property
+    def work(self) -> Path:
+        """A folder for temporary files (side tables, DuckDB's spill), removed before the artifact
+        is published and with it if the build fails."""
+        path = self.folder / WORK
+        path.mkdir(exist_ok=True)
+        return path
 
     def write_table(self, name: str, table: pa.Table) -> None:
         self.write_batches(name, table.schema, [table])

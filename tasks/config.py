@@ -53,6 +53,9 @@ class DataConfig(Section):
                              "Relative paths are resolved against the config file's folder.")
     hf_dataset: str | None = Field(None, description="A `datasets` name or path, used instead of `path`.")
     hf_split: str = Field("train", description="Split to load from `hf_dataset`.")
+    streaming: bool = Field(False, exclude=True, description="Read `hf_dataset` as a stream instead of "
+                            "downloading it first (the documents are the same, so it is not part of "
+                            "the stage's identity).")
     name: str | None = Field(None, description="Dataset name shown in reports (default: file or dataset name).")
     columns: ColumnMap = Field(default_factory=ColumnMap, description="Which input column is which.")
     limit: int | None = Field(None, gt=0, description="Use only the first N documents (quick trials).")

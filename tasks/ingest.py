@@ -1,25 +1,34 @@
 """Ingest: read Parquet / CSV / JSONL files (or a `datasets` dataset) into one documents table.
 
 Output `documents.parquet`: doc_id, title, text, label, split (all strings; title, label, split
-may be null). Every problem with the input is an `InputError` naming the file, row and field.
+may be null), in input order. The input is read, checked and written in record batches, so memory
+does not grow with the corpus; duplicate ids are then found by DuckDB over an id-only side table.
+Every problem with the input is an `InputError` naming the file, row and field; a row is the
+row of its file (CSV: data row after the header; JSONL: non-blank line), whichever batch it is in.
 """
 
 from __future__ import annotations
 
-import io
+import csv
 import json
 import logging
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
+from tasks import duck
 from tasks.config import DataConfig, InputError
 from tasks.stage import NoInputs, Stage
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 COLUMNS = ["doc_id", "title", "text", "label", "split"]
+SCHEMA = pa.schema([(c, pa.string()) for c in COLUMNS])
+BATCH_ROWS = 16_384  # rows read, checked and written at a time: ~30 MB of abstracts
 
 
 def input_files(cfg: DataConfig) -> list[Path]:
@@ -36,38 +45,103 @@ def input_files(cfg: DataConfig) -> list[Path]:
     return files
 
 
-def _decode_utf8(path: Path) -> str:
-    raw = path.read_bytes()
+def _text(value) -> str | None:
+    return None if value is None or (isinstance(value, float) and value != value) else str(value)
+
+
+def _string_batch(rows: dict[str, list]) -> pa.Table:
+    """Python values (CSV cells, JSON values, `datasets` rows) as a table of strings."""
+    return pa.table({name: pa.array([_text(v) for v in values], pa.string()) for name, values in rows.items()})
+
+
+def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a text file, with an InputError at the first line that is not UTF-8."""
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}: line {number}: not valid UTF-8 (byte {e.start})") from None
+
+
+def _batched(rows: Iterable[dict], columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """Rows as string tables of BATCH_ROWS; the columns are the given ones (a CSV header) or
+    every key of the batch's rows (JSONL)."""
+    batch: list[dict] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == BATCH_ROWS:
+            yield _string_batch({c: [r.get(c) for r in batch] for c in columns or _keys(batch)})
+            batch = []
+    if batch:
+        yield _string_batch({c: [r.get(c) for r in batch] for c in columns or _keys(batch)})
+
+
+def _keys(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(key for row in rows for key in row))
+
+
+def _csv_batches(path: Path) -> Iterator[pa.Table]:
+    reader = csv.reader(line for _, line in _utf8_lines(path))
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise InputError(f"{path}: line {line}: not valid UTF-8 (byte {e.start})") from None
+        header = next(reader, [])
+        rows = ({name: cell or None for name, cell in zip(header, cells)}  # an empty cell is missing
+                for cells in reader if cells and _fits(cells, header, path, reader.line_num))  # blank lines skipped
+        yield from _batched(rows, header)
+    except csv.Error as e:
+        raise InputError(f"{path}: line {reader.line_num}: cannot parse CSV: {e}") from None
 
 
-def read_file(path: Path) -> pd.DataFrame:
-    kind = SUFFIXES[path.suffix.lower()]
-    if kind == "parquet":
-        try:
-            return pd.read_parquet(path)
-        except Exception as e:  # pyarrow raises several types for corrupt files
-            raise InputError(f"{path}: cannot read Parquet: {e}") from None
-    text = _decode_utf8(path)
-    if kind == "csv":
-        try:
-            return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
-        except pd.errors.EmptyDataError:  # not even a header: no rows
-            return pd.DataFrame()
-        except pd.errors.ParserError as e:
-            raise InputError(f"{path}: cannot parse CSV: {e}") from None
-    rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
+def _fits(cells: list[str], header: list[str], path: Path, line: int) -> bool:
+    if len(cells) > len(header):  # fewer is fine: the missing cells are missing values
+        raise InputError(f"{path}: line {line}: {len(cells)} fields, the header has {len(header)}")
+    return True
+
+
+def _jsonl_rows(path: Path) -> Iterator[dict]:
+    for number, line in _utf8_lines(path):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise InputError(f"{path}: line {n}: not valid JSON: {e.msg}") from None
-    return pd.DataFrame(rows)
+                raise InputError(f"{path}: line {number}: not valid JSON: {e.msg}") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path}: line {number}: not a JSON object")
+            yield row
+
+
+def _parquet_batches(path: Path) -> Iterator[pa.Table]:
+    try:
+        batches = pq.ParquetFile(path).iter_batches(BATCH_ROWS)
+        for batch in batches:
+            yield pa.table({name: _as_strings(batch.column(name), path, name) for name in batch.schema.names})
+    except InputError:
+        raise
+    except Exception as e:  # pyarrow raises several types for corrupt files
+        raise InputError(f"{path}: cannot read Parquet: {e}") from None
+
+
+def _as_strings(column: pa.Array, path: Path, name: str) -> pa.Array:
+    try:
+        return pc.cast(column, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise InputError(f"{path}: column {name!r} holds {column.type}, not text") from None
+
+
+def file_batches(path: Path) -> Iterator[pa.Table]:
+    """One input file as tables of string columns, BATCH_ROWS rows at a time."""
+    kind = SUFFIXES[path.suffix.lower()]
+    if kind == "parquet":
+        return _parquet_batches(path)
+    return _csv_batches(path) if kind == "csv" else _batched(_jsonl_rows(path))
+
+
+def _dataset_batches(cfg: DataConfig) -> Iterator[pa.Table]:
+    import datasets
+
+    dataset = datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split, streaming=cfg.streaming)
+    for batch in dataset.iter(batch_size=BATCH_ROWS):
+        yield _string_batch(batch)
 
 
 def read_table(path: str | Path, columns: list[str]) -> pd.DataFrame:
@@ -95,61 +169,65 @@ def read_pairs(path: str, split: str | None = None, limit: int | None = None) ->
     return rows_of_split(pairs, split, path).iloc[:limit].reset_index(drop=True)
 
 
-def normalise(frame: pd.DataFrame, cfg: DataConfig, source: str) -> pd.DataFrame:
-    """Map the configured columns onto embforge's schema and validate the values."""
+def normalise(batch: pa.Table, first_row: int, cfg: DataConfig, source: str) -> pa.Table:
+    """Map the configured columns of a batch (whose first row is row `first_row` of `source`)
+    onto embforge's schema and check the values."""
     mapping = cfg.columns.model_dump()
     missing = [f"'{col}' (data.columns.{field})" for field, col in mapping.items()
-               if col is not None and col not in frame.columns]
+               if col is not None and col not in batch.column_names]
     if missing:
         raise InputError(f"{source}: column {', '.join(missing)} not found; "
-                         f"the file has {', '.join(map(str, frame.columns))}")
-    out = pd.DataFrame(index=frame.index)
-    for field, name in zip(["id", "title", "text", "label", "split"], COLUMNS):
-        col = mapping[field]
-        if col is None:
-            out[name] = None
-            continue
-        out[name] = frame[col].map(lambda v: None if pd.isna(v) else str(v))
-    for name in ("doc_id", "text"):
-        bad = out[name].isna() | (out[name].str.strip() == "")
-        if bad.any():
-            rows = [int(i) + 1 for i in out.index[bad][:5]]
-            raise InputError(f"{source}: {int(bad.sum())} row(s) with empty {name} "
-                             f"(column '{mapping['id' if name == 'doc_id' else 'text']}'), "
-                             f"first at row(s) {rows}")
-    return out
+                         f"the file has {', '.join(batch.column_names)}")
+    columns = {name: batch[mapping[field]] if mapping[field] else pa.nulls(batch.num_rows, pa.string())
+               for field, name in zip(["id", "title", "text", "label", "split"], COLUMNS)}
+    for name, field in (("doc_id", "id"), ("text", "text")):
+        empty = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(columns[name]), ""), True)
+        if pc.any(empty).as_py():
+            bad = pc.indices_nonzero(empty).to_pylist()
+            raise InputError(f"{source}: {len(bad)} row(s) with empty {name} (column '{mapping[field]}'), "
+                             f"first at row(s) {[first_row + i for i in bad[:5]]}")
+    return pa.table(columns, schema=SCHEMA)
 
 
-def load_documents(cfg: DataConfig) -> pd.DataFrame:
-    """Read and validate all input documents into one frame with embforge's columns."""
+def document_batches(cfg: DataConfig) -> Iterator[tuple[str, int, pa.Table]]:
+    """(source, its row number of the batch's first row, checked batch) for every input batch with rows."""
     if cfg.hf_dataset:
-        import datasets
-
-        source = f"dataset {cfg.hf_dataset}[{cfg.hf_split}]"
-        docs = normalise(datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split).to_pandas(), cfg, source)
-        docs["_where"] = [f"{source} row {i}" for i in range(1, len(docs) + 1)]
+        named = [(f"dataset {cfg.hf_dataset}[{cfg.hf_split}]", _dataset_batches(cfg))]
     else:
-        files = input_files(cfg)
-        source = cfg.path if len(files) == 1 else f"{cfg.path} ({len(files)} files)"
-        parts = []
-        for f in files:
-            frame = read_file(f)
-            if len(frame) == 0:  # adds no document (and may have no columns to check)
-                continue
-            part = normalise(frame, cfg, str(f))
-            parts.append(part.assign(_where=[f"{f} row {i}" for i in range(1, len(part) + 1)]))
-        docs = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    # Refused here: an empty documents artifact would fail much later, as a puzzle about crops.
-    if docs.empty:
-        raise InputError(f"{source}: 0 rows, no documents to ingest")
-    dup = docs["doc_id"].duplicated(keep=False)
-    if dup.any():
-        first = docs.loc[dup, "doc_id"].iloc[0]
-        where = docs.loc[docs["doc_id"] == first, "_where"].tolist()[:3]
-        raise InputError(f"duplicate doc_id '{first}' ({int(dup.sum())} rows share ids): {', '.join(where)}")
-    docs = docs.drop(columns="_where").astype(object)
-    docs = docs.where(docs.notna(), None)  # missing values are None, whatever the input format said
-    return docs.head(cfg.limit) if cfg.limit else docs
+        named = ((str(path), file_batches(path)) for path in input_files(cfg))
+    for source, batches in named:
+        first_row = 1
+        for batch in batches:
+            if batch.num_rows:  # an empty file adds no document (and may have no columns to check)
+                yield source, first_row, normalise(batch, first_row, cfg, source)
+            first_row += batch.num_rows
+
+
+def source_name(cfg: DataConfig) -> str:
+    """How errors about the whole input name it."""
+    if cfg.hf_dataset:
+        return f"dataset {cfg.hf_dataset}[{cfg.hf_split}]"
+    files = input_files(cfg)
+    return cfg.path if len(files) == 1 else f"{cfg.path} ({len(files)} files)"
+
+
+IDS = pa.schema([("doc_id", pa.string()), ("source", pa.int32()), ("row", pa.int64()), ("seq", pa.int64())])
+
+
+def first_duplicate(ids: Path, sources: list[str], spill: Path) -> str | None:
+    """The error for the first row whose id another row has too (None: ids are unique), found by
+    DuckDB over the id-only table, so no set of every id is held in memory."""
+    con = duck.connect(spill)
+    shared, doc = con.execute("""
+        WITH dup AS (SELECT doc_id, count(*) AS n, min(seq) AS first FROM read_parquet($ids)
+                     GROUP BY doc_id HAVING count(*) > 1)
+        SELECT (SELECT sum(n) FROM dup), (SELECT doc_id FROM dup ORDER BY first LIMIT 1)""",
+                              {"ids": str(ids)}).fetchone()
+    if doc is None:
+        return None
+    rows = con.execute("SELECT source, row FROM read_parquet($ids) WHERE doc_id = $doc ORDER BY seq LIMIT 3",
+                       {"ids": str(ids), "doc": doc}).fetchall()
+    return f"duplicate doc_id '{doc}' ({shared} rows share ids): " + ", ".join(f"{sources[s]} row {r}" for s, r in rows)
 
 
 def _data_digest(cfg: DataConfig) -> str | None:
@@ -161,11 +239,35 @@ def _data_digest(cfg: DataConfig) -> str | None:
 
 def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs = load_documents(cfg)
-    schema = pa.schema([(c, pa.string()) for c in COLUMNS])
-    out.write_table("documents", pa.Table.from_pandas(docs[COLUMNS], schema=schema, preserve_index=False))
-    out.extra.update(dataset=cfg.display_name, labelled=int(docs["label"].notna().sum()))
-    log.info("%d documents (%d labelled) from %s", len(docs), out.extra["labelled"], cfg.display_name)
+    work = out.work
+    sources: list[str] = []
+    labelled = 0
+
+    def checked_batches(ids: pq.ParquetWriter) -> Iterator[pa.Table]:
+        nonlocal labelled
+        written = 0
+        for source, first_row, batch in document_batches(cfg):
+            batch = batch.slice(0, cfg.limit - written) if cfg.limit else batch  # `limit`: the first N only
+            if source not in sources[-1:]:
+                sources.append(source)
+            ids.write(pa.table({"doc_id": batch["doc_id"], "source": pa.array([len(sources) - 1] * batch.num_rows,
+                                pa.int32()), "row": pa.array(range(first_row, first_row + batch.num_rows), pa.int64()),
+                                "seq": pa.array(range(written, written + batch.num_rows), pa.int64())}, schema=IDS))
+            labelled += batch.num_rows - batch["label"].null_count
+            written += batch.num_rows
+            yield batch
+            if cfg.limit and written >= cfg.limit:
+                return
+
+    with pq.ParquetWriter(work / "ids.parquet", IDS) as ids:
+        rows = out.write_batches("documents", SCHEMA, checked_batches(ids))
+    # Refused here: an empty documents artifact would fail much later, as a puzzle about crops.
+    if rows == 0:
+        raise InputError(f"{source_name(cfg)}: 0 rows, no documents to ingest")
+    if problem := first_duplicate(work / "ids.parquet", sources, work):
+        raise InputError(problem)
+    out.extra.update(dataset=cfg.display_name, labelled=labelled)
+    log.info("%d documents (%d labelled) from %s", rows, labelled, cfg.display_name)
 
 
 INGEST = Stage("ingest", build_documents, extra_key=_data_digest)

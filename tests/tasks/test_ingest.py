@@ -5,8 +5,9 @@ import pandas as pd
 import pytest
 
 from storage.store import ArtifactStore
+from tasks import ingest
 from tasks.config import DataConfig, InputError
-from tasks.ingest import INGEST, load_documents
+from tasks.ingest import INGEST
 from tasks.stage import NoInputs
 
 ROWS = [dict(doc_id="a", title="T1", text="First text.", label="x", split="train"),
@@ -18,8 +19,19 @@ def cfg(path, **kw):
     return DataConfig(path=str(path), **kw)
 
 
+@pytest.fixture
+def load_documents(tmp_path_factory):
+    def published(data: DataConfig) -> pd.DataFrame:
+        """The documents artifact the ingest stage publishes, as a frame."""
+        store = ArtifactStore(tmp_path_factory.mktemp("store"))
+        documents = store.read_table(INGEST.run(store, data, NoInputs()), "documents")
+        return pd.DataFrame(documents.to_pylist(), dtype=object)
+
+    return published
+
+
 @pytest.mark.parametrize("suffix", ["parquet", "csv", "jsonl"])
-def test_every_format_gives_the_same_table(tmp_path, suffix):
+def test_every_format_gives_the_same_table(tmp_path, suffix, load_documents):
     frame = pd.DataFrame(ROWS)
     path = tmp_path / f"docs.{suffix}"
     if suffix == "parquet":
@@ -32,7 +44,7 @@ def test_every_format_gives_the_same_table(tmp_path, suffix):
     assert docs.to_dict("records") == ROWS
 
 
-def test_folder_of_files_and_column_mapping(tmp_path):
+def test_folder_of_files_and_column_mapping(tmp_path, load_documents):
     renamed = pd.DataFrame(ROWS).rename(columns={"doc_id": "pmid", "text": "abstract"})
     renamed.iloc[:2].to_csv(tmp_path / "a.csv", index=False)
     renamed.iloc[2:].to_parquet(tmp_path / "b.parquet")
@@ -40,12 +52,12 @@ def test_folder_of_files_and_column_mapping(tmp_path):
     assert docs["doc_id"].tolist() == ["a", "b", "c"]
 
 
-def test_missing_file(tmp_path):
+def test_missing_file(tmp_path, load_documents):
     with pytest.raises(InputError, match="data.path: .*nope.parquet does not exist"):
         load_documents(cfg(tmp_path / "nope.parquet"))
 
 
-def test_missing_or_misnamed_column_names_file_and_field(tmp_path):
+def test_missing_or_misnamed_column_names_file_and_field(tmp_path, load_documents):
     path = tmp_path / "docs.parquet"
     pd.DataFrame(ROWS).rename(columns={"text": "body"}).to_parquet(path)
     with pytest.raises(InputError) as err:
@@ -54,21 +66,21 @@ def test_missing_or_misnamed_column_names_file_and_field(tmp_path):
     assert "body" in str(err.value)  # says what the file does have
 
 
-def test_empty_text_names_the_row(tmp_path):
+def test_empty_text_names_the_row(tmp_path, load_documents):
     path = tmp_path / "docs.csv"
     pd.DataFrame([*ROWS[:2], dict(doc_id="z", title="", text="   ", label="x", split="")]).to_csv(path, index=False)
     with pytest.raises(InputError, match=r"docs.csv: 1 row\(s\) with empty text .* row\(s\) \[3\]"):
         load_documents(cfg(path))
 
 
-def test_non_utf8_names_the_line(tmp_path):
+def test_non_utf8_names_the_line(tmp_path, load_documents):
     path = tmp_path / "docs.csv"
     path.write_bytes(b"doc_id,text\na,fine\nb,caf\xe9 latin-1\n")
     with pytest.raises(InputError, match=r"docs.csv: line 3: not valid UTF-8"):
         load_documents(cfg(path, columns={"title": None, "label": None, "split": None}))
 
 
-def test_duplicate_ids_name_both_rows(tmp_path):
+def test_duplicate_ids_name_both_rows(tmp_path, load_documents):
     path = tmp_path / "docs.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [*ROWS, {**ROWS[0], "text": "again"}]))
     with pytest.raises(InputError, match=r"duplicate doc_id 'a' .*docs.jsonl row 1, .*docs.jsonl row 4"):
@@ -90,7 +102,7 @@ def test_an_empty_corpus_is_refused_naming_the_file_and_nothing_is_published(tmp
     assert not (store.root / "artifacts").exists() and not (store.root / ".tmp").exists()
 
 
-def test_a_folder_of_empty_files_is_refused_an_empty_file_among_others_adds_nothing(tmp_path):
+def test_a_folder_of_empty_files_is_refused_an_empty_file_among_others_adds_nothing(tmp_path, load_documents):
     pd.DataFrame(ROWS).iloc[:0].to_parquet(tmp_path / "a.parquet")
     (tmp_path / "b.csv").write_text("doc_id,text\n")
     with pytest.raises(InputError, match=re.escape(f"{tmp_path} (2 files): 0 rows, no documents to ingest")):
@@ -99,15 +111,89 @@ def test_a_folder_of_empty_files_is_refused_an_empty_file_among_others_adds_noth
     assert load_documents(cfg(tmp_path)).to_dict("records") == ROWS
 
 
-def test_limit_keeps_the_first_documents(tmp_path):
+def test_limit_keeps_the_first_documents(tmp_path, load_documents):
     path = tmp_path / "docs.parquet"
     pd.DataFrame(ROWS).to_parquet(path)
     assert load_documents(cfg(path, limit=2))["doc_id"].tolist() == ["a", "b"]
 
 
-def test_datasets_name_or_local_path(tmp_path):
+def test_datasets_name_or_local_path(tmp_path, load_documents):
     folder = tmp_path / "hf"
     folder.mkdir()
     pd.DataFrame(ROWS).to_parquet(folder / "train.parquet")
     docs = load_documents(DataConfig(hf_dataset=str(folder), hf_split="train"))
     assert docs.to_dict("records") == ROWS
+
+
+@pytest.fixture
+def small_batches(monkeypatch):
+    monkeypatch.setattr(ingest, "BATCH_ROWS", 4)
+
+
+def _many_rows(n=23, bad=None):
+    return [dict(doc_id=f"d{i}", title=None, text="" if i == bad else f"text {i}", label=str(i % 3), split=None)
+            for i in range(1, n + 1)]
+
+
+def _write(rows, path):
+    if path.suffix == ".parquet":
+        pd.DataFrame(rows).to_parquet(path, row_group_size=5)
+    elif path.suffix == ".csv":
+        pd.DataFrame(rows).to_csv(path, index=False)
+    else:
+        path.write_text("\n".join(json.dumps(r) for r in rows))
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "csv", "jsonl"])
+def test_a_file_read_in_many_batches_gives_the_table_of_one_batch(tmp_path, suffix, load_documents, monkeypatch):
+    path = tmp_path / f"docs.{suffix}"
+    _write(_many_rows(), path)
+    whole = load_documents(cfg(path))
+    monkeypatch.setattr(ingest, "BATCH_ROWS", 4)
+    assert load_documents(cfg(path)).equals(whole) and len(whole) == 23
+    assert load_documents(cfg(path, limit=10))["doc_id"].tolist() == [f"d{i}" for i in range(1, 11)]
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "csv", "jsonl"])
+def test_a_bad_row_deep_in_a_many_batch_file_is_named_by_its_row(tmp_path, suffix, small_batches, load_documents):
+    path = tmp_path / f"docs.{suffix}"
+    _write(_many_rows(bad=19), path)
+    with pytest.raises(InputError, match=re.escape(f"{path}: 1 row(s) with empty text (column 'text'), "
+                                                   "first at row(s) [19]")):
+        load_documents(cfg(path))
+
+
+def test_a_duplicate_id_in_another_batch_and_file_names_both_rows(tmp_path, small_batches, load_documents):
+    rows = _many_rows()
+    _write(rows, tmp_path / "a.parquet")
+    _write([*_many_rows(6)[1:], {**rows[20], "text": "again"}], tmp_path / "b.jsonl")  # d2..d6, then d21
+    with pytest.raises(InputError, match=re.escape(f"duplicate doc_id 'd2' (12 rows share ids): "
+                                                   f"{tmp_path / 'a.parquet'} row 2, {tmp_path / 'b.jsonl'} row 1")):
+        load_documents(cfg(tmp_path))
+
+
+def test_a_csv_row_with_too_many_fields_names_its_line(tmp_path, load_documents):
+    path = tmp_path / "docs.csv"
+    path.write_text('doc_id,text\na,"two\nlines"\nb,fine,extra\n')
+    with pytest.raises(InputError, match=re.escape(f"{path}: line 4: 3 fields, the header has 2")):
+        load_documents(cfg(path, columns={"title": None, "label": None, "split": None}))
+
+
+def test_numbers_are_text_the_same_way_in_every_batch(tmp_path, small_batches, load_documents):
+    # An integer label column with a null in one batch only must not become "1.0" there and "1" elsewhere.
+    path = tmp_path / "docs.parquet"
+    pa_rows = [dict(doc_id=i, text=f"t{i}", label=None if i == 6 else i % 2) for i in range(10)]
+    pd.DataFrame(pa_rows).astype({"label": "Int64"}).to_parquet(path)
+    docs = load_documents(cfg(path, columns={"title": None, "split": None}))
+    assert docs["doc_id"].tolist() == [str(i) for i in range(10)]
+    assert set(docs["label"].dropna()) == {"0", "1"} and docs["label"].isna().sum() == 1
+
+
+def test_a_streamed_dataset_gives_the_same_documents(tmp_path, small_batches, load_documents):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    pd.DataFrame(_many_rows()).to_parquet(folder / "train.parquet")
+    data = DataConfig(hf_dataset=str(folder), hf_split="train")
+    streamed = DataConfig(hf_dataset=str(folder), hf_split="train", streaming=True)
+    assert load_documents(streamed).equals(load_documents(data))
+    assert INGEST.ref(streamed, NoInputs()) == INGEST.ref(data, NoInputs())  # same documents, same artifact
