@@ -27,7 +27,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import pyarrow.parquet as pq
 import torch
 from datasets import Dataset
 from rich.console import Console
@@ -42,24 +41,28 @@ try:  # the new home of the losses; `sentence_transformers.losses` is deprecated
 except ImportError:
     from sentence_transformers.losses import MultipleNegativesRankingLoss
 
-from tasks.config import MethodConfig, RandomInitConfig, SentenceConfig, TrainConfig
+from storage.store import ArtifactStore
+from tasks.config import DataConfig, MethodConfig, RandomInitConfig, SentenceConfig, TrainConfig
+from tasks.ingest import INGEST
 from tasks.methods.objectives import build_objective
 from tasks.methods.recipes import RECIPES, pooling_for
 from tasks.methods.training import Checkpoints, train_model
 from tasks.models import pick_device, save_random_encoder, sentence_model
-from tasks.pairs import PairsConfig, crops_by_document, draw_pairs
-from tasks.sentences import sentence_table
+from tasks.pairs import PAIRS, PairsConfig, PairsInputs
+from tasks.sentences import SENTENCES, SentencesInputs
+from tasks.stage import NoInputs
 
 DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 WARMUP = 1  # untimed first step of each side
 
 
-def demo_rows(recipe: str, n: int) -> list[tuple[str, str]]:
-    """The first n (anchor, positive) rows of `recipe`'s view of the demo corpus, via the pipeline's code."""
-    docs = pq.read_table(DATA, columns=["doc_id", "text"]).to_pydict()
-    table = sentence_table(docs["doc_id"], docs["text"], SentenceConfig())
+def demo_rows(recipe: str, n: int, store: ArtifactStore) -> list[tuple[str, str]]:
+    """The first n (anchor, positive) rows of `recipe`'s view of the demo corpus, built by the pipeline's stages."""
+    docs = INGEST.run(store, DataConfig(path=str(DATA)), NoInputs())
+    sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
     view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=1)
-    rows = draw_pairs(crops_by_document(table, n=2), view.view, 1, 0, view.deletion_ratio or 0.6).to_pydict()
+    pairs = PAIRS.run(store, view, PairsInputs.for_view(view, sentences, docs, None))
+    rows = store.read_table(pairs, "pairs").to_pydict()
     if len(rows["anchor"]) < n:
         raise SystemExit(f"the demo corpus has {len(rows['anchor'])} rows, {n} are needed")
     return list(zip(rows["anchor"], rows["positive"]))[:n]
@@ -114,7 +117,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="embforge-bench-"))
 
     # 1. Rows and initial weights, shared by every side
-    pairs = demo_rows("crops", total * args.batch_size)
+    store = ArtifactStore(work / "store")
+    pairs = demo_rows("crops", total * args.batch_size, store)
     model_path = args.model
     if args.random_init:
         model_path = str(work / "init")
@@ -127,7 +131,7 @@ def main() -> None:
     # 2. embforge: every recipe through train_model, timestamps from on_step
     per_recipe = {}
     for recipe in recipes:
-        rows = pairs if recipe == "crops" else demo_rows(recipe, total * args.batch_size)
+        rows = pairs if recipe == "crops" else demo_rows(recipe, total * args.batch_size, store)
         per_recipe[recipe] = pairs_per_second(time_recipe(recipe, model_path, cfg, rows, work), args.batch_size)
         print(f"{recipe}: {per_recipe[recipe]:.1f} rows/s", flush=True)
 

@@ -180,7 +180,8 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
     """The base encoder, stage 1 (if any) and every method's model; registered in the run record."""
     cfg = run.cfg
     docs = run.stage(INGEST, cfg.data, NoInputs())
-    sentences = run.stage(SENTENCES, cfg.sentences, SentencesInputs(documents=docs))
+    splitting = cfg.sentences.model_copy(update={"workers": cfg.run.workers})
+    sentences = run.stage(SENTENCES, splitting, SentencesInputs(documents=docs))
     init = run.stage(INIT, InitConfig.from_model(cfg.model), NoInputs()) if cfg.model.random_init else None
     summaries = summarize_corpus(run, docs)
 
@@ -191,7 +192,7 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
     if cfg.model.pretrain:  # stage 1 on a generic corpus; every method starts from its result
         pre = cfg.model.pretrain
         generic = run.stage(INGEST, pre.data, NoInputs(), "stage 1")
-        generic_sentences = run.stage(SENTENCES, cfg.sentences, SentencesInputs(documents=generic), "stage 1")
+        generic_sentences = run.stage(SENTENCES, splitting, SentencesInputs(documents=generic), "stage 1")
         stage1 = train_method(run, pre.method, pre.train_for(), generic, generic_sentences, base, start)
         models.append(replace(stage1, label=f"stage 1 ({pre.method.name})"))
         base, start = None, stage1.artifact

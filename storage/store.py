@@ -217,9 +217,14 @@ class ArtifactStore:
             raise DamagedArtifactError(f"{ref.address}: {'; '.join(found)}; rerun the flow that made it to "
                                        "rebuild it")
 
-    def read_table(self, ref: ArtifactRef, name: str) -> pa.Table:
+    def read_table(self, ref: ArtifactRef, name: str, columns: list[str] | None = None) -> pa.Table:
         self.check(ref)
-        return pq.read_table(self.path(ref) / f"{name}.parquet")
+        return pq.read_table(self.path(ref) / f"{name}.parquet", columns=columns)
+
+    def table_path(self, ref: ArtifactRef, name: str) -> Path:
+        """A checked artifact's table file, for reading by row group or by DuckDB (tables larger than memory)."""
+        self.check(ref)
+        return self.path(ref) / f"{name}.parquet"
 
     def _temp(self, ref: ArtifactRef, what: str = "") -> Path:
         """A new folder under .tmp/ named after its owner (host, process), so leftovers can be told apart."""

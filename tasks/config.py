@@ -78,6 +78,9 @@ class SentenceConfig(Section):
     min_chars: int = Field(100, ge=0, description="Keep a sentence only if it has at least this many "
                            "characters (measured before stripping, as in the paper).")
     max_chars: int = Field(250, gt=0, description="... and at most this many characters.")
+    workers: int | None = Field(None, ge=1, exclude=True, description="Processes that split; the flows set it "
+                                "from `run.workers` (the sentences are the same, so it is not part of the "
+                                "stage's identity).")
 
     @model_validator(mode="after")
     def _range(self) -> SentenceConfig:
@@ -368,6 +371,11 @@ class RetryConfig(Section):
         return [self.delay_s * 2**i for i in range(self.attempts)]
 
 
+class RunConfig(Section):
+    workers: int | None = Field(None, ge=1, description="Processes for the CPU-bound data stages (sentence "
+                                "splitting); default: the cores available. Not part of any artifact's identity.")
+
+
 class PipelineConfig(Section):
     name: str = Field(description="Experiment name shown in runs and reports.")
     store: str = Field(DEFAULT_STORE, description="Artifact store folder (relative to the config "
@@ -381,6 +389,7 @@ class PipelineConfig(Section):
     summaries: SummaryConfig | None = Field(None, description="LLM summaries of the documents (SemCSE's "
                                             "positives); `summaries: {}` takes every default.")
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Task-level retries with back-off.")
+    run: RunConfig = Field(default_factory=RunConfig, description="How the run uses this machine.")
 
     @model_validator(mode="after")
     def _valid_methods(self) -> PipelineConfig:

@@ -1,5 +1,5 @@
 """DuckDB for the data stages' out-of-core steps (duplicate ids, crop lookups): a connection that
-spills to the artifact's scratch folder instead of growing past its memory limit."""
+spills to a folder of the artifact being written instead of growing past its memory limit."""
 
 from __future__ import annotations
 
@@ -14,5 +14,4 @@ def connect(spill: Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
     con.execute("SET temp_directory = ?", [str(spill)])
-    con.execute("SET preserve_insertion_order = false")  # every query that needs an order says it
     return con

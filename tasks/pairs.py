@@ -22,16 +22,21 @@ adds positive_kind: summary, title, sentence or same).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import Field
 
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
+from tasks import duck
 from tasks.config import InputError, KnnConfig, MethodConfig, Section
 from tasks.methods.recipes import RECIPES, View
-from tasks.methods.tsdae import delete_words
+from tasks.methods.tsdae import deletion_mask, keep_words
 from tasks.metrics import knn
 from tasks.stage import Inputs, Stage
 
@@ -83,29 +88,90 @@ def knn_test_documents(docs: pa.Table, held_out: HeldOut) -> set[str]:
     return {labelled[i] for i in test}
 
 
-def build_crops(kept_sentences: list[str], n: int) -> list[str]:
-    """Every run of n consecutive kept sentences, one starting at each kept sentence."""
-    return [" ".join(kept_sentences[i : i + n]) for i in range(len(kept_sentences) - n + 1)]
+ROWS_PER_GROUP = 65_536  # pairs per row group: what training reads at a time
+READ_ROWS = 65_536  # sentences counted at a time
+PAIRS_SCHEMA = pa.schema([("epoch", pa.int32()), ("doc_id", pa.string()), ("anchor", pa.string()),
+                          ("positive", pa.string())])
 
 
-def draw_pairs(doc_crops: dict[str, list[str]], view: str, epochs: int, seed: int,
-               deletion_ratio: float = 0.6) -> pa.Table:
+@dataclass
+class CropCounts:
+    """Per document with a kept sentence, in doc_id order: its id and how many crops of n kept
+    sentences it has; for the noise view also where its kept sentences' word counts start."""
+
+    doc_ids: pa.Array
+    crops: np.ndarray  # (documents,)
+    first_sentence: np.ndarray | None = None  # (documents,) index of its first kept sentence in `words_before`
+    words_before: np.ndarray | None = None  # (kept sentences + 1,) words in all kept sentences before this one
+
+    def crop_words(self, doc: int, crop: int, n: int) -> int:
+        """Words in the crop: a crop joins its sentences with spaces, so their word counts add up."""
+        start = self.first_sentence[doc] + crop
+        return int(self.words_before[start + n] - self.words_before[start])
+
+
+def count_crops(sentences: pq.ParquetFile, n: int, words: bool) -> CropCounts:
+    """One pass over the sentences artifact (grouped by document, positions in order) that keeps
+    counts only: the crops' texts are looked up later, for the rows drawn, by DuckDB."""
+    ids, kept, word_counts = [], [], []
+    for batch in sentences.iter_batches(READ_ROWS, columns=["doc_id", "text", "kept"] if words else ["doc_id", "kept"]):
+        batch = batch.filter(batch["kept"])
+        if batch.num_rows:
+            runs = pc.run_end_encode(batch["doc_id"])  # a document's sentences are consecutive
+            ids.append(runs.values)
+            kept.append(np.diff(runs.run_ends.to_numpy(), prepend=0))
+            if words:
+                word_counts.append(np.fromiter((len(t.split()) for t in batch["text"].to_pylist()), np.int64))
+    if not ids:
+        return CropCounts(pa.array([], pa.string()), np.zeros(0, np.int64))
+    doc_ids = pa.concat_arrays(ids)
+    # A document cut by a batch boundary is two runs: add them up.
+    starts = np.flatnonzero(np.concatenate([[True], pc.not_equal(doc_ids[1:], doc_ids[:-1]).to_numpy(
+        zero_copy_only=False)]))
+    doc_ids, kept_per_doc = doc_ids.take(pa.array(starts)), np.add.reduceat(np.concatenate(kept), starts)
+    order = pc.sort_indices(doc_ids).to_numpy()  # UTF-8 byte order = code point order, as sorted() has it
+    counts = CropCounts(doc_ids.take(pa.array(order)), np.maximum(kept_per_doc[order] - n + 1, 0))
+    if words:
+        counts.first_sentence = (np.cumsum(kept_per_doc) - kept_per_doc)[order]
+        counts.words_before = np.concatenate([[0], np.cumsum(np.concatenate(word_counts))])
+    return counts
+
+
+@dataclass
+class Draws:
+    """The rows of one epoch before their texts are looked up: which document, which crops, and
+    for the noise view which words of the anchor crop survive."""
+
+    docs: np.ndarray  # (rows,) index into CropCounts, in training order
+    anchor: np.ndarray  # (rows,) crop index
+    positive: np.ndarray  # (rows,) crop index
+    kept_words: np.ndarray | None  # (words of all anchors,) bool, row after row
+    kept_start: np.ndarray | None  # (rows + 1,) where each row's words start in kept_words
+
+
+def draw_rows(counts: CropCounts, eligible: np.ndarray, view: str, epochs: int, seed: int, n: int,
+              deletion_ratio: float = 0.6) -> Iterator[Draws]:
+    """Each epoch: every eligible document once, in a fresh random order; two distinct crops (crops
+    view) or one crop twice (same, noise). The random draws are made in the order the in-memory
+    rule made them (docs/methods.md §1), so the rows are the same whether or not they fit in memory."""
     rng = np.random.default_rng(seed)
-    docs = [d for d, crops in doc_crops.items() if len(crops) >= 2]
-    cols: dict[str, list] = {"epoch": [], "doc_id": [], "anchor": [], "positive": []}
-    for epoch in range(epochs):
-        for i in rng.permutation(len(docs)):
-            crops = doc_crops[docs[i]]
+    docs = np.flatnonzero(eligible)
+    for _ in range(epochs):
+        order = docs[rng.permutation(len(docs))]
+        anchor, positive = np.empty(len(order), np.int32), np.empty(len(order), np.int32)
+        masks, mask_start = bytearray(), np.zeros(len(order) + 1, np.int64)
+        for row, doc in enumerate(order):
+            crops = int(counts.crops[doc])
             if view == "crops":
-                a, b = rng.choice(len(crops), size=2, replace=False)
+                anchor[row], positive[row] = rng.choice(crops, size=2, replace=False)
             else:
-                a = b = rng.integers(len(crops))
-            cols["epoch"].append(epoch)
-            cols["doc_id"].append(docs[i])
-            cols["anchor"].append(delete_words(crops[a], deletion_ratio, rng) if view == "noise" else crops[a])
-            cols["positive"].append(crops[b])
-    return pa.table(cols, schema=pa.schema([("epoch", pa.int32()), ("doc_id", pa.string()),
-                                           ("anchor", pa.string()), ("positive", pa.string())]))
+                anchor[row] = positive[row] = rng.integers(crops)
+            if view == "noise":
+                masks += deletion_mask(counts.crop_words(doc, int(anchor[row]), n), deletion_ratio, rng).tobytes()
+                mask_start[row + 1] = len(masks)
+        noise = view == "noise"
+        yield Draws(order, anchor, positive, np.frombuffer(masks, bool) if noise else None,
+                    mask_start if noise else None)
 
 
 def draw_summary_pairs(summaries: dict[str, list[str]], titles: dict[str, str | None],
@@ -156,9 +222,50 @@ def sentences_by_document(sentences: pa.Table, min_words: int = 3) -> dict[str, 
     return {doc: [t.strip() for t in texts] for doc, texts in texts_by_document(rows.filter(long_enough)).items()}
 
 
-def crops_by_document(sentences: pa.Table, n: int) -> dict[str, list[str]]:
-    rows = sentences.filter(sentences["kept"]).sort_by([("doc_id", "ascending"), ("position", "ascending")])
-    return {doc: build_crops(texts, n) for doc, texts in texts_by_document(rows).items()}
+def crop_query(n: int, same: bool) -> str:
+    """The texts of the drawn crops, in training order. A crop is n consecutive kept sentences
+    joined with spaces (the k-th starts at the k-th kept sentence); DuckDB joins and sorts out of
+    core, so no table of every document's crops is ever held."""
+    joined = ", ".join(["text", *(f"lead(text, {i}) OVER w" for i in range(1, n))])
+    positive = "a.crop" if same else "p.crop"
+    other = "" if same else "JOIN crops p ON p.doc_id = r.doc_id AND p.k = r.positive"
+    return f"""
+        WITH crops AS (
+            SELECT doc_id, row_number() OVER w - 1 AS k, concat_ws(' ', {joined}) AS crop
+            FROM read_parquet($sentences) WHERE kept AND doc_id IN (SELECT doc_id FROM eligible)
+            WINDOW w AS (PARTITION BY doc_id ORDER BY position))
+        SELECT r.row, r.doc_id, a.crop AS anchor, {positive} AS positive
+        FROM drawn r JOIN crops a ON a.doc_id = r.doc_id AND a.k = r.anchor {other}
+        ORDER BY r.row"""
+
+
+def crop_pairs(sentences: Path, counts: CropCounts, draws: list[Draws], cfg: PairsConfig,
+               spill: Path) -> Iterator[pa.Table]:
+    """The pairs table, ROWS_PER_GROUP rows at a time, in training order."""
+    per_epoch = len(draws[0].docs)
+    drawn = pa.table({"row": pa.array(np.arange(per_epoch * len(draws), dtype=np.int64)),
+                      "doc_id": counts.doc_ids.take(pa.array(np.concatenate([d.docs for d in draws]))),
+                      "anchor": pa.array(np.concatenate([d.anchor for d in draws])),
+                      "positive": pa.array(np.concatenate([d.positive for d in draws]))})
+    eligible = pa.table({"doc_id": counts.doc_ids.take(pa.array(draws[0].docs))})
+    con = duck.connect(spill)
+    con.register("drawn", drawn)
+    con.register("eligible", eligible)
+    result = con.sql(crop_query(cfg.n_sentences, cfg.view != "crops"), params={"sentences": str(sentences)})
+    for batch in result.to_arrow_reader(ROWS_PER_GROUP):
+        rows = batch["row"].to_numpy()
+        anchor = batch["anchor"]
+        if cfg.view == "noise":  # the anchor is the crop with the words its mask drops deleted
+            anchor = pa.array([keep_words(text, _mask(draws, per_epoch, row)) for text, row in
+                               zip(anchor.to_pylist(), rows)], pa.string())
+        yield pa.table({"epoch": pa.array(rows // per_epoch, pa.int32()), "doc_id": batch["doc_id"],
+                        "anchor": anchor, "positive": batch["positive"]}, schema=PAIRS_SCHEMA)
+
+
+def _mask(draws: list[Draws], per_epoch: int, row: int) -> np.ndarray:
+    epoch, i = divmod(int(row), per_epoch)
+    d = draws[epoch]
+    return d.kept_words[d.kept_start[i] : d.kept_start[i + 1]]
 
 
 class PairsInputs(Inputs):
@@ -175,28 +282,33 @@ class PairsInputs(Inputs):
 
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    sentences = store.read_table(inputs.sentences, "sentences")
-    docs = store.read_table(inputs.documents, "documents") if cfg.needs_documents else None
+    columns = ["doc_id", "label"] + (["title"] if cfg.view == "summaries" else [])
+    docs = store.read_table(inputs.documents, "documents", columns) if cfg.needs_documents else None
     test = knn_test_documents(docs, cfg.held_out) if cfg.held_out else set()
     if test:
         log.info("%d kNN test documents held out of training", len(test))
     if cfg.view == "summaries":
         summaries = {d: s for d, s in ok_summaries(store, inputs.summaries).items() if d not in test}
         titles = dict(zip(docs["doc_id"].to_pylist(), docs["title"].to_pylist()))
+        sentences = store.read_table(inputs.sentences, "sentences")
         table = draw_summary_pairs(summaries, titles, sentences_by_document(sentences), cfg.replacement,
                                    cfg.epochs, cfg.seed)
-        problem = "no document has 2 or more usable summaries: see the summarize artifact's stats"
+        if table.num_rows == 0:
+            raise InputError("no document has 2 or more usable summaries: see the summarize artifact's stats")
+        rows = out.write_batches("pairs", table.schema, table.to_batches(ROWS_PER_GROUP))
     else:
-        doc_crops = {doc: c for doc, c in crops_by_document(sentences, cfg.n_sentences).items() if doc not in test}
-        table = draw_pairs(doc_crops, cfg.view, cfg.epochs, cfg.seed, cfg.deletion_ratio)
-        problem = ("no document has 2 or more crops: check sentences.min_chars/max_chars and the "
-                   "method's n_sentences against your texts")
-    if table.num_rows == 0:
-        raise InputError(problem)
-    out.write_table("pairs", table)
-    out.extra.update(documents=table.num_rows // cfg.epochs)
-    log.info("%s view: %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"],
-             table.num_rows, cfg.epochs)
+        sentences = store.table_path(inputs.sentences, "sentences")
+        counts = count_crops(pq.ParquetFile(sentences), cfg.n_sentences, words=cfg.view == "noise")
+        eligible = (counts.crops >= 2) & ~pc.is_in(counts.doc_ids, pa.array(sorted(test), pa.string())).to_numpy(
+            zero_copy_only=False)
+        if not eligible.any():
+            raise InputError("no document has 2 or more crops: check sentences.min_chars/max_chars and the "
+                             "method's n_sentences against your texts")
+        draws = list(draw_rows(counts, eligible, cfg.view, cfg.epochs, cfg.seed, cfg.n_sentences,
+                               cfg.deletion_ratio or 0.6))
+        rows = out.write_batches("pairs", PAIRS_SCHEMA, crop_pairs(sentences, counts, draws, cfg, out.work))
+    out.extra.update(documents=rows // cfg.epochs)
+    log.info("%s view: %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"], rows, cfg.epochs)
 
 
 PAIRS = Stage("pairs", build_pairs)

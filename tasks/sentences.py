@@ -1,21 +1,30 @@
 """Sentence splitting: the cropping paper's exact rule, or a real sentence splitter.
 
-Output `sentences.parquet`: doc_id, position, text, length, kept. `length` is the character
+Output `sentences.parquet`: doc_id, position, text, length, kept, in document order and
+position order within a document (the pairs stage relies on it). `length` is the character
 count before stripping (what the paper filters on); `text` is the stripped sentence, ending in
 its full stop, so a crop is just its sentences joined with spaces; `kept` says whether the
 sentence passes the length filter and may be used in crops.
+
+Documents are read, split and written a batch at a time, the batches spread over `run.workers`
+processes, so memory does not grow with the corpus.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 
 import blingfire
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
+from tasks import parallel
 from tasks.config import SentenceConfig
 from tasks.stage import Inputs, Stage
 
@@ -38,19 +47,28 @@ def clean_sentence(raw: str, splitter: str) -> str:
     return raw.strip() + "." if splitter == "paper" else raw.strip()
 
 
-def sentence_table(doc_ids: Iterable[str], texts: Iterable[str], cfg: SentenceConfig) -> pa.Table:
-    split = SPLITTERS[cfg.splitter]
-    cols: dict[str, list] = {"doc_id": [], "position": [], "text": [], "length": [], "kept": []}
-    for doc_id, text in zip(doc_ids, texts):
-        for position, raw in enumerate(split(text)):
-            cols["doc_id"].append(doc_id)
-            cols["position"].append(position)
-            cols["text"].append(clean_sentence(raw, cfg.splitter))
-            cols["length"].append(len(raw))
-            cols["kept"].append(cfg.min_chars <= len(raw) <= cfg.max_chars)
-    schema = pa.schema([("doc_id", pa.string()), ("position", pa.int32()), ("text", pa.string()),
-                        ("length", pa.int32()), ("kept", pa.bool_())])
-    return pa.table(cols, schema=schema)
+SCHEMA = pa.schema([("doc_id", pa.string()), ("position", pa.int32()), ("text", pa.string()),
+                    ("length", pa.int32()), ("kept", pa.bool_())])
+BATCH_ROWS = 8_192  # documents split per task: ~80k sentences, a few seconds of one core
+
+
+def sentence_table(doc_ids: pa.Array | list[str], texts: Iterable[str], cfg: SentenceConfig) -> pa.Table:
+    """Every sentence of every document, in document order and position order within one."""
+    pieces = [SPLITTERS[cfg.splitter](text) for text in texts]
+    counts = np.fromiter(map(len, pieces), np.int64, len(pieces))
+    raw = list(chain.from_iterable(pieces))
+    lengths = np.fromiter(map(len, raw), np.int32, len(raw))
+    doc = np.repeat(np.arange(len(pieces)), counts)  # (sentences,) index of its document
+    first = np.repeat(np.cumsum(counts) - counts, counts)  # (sentences,) row of its document's first
+    return pa.table({"doc_id": pc.take(pa.array(doc_ids, pa.string()), pa.array(doc)),
+                     "position": pa.array(np.arange(len(raw), dtype=np.int32) - first.astype(np.int32)),
+                     "text": pa.array([clean_sentence(r, cfg.splitter) for r in raw], pa.string()),
+                     "length": pa.array(lengths),
+                     "kept": pa.array((cfg.min_chars <= lengths) & (lengths <= cfg.max_chars))}, schema=SCHEMA)
+
+
+def split_batch(batch: pa.RecordBatch, cfg: SentenceConfig) -> pa.Table:
+    return sentence_table(batch["doc_id"], batch["text"].to_pylist(), cfg)
 
 
 class SentencesInputs(Inputs):
@@ -59,13 +77,23 @@ class SentencesInputs(Inputs):
 
 def build_sentences(store: ArtifactStore, cfg: SentenceConfig, inputs: SentencesInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs = store.read_table(inputs.documents, "documents")
-    table = sentence_table(docs["doc_id"].to_pylist(), docs["text"].to_pylist(), cfg)
-    out.write_table("sentences", table)
-    kept = pc.sum(table["kept"]).as_py() or 0
+    documents = pq.ParquetFile(store.table_path(inputs.documents, "documents"))
+    batches = documents.iter_batches(BATCH_ROWS, columns=["doc_id", "text"])
+    # One batch is split here: starting worker processes costs more than it saves.
+    workers = 1 if documents.metadata.num_rows <= BATCH_ROWS else cfg.workers or parallel.available_cores()
+    kept = 0
+
+    def counted(tables: Iterable[pa.Table]) -> Iterator[pa.Table]:
+        nonlocal kept
+        for table in tables:
+            kept += pc.sum(table["kept"]).as_py() or 0
+            yield table
+
+    rows = out.write_batches("sentences", SCHEMA, counted(parallel.ordered_map(
+        functools.partial(split_batch, cfg=cfg), batches, workers)))
     out.extra.update(kept=kept)
-    log.info("%s splitter: %d sentences, %d kept (%d-%d chars)", cfg.splitter, table.num_rows,
-             kept, cfg.min_chars, cfg.max_chars)
+    log.info("%s splitter: %d sentences, %d kept (%d-%d chars), %d worker(s)", cfg.splitter, rows,
+             kept, cfg.min_chars, cfg.max_chars, workers)
 
 
 SENTENCES = Stage("sentences", build_sentences)

@@ -16,15 +16,23 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
 
 
-def delete_words(text: str, ratio: float, rng: np.random.Generator) -> str:
-    """Delete each word with probability `ratio`; keep at least one (the paper's floor)."""
-    words = text.split()
-    if not words:
-        return text
-    keep = rng.random(len(words)) >= ratio
+def deletion_mask(n_words: int, ratio: float, rng: np.random.Generator) -> np.ndarray:
+    """Which of n words survive: each is deleted with probability `ratio`; at least one is kept
+    (the paper's floor)."""
+    if n_words == 0:
+        return np.zeros(0, bool)
+    keep = rng.random(n_words) >= ratio
     if not keep.any():
-        keep[rng.integers(len(words))] = True
-    return " ".join(w for w, k in zip(words, keep) if k)
+        keep[rng.integers(n_words)] = True
+    return keep
+
+
+def keep_words(text: str, keep: np.ndarray) -> str:
+    """The words of `text` that `keep` (a deletion mask drawn for this many words) marks."""
+    words = text.split()
+    if len(words) != len(keep):
+        raise ValueError(f"a deletion mask of {len(keep)} words for a text of {len(words)}")
+    return " ".join(w for w, k in zip(words, keep) if k) if words else text
 
 
 def tsdae_loss(model: SentenceTransformer) -> DenoisingAutoEncoderLoss:

@@ -1,64 +1,144 @@
+import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pytest
 
-from tasks.config import SentenceConfig
-from tasks.pairs import Replacement, build_crops, crops_by_document, draw_pairs, draw_summary_pairs
-from tasks.sentences import sentence_table
-
-
-def s(ch, n=120):
-    return ch * n
-
-
-def test_crops_are_runs_of_n_kept_sentences_skipping_filtered_ones():
-    # Fragment 2 is too short: the crop starting at A continues with C, as the reference code does.
-    text = f"{s('A')}. {s('B')}. tiny. {s('C')}. {s('D', 300)}. {s('E')}."
-    sentences = sentence_table(["doc"], [text], SentenceConfig())
-    crops = crops_by_document(sentences, n=2)["doc"]
-    a, b, c, e = (f"{s(x)}." for x in "ABCE")
-    assert crops == [f"{a} {b}", f"{b} {c}", f"{c} {e}"]
-    assert build_crops([a, b, c], 3) == [f"{a} {b} {c}"]
-    assert build_crops([a, b], 3) == []
+from storage.store import ArtifactStore
+from tasks import pairs as pairs_module
+from tasks.config import DataConfig, InputError, SentenceConfig
+from tasks.ingest import INGEST
+from tasks.methods.tsdae import deletion_mask, keep_words
+from tasks.pairs import PAIRS, HeldOut, PairsConfig, PairsInputs, Replacement, draw_summary_pairs
+from tasks.sentences import SENTENCES, SentencesInputs
+from tasks.stage import NoInputs
+from tests.tasks.test_sentences import DEMO_CORPUS
 
 
-def test_documents_with_fewer_than_two_crops_are_dropped():
-    doc_crops = {"one": ["c1"], "two": ["c1", "c2"], "none": []}
-    for view in ("crops", "same", "noise"):
-        assert set(draw_pairs(doc_crops, view, epochs=1, seed=0)["doc_id"].to_pylist()) == {"two"}
+def sentence(doc, j, n=120):
+    """A sentence the paper's splitter keeps (100-250 characters), recognisable by its start."""
+    return f"{doc}s{j} ".ljust(n, "x") + "."
 
 
-def test_pairs_one_per_document_per_epoch_distinct_for_crops_same_for_dropout():
-    doc_crops = {f"d{i}": [f"d{i}-c{j}" for j in range(3)] for i in range(50)}
-    crops = draw_pairs(doc_crops, "crops", epochs=3, seed=1).to_pylist()
-    dropout = draw_pairs(doc_crops, "same", epochs=3, seed=1).to_pylist()
+def crop(doc, first, n=2):
+    return " ".join(sentence(doc, j) for j in range(first, first + n))
+
+
+def drawn_pairs(root, corpus, view, epochs=1, seed=0, n=2, held_out=None, **data) -> list[dict]:
+    """The pairs artifact of `corpus` (a Parquet file, or doc_id → text) built by the real stages."""
+    root.mkdir(parents=True, exist_ok=True)
+    if isinstance(corpus, dict):
+        path = root / "docs.parquet"
+        pd.DataFrame({"doc_id": list(corpus), "text": list(corpus.values())}).to_parquet(path)
+        corpus, data = path, {"columns": {"title": None, "label": None, "split": None}}
+    store = ArtifactStore(root / "store")
+    docs = INGEST.run(store, DataConfig(path=str(corpus), **data), NoInputs())
+    sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
+    cfg = PairsConfig(view=view, n_sentences=n, seed=seed, epochs=epochs, held_out=held_out,
+                      deletion_ratio=0.6 if view == "noise" else None)
+    pairs = PAIRS.run(store, cfg, PairsInputs.for_view(cfg, sentences, docs, None))
+    return store.read_table(pairs, "pairs").to_pylist()
+
+
+def test_crops_are_runs_of_n_kept_sentences_skipping_filtered_ones(tmp_path):
+    # Fragment 2 is too short: the crop starting at sentence 1 continues with 3, as the reference code does.
+    text = " ".join([sentence("a", 1), sentence("a", 2), "tiny.", sentence("a", 3), sentence("a", 4, 300),
+                     sentence("a", 5)])
+    ends = {" ".join(sentence("a", j) for j in js) for js in [(1, 2), (2, 3), (3, 5)]}
+    assert {r["anchor"] for r in drawn_pairs(tmp_path / "2", {"a": text}, "same", epochs=80)} == ends
+    three = {" ".join(sentence("a", j) for j in js) for js in [(1, 2, 3), (2, 3, 5)]}
+    assert {r["anchor"] for r in drawn_pairs(tmp_path / "3", {"a": text}, "same", epochs=40, n=3)} == three
+
+
+@pytest.mark.parametrize("view", ["crops", "same", "noise"])
+def test_documents_with_fewer_than_two_crops_are_dropped(tmp_path, view):
+    corpus = {"one": " ".join(sentence("one", j) for j in range(2)),  # 1 crop
+              "two": " ".join(sentence("two", j) for j in range(3)),  # 2 crops
+              "none": "Too short. All of it."}
+    assert {r["doc_id"] for r in drawn_pairs(tmp_path, corpus, view, epochs=2)} == {"two"}
+
+
+def test_no_document_with_two_crops_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="no document has 2 or more crops: check sentences.min_chars"):
+        drawn_pairs(tmp_path, {"a": "Short. Texts. Only."}, "crops")
+
+
+def _corpus(docs=50, sentences=4):
+    return {f"d{i:02d}": " ".join(sentence(f"d{i:02d}", j) for j in range(sentences)) for i in range(docs)}
+
+
+def test_pairs_one_per_document_per_epoch_distinct_for_crops_same_for_dropout(tmp_path):
+    corpus = _corpus()
+    crops = drawn_pairs(tmp_path / "crops", corpus, "crops", epochs=3, seed=1)
+    dropout = drawn_pairs(tmp_path / "same", corpus, "same", epochs=3, seed=1)
     for rows in (crops, dropout):
         for epoch in range(3):
             docs = [r["doc_id"] for r in rows if r["epoch"] == epoch]
-            assert sorted(docs) == sorted(doc_crops)  # every document once: never twice in a batch
-        assert all(r["anchor"].startswith(r["doc_id"] + "-") and r["positive"].startswith(r["doc_id"] + "-")
-                   for r in rows)
+            assert sorted(docs) == sorted(corpus)  # every document once: never twice in a batch
+        assert all(r["anchor"] in {crop(r["doc_id"], k) for k in range(3)} and
+                   r["positive"] in {crop(r["doc_id"], k) for k in range(3)} for r in rows)
     assert all(r["anchor"] != r["positive"] for r in crops)
     assert all(r["anchor"] == r["positive"] for r in dropout)
     orders = [[r["doc_id"] for r in crops if r["epoch"] == e] for e in range(3)]
     assert orders[0] != orders[1]  # reshuffled each epoch
 
 
-def test_pairs_are_seeded():
-    doc_crops = {f"d{i}": [f"c{j}" for j in range(4)] for i in range(20)}
-    assert draw_pairs(doc_crops, "crops", 2, seed=5) == draw_pairs(doc_crops, "crops", 2, seed=5)
-    assert draw_pairs(doc_crops, "crops", 2, seed=5) != draw_pairs(doc_crops, "crops", 2, seed=6)
-    assert isinstance(draw_pairs(doc_crops, "crops", 1, 0), pa.Table)
+def test_pairs_are_seeded(tmp_path):
+    corpus = _corpus(20, 5)
+    first, again = (drawn_pairs(tmp_path / name, corpus, "crops", 2, seed=5) for name in ("a", "b"))
+    assert first == again
+    assert first != drawn_pairs(tmp_path / "c", corpus, "crops", 2, seed=6)
 
 
-def test_noise_view_pairs_a_word_deleted_crop_with_the_crop_itself():
-    doc_crops = {f"d{i}": [" ".join(f"w{i}_{j}_{k}" for k in range(20)) for j in range(3)] for i in range(30)}
-    rows = draw_pairs(doc_crops, "noise", epochs=2, seed=0, deletion_ratio=0.6).to_pylist()
+def test_noise_view_pairs_a_word_deleted_crop_with_the_crop_itself(tmp_path):
+    corpus = {f"d{i}": " ".join(" ".join(f"w{i}_{j}_{k}" for k in range(20)) + "." for j in range(3))
+              for i in range(30)}
+    rows = drawn_pairs(tmp_path, corpus, "noise", epochs=2, seed=0)
     for r in rows:
         kept, original = r["anchor"].split(), r["positive"].split()
-        assert original in [c.split() for c in doc_crops[r["doc_id"]]]
+        assert len(original) == 40 and original[0].startswith(f"w{r['doc_id'][1:]}_")
         assert 1 <= len(kept) < len(original) and [w for w in original if w in kept] == kept  # order kept
     # Each epoch draws new noise for the same document.
     first = {r["doc_id"]: r["anchor"] for r in rows if r["epoch"] == 0}
     assert sum(first[r["doc_id"]] != r["anchor"] for r in rows if r["epoch"] == 1) > 25
+
+
+def in_memory_pairs(sentences: pa.Table, cfg: PairsConfig, test: set[str]) -> list[dict]:
+    """The rule written plainly, every document's crops in a dict (the stage before it streamed):
+    the oracle the streamed stage must equal row for row."""
+    crops: dict[str, list[str]] = {}
+    kept = sentences.filter(sentences["kept"]).sort_by([("doc_id", "ascending"), ("position", "ascending")])
+    texts: dict[str, list[str]] = {}
+    for doc, text in zip(kept["doc_id"].to_pylist(), kept["text"].to_pylist()):
+        texts.setdefault(doc, []).append(text)
+    n = cfg.n_sentences
+    crops = {d: [" ".join(t[i : i + n]) for i in range(len(t) - n + 1)] for d, t in texts.items() if d not in test}
+    docs = [d for d, c in crops.items() if len(c) >= 2]
+    rng, rows = np.random.default_rng(cfg.seed), []
+    for epoch in range(cfg.epochs):
+        for i in rng.permutation(len(docs)):
+            own = crops[docs[i]]
+            a, b = rng.choice(len(own), size=2, replace=False) if cfg.view == "crops" else [rng.integers(len(own))] * 2
+            anchor = own[a]
+            if cfg.view == "noise":
+                anchor = keep_words(anchor, deletion_mask(len(anchor.split()), cfg.deletion_ratio, rng))
+            rows.append(dict(epoch=epoch, doc_id=docs[i], anchor=anchor, positive=own[b]))
+    return rows
+
+
+@pytest.mark.parametrize("view, n, held_out", [("crops", 2, None), ("same", 2, None), ("noise", 2, None),
+                                               ("crops", 3, HeldOut(test_size=0.1, seed=42))])
+def test_streamed_pairs_equal_the_in_memory_rule_on_the_demo_corpus(tmp_path, monkeypatch, view, n, held_out):
+    monkeypatch.setattr(pairs_module, "ROWS_PER_GROUP", 97)  # many row groups: every boundary is crossed
+    monkeypatch.setattr(pairs_module, "READ_ROWS", 101)  # a document's sentences cut across read batches
+    rows = drawn_pairs(tmp_path, DEMO_CORPUS, view, epochs=2, seed=3, n=n, held_out=held_out, limit=400)
+    store = ArtifactStore(tmp_path / "store")
+    (sentences,) = store.artifacts("sentences")
+    cfg = PairsConfig(view=view, n_sentences=n, seed=3, epochs=2, held_out=held_out,
+                      deletion_ratio=0.6 if view == "noise" else None)
+    test = pairs_module.knn_test_documents(store.read_table(store.artifacts("ingest")[0], "documents"),
+                                           held_out) if held_out else set()
+    expected = in_memory_pairs(store.read_table(sentences, "sentences"), cfg, test)
+    assert rows == expected and len(rows) > 500 and not {r["doc_id"] for r in rows} & test
 
 
 def test_held_out_pairs_leave_out_exactly_the_knn_test_documents():

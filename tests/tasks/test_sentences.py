@@ -1,5 +1,18 @@
-from tasks.config import SentenceConfig
-from tasks.sentences import sentence_table, split_blingfire
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from storage.store import ArtifactStore
+from tasks import sentences
+from tasks.config import DataConfig, SentenceConfig
+from tasks.ingest import INGEST
+from tasks.sentences import SENTENCES, SentencesInputs, sentence_table, split_blingfire
+from tasks.stage import NoInputs
+
+DEMO_CORPUS = Path(__file__).parents[2] / "configs" / "data" / "ohsumed_demo.parquet"
 
 LONG = "x" * 120
 
@@ -18,3 +31,21 @@ def test_blingfire_keeps_abbreviations_and_decimals_inside_sentences():
     text = "Rates fell (p < 0.05) in treated rats, e.g. in the liver. A second sentence follows."
     assert split_blingfire(text) == ["Rates fell (p < 0.05) in treated rats, e.g. in the liver.",
                                      "A second sentence follows."]
+
+
+
+def split_corpus(root, sentences: SentenceConfig) -> pa.Table:
+    """The sentences artifact of the demo corpus's first 300 documents, built in its own store."""
+    store = ArtifactStore(root)
+    docs = INGEST.run(store, DataConfig(path=str(DEMO_CORPUS), limit=300), NoInputs())
+    return store.read_table(SENTENCES.run(store, sentences, SentencesInputs(documents=docs)), "sentences")
+
+
+@pytest.mark.parametrize("splitter", ["paper", "blingfire"])
+def test_a_corpus_split_in_many_batches_by_two_workers_gives_the_one_batch_table(tmp_path, monkeypatch, splitter):
+    one = split_corpus(tmp_path / "one", SentenceConfig(splitter=splitter))
+    monkeypatch.setattr(sentences, "BATCH_ROWS", 32)  # 10 batches, in 2 worker processes
+    many = split_corpus(tmp_path / "many", SentenceConfig(splitter=splitter, workers=2))
+    assert many.equals(one) and one.num_rows > 1000
+    assert pq.ParquetFile(tmp_path / "many" / "artifacts" / "sentences" / os.listdir(
+        tmp_path / "many" / "artifacts" / "sentences")[0] / "sentences.parquet").num_row_groups == 10

@@ -10,8 +10,12 @@ from torch import nn
 
 from tasks.config import TrainConfig
 from tasks.methods.infonce import InfoNCELoss, info_nce
-from tasks.methods.tsdae import delete_words, tsdae_loss
+from tasks.methods.tsdae import deletion_mask, keep_words, tsdae_loss
 from tasks.models import sentence_model
+
+
+def delete_words(text: str, ratio: float, rng: np.random.Generator) -> str:
+    return keep_words(text, deletion_mask(len(text.split()), ratio, rng))
 
 
 def test_word_deletion_deletes_sixty_percent_not_forty():
@@ -26,6 +30,11 @@ def test_word_deletion_always_keeps_one_word():
     rng = np.random.default_rng(1)
     assert all(delete_words("alone", 0.99, rng) == "alone" for _ in range(50))
     assert all(len(delete_words("two words here", 0.999, rng).split()) == 1 for _ in range(50))
+
+
+def test_a_mask_drawn_for_another_word_count_is_refused():
+    with pytest.raises(ValueError, match="mask of 2 words for a text of 3"):
+        keep_words("three words here", np.ones(2, bool))
 
 
 class FixedVector(nn.Module):
