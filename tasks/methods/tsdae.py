@@ -11,9 +11,13 @@ sentence vector (a 1-token sequence), so the decoder never sees the input tokens
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
+
+if TYPE_CHECKING:  # the pairs stage draws the noise without loading torch (half a GB of its memory)
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
 
 
 def deletion_mask(n_words: int, ratio: float, rng: np.random.Generator) -> np.ndarray:
@@ -37,4 +41,6 @@ def keep_words(text: str, keep: np.ndarray) -> str:
 
 def tsdae_loss(model: SentenceTransformer) -> DenoisingAutoEncoderLoss:
     """Decoder tied to `model`: it is built from the folder the encoder was loaded from."""
+    from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
+
     return DenoisingAutoEncoderLoss(model, tie_encoder_decoder=True)
