@@ -216,9 +216,12 @@ class ArtifactStore:
             raise DamagedArtifactError(f"{ref.address}: {'; '.join(found)}; rerun the flow that made it to "
                                        "rebuild it")
 
-    def read_table(self, ref: ArtifactRef, name: str) -> pa.Table:
+    def read_table(self, ref: ArtifactRef, name: str, columns: list[str] | None = None,
+                   filters: list[tuple] | None = None) -> pa.Table:
+        """The table, or some of its columns and the rows matching `filters` (pyarrow's: row groups
+        whose statistics rule them out are not read)."""
         self.check(ref)
-        return pq.read_table(self.path(ref) / f"{name}.parquet")
+        return pq.read_table(self.path(ref) / f"{name}.parquet", columns=columns, filters=filters)
 
     def _temp(self, ref: ArtifactRef, what: str = "") -> Path:
         """A new folder under .tmp/ named after its owner (host, process), so leftovers can be told apart."""
