@@ -140,13 +140,13 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
     def stage(kind: Stage, job, inputs: Inputs, again: bool = False) -> ArtifactRef:
         return run.stage(kind, job, inputs, model.label, model.method, again)
 
-    docs_emb = stage(EMBED, EmbedJob(layers="all" if ev.layerwise else "last", **embed),
+    docs_emb = stage(EMBED, EmbedJob(layers="all" if ev.layerwise else "last", store_dtype=ev.store_dtype, **embed),
                      EmbedInputs(documents=docs, model=model.artifact))
-    sts_emb = stage(EMBED, EmbedJob(pairs_path=ev.sts.path, split=ev.sts.split, **embed),
+    sts_emb = stage(EMBED, EmbedJob(pairs_path=ev.sts.path, split=ev.sts.split, store_dtype=ev.store_dtype, **embed),
                     EmbedInputs(model=model.artifact)) if ev.sts else None
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
-                  **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne"}))
+                  **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
     scores = [stage(EVALUATE, job, EvaluateInputs(documents=docs, embeddings=docs_emb, sts_embeddings=sts_emb,
                                                   model=model.artifact), force)]
     if ev.semantic:

@@ -217,9 +217,12 @@ class ArtifactStore:
             raise DamagedArtifactError(f"{ref.address}: {'; '.join(found)}; rerun the flow that made it to "
                                        "rebuild it")
 
-    def read_table(self, ref: ArtifactRef, name: str, columns: list[str] | None = None) -> pa.Table:
+    def read_table(self, ref: ArtifactRef, name: str, columns: list[str] | None = None,
+                   filters: list[tuple] | None = None) -> pa.Table:
+        """The table, or some of its columns and the rows matching `filters` (pyarrow's: row groups
+        whose statistics rule them out are not read)."""
         self.check(ref)
-        return pq.read_table(self.path(ref) / f"{name}.parquet", columns=columns)
+        return pq.read_table(self.table_path(ref, name), columns=columns, filters=filters)
 
     def table_path(self, ref: ArtifactRef, name: str) -> Path:
         """A checked artifact's table file, for reading by row group or by DuckDB (tables larger than memory)."""

@@ -341,6 +341,10 @@ class SemanticConfig(Section):
     k: int = Field(5, ge=1, description="Neighbours of the same-label proportion.")
 
 
+StoreDtype = Literal["float32", "float16"]
+TSNE_MAX = 5000
+
+
 class EvaluateConfig(Section):
     max_length: int = Field(256, ge=8, description="Truncate evaluated texts to this many tokens.")
     batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
@@ -351,6 +355,12 @@ class EvaluateConfig(Section):
     geometry: bool = Field(True, description="Alignment (STS pairs scored ≥ 4), uniformity, mean cosine "
                            "of random pairs and the variance share of the top principal components.")
     tsne: bool = Field(True, description="A t-SNE map of the labelled documents per model (PNG).")
+    tsne_max: int = Field(TSNE_MAX, ge=2, description="t-SNE maps at most this many labelled documents, a "
+                          "seeded sample (its memory grows with the documents mapped); the picture and "
+                          "the report say when it sampled.")
+    store_dtype: StoreDtype = Field("float32", description="How the embeddings cache stores vectors: "
+                                    "`float16` halves its disk and reading memory; every metric still "
+                                    "computes in float32 or float64.")
     semantic: SemanticConfig | None = Field(None, description="SemCSE's semantic benchmark: average rank "
                                             "of title↔abstract, half↔half and summary↔paper (with "
                                             "`summaries`), and the k-NN same-label proportion.")

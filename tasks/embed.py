@@ -7,24 +7,28 @@ come from the same artifact.
 
 Inputs: `documents` (text set = its `text` column), or none with `pairs_path` (text set =
 sentence1 rows then sentence2 rows of that file); `model`, the train or init artifact holding the
-model, if any. Output `embeddings.parquet`: row, layer, mean, cls, sep.
+model, if any. Output `embeddings.parquet`: row, layer, mean, cls, sep, vectors stored as
+`store_dtype`. It is encoded and written CHUNK_TEXTS texts at a time, one row group per chunk
+and layer, so neither encoding nor a reader of one layer holds more than it needs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import Field
 
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
 from tasks import encode, ingest
-from tasks.config import Section
+from tasks.config import Section, StoreDtype
 from tasks.models import ModelInputs, model_identity
 from tasks.stage import Stage
+
+CHUNK_TEXTS = 4096  # texts encoded and written at once (all layers and poolings of them in memory)
 
 
 class EmbedJob(Section):
@@ -37,10 +41,26 @@ class EmbedJob(Section):
     max_length: int
     batch_size: int
     device: str = "auto"
+    store_dtype: StoreDtype = Field("float32", description="Vectors stored as float32 or float16 (read back "
+                                    "as float32).")
 
 
-def _vectors(x: np.ndarray) -> pa.FixedSizeListArray:
-    return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+def embeddings_schema(dim: int, dtype: StoreDtype) -> pa.Schema:
+    vector = pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), dim)
+    return pa.schema([("row", pa.int32()), ("layer", pa.int16()), *((p, vector) for p in encode.POOLINGS)])
+
+
+def embedding_tables(chunks: Iterator[tuple[np.ndarray, np.ndarray]], layers: list[int],
+                     schema: pa.Schema) -> Iterator[pa.Table]:
+    """One table per chunk and layer: a reader of one layer skips the other row groups."""
+    dtype = schema.field("mean").type.value_type.to_pandas_dtype()
+    for positions, emb in chunks:
+        for i, layer in enumerate(layers):
+            columns = {p: pa.FixedSizeListArray.from_arrays(pa.array(emb[i, j].astype(dtype).reshape(-1)),
+                                                             emb.shape[-1])
+                       for j, p in enumerate(encode.POOLINGS)}
+            yield pa.table({"row": positions.astype(np.int32), "layer": np.full(len(positions), layer, np.int16),
+                            **columns}, schema=schema)
 
 
 class EmbedInputs(ModelInputs):
@@ -53,17 +73,14 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
         pairs = ingest.read_pairs(job.pairs_path, job.split)
         texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
     else:
-        texts = store.read_table(inputs.documents, "documents")["text"].to_pylist()
+        texts = store.read_table(inputs.documents, "documents", columns=["text"])["text"].to_pylist()
     encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device)
     layers = list(range(encoder.n_layers + 1)) if job.layers == "all" else [encoder.n_layers]
     log.info("%d texts, %d layer(s), max length %d", len(texts), len(layers), job.max_length)
-    emb = encoder.encode_layers(texts, job.max_length, job.batch_size, layers)
-    tables = [pa.table({"row": pa.array(np.arange(len(texts), dtype=np.int32)),
-                        "layer": pa.array(np.full(len(texts), layer, dtype=np.int16)),
-                        **{p: _vectors(emb[i, j]) for j, p in enumerate(encode.POOLINGS)}})
-              for i, layer in enumerate(layers)]
-    out.write_table("embeddings", pa.concat_tables(tables))
-    out.extra.update(texts=len(texts), layers=layers, dim=int(emb.shape[-1]))
+    chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
+    schema = embeddings_schema(encoder.dim, job.store_dtype)
+    out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
+    out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim)
 
 
 class EmbeddedDocumentsInputs(ModelInputs):
@@ -74,12 +91,14 @@ class EmbeddedDocumentsInputs(ModelInputs):
 
 
 def read_embeddings(store: ArtifactStore, ref: ArtifactRef, pooling: str, layer: int | None = None) -> np.ndarray:
-    """The (texts × dim) matrix of one layer (default: the last) and pooling, in text order."""
-    table = store.read_table(ref, "embeddings").select(["row", "layer", pooling])
+    """The float32 (texts × dim) matrix of one layer (default: the last) and pooling, in text order,
+    whatever dtype the artifact stores; only that layer's row groups and that column are read."""
     layer = max(embedded_layers(store, ref)) if layer is None else layer
-    table = table.filter(pc.equal(table["layer"], layer)).sort_by("row")
-    column = table[pooling].combine_chunks()
-    return column.values.to_numpy().reshape(len(column), -1)
+    table = store.read_table(ref, "embeddings", columns=["row", pooling], filters=[("layer", "=", layer)])
+    out = np.empty((table.num_rows, table.schema.field(pooling).type.list_size), dtype=np.float32)
+    for batch in table.to_batches():  # rows are stored in encoding order (longest text first)
+        out[batch["row"].to_numpy()] = batch[pooling].flatten().to_numpy().reshape(batch.num_rows, -1)
+    return out
 
 
 def embedded_layers(store: ArtifactStore, ref: ArtifactRef) -> list[int]:

@@ -4,10 +4,13 @@ Loads any model folder or Hub name through `AutoModel.from_pretrained` and pools
 itself, so the model's own head (e.g. a Normalize module) does not change the metric. Pooling is
 mean (the papers' default) or the token a recipe trained: CLS (first) or SEP (last unpadded).
 `encode_layers` gives every hidden layer and every pooling from one forward pass, which is what
-the embeddings cache stores (layer 0 = the embedding layer).
+the embeddings cache stores (layer 0 = the embedding layer); `encode_chunks` gives the same a
+chunk of texts at a time, so a corpus of any size is encoded in bounded memory.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -41,25 +44,50 @@ class PooledEncoder:
     def n_layers(self) -> int:
         return self.model.config.num_hidden_layers
 
+    @property
+    def dim(self) -> int:
+        return self.model.config.hidden_size
+
+    def encode_chunks(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
+                      layers: list[int] | None = None, chunk: int | None = None,
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(positions in `texts`, their embeddings of shape (len(layers), len(POOLINGS), len(positions),
+        dim)) for chunks of about `chunk` texts (default: all in one); layers default to the last."""
+        layers = [self.n_layers] if layers is None else layers
+        # Longest first over all texts, so texts of similar length share a batch and little padding
+        # is computed. A chunk is whole batches: chunking changes no batch, hence no vector.
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        chunk = batch_size * max(1, -(-(chunk or len(texts)) // batch_size))
+        with StageProgress(len(texts), "texts") as progress, \
+                tqdm(total=-(-len(texts) // batch_size), desc=progress.label, unit="batch", mininterval=5) as bar:
+            for first in range(0, len(texts), chunk):
+                positions = order[first : first + chunk]
+                out = np.empty((len(layers), len(POOLINGS), len(positions), self.dim), dtype=np.float32)
+                for start in range(0, len(positions), batch_size):
+                    idx = positions[start : start + batch_size]
+                    out[:, :, start : start + len(idx)] = self._pooled([texts[i] for i in idx], max_length, layers)
+                    progress.advance(len(idx))
+                    bar.update()
+                yield positions, out
+
+    def _pooled(self, texts: list[str], max_length: int, layers: list[int]) -> np.ndarray:
+        """One batch: (len(layers), len(POOLINGS), len(texts), dim)."""
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length,
+                               return_tensors="pt").to(self.model.device)
+        with torch.inference_mode():
+            hidden = self.model(**batch, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
+            states = (hidden.hidden_states if hidden.hidden_states is not None
+                      else {self.n_layers: hidden.last_hidden_state})
+            return torch.stack([torch.stack([pool(states[layer], batch["attention_mask"], pooling).float()
+                                             for pooling in POOLINGS]) for layer in layers]).cpu().numpy()
+
     def encode_layers(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
                       layers: list[int] | None = None) -> np.ndarray:
-        """Embeddings of shape (len(layers), len(POOLINGS), len(texts), hidden); layers default to the last."""
+        """Embeddings of shape (len(layers), len(POOLINGS), len(texts), dim); layers default to the last."""
         layers = [self.n_layers] if layers is None else layers
-        # Longest first, so texts of similar length share a batch and little padding is computed.
-        order = np.argsort([-len(t) for t in texts], kind="stable")
-        out = np.empty((len(layers), len(POOLINGS), len(texts), self.model.config.hidden_size), dtype=np.float32)
-        with torch.inference_mode(), StageProgress(len(texts), "texts") as progress:
-            for start in tqdm(range(0, len(texts), batch_size), desc=progress.label, unit="batch", mininterval=5):
-                idx = order[start : start + batch_size]
-                batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
-                                       max_length=max_length, return_tensors="pt").to(self.model.device)
-                hidden = self.model(**batch, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
-                states = (hidden.hidden_states if hidden.hidden_states is not None
-                          else {self.n_layers: hidden.last_hidden_state})
-                for i, layer in enumerate(layers):
-                    for j, pooling in enumerate(POOLINGS):
-                        out[i, j, idx] = pool(states[layer], batch["attention_mask"], pooling).float().cpu().numpy()
-                progress.advance(len(idx))
+        out = np.empty((len(layers), len(POOLINGS), len(texts), self.dim), dtype=np.float32)
+        for positions, emb in self.encode_chunks(texts, max_length, batch_size, layers):
+            out[:, :, positions] = emb
         return out
 
     def encode(self, texts: list[str], max_length: int = 256, batch_size: int = 32) -> np.ndarray:

@@ -19,7 +19,7 @@ from pydantic import Field
 from storage.catalog import metrics_table
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks import embed, ingest, plots
-from tasks.config import KnnConfig, Section, StsConfig
+from tasks.config import TSNE_MAX, KnnConfig, Section, StsConfig
 from tasks.encode import POOLINGS
 from tasks.metrics import geometry, knn, sts
 from tasks.stage import Stage
@@ -41,6 +41,7 @@ class EvalJob(Section):
     layerwise: bool = False
     geometry: bool = True
     tsne: bool = True
+    tsne_max: int = TSNE_MAX
 
 
 def knn_rows(emb: np.ndarray, labels: list[str], cfg: KnnConfig, held_out: bool = False) -> list[dict]:
@@ -128,7 +129,10 @@ def draw_pictures(job: EvalJob, x: np.ndarray, labels: list[str], metrics: pd.Da
                   out: ArtifactWriter) -> None:
     title = f"{job.label} on {job.dataset}"
     if job.tsne and len(labels) > 1:
-        plots.tsne_png(x, labels, out.folder / PICTURES["tsne"], f"t-SNE: {title} ({job.pooling} pooling)")
+        name = plots.tsne_name(len(labels), job.tsne_max)
+        plots.tsne_png(x, labels, out.folder / PICTURES["tsne"], f"{name}: {title} ({job.pooling} pooling)",
+                       max_points=job.tsne_max)
+        out.extra["tsne"] = dict(documents=len(labels), max_points=job.tsne_max)  # the report's caption
     curves = metrics.assign(model=job.label)
     layerwise = curves[curves["metric"] == "knn_accuracy_layerwise"]
     if len(layerwise):

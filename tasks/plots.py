@@ -41,9 +41,17 @@ def tsne_coords(emb: np.ndarray, seed: int = 0) -> np.ndarray:
                 random_state=seed).fit_transform(np.asarray(emb, dtype=np.float32))
 
 
-def tsne_png(emb: np.ndarray, labels: list[str], path: str | Path, title: str, seed: int = 0,
-             max_points: int = 3000) -> Path:
-    """A t-SNE map of at most `max_points` documents (a seeded sample), coloured by label."""
+def tsne_name(documents: int, max_points: int) -> str:
+    """What a t-SNE map of `documents` shows: says so when it is of a sample."""
+    if documents <= max_points:
+        return "t-SNE"
+    return f"t-SNE of {max_points:,} of {documents:,} documents (sampled)"
+
+
+def tsne_png(emb: np.ndarray, labels: list[str], path: str | Path, title: str, *, max_points: int,
+             seed: int = 0) -> Path:
+    """A t-SNE map of at most `max_points` documents (a seeded sample: t-SNE's memory and time grow
+    with the documents mapped), coloured by label."""
     labels = np.asarray(labels, dtype=str)
     if len(emb) > max_points:
         keep = np.sort(np.random.default_rng(seed).choice(len(emb), max_points, replace=False))

@@ -186,12 +186,14 @@ def draw_curves(catalog: Catalog, entries: list[dict], out: ArtifactWriter, titl
 
 
 def tsne_pictures(store: ArtifactStore, entries: list[dict], report: ArtifactRef) -> list[tuple[str, str]]:
-    """Links, relative to the report's folder, to each model's t-SNE map."""
+    """Links, relative to the report's folder, to each model's t-SNE map, named as its picture is."""
     found = []
     for e in entries:
         scores = ArtifactRef("evaluate", e["key"])
         if (store.path(scores) / PICTURES["tsne"]).is_file():
-            found.append((f"t-SNE: {e['label']}", store.link(report, scores, PICTURES["tsne"])))
+            mapped = store.manifest(scores)["extra"].get("tsne")  # absent in artifacts of older versions
+            name = plots.tsne_name(**mapped) if mapped else "t-SNE"
+            found.append((f"{name}: {e['label']}", store.link(report, scores, PICTURES["tsne"])))
     return found
 
 

@@ -27,8 +27,9 @@ PAIR_CHUNK = 16_384  # sampled pairs per block: each gathered block is ~100 MB a
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
     # The same guard as torch's F.normalize: a zero row stays zero instead of becoming NaN.
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    x = np.array(x, dtype=np.float64)  # one float64 copy, divided in place
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return x
 
 
 def alignment(x: np.ndarray, y: np.ndarray) -> float:

@@ -2,8 +2,8 @@
 
 k = 10, Euclidean distance on raw embeddings, uniform votes, brute force, a 90/10 split drawn
 with scikit-learn's `train_test_split(random_state=42)`; ties in the vote go to the smallest
-class, as in scikit-learn. The distances are computed in float64 chunks so that large corpora
-do not need an n × n matrix.
+class, as in scikit-learn. The distances are computed in float64, a block of test documents at
+a time (`block_bytes` of scratch memory), so that large corpora do not need an n × n matrix.
 """
 
 from __future__ import annotations
@@ -11,20 +11,35 @@ from __future__ import annotations
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from tasks.metrics import BLOCK_BYTES, block_rows
+
 
 def knn_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, k: int,
-                n_classes: int, chunk: int = 1024) -> np.ndarray:
-    train_x = train_x.astype(np.float64)
-    train_sq = (train_x**2).sum(1)
+                n_classes: int, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
+    train_x = np.asarray(train_x, dtype=np.float64)  # a copy only when the vectors are stored narrower
+    train_sq = squared_norms(train_x, block_bytes)
+    rows = block_rows(len(train_x), 16, block_bytes)  # float64 distances + argpartition's int64 positions
     pred = np.empty(len(test_x), dtype=np.int64)
-    for start in range(0, len(test_x), chunk):
-        q = test_x[start : start + chunk].astype(np.float64)
-        dist = (q**2).sum(1)[:, None] - 2 * q @ train_x.T + train_sq[None, :]
+    for start in range(0, len(test_x), rows):
+        q = np.asarray(test_x[start : start + rows], dtype=np.float64)
+        # (|q|² − 2q·t) + |t|², computed in place in the one block-sized array
+        dist = (2 * q) @ train_x.T
+        np.subtract((q**2).sum(1)[:, None], dist, out=dist)
+        dist += train_sq[None, :]
         nearest = np.argpartition(dist, k - 1, axis=1)[:, :k] if k < len(train_x) else np.argsort(dist, 1)
         votes = np.zeros((len(q), n_classes), dtype=np.int64)
         np.add.at(votes, (np.arange(len(q))[:, None], train_y[nearest]), 1)
-        pred[start : start + chunk] = votes.argmax(1)  # first maximum = smallest class on ties
+        pred[start : start + rows] = votes.argmax(1)  # first maximum = smallest class on ties
     return pred
+
+
+def squared_norms(x: np.ndarray, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
+    """(x**2).sum(1), the same sums, without a squared copy of all of x."""
+    norms = np.empty(len(x), dtype=x.dtype)
+    rows = block_rows(x.shape[1], x.itemsize, block_bytes)
+    for start in range(0, len(x), rows):
+        norms[start : start + rows] = (x[start : start + rows] ** 2).sum(1)
+    return norms
 
 
 def knn_skipped(labels: list, k: int) -> str | None:

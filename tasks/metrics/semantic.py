@@ -5,19 +5,20 @@
 - the 5-NN same-label proportion on a labelled corpus.
 
 Both use cosine similarity, as retrieval does: rows are L2-normalised here, so the embeddings'
-norms never matter. Similarities are float64, computed a block of queries at a time, so that a
-10k × 10k comparison needs only a block × 10k matrix at once.
+norms never matter. Similarities are float64, computed a block of queries at a time within
+`block_bytes` of scratch memory (tasks/metrics), so no comparison needs a queries × candidates matrix.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from tasks.metrics import BLOCK_BYTES, block_rows
 from tasks.metrics.geometry import unit_rows
 
 
 def average_rank(queries: np.ndarray, candidates: np.ndarray, match: np.ndarray | None = None,
-                 block: int = 1024) -> float:
+                 block_bytes: int = BLOCK_BYTES) -> float:
     """Mean over queries of 1 + the number of candidates strictly more similar than the right one.
 
     Query i's right candidate is `match[i]` (default i: queries and candidates aligned; several
@@ -30,6 +31,7 @@ def average_rank(queries: np.ndarray, candidates: np.ndarray, match: np.ndarray 
                          f"({len(queries)}), got shape {match.shape}")
     q, c = unit_rows(queries), unit_rows(candidates)
     ranks = np.empty(len(q), dtype=np.int64)
+    block = block_rows(len(c), 9, block_bytes)  # float64 similarities + the boolean comparison
     for start in range(0, len(q), block):
         sims = q[start : start + block] @ c.T
         right = sims[np.arange(len(sims)), match[start : start + block]]
@@ -47,7 +49,8 @@ def split_halves(text: str) -> tuple[str, str]:
     return " ".join(words[:cut]), " ".join(words[cut:])
 
 
-def same_label_proportion(embeddings: np.ndarray, labels: list, k: int = 5, block: int = 1024) -> float:
+def same_label_proportion(embeddings: np.ndarray, labels: list, k: int = 5,
+                          block_bytes: int = BLOCK_BYTES) -> float:
     """Mean over items of the share of its k most cosine-similar other items with its label.
 
     An item is never its own neighbour. Among neighbours tied at the k-th place the pick is
@@ -60,10 +63,12 @@ def same_label_proportion(embeddings: np.ndarray, labels: list, k: int = 5, bloc
     _, y = np.unique(np.asarray(labels), return_inverse=True)
     x = unit_rows(embeddings)
     shares = np.empty(len(x))
+    block = block_rows(len(x), 16, block_bytes)  # float64 similarities + argpartition's int64 positions
     for start in range(0, len(x), block):
         sims = x[start : start + block] @ x.T
         rows = np.arange(len(sims))
         sims[rows, start + rows] = -np.inf  # exclude the item itself
-        nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        np.negative(sims, out=sims)  # nearest first, without a second block-sized array
+        nearest = np.argpartition(sims, k - 1, axis=1)[:, :k]
         shares[start : start + block] = (y[nearest] == y[start : start + block, None]).mean(1)
     return float(shares.mean())

@@ -4,6 +4,7 @@ import logging
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
@@ -80,3 +81,31 @@ def test_same_model_and_texts_are_embedded_once(store_with_docs, caplog):
     assert (store.path(first) / "embeddings.parquet").stat().st_mtime_ns == written
     # Another max length is another text set encoding, hence another artifact.
     assert EMBED.run(store, job.model_copy(update={"max_length": 16}), EmbedInputs(documents=docs)) != first
+
+
+def test_embedding_in_chunks_stores_what_one_pass_gives(tmp_path, monkeypatch):
+    store = ArtifactStore(tmp_path)
+    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=12), NoInputs())
+    monkeypatch.setattr("tasks.embed.CHUNK_TEXTS", 4)  # rounded up to whole batches: chunks of 6, 6
+    ref = EMBED.run(store, EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=3),
+                    EmbedInputs(documents=docs))
+    assert pq.ParquetFile(store.path(ref) / "embeddings.parquet").num_row_groups == 2 * 7  # chunk × layer
+    texts = store.read_table(docs, "documents")["text"].to_pylist()
+    direct = PooledEncoder(MODEL, "cpu").encode_layers(texts, 64, 3, list(range(7)))
+    for layer in (0, 6):
+        for j, pooling in enumerate(POOLINGS):
+            np.testing.assert_array_equal(read_embeddings(store, ref, pooling, layer), direct[layer, j])
+
+
+def test_float16_store_reads_back_float32_within_float16_precision(store_with_docs):
+    store, docs = store_with_docs
+    job = EmbedJob(model=MODEL, max_length=64, batch_size=5)
+    wide = EMBED.run(store, job, EmbedInputs(documents=docs))
+    narrow = EMBED.run(store, job.model_copy(update={"store_dtype": "float16"}), EmbedInputs(documents=docs))
+    assert narrow != wide  # another stored artifact, not the float32 one served
+    exact = read_embeddings(store, wide, "mean")
+    halved = read_embeddings(store, narrow, "mean")
+    assert halved.dtype == np.float32
+    np.testing.assert_array_equal(halved, exact.astype(np.float16).astype(np.float32))
+    size = {ref: (store.path(ref) / "embeddings.parquet").stat().st_size for ref in (wide, narrow)}
+    assert size[narrow] < size[wide]

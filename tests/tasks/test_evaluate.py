@@ -4,17 +4,19 @@ import logging
 
 import pandas as pd
 
-from storage.store import ArtifactStore
+from storage.store import ArtifactRef, ArtifactStore
+from tasks import plots
 from tasks.config import DataConfig, KnnConfig
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
+from tasks.report import tsne_pictures
 from tasks.stage import NoInputs
 from tests.helpers import DEMO_DOCS
 
 
-def metrics_for_labels(tmp_path, model: str, labels: list[str]) -> set[str]:
-    """The metric names evaluate reports for 40 demo documents labelled with `labels`, in turn."""
+def evaluated(tmp_path, model: str, labels: list[str], **job) -> tuple[ArtifactStore, ArtifactRef]:
+    """The evaluate artifact of 40 demo documents labelled with `labels`, in turn."""
     path = tmp_path / "docs.parquet"
     docs = pd.read_parquet(DEMO_DOCS).head(40)
     docs.assign(label=[labels[i % len(labels)] for i in range(len(docs))]).to_parquet(path)
@@ -23,8 +25,13 @@ def metrics_for_labels(tmp_path, model: str, labels: list[str]) -> set[str]:
     embeddings = EMBED.run(store, EmbedJob(model=model, layers="all", max_length=32, batch_size=16),
                            EmbedInputs(documents=documents))
     job = EvalJob(label="tiny", model=model, dataset="demo", knn=KnnConfig(k=3, repeats=2), sts=None,
-                  layerwise=True, tsne=False)
-    ref = EVALUATE.run(store, job, EvaluateInputs(documents=documents, embeddings=embeddings))
+                  **{"layerwise": True, "tsne": False, **job})
+    return store, EVALUATE.run(store, job, EvaluateInputs(documents=documents, embeddings=embeddings))
+
+
+def metrics_for_labels(tmp_path, model: str, labels: list[str]) -> set[str]:
+    """The metric names evaluate reports for 40 demo documents labelled with `labels`, in turn."""
+    store, ref = evaluated(tmp_path, model, labels)
     return set(store.read_table(ref, "metrics")["metric"].to_pylist())
 
 
@@ -40,3 +47,20 @@ def test_a_single_label_skips_knn_with_a_warning(tmp_path, tiny_dir, caplog):
     assert "uniformity" in metrics  # the other scores are still there
     assert ("all 40 labelled documents have the label 'x': kNN accuracy would be 1.000 for any model, skipped"
             in caplog.text)
+
+
+def test_tsne_maps_a_sample_of_at_most_tsne_max_documents_and_says_so(tmp_path, tiny_dir, monkeypatch):
+    drawn = []
+    real = plots.tsne_png
+    monkeypatch.setattr(plots, "tsne_coords", lambda emb, seed=0: drawn.append(len(emb)) or emb[:, :2])
+    monkeypatch.setattr(plots, "tsne_png", lambda *args, **kw: drawn.append(args[3]) or real(*args, **kw))
+    store, ref = evaluated(tmp_path, tiny_dir, ["x", "y"], layerwise=False, tsne=True, tsne_max=10)
+    assert drawn == ["t-SNE of 10 of 40 documents (sampled): tiny on demo (mean pooling)", 10]
+    assert (store.path(ref) / "tsne.png").is_file()
+    [(caption, _)] = tsne_pictures(store, [{"key": ref.key, "label": "tiny"}], ArtifactRef("report", "r"))
+    assert caption == "t-SNE of 10 of 40 documents (sampled): tiny"
+
+
+def test_tsne_of_every_document_is_not_called_a_sample():
+    assert plots.tsne_name(40, 40) == "t-SNE"
+    assert plots.tsne_name(12_000, 5000) == "t-SNE of 5,000 of 12,000 documents (sampled)"

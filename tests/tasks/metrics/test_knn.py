@@ -3,7 +3,8 @@ import pytest
 from sklearn.model_selection import train_test_split
 from sklearn.neighbors import KNeighborsClassifier
 
-from tasks.metrics.knn import knn_accuracy, knn_accuracy_spread
+from tasks.metrics import block_rows
+from tasks.metrics.knn import knn_accuracy, knn_accuracy_spread, knn_predict, squared_norms
 
 
 @pytest.mark.parametrize("k, n_classes, seed", [(10, 5, 42), (1, 3, 0), (7, 2, 3), (10, 23, 1)])
@@ -26,3 +27,25 @@ def test_knn_spread_is_mean_and_std_over_seeds():
     scores = [knn_accuracy(x, labels, 5, 0.1, s)[0] for s in range(4)]
     assert knn_accuracy_spread(x, labels, 5, 0.1, range(4)) == pytest.approx(
         (np.mean(scores), np.std(scores, ddof=1)))
+
+
+def test_blocks_of_any_size_predict_what_one_block_does():
+    rng = np.random.default_rng(5)
+    train, test = rng.normal(size=(600, 12)).astype(np.float32), rng.normal(size=(300, 12)).astype(np.float32)
+    y = rng.integers(0, 4, size=600)
+    one_block = knn_predict(train, y, test, 10, 4, block_bytes=1 << 40)
+    assert block_rows(600, 16, 1 << 40) >= 300
+    # 1 byte: one test document per block; 17 rows of 600 float64 distances and int64 positions
+    for budget in (1, 17 * 600 * 16):
+        np.testing.assert_array_equal(knn_predict(train, y, test, 10, 4, block_bytes=budget), one_block)
+
+
+def test_squared_norms_in_blocks_are_the_same_sums():
+    x = np.random.default_rng(0).normal(size=(1000, 384))
+    np.testing.assert_array_equal(squared_norms(x, block_bytes=384 * 8 * 7), (x**2).sum(1))
+
+
+def test_a_block_fits_its_budget():
+    assert block_rows(100_000, 16) * 100_000 * 16 <= 64 << 20
+    assert block_rows(10**9, 16) == 1  # never empty
+    assert block_rows(10, 16) == 1024  # small corpora keep the blocks they always had

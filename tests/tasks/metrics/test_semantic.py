@@ -49,8 +49,10 @@ def test_blocks_give_the_same_answers_as_one_block():
     q, c = rng.normal(size=(57, 8)), rng.normal(size=(40, 8))
     match = rng.integers(0, 40, size=57)
     labels = list(rng.integers(0, 3, size=57))
-    assert average_rank(q, c, match, block=1) == average_rank(q, c, match, block=7) == average_rank(q, c, match)
-    assert (same_label_proportion(q, labels, block=1) == same_label_proportion(q, labels, block=7)
+    # 1 byte: one query per block; 7 rows × 40 or 57 columns of 9 or 16 bytes: blocks of 7 queries
+    assert (average_rank(q, c, match, block_bytes=1) == average_rank(q, c, match, block_bytes=7 * 40 * 9)
+            == average_rank(q, c, match))
+    assert (same_label_proportion(q, labels, block_bytes=1) == same_label_proportion(q, labels, block_bytes=7 * 57 * 16)
             == same_label_proportion(q, labels))
 
 
