@@ -220,6 +220,11 @@ class ArtifactStore:
         self.check(ref)
         return pq.read_table(self.path(ref) / f"{name}.parquet")
 
+    def open_table(self, ref: ArtifactRef, name: str) -> pq.ParquetFile:
+        """The table's file, to read a row group at a time (close it after)."""
+        self.check(ref)
+        return pq.ParquetFile(self.path(ref) / f"{name}.parquet")
+
     def _temp(self, ref: ArtifactRef, what: str = "") -> Path:
         """A new folder under .tmp/ named after its owner (host, process), so leftovers can be told apart."""
         path = self.root / ".tmp" / f"{ref.stage}-{ref.key}{what}.{HOST}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
