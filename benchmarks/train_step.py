@@ -27,6 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from datasets import Dataset
 from rich.console import Console
@@ -46,7 +48,7 @@ from tasks.config import DataConfig, MethodConfig, RandomInitConfig, SentenceCon
 from tasks.ingest import INGEST
 from tasks.methods.objectives import build_objective
 from tasks.methods.recipes import RECIPES, pooling_for
-from tasks.methods.training import Checkpoints, train_model
+from tasks.methods.training import Checkpoints, PairBatches, train_model
 from tasks.models import pick_device, save_random_encoder, sentence_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
@@ -56,26 +58,27 @@ DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_de
 WARMUP = 1  # untimed first step of each side
 
 
-def demo_rows(recipe: str, n: int, store: ArtifactStore) -> list[tuple[str, str]]:
-    """The first n (anchor, positive) rows of `recipe`'s view of the demo corpus, built by the pipeline's stages."""
+def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
+    """The first n rows of `recipe`'s pairs (one epoch) from the demo corpus, built by the pipeline's stages."""
     docs = INGEST.run(store, DataConfig(path=str(DATA)), NoInputs())
     sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
     view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=1)
-    pairs = PAIRS.run(store, view, PairsInputs.for_view(view, sentences, docs, None))
-    rows = store.read_table(pairs, "pairs").to_pydict()
-    if len(rows["anchor"]) < n:
-        raise SystemExit(f"the demo corpus has {len(rows['anchor'])} rows, {n} are needed")
-    return list(zip(rows["anchor"], rows["positive"]))[:n]
+    rows = store.read_table(PAIRS.run(store, view, PairsInputs.for_view(view, sentences, docs, None)), "pairs")
+    if rows.num_rows < n:
+        raise SystemExit(f"the demo corpus has {rows.num_rows} rows, {n} are needed")
+    return rows.slice(0, n)
 
 
-def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: list[tuple[str, str]], work: Path) -> list[float]:
+def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, work: Path) -> list[float]:
     """End time of every training step of `recipe` through embforge's loop."""
     model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg))
     stamps: list[float] = []
     method = MethodConfig(name=recipe, recipe=recipe)
-    train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
-                [rows], cfg, Checkpoints(work / f"ckpt-{recipe}"),
-                on_step=lambda _: stamps.append(time.perf_counter()))
+    pq.write_table(rows, work / f"pairs-{recipe}.parquet")  # read as the train stage reads its pairs
+    with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
+        train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
+                    PairBatches(pairs, cfg.batch_size), cfg, Checkpoints(work / f"ckpt-{recipe}"),
+                    on_step=lambda _: stamps.append(time.perf_counter()))
     return stamps
 
 
@@ -138,7 +141,7 @@ def main() -> None:
     # 3. sentence-transformers: SentenceTransformerTrainer + MNRL(scale=20), timestamps from a callback
     model = sentence_model(model_path, args.max_length, device)
     assert model.max_seq_length == args.max_length
-    dataset = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [b for _, b in pairs]})
+    dataset = Dataset.from_dict(pairs.select(["anchor", "positive"]).to_pydict())
     training_args = SentenceTransformerTrainingArguments(
         output_dir=str(work / "st"), per_device_train_batch_size=args.batch_size, learning_rate=lr,
         max_steps=total, warmup_steps=warmup_steps, lr_scheduler_type="linear",

@@ -221,13 +221,16 @@ class ArtifactStore:
                    filters: list[tuple] | None = None) -> pa.Table:
         """The table, or some of its columns and the rows matching `filters` (pyarrow's: row groups
         whose statistics rule them out are not read)."""
-        self.check(ref)
         return pq.read_table(self.table_path(ref, name), columns=columns, filters=filters)
 
     def table_path(self, ref: ArtifactRef, name: str) -> Path:
         """A checked artifact's table file, for reading by row group or by DuckDB (tables larger than memory)."""
         self.check(ref)
         return self.path(ref) / f"{name}.parquet"
+
+    def open_table(self, ref: ArtifactRef, name: str) -> pq.ParquetFile:
+        """The table's file, to read a row group at a time (close it after)."""
+        return pq.ParquetFile(self.table_path(ref, name))
 
     def _temp(self, ref: ArtifactRef, what: str = "") -> Path:
         """A new folder under .tmp/ named after its owner (host, process), so leftovers can be told apart."""

@@ -298,7 +298,7 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
         rows = out.write_batches("pairs", table.schema, table.to_batches(ROWS_PER_GROUP))
     else:
         sentences = store.table_path(inputs.sentences, "sentences")
-        counts = count_crops(pq.ParquetFile(sentences), cfg.n_sentences, words=cfg.view == "noise")
+        counts = count_crops(store.open_table(inputs.sentences, "sentences"), cfg.n_sentences, cfg.view == "noise")
         eligible = (counts.crops >= 2) & ~pc.is_in(counts.doc_ids, pa.array(sorted(test), pa.string())).to_numpy(
             zero_copy_only=False)
         if not eligible.any():

@@ -21,7 +21,6 @@ import blingfire
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks import parallel
@@ -77,7 +76,7 @@ class SentencesInputs(Inputs):
 
 def build_sentences(store: ArtifactStore, cfg: SentenceConfig, inputs: SentencesInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    documents = pq.ParquetFile(store.table_path(inputs.documents, "documents"))
+    documents = store.open_table(inputs.documents, "documents")
     batches = documents.iter_batches(BATCH_ROWS, columns=["doc_id", "text"])
     # One batch is split here: starting worker processes costs more than it saves.
     workers = 1 if documents.metadata.num_rows <= BATCH_ROWS else cfg.workers or parallel.available_cores()

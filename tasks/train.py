@@ -86,20 +86,17 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
                            cfg.device, recipes.pooling_for(job.recipe, cfg), cfg.layer)
     objective = frozen_objective(model, job)
-    pairs = store.read_table(inputs.pairs, "pairs").to_pydict()
-    epochs = max(pairs["epoch"]) + 1
-    per_epoch: list[list[recipes.Pair]] = [[] for _ in range(epochs)]
-    for epoch, anchor, positive in zip(pairs["epoch"], pairs["anchor"], pairs["positive"]):
-        per_epoch[epoch].append((anchor, positive))
-    log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s", job.recipe, len(per_epoch[0]),
-             epochs, cfg.batch_size, cfg.lr, model.device)
     measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
                if inputs.documents else None)
-    # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
-    # this is the starting model on a resume too).
-    start = [dict(step=0, epoch=0, loss=None, lr=None, knn_accuracy=measure())] if measure else []
-    history = training.train_model(objective, per_epoch, cfg, training.Checkpoints(store.scratch(ref)), log,
-                                   measure=measure)
+    with store.open_table(inputs.pairs, "pairs") as pairs:
+        batches = training.PairBatches(pairs, cfg.batch_size)
+        log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s", job.recipe, batches.epoch_rows[0],
+                 len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device)
+        # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
+        # this is the starting model on a resume too).
+        start = [dict(step=0, epoch=0, loss=None, lr=None, knn_accuracy=measure())] if measure else []
+        history = training.train_model(objective, batches, cfg, training.Checkpoints(store.scratch(ref)), log,
+                                       measure=measure)
     model.save(str(out.folder / "model"))
     out.write_table("training", pa.Table.from_pylist(start + [vars(h) for h in history]))
     out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 from transformers import get_constant_schedule, get_linear_schedule_with_warmup
@@ -35,14 +40,61 @@ class StepLog:
     knn_accuracy: float | None = None  # the learning curve, every `eval_every` steps
 
 
-def make_batches(pairs_per_epoch: list[list[Pair]], batch_size: int) -> list[tuple[int, list[Pair]]]:
-    """(epoch, batch) in training order; a trailing batch of one pair has no negatives: dropped."""
-    batches = []
-    for epoch, pairs in enumerate(pairs_per_epoch):
-        for i in range(0, len(pairs), batch_size):
-            if len(pairs[i : i + batch_size]) >= 2:
-                batches.append((epoch, pairs[i : i + batch_size]))
-    return batches
+class BatchRows(NamedTuple):
+    epoch: int
+    start: int  # its first row in the pairs file
+    size: int
+
+
+def plan_batches(epoch_rows: list[int], batch_size: int) -> list[BatchRows]:
+    """Every batch in training order: `batch_size` consecutive rows of one epoch, never across two;
+    an epoch's trailing batch of one pair has no negatives: dropped."""
+    plan: list[BatchRows] = []
+    first = 0
+    for epoch, rows in enumerate(epoch_rows):
+        plan += [BatchRows(epoch, first + i, min(batch_size, rows - i)) for i in range(0, rows, batch_size)
+                 if rows - i >= 2]
+        first += rows
+    return plan
+
+
+class PairBatches:
+    """The batches of a pairs file (columns epoch, anchor, positive; epoch-major), read a row group
+    at a time: the plan comes from the `epoch` column alone, so the texts held at any moment are
+    those of the row groups the current batch spans, whatever the file's size."""
+
+    def __init__(self, source: pq.ParquetFile, batch_size: int):
+        self.source = source
+        epochs = source.read(columns=["epoch"])["epoch"].to_numpy()
+        if (np.diff(epochs) < 0).any():  # rows are read in file order, never regrouped
+            raise ValueError("pairs are not in training order: the epoch column goes down")
+        self.epoch_rows: list[int] = np.bincount(epochs).tolist()
+        self.plan = plan_batches(self.epoch_rows, batch_size)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.plan) // len(self.epoch_rows)
+
+    def from_step(self, step: int) -> Iterator[tuple[int, list[Pair]]]:
+        """(epoch, pairs) of every batch from `step` (0-based) on; row groups wholly before it are not read."""
+        group_ends = np.cumsum([self.source.metadata.row_group(g).num_rows for g in range(self.source.num_row_groups)])
+        held: deque[pa.Table] = deque()  # the row groups read and still needed, in file order
+        held_start = held_end = 0  # rows [held_start, held_end) of the file
+        for batch in self.plan[step:]:
+            while held and held_start + held[0].num_rows <= batch.start:
+                held_start += held.popleft().num_rows
+            if not held:  # skip to the group holding the batch's first row, by row counts alone
+                group = int(np.searchsorted(group_ends, batch.start, side="right"))
+                held_start = held_end = int(group_ends[group - 1]) if group else 0
+            while held_end < batch.start + batch.size:
+                held.append(self.source.read_row_group(group, columns=["anchor", "positive"]))
+                held_end += held[-1].num_rows
+                group += 1
+            rows = pa.concat_tables(held).slice(batch.start - held_start, batch.size)
+            yield batch.epoch, list(zip(rows["anchor"].to_pylist(), rows["positive"].to_pylist()))
 
 
 class Checkpoints:
@@ -83,7 +135,7 @@ class Checkpoints:
         return None
 
 
-def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: TrainConfig,
+def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                 checkpoints: Checkpoints, log: logging.Logger | None = None,
                 on_step: Callable[[StepLog], None] | None = None,
                 measure: Callable[[], float] | None = None) -> list[StepLog]:
@@ -94,9 +146,7 @@ def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: Tr
     """
     log = log or logging.getLogger("embforge.train")
     loss_fn = objective.loss
-    batches = make_batches(pairs_per_epoch, cfg.batch_size)
-    steps_per_epoch = len(batches) // len(pairs_per_epoch)
-    warmup = max(1, round(cfg.warmup_ratio * steps_per_epoch))
+    warmup = max(1, round(cfg.warmup_ratio * batches.steps_per_epoch))
     # The loss module holds the model and any training-only parts (decoder, head, CT's 2nd copy).
     optimizer = torch.optim.AdamW([p for p in loss_fn.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)
@@ -119,8 +169,7 @@ def train_model(objective: Objective, pairs_per_epoch: list[list[Pair]], cfg: Tr
     loss_fn.train()  # dropout on: it is what makes the two views of dropout, SimCSE and CT differ
     progress = StageProgress(len(batches), "steps", done=len(history))
     bar = tqdm(total=len(batches), initial=len(history), desc=progress.label, unit="batch", mininterval=5)
-    for step in range(len(history), len(batches)):
-        epoch, batch = batches[step]
+    for step, (epoch, batch) in enumerate(batches.from_step(len(history)), start=len(history)):
         loss = loss_fn(objective.collate(batch), None)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

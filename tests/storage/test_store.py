@@ -24,6 +24,8 @@ def test_finished_artifact_has_manifest_written_last(tmp_path):
     manifest = store.manifest(ref)
     assert manifest["rows"] == {"t": 3} and manifest["config"] == {"a": 1}
     assert store.read_table(ref, "t").num_rows == 3
+    with store.open_table(ref, "t") as table:  # what a streaming reader gets
+        assert table.metadata.num_rows == 3
     assert not (tmp_path / ".tmp").exists()  # the temp folder is gone
 
 
@@ -115,8 +117,9 @@ def test_the_manifest_records_every_file_size_and_digest_and_reads_check_sizes(t
     (store.path(ref) / "model" / "weights.bin").write_bytes(b"\1" * 10)
     (store.path(ref) / "t.parquet").unlink()
     assert store.problems(ref) == ["model/weights.bin is 10 bytes, expected 100", "t.parquet is missing"]
-    with pytest.raises(DamagedArtifactError, match="train/k: model/weights.bin is 10 bytes, expected 100"):
-        store.read_table(ref, "t")
+    for read in (store.read_table, store.open_table):
+        with pytest.raises(DamagedArtifactError, match="train/k: model/weights.bin is 10 bytes, expected 100"):
+            read(ref, "t")
 
 
 def test_publishing_is_durable_data_and_manifest_are_on_disk_before_the_rename(tmp_path, monkeypatch):
