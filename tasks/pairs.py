@@ -96,25 +96,34 @@ PAIRS_SCHEMA = pa.schema([("epoch", pa.int32()), ("doc_id", pa.string()), ("anch
 
 @dataclass
 class CropCounts:
-    """Per document with a kept sentence, in doc_id order: its id and how many crops of n kept
-    sentences it has; for the noise view also where its kept sentences' word counts start."""
+    """Per document with a kept sentence, in doc_id order: its id, how many crops of n kept
+    sentences it has and where its kept sentences start in `kept_rows`; for the noise view also
+    the words of every kept sentence (as running totals)."""
 
     doc_ids: pa.Array
     crops: np.ndarray  # (documents,)
-    first_sentence: np.ndarray | None = None  # (documents,) index of its first kept sentence in `words_before`
+    first_kept: np.ndarray  # (documents,) index of its first kept sentence in kept_rows
+    kept_rows: np.ndarray  # (kept sentences,) row of the sentences file, in file order
     words_before: np.ndarray | None = None  # (kept sentences + 1,) words in all kept sentences before this one
 
     def crop_words(self, doc: int, crop: int, n: int) -> int:
         """Words in the crop: a crop joins its sentences with spaces, so their word counts add up."""
-        start = self.first_sentence[doc] + crop
+        start = self.first_kept[doc] + crop
         return int(self.words_before[start + n] - self.words_before[start])
+
+    def sentence_rows(self, docs: np.ndarray, crops: np.ndarray, n: int) -> np.ndarray:
+        """(rows, n) rows of the sentences file that make up crop `crops[i]` of document `docs[i]`."""
+        return self.kept_rows[(self.first_kept[docs] + crops)[:, None] + np.arange(n)]
 
 
 def count_crops(sentences: pq.ParquetFile, n: int, words: bool) -> CropCounts:
     """One pass over the sentences artifact (grouped by document, positions in order) that keeps
-    counts only: the crops' texts are looked up later, for the rows drawn, by DuckDB."""
-    ids, kept, word_counts = [], [], []
+    counts and row numbers only: the texts of the crops drawn are looked up later, by DuckDB."""
+    ids, kept, rows, word_counts = [], [], [], []
+    offset = 0
     for batch in sentences.iter_batches(READ_ROWS, columns=["doc_id", "text", "kept"] if words else ["doc_id", "kept"]):
+        rows.append(np.flatnonzero(batch["kept"].to_numpy(zero_copy_only=False)) + offset)
+        offset += batch.num_rows
         batch = batch.filter(batch["kept"])
         if batch.num_rows:
             runs = pc.run_end_encode(batch["doc_id"])  # a document's sentences are consecutive
@@ -123,18 +132,16 @@ def count_crops(sentences: pq.ParquetFile, n: int, words: bool) -> CropCounts:
             if words:
                 word_counts.append(np.fromiter((len(t.split()) for t in batch["text"].to_pylist()), np.int64))
     if not ids:
-        return CropCounts(pa.array([], pa.string()), np.zeros(0, np.int64))
+        return CropCounts(pa.array([], pa.string()), *(np.zeros(0, np.int64) for _ in range(3)))
     doc_ids = pa.concat_arrays(ids)
     # A document cut by a batch boundary is two runs: add them up.
     starts = np.flatnonzero(np.concatenate([[True], pc.not_equal(doc_ids[1:], doc_ids[:-1]).to_numpy(
         zero_copy_only=False)]))
     doc_ids, kept_per_doc = doc_ids.take(pa.array(starts)), np.add.reduceat(np.concatenate(kept), starts)
     order = pc.sort_indices(doc_ids).to_numpy()  # UTF-8 byte order = code point order, as sorted() has it
-    counts = CropCounts(doc_ids.take(pa.array(order)), np.maximum(kept_per_doc[order] - n + 1, 0))
-    if words:
-        counts.first_sentence = (np.cumsum(kept_per_doc) - kept_per_doc)[order]
-        counts.words_before = np.concatenate([[0], np.cumsum(np.concatenate(word_counts))])
-    return counts
+    return CropCounts(doc_ids.take(pa.array(order)), np.maximum(kept_per_doc[order] - n + 1, 0),
+                      (np.cumsum(kept_per_doc) - kept_per_doc)[order], np.concatenate(rows),
+                      np.concatenate([[0], np.cumsum(np.concatenate(word_counts))]) if words else None)
 
 
 @dataclass
@@ -222,50 +229,48 @@ def sentences_by_document(sentences: pa.Table, min_words: int = 3) -> dict[str, 
     return {doc: [t.strip() for t in texts] for doc, texts in texts_by_document(rows.filter(long_enough)).items()}
 
 
-def crop_query(n: int, same: bool) -> str:
-    """The texts of the drawn crops, in training order. A crop is n consecutive kept sentences
-    joined with spaces (the k-th starts at the k-th kept sentence); DuckDB joins and sorts out of
-    core, so no table of every document's crops is ever held."""
-    joined = ", ".join(["text", *(f"lead(text, {i}) OVER w" for i in range(1, n))])
-    positive = "a.crop" if same else "p.crop"
-    other = "" if same else "JOIN crops p ON p.doc_id = r.doc_id AND p.k = r.positive"
-    return f"""
-        WITH crops AS (
-            SELECT doc_id, row_number() OVER w - 1 AS k, concat_ws(' ', {joined}) AS crop
-            FROM read_parquet($sentences) WHERE kept AND doc_id IN (SELECT doc_id FROM eligible)
-            WINDOW w AS (PARTITION BY doc_id ORDER BY position))
-        SELECT r.row, r.doc_id, a.crop AS anchor, {positive} AS positive
-        FROM drawn r JOIN crops a ON a.doc_id = r.doc_id AND a.k = r.anchor {other}
-        ORDER BY r.row"""
+TEXTS_QUERY = """
+    SELECT w.row, w.part, s.text
+    FROM wanted w JOIN read_parquet($sentences, file_row_number = true) s ON s.file_row_number = w.sentence
+    ORDER BY w.row, w.part"""
 
 
-def crop_pairs(sentences: Path, counts: CropCounts, draws: list[Draws], cfg: PairsConfig,
-               spill: Path) -> Iterator[pa.Table]:
-    """The pairs table, ROWS_PER_GROUP rows at a time, in training order."""
-    per_epoch = len(draws[0].docs)
-    drawn = pa.table({"row": pa.array(np.arange(per_epoch * len(draws), dtype=np.int64)),
-                      "doc_id": counts.doc_ids.take(pa.array(np.concatenate([d.docs for d in draws]))),
-                      "anchor": pa.array(np.concatenate([d.anchor for d in draws])),
-                      "positive": pa.array(np.concatenate([d.positive for d in draws]))})
-    eligible = pa.table({"doc_id": counts.doc_ids.take(pa.array(draws[0].docs))})
+def epoch_pairs(sentences: Path, counts: CropCounts, draws: Draws, epoch: int, cfg: PairsConfig,
+                spill: Path) -> Iterator[pa.Table]:
+    """One epoch's pairs, ROWS_PER_GROUP rows at a time, in training order. A crop is n consecutive
+    kept sentences joined with spaces; DuckDB fetches the sentences of the drawn crops and sorts
+    them into training order out of core, so no table of every document's crops is ever held."""
+    n = cfg.n_sentences
+    parts = counts.sentence_rows(draws.docs, draws.anchor, n)  # (rows, n)
+    if cfg.view == "crops":
+        parts = np.hstack([parts, counts.sentence_rows(draws.docs, draws.positive, n)])  # (rows, 2n)
+    rows, width = parts.shape
     con = duck.connect(spill)
-    con.register("drawn", drawn)
-    con.register("eligible", eligible)
-    result = con.sql(crop_query(cfg.n_sentences, cfg.view != "crops"), params={"sentences": str(sentences)})
-    for batch in result.to_arrow_reader(ROWS_PER_GROUP):
-        rows = batch["row"].to_numpy()
-        anchor = batch["anchor"]
-        if cfg.view == "noise":  # the anchor is the crop with the words its mask drops deleted
-            anchor = pa.array([keep_words(text, _mask(draws, per_epoch, row)) for text, row in
-                               zip(anchor.to_pylist(), rows)], pa.string())
-        yield pa.table({"epoch": pa.array(rows // per_epoch, pa.int32()), "doc_id": batch["doc_id"],
-                        "anchor": anchor, "positive": batch["positive"]}, schema=PAIRS_SCHEMA)
+    con.register("wanted", pa.table({"row": np.repeat(np.arange(rows), width), "part": np.tile(np.arange(width), rows),
+                                     "sentence": parts.reshape(-1)}))
+    texts: list[str] = []
+    done = 0
+    for batch in con.sql(TEXTS_QUERY, params={"sentences": str(sentences)}).to_arrow_reader(ROWS_PER_GROUP * width):
+        texts += batch["text"].to_pylist()
+        whole = len(texts) // width
+        if whole:
+            yield _pairs(texts[: whole * width], width, n, draws, counts, epoch, done, cfg.view)
+            texts, done = texts[whole * width :], done + whole
 
 
-def _mask(draws: list[Draws], per_epoch: int, row: int) -> np.ndarray:
-    epoch, i = divmod(int(row), per_epoch)
-    d = draws[epoch]
-    return d.kept_words[d.kept_start[i] : d.kept_start[i + 1]]
+def _pairs(texts: list[str], width: int, n: int, draws: Draws, counts: CropCounts, epoch: int, first: int,
+           view: str) -> pa.Table:
+    """Rows first.. of an epoch from their sentences' texts, `width` per row in part order."""
+    crops = [" ".join(texts[i : i + n]) for i in range(0, len(texts), n)]
+    anchor, positive = (crops[0::2], crops[1::2]) if width == 2 * n else (crops, crops)
+    rows = range(first, first + len(texts) // width)
+    if view == "noise":  # the anchor is the crop with the words its mask drops deleted
+        anchor = [keep_words(text, draws.kept_words[draws.kept_start[i] : draws.kept_start[i + 1]])
+                  for text, i in zip(anchor, rows)]
+    return pa.table({"epoch": pa.array(np.full(len(rows), epoch, np.int32)),
+                     "doc_id": counts.doc_ids.take(pa.array(draws.docs[first : first + len(rows)])),
+                     "anchor": pa.array(anchor, pa.string()), "positive": pa.array(positive, pa.string())},
+                    schema=PAIRS_SCHEMA)
 
 
 class PairsInputs(Inputs):
@@ -304,9 +309,9 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
         if not eligible.any():
             raise InputError("no document has 2 or more crops: check sentences.min_chars/max_chars and the "
                              "method's n_sentences against your texts")
-        draws = list(draw_rows(counts, eligible, cfg.view, cfg.epochs, cfg.seed, cfg.n_sentences,
-                               cfg.deletion_ratio or 0.6))
-        rows = out.write_batches("pairs", PAIRS_SCHEMA, crop_pairs(sentences, counts, draws, cfg, out.work))
+        draws = draw_rows(counts, eligible, cfg.view, cfg.epochs, cfg.seed, cfg.n_sentences, cfg.deletion_ratio or 0.6)
+        rows = out.write_batches("pairs", PAIRS_SCHEMA, (table for epoch, drawn in enumerate(draws) for table in
+                                                         epoch_pairs(sentences, counts, drawn, epoch, cfg, out.work)))
     out.extra.update(documents=rows // cfg.epochs)
     log.info("%s view: %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"], rows, cfg.epochs)
 
