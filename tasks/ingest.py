@@ -192,7 +192,7 @@ def normalise(batch: pa.Table, first_row: int, cfg: DataConfig, source: str) -> 
 def document_batches(cfg: DataConfig) -> Iterator[tuple[str, int, pa.Table]]:
     """(source, its row number of the batch's first row, checked batch) for every input batch with rows."""
     if cfg.hf_dataset:
-        named = [(f"dataset {cfg.hf_dataset}[{cfg.hf_split}]", _dataset_batches(cfg))]
+        named = [(_dataset_name(cfg), _dataset_batches(cfg))]
     else:
         named = ((str(path), file_batches(path)) for path in input_files(cfg))
     for source, batches in named:
@@ -203,10 +203,14 @@ def document_batches(cfg: DataConfig) -> Iterator[tuple[str, int, pa.Table]]:
             first_row += batch.num_rows
 
 
+def _dataset_name(cfg: DataConfig) -> str:
+    return f"dataset {cfg.hf_dataset}[{cfg.hf_split}]"
+
+
 def source_name(cfg: DataConfig) -> str:
     """How errors about the whole input name it."""
     if cfg.hf_dataset:
-        return f"dataset {cfg.hf_dataset}[{cfg.hf_split}]"
+        return _dataset_name(cfg)
     files = input_files(cfg)
     return cfg.path if len(files) == 1 else f"{cfg.path} ({len(files)} files)"
 

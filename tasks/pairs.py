@@ -157,7 +157,7 @@ class Draws:
 
 
 def draw_rows(counts: CropCounts, eligible: np.ndarray, view: str, epochs: int, seed: int, n: int,
-              deletion_ratio: float = 0.6) -> Iterator[Draws]:
+              deletion_ratio: float | None = None) -> Iterator[Draws]:
     """Each epoch: every eligible document once, in a fresh random order; two distinct crops (crops
     view) or one crop twice (same, noise). The random draws are made in the order the in-memory
     rule made them (docs/methods.md §1), so the rows are the same whether or not they fit in memory."""
@@ -303,13 +303,13 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
         rows = out.write_batches("pairs", table.schema, table.to_batches(ROWS_PER_GROUP))
     else:
         sentences = store.table_path(inputs.sentences, "sentences")
-        counts = count_crops(store.open_table(inputs.sentences, "sentences"), cfg.n_sentences, cfg.view == "noise")
+        counts = count_crops(pq.ParquetFile(sentences), cfg.n_sentences, cfg.view == "noise")
         eligible = (counts.crops >= 2) & ~pc.is_in(counts.doc_ids, pa.array(sorted(test), pa.string())).to_numpy(
             zero_copy_only=False)
         if not eligible.any():
             raise InputError("no document has 2 or more crops: check sentences.min_chars/max_chars and the "
                              "method's n_sentences against your texts")
-        draws = draw_rows(counts, eligible, cfg.view, cfg.epochs, cfg.seed, cfg.n_sentences, cfg.deletion_ratio or 0.6)
+        draws = draw_rows(counts, eligible, cfg.view, cfg.epochs, cfg.seed, cfg.n_sentences, cfg.deletion_ratio)
         rows = out.write_batches("pairs", PAIRS_SCHEMA, (table for epoch, drawn in enumerate(draws) for table in
                                                          epoch_pairs(sentences, counts, drawn, epoch, cfg, out.work)))
     out.extra.update(documents=rows // cfg.epochs)
