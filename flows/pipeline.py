@@ -84,7 +84,7 @@ class Run:
             self.rebuilt.add(ref.key)
         was_there, before = self.store.path(ref).exists(), self.store.published_files(ref)
         runner = stage.as_task(self.cfg.retries).with_options(task_run_name=stage.display(label))
-        state = runner(str(self.store.root), config, inputs, ref, label, return_state=True)
+        state = runner(self.store.url, config, inputs, ref, label, return_state=True)
         if was_there and state.name != "Cached" and (before is None or before != self.store.published_files(ref)):
             self.rebuilt.add(ref.key)  # set aside as damaged or incomplete, and rebuilt with other bytes
         self.record.add_stage(ref, state.name, label, method, changes)
@@ -208,7 +208,7 @@ def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: 
     job = ReportJob(title=f"{run.cfg.name}: {run.cfg.data.display_name}",
                     entries=[ReportEntry(label=m.label, method=m.method) for m in models])
     report = run.stage(REPORT, job, ReportInputs(scores=scores))
-    publish_report(str(run.store.root), report)
+    publish_report(run.store.url, report)
     return report
 
 

@@ -43,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -162,6 +163,12 @@ class ArtifactStore:
         self.root = Path(root).resolve()
         if self.root.exists() and not self.root.is_dir():
             raise NotADirectoryError(f"store {root} is a file, not a folder")
+        self.url = str(self.root)  # the store's address, what tasks are handed to open it again
+        self.fs: fsspec.AbstractFileSystem = fsspec.filesystem("file")
+
+    def location(self, *parts: str) -> str:
+        """The fsspec path of a file in the store (`location("leases", "x.json")`)."""
+        return "/".join([self.url.rstrip("/"), *parts])
 
     # -- finished artifacts -------------------------------------------------
     def path(self, ref: ArtifactRef) -> Path:
