@@ -71,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.pipeline import pipeline
 
     store = open_store(args.store, cfg.store)
-    params = RunParams(config=args.config, overrides=changes, store=str(store.root),
+    params = RunParams(config=args.config, overrides=changes, store=store.url,
                        rebuild_stale_versions=args.rebuild_stale_versions)
     with logged(store.log_file("run")) as log_file:
         state = pipeline(params, return_state=True)

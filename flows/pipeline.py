@@ -9,16 +9,20 @@ Prefect found it cached, so the catalog can answer "what ran, on what, with what
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 
 from flows.params import RunParams, TrainParams
+from flows.runners import task_runner
 from storage.runs import RunRecord
 from storage.store import ArtifactRef, ArtifactStore, open_store
 from tasks.config import ConfigError, MethodConfig, PipelineConfig, TrainConfig, load_config
@@ -56,39 +60,85 @@ class ReportedModel:
                     external=self.external, pooling=self.pooling, knn_holdout=self.knn_holdout)
 
 
+@dataclass
+class Submitted:
+    """A stage handed to the task runner, and what its record entry says."""
+
+    ref: ArtifactRef
+    future: PrefectFuture
+    label: str
+    method: str
+    changes: dict
+    recorded: bool = False
+
+
 class Run:
-    """A flow run: its config, store and record, and how it runs a stage as a cached Prefect task."""
+    """A flow run: its config, store and record, and how it runs a stage as a cached Prefect task.
+
+    With a task runner (`run.task_runner`), `stage` submits the task and returns its artifact's ref
+    at once (keys are derived from configs and input keys, not from results): the task waits for the
+    tasks that build its inputs, so independent stages run side by side. `wait` collects them all."""
 
     def __init__(self, cfg: PipelineConfig, store: ArtifactStore, params: RunParams, flow_name: str):
         self.cfg, self.store = cfg, store
         self.rebuild_stale = params.rebuild_stale_versions
-        self.rebuilt: set[str] = set()  # keys built again this run: what reads them is built again too
+        self.runner = task_runner(cfg.run)
+        self.submitted: dict[str, Submitted] = {}  # key → the task that builds it
+        self._recording = threading.Lock()
         self.record = RunRecord(store, str(flow_run.id or f"local-{os.getpid()}"), name=cfg.name, flow=flow_name,
                                 config_path=params.config, overrides=params.overrides,
                                 config=cfg.model_dump(mode="json"))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The task runner's lifetime (a Dask cluster, a process pool), if there is one."""
+        with self.runner or contextlib.nullcontext():
+            yield
 
     def stage(self, stage: Stage, config, inputs: Inputs, label: str = "", method: str = "",
               force: bool = False) -> ArtifactRef:
         """Run `stage` as a cached task; `force` builds it again even if the store has it."""
         ref = stage.ref(config, inputs)  # once per call: the task is handed it
+        if ref.key in self.submitted:  # already submitted by this run: built once
+            return ref
         changes = stage.version_changes(self.store, ref)
-        # An input built again under the same key may hold other bytes: its readers are rebuilt too.
-        force = force or any(i.key in self.rebuilt for i in inputs.refs()) or bool(changes and self.rebuild_stale)
+        force = force or bool(changes and self.rebuild_stale)
         if changes and not force:
             get_run_logger().warning(
                 "%s: cached artifact %s was built with other library versions (%s); rerun with "
                 "--rebuild-stale-versions (rebuild_stale_versions in the UI) to rebuild it", stage.display(label),
                 ref.address, ", ".join(f"{lib} {was} → {now_}" for lib, (was, now_) in changes.items()))
         if force and self.store.exists(ref):
-            self.store.discard(ref)
-            self.rebuilt.add(ref.key)
-        was_there, before = self.store.path(ref).exists(), self.store.published_files(ref)
+            self.store.discard(ref)  # what was built from it is then stale, and rebuilt too (Stage.cached)
         runner = stage.as_task(self.cfg.retries).with_options(task_run_name=stage.display(label))
-        state = runner(self.store.url, config, inputs, ref, label, return_state=True)
-        if was_there and state.name != "Cached" and (before is None or before != self.store.published_files(ref)):
-            self.rebuilt.add(ref.key)  # set aside as damaged or incomplete, and rebuilt with other bytes
-        self.record.add_stage(ref, state.name, label, method, changes)
-        return state.result()  # raises the stage's own error if it failed
+        args = dict(store_url=self.store.url, config=config, inputs=inputs, ref=ref, label=label)
+        if self.runner is None:
+            state = runner(**args, return_state=True)
+            self.record.add_stage(ref, state.name, label, method, changes)
+            return state.result()  # raises the stage's own error if it failed
+        future = self.runner.submit(runner, args, wait_for=[self.submitted[i.key].future for i in inputs.refs()
+                                                            if i.key in self.submitted])
+        submitted = self.submitted[ref.key] = Submitted(ref, future, label, method, changes)
+        future.add_done_callback(lambda _: self._finished(submitted))
+        return ref
+
+    def _finished(self, submitted: Submitted) -> None:
+        """Record a submitted stage's end once: its callback and `wait` both get here, in either order."""
+        with self._recording:
+            if submitted.recorded:
+                return
+            submitted.recorded = True
+            self.record.add_stage(submitted.ref, submitted.future.state.name, submitted.label, submitted.method,
+                                  submitted.changes)
+
+    def wait(self) -> None:
+        """Wait for every submitted stage, record them, and raise the first failure (in the order submitted)."""
+        for submitted in self.submitted.values():
+            submitted.future.wait()
+            self._finished(submitted)
+        for submitted in self.submitted.values():
+            if submitted.future.state.is_failed() or submitted.future.state.is_crashed():
+                submitted.future.state.result()
 
     def register(self, models: list[ReportedModel]) -> None:
         self.record.register([m.registration() for m in models])
@@ -106,9 +156,11 @@ def open_run(params: RunParams, flow_name: str) -> Run:
 
 
 def recorded(run: Run, body: Callable[[], T]) -> T:
-    """Run a flow's body and mark the record completed or failed."""
+    """Run a flow's body with the run's task runner, wait for its stages, and mark the record completed or failed."""
     try:
-        result = body()
+        with run.running():
+            result = body()
+            run.wait()
     except BaseException as e:  # KeyboardInterrupt too: the record must not stay "running"
         run.record.finish("failed", error="".join(traceback.format_exception_only(e)).strip())
         raise
@@ -208,6 +260,7 @@ def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: 
     job = ReportJob(title=f"{run.cfg.name}: {run.cfg.data.display_name}",
                     entries=[ReportEntry(label=m.label, method=m.method) for m in models])
     report = run.stage(REPORT, job, ReportInputs(scores=scores))
+    run.wait()
     publish_report(run.store.url, report)
     return report
 

@@ -27,7 +27,7 @@ class RunRecord:
                            overrides=overrides, config=config, started_at=now(), finished_at=None,
                            error=None, stages=[], models=[], host=HOST, pid=os.getpid(), heartbeat_at=now(),
                            heartbeat_s=HEARTBEAT_S)
-        self._lock = threading.Lock()  # the heartbeat thread and the flow both rewrite the record
+        self._lock = threading.RLock()  # the heartbeat thread and the flow's stages all rewrite the record
         self._stopped = threading.Event()
         self._save()
         threading.Thread(target=self._beat, name=f"heartbeat-{run_id}", daemon=True).start()
@@ -49,12 +49,15 @@ class RunRecord:
         """A stage the run used: its artifact and whether Prefect found it cached; `version_changes`:
         libraries whose version differs from the one a cached artifact was built with."""
         stage = dict(stage=ref.stage, label=label, method=method, key=ref.key, state=state)
-        self._save(stages=[*self.record["stages"], stage | ({"version_changes": version_changes}
-                                                            if version_changes else {})])
+        self._append("stages", [stage | ({"version_changes": version_changes} if version_changes else {})])
 
     def register(self, models: list[dict]) -> None:
         """Models the run made or scored: the catalog's `models` view (what `evaluate` re-scores)."""
-        self._save(models=[*self.record["models"], *models])
+        self._append("models", models)
+
+    def _append(self, field: str, entries: list[dict]) -> None:
+        with self._lock:  # stages finishing at once in the runner's threads must not drop each other's entry
+            self._save(**{field: [*self.record[field], *entries]})
 
     def finish(self, status: str, error: str | None = None) -> None:
         self._stopped.set()

@@ -382,8 +382,17 @@ class RetryConfig(Section):
 
 
 class RunConfig(Section):
+    """How a run uses the machines: none of it is part of any artifact's identity."""
+
     workers: int | None = Field(None, ge=1, description="Processes for the CPU-bound data stages (sentence "
-                                "splitting); default: the cores available. Not part of any artifact's identity.")
+                                "splitting); default: the cores available.")
+    task_runner: Literal["sequential", "threads", "processes", "dask"] = Field(
+        "sequential", description="How independent stages run: one after another in the flow's process "
+        "(`sequential`), side by side in threads, in worker processes, or on a Dask cluster (README: Scale out).")
+    max_workers: int | None = Field(None, ge=1, description="Stages at once for `threads`, `processes` and a "
+                                    "local Dask cluster; default: the cores available.")
+    dask_address: str | None = Field(None, description="Scheduler of an existing Dask cluster (tcp://host:8786) "
+                                     "for `dask`; default: a local cluster of `max_workers` processes.")
 
 
 class PipelineConfig(Section):

@@ -110,4 +110,4 @@ def _key_material(job: EmbedJob) -> list:
             file_digest(job.pairs_path) if job.pairs_path else None]
 
 
-EMBED = Stage("embed", build_embeddings, extra_key=_key_material)
+EMBED = Stage("embed", build_embeddings, extra_key=_key_material, gpu=True)

@@ -29,4 +29,4 @@ def build_init(store: ArtifactStore, cfg: InitConfig, inputs: NoInputs,
     log.info("random BERT encoder, %d layers x %d hidden", cfg.layers, cfg.hidden)
 
 
-INIT = Stage("init", build_init, extra_key=lambda cfg: model_identity(cfg.tokenizer))
+INIT = Stage("init", build_init, extra_key=lambda cfg: model_identity(cfg.tokenizer), seeds_global_rng=True)

@@ -46,4 +46,4 @@ def _key_material(job: MtebJob) -> list:
     return [model_identity(job.model) if job.model else None, files, mteb_eval.mteb.__version__]
 
 
-MTEB = Stage("mteb", build_scores, extra_key=_key_material, complete=scored)
+MTEB = Stage("mteb", build_scores, extra_key=_key_material, complete=scored, gpu=True)

@@ -91,4 +91,5 @@ def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: SemanticInput
         log.info("%s = %.4f (n=%d)", r["metric"], r["value"], r["n"])
 
 
-SEMANTIC = Stage("semantic", build_semantic, extra_key=lambda job: model_identity(job.model) if job.model else None)
+SEMANTIC = Stage("semantic", build_semantic, extra_key=lambda job: model_identity(job.model) if job.model else None,
+                 gpu=True)

@@ -10,6 +10,7 @@ nothing outside the store (no Prefect result file, no PREFECT_HOME) is needed to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_has
 from tasks import identity
 from tasks.config import INPUT_ERRORS, RetryConfig
 from tasks.progress import current_stage
+from tasks.rng import GLOBAL_RNG
 
 
 class Inputs(BaseModel):
@@ -64,6 +66,10 @@ BuildFn = Callable[[ArtifactStore, Any, Any, ArtifactWriter, ArtifactRef, loggin
 # Every stage, by name: the stage-identity test walks them all.
 STAGES: dict[str, Stage] = {}
 
+# The tag of stages that run a model on the accelerator: a Prefect concurrency limit on it
+# (`prefect concurrency-limit create gpu N`) caps them at one per GPU however many run at once.
+GPU_TAG = "gpu"
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -75,6 +81,8 @@ class Stage:
     # False for an artifact that must be built again on the next run (an MTEB task skipped
     # because its data was not reachable gets scored once the data is there).
     complete: Callable[[ArtifactStore, ArtifactRef], bool] | None = None
+    gpu: bool = False  # runs a model (training, encoding, generation): tagged GPU_TAG
+    seeds_global_rng: bool = False  # seeds and draws from torch's process-wide generator: holds GLOBAL_RNG
 
     def __post_init__(self) -> None:
         STAGES[self.name] = self
@@ -92,6 +100,11 @@ class Stage:
             aside = store.set_aside(ref, "; ".join(damage))
             log.warning("%s: %s — rebuilding%s", ref.address, "; ".join(damage),
                         f" (the damaged one is kept in {aside})" if aside else "")
+            return False
+        if republished := store.republished_inputs(ref):
+            log.info("artifact %s was built from an earlier publication of %s, building it again", ref.key,
+                     ", ".join(republished))
+            store.discard(ref)
             return False
         if self.complete and not self.complete(store, ref):
             log.info("artifact %s is incomplete, building it again", ref.key)
@@ -136,7 +149,8 @@ class Stage:
             with store.writing(ref, config=config.model_dump(mode="json"), inputs=inputs.refs(),
                                roles=inputs.key_by_role(), code_version=self.code_version,
                                libraries=identity.library_versions(self.build.__module__)) as out:
-                self.build(store, config, inputs, out, ref, log)
+                with GLOBAL_RNG if self.seeds_global_rng else contextlib.nullcontext():
+                    self.build(store, config, inputs, out, ref, log)
         finally:
             current_stage.reset(building)
         store.drop_scratch(ref)  # checkpoints are only needed until the artifact is published
@@ -150,14 +164,15 @@ class Stage:
         not used, so the store alone decides."""
         retry = retry or RetryConfig()
 
-        def run_stage(store_root: str, config: BaseModel, inputs: Inputs, ref: ArtifactRef, label: str = ""):
-            store, log = ArtifactStore(store_root), self._log(get_run_logger(), label)
+        def run_stage(store_url: str, config: BaseModel, inputs: Inputs, ref: ArtifactRef, label: str = ""):
+            store, log = ArtifactStore(store_url), self._log(get_run_logger(), label)
             if self.cached(store, ref, log):
                 return Completed(data=ref, name="Cached", message=f"artifacts/{ref.address} is in the store")
             return self.publish(store, config, inputs, ref, log, label)
 
-        return task(run_stage, name=self.name, cache_policy=NO_CACHE, persist_result=False, retries=retry.attempts,
-                    retry_delay_seconds=retry.delays, retry_condition_fn=transient_failure)
+        return task(run_stage, name=self.name, tags=[GPU_TAG] if self.gpu else None, cache_policy=NO_CACHE,
+                    persist_result=False, retries=retry.attempts, retry_delay_seconds=retry.delays,
+                    retry_condition_fn=transient_failure)
 
 
 class Labelled(logging.LoggerAdapter):

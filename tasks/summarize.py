@@ -158,4 +158,5 @@ def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeI
              table.num_rows - made, ", ".join(f"{s} {n}" for s, n in counts.items()))
 
 
-SUMMARIZE = Stage("summarize", build_summaries, extra_key=lambda job: llm.identity(job.llm))
+SUMMARIZE = Stage("summarize", build_summaries, extra_key=lambda job: llm.identity(job.llm), gpu=True,
+                  seeds_global_rng=True)

@@ -102,4 +102,5 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
     out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)
 
 
-TRAIN = Stage("train", build_model, extra_key=lambda job: model_identity(job.base_model) if job.base_model else None)
+TRAIN = Stage("train", build_model, extra_key=lambda job: model_identity(job.base_model) if job.base_model else None,
+              gpu=True, seeds_global_rng=True)

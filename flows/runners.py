@@ -1,0 +1,32 @@
+"""The task runner a run's stages go through (`run.task_runner` in the config).
+
+`sequential` keeps the one-machine default exactly as it was: each stage runs in the flow's
+process when the flow reaches it. The others are Prefect's own runners: stages are submitted
+with their inputs' futures to wait for, so independent ones (the methods of a config, every
+model's embeddings and scores) run side by side; nothing here schedules anything itself.
+"""
+
+from __future__ import annotations
+
+from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+
+from tasks.config import RunConfig
+from tasks.parallel import available_cores
+
+
+def task_runner(run: RunConfig) -> TaskRunner | None:
+    """Prefect's runner for `run.task_runner`; None for `sequential` (stages called in turn)."""
+    workers = run.max_workers or available_cores()
+    if run.task_runner == "threads":
+        return ThreadPoolTaskRunner(max_workers=workers)
+    if run.task_runner == "processes":
+        return ProcessPoolTaskRunner(max_workers=workers)
+    if run.task_runner == "dask":
+        from prefect_dask import DaskTaskRunner  # imports dask.distributed: only when asked for
+
+        if run.dask_address:
+            return DaskTaskRunner(address=run.dask_address)
+        # One single-threaded process per worker: stages hold the GIL (tokenisers, numpy loops).
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster",
+                              cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True})
+    return None
