@@ -128,6 +128,7 @@ class Run:
             if submitted.recorded:
                 return
             submitted.recorded = True
+            submitted.future.wait()  # done already; this keeps its final state (`state` would ask the API)
             self.record.add_stage(submitted.ref, submitted.future.state.name, submitted.label, submitted.method,
                                   submitted.changes)
 

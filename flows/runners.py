@@ -8,6 +8,7 @@ model's embeddings and scores) run side by side; nothing here schedules anything
 
 from __future__ import annotations
 
+import torch
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 from tasks.config import RunConfig
@@ -26,7 +27,11 @@ def task_runner(run: RunConfig) -> TaskRunner | None:
 
         if run.dask_address:
             return DaskTaskRunner(address=run.dask_address)
-        # One single-threaded process per worker: stages hold the GIL (tokenisers, numpy loops).
+        # One process per stage (stages hold the GIL in tokenisers and numpy loops). distributed starts
+        # them with OMP_NUM_THREADS=1; torch gets the threads it has here, so that its sums are added
+        # in the same order and the scores are the ones the other runners give.
+        threads = {name: str(torch.get_num_threads()) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
         return DaskTaskRunner(cluster_class="distributed.LocalCluster",
-                              cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True})
+                              cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
+                                              "env": threads})
     return None

@@ -1,0 +1,52 @@
+"""Stages through Prefect's task runners: independent stages run side by side (threads, worker
+processes, a local Dask cluster of 2 processes) and give the sequential run's numbers."""
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
+from tests.helpers import tiny_config
+
+METRICS = "SELECT model, dataset, metric, layer, value FROM metrics ORDER BY ALL"
+
+
+def run_tiny(tmp_path, runner: str) -> tuple[str, Catalog]:
+    from flows.params import RunParams
+    from flows.pipeline import pipeline
+
+    # Training long enough (seconds) for two methods' to be seen side by side.
+    config = tiny_config(tmp_path, run={"task_runner": runner, "max_workers": 2}, train={"epochs": 4})
+    state = pipeline(RunParams(config=str(config)), return_state=True)
+    assert state.is_completed(), state.message
+    return str(state.state_details.flow_run_id), Catalog(ArtifactStore(tmp_path / "store"))
+
+
+@pytest.fixture(scope="module")
+def sequential(prefect_harness, tmp_path_factory):
+    return run_tiny(tmp_path_factory.mktemp("sequential"), "sequential")
+
+
+def task_runs(flow_run_id: str, name: str) -> list:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return [r for r in runs if r.name.startswith(name)]
+
+
+@pytest.mark.parametrize("runner", ["threads", "processes", "dask"])
+def test_a_task_runner_gives_the_sequential_numbers_with_stages_side_by_side(sequential, tmp_path, runner):
+    run_id, catalog = run_tiny(tmp_path, runner)
+    first_id, first = sequential
+    assert catalog.query(METRICS) == first.query(METRICS)
+    # Stages finish out of order; the record still holds each of them once, all built.
+    in_order = "SELECT stage, label, key, state FROM run_stages WHERE run_id = ? ORDER BY ALL"
+    assert catalog.query(in_order, [run_id]) == first.query(in_order, [first_id])
+    assert {s["state"] for s in catalog.query(in_order, [run_id])} == {"Completed"}
+    assert catalog.query("SELECT status FROM runs WHERE run_id = ?", [run_id]) == [{"status": "completed"}]
+
+    train = task_runs(run_id, "train")
+    assert len(train) == 2 and all(t.tags == ["gpu"] for t in train)
+    if runner != "threads":  # in threads, training holds the process-wide RNG: one at a time (tasks/rng.py)
+        (a, b) = sorted(train, key=lambda t: t.start_time)
+        assert b.start_time < a.end_time, "the two methods' training did not overlap"
