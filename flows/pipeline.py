@@ -85,6 +85,7 @@ class Run:
         self.runner = task_runner(cfg.run)
         self.submitted: dict[str, Submitted] = {}  # key → the task that builds it
         self._recording = threading.Lock()
+        self.forced: set[str] = set()  # keys built again on request this run
         self.record = RunRecord(store, str(flow_run.id or f"local-{os.getpid()}"), name=cfg.name, flow=flow_name,
                                 config_path=params.config, overrides=params.overrides,
                                 config=cfg.model_dump(mode="json"))
@@ -102,14 +103,16 @@ class Run:
         if ref.key in self.submitted:  # already submitted by this run: built once
             return ref
         changes = stage.version_changes(self.store, ref)
-        force = force or bool(changes and self.rebuild_stale)
+        # What reads an artifact built again on request is built again too (same keys, new build).
+        force = force or bool(changes and self.rebuild_stale) or any(i.key in self.forced for i in inputs.refs())
         if changes and not force:
             get_run_logger().warning(
                 "%s: cached artifact %s was built with other library versions (%s); rerun with "
                 "--rebuild-stale-versions (rebuild_stale_versions in the UI) to rebuild it", stage.display(label),
                 ref.address, ", ".join(f"{lib} {was} → {now_}" for lib, (was, now_) in changes.items()))
-        if force and self.store.exists(ref):
-            self.store.discard(ref)  # what was built from it is then stale, and rebuilt too (Stage.cached)
+        if force:
+            self.forced.add(ref.key)
+            self.store.discard(ref)
         runner = stage.as_task(self.cfg.retries).with_options(task_run_name=stage.display(label))
         args = dict(store_url=self.store.url, config=config, inputs=inputs, ref=ref, label=label)
         if self.runner is None:

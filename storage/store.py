@@ -192,16 +192,16 @@ class ArtifactStore:
             return None
         return manifest if isinstance(manifest, dict) else None
 
-    def manifest_digest(self, ref: ArtifactRef) -> str:
-        """Which publication of an artifact this is: a key rebuilt (damaged, forced, stale versions)
-        gets a new manifest, and what was built from the old one is then stale."""
-        return hashlib.sha256((self.path(ref) / MANIFEST).read_bytes()).hexdigest()[:20]
+    def files_digest(self, ref: ArtifactRef) -> str:
+        """Which bytes an artifact holds (its files' names, sizes and SHA-256, from its manifest)."""
+        return stable_hash(self.published_files(ref))
 
-    def republished_inputs(self, ref: ArtifactRef) -> list[str]:
-        """The inputs that were published again since the artifact was built from them (it is stale)."""
-        built_from = (self.readable_manifest(ref) or {}).get("input_manifests") or {}
+    def changed_inputs(self, ref: ArtifactRef) -> list[str]:
+        """The inputs whose files are not the ones the artifact was built from (rebuilt since with other
+        bytes): the artifact is stale."""
+        built_from = (self.readable_manifest(ref) or {}).get("input_files") or {}
         return [address for address, digest in built_from.items()
-                if not self.exists(source := ArtifactRef.parse(address)) or self.manifest_digest(source) != digest]
+                if self.exists(source := ArtifactRef.parse(address)) and self.files_digest(source) != digest]
 
     def published_files(self, ref: ArtifactRef) -> dict | None:
         """name → size and SHA-256 the stored artifact was published with; None without a readable manifest."""
@@ -270,7 +270,7 @@ class ArtifactStore:
     def writing(self, ref: ArtifactRef, *, config: Any, inputs: list[ArtifactRef], code_version: str,
                 libraries: dict[str, str | None], roles: dict[str, Any] | None = None) -> Iterator[ArtifactWriter]:
         """Write an artifact into a temp folder; publish it atomically and durably when the block succeeds."""
-        built_from = {i.address: self.manifest_digest(i) for i in inputs if self.exists(i)}  # before reading them
+        built_from = {i.address: self.files_digest(i) for i in inputs}  # before the build reads them
         tmp = self._temp(ref)
         writer = ArtifactWriter(tmp)
         started = time.perf_counter()
@@ -284,7 +284,7 @@ class ArtifactStore:
                 "stage": ref.stage,
                 "key": ref.key,
                 "inputs": [i.key for i in inputs],
-                "input_manifests": built_from,
+                "input_files": built_from,
                 "input_roles": roles or {},
                 "config": config,
                 "code_version": code_version,

@@ -101,9 +101,8 @@ class Stage:
             log.warning("%s: %s — rebuilding%s", ref.address, "; ".join(damage),
                         f" (the damaged one is kept in {aside})" if aside else "")
             return False
-        if republished := store.republished_inputs(ref):
-            log.info("artifact %s was built from an earlier publication of %s, building it again", ref.key,
-                     ", ".join(republished))
+        if changed := store.changed_inputs(ref):
+            log.info("artifact %s was built from other bytes of %s, building it again", ref.key, ", ".join(changed))
             store.discard(ref)
             return False
         if self.complete and not self.complete(store, ref):

@@ -131,3 +131,31 @@ def test_a_damaged_input_is_an_error_that_is_not_retried(prefect_harness, tmp_pa
     assert state == "Failed" and isinstance(error, DamagedArtifactError)
     assert reads == [] and checks == [source]  # checked before the build starts, once: not retried
     assert f"flaky/{source.key}: rows.parquet is" in str(error)
+
+
+class Reads(Inputs):
+    source: ArtifactRef
+
+
+def test_what_was_built_from_other_bytes_of_an_input_is_rebuilt(tmp_path):
+    """Each manifest records the bytes of its inputs: a reader is served only while they are unchanged."""
+    store, values = ArtifactStore(tmp_path), [1]
+
+    def write(store, job, inputs, out, ref, log):
+        out.write_table("rows", pa.table({"x": values}))
+
+    def copy(store, job, inputs, out, ref, log):
+        out.write_table("rows", store.read_table(inputs.source, "rows"))
+
+    source, reader = Stage("source", write), Stage("reader", copy)
+    job = Job(fail_with="memory", failures=0)
+    built = reader.run(store, job, Reads(source=source.run(store, job, NoInputs())))
+    store.discard(source.ref(job, NoInputs()))  # rebuilt with the same bytes: the reader is still right
+    source.run(store, job, NoInputs())
+    assert reader.cached(store, built, logging.getLogger())
+    values[0] = 2  # rebuilt with other bytes (e.g. after damage, by a non-deterministic build)
+    store.discard(source.ref(job, NoInputs()))
+    source.run(store, job, NoInputs())
+    assert not reader.cached(store, built, logging.getLogger()) and not store.exists(built)
+    reader.run(store, job, Reads(source=source.ref(job, NoInputs())))
+    assert store.read_table(built, "rows")["x"].to_pylist() == [2]
