@@ -77,9 +77,9 @@ def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(un
     catalog = Catalog(ArtifactStore(tmp_path / "copy"))
     built = catalog.query("SELECT stage FROM run_stages WHERE run_id = ? AND state = 'Completed' ORDER BY stage",
                           [catalog.latest_run_id()])
-    # Only what was damaged: each came out with the bytes it was published with before, and every
-    # manifest records the bytes of the inputs it was built from, so what reads them stays cached.
-    assert [r["stage"] for r in built] == ["embed", "evaluate", "pairs"]
+    # Only what was damaged (the report lost its manifest); each came out with the bytes it was published
+    # with before, which every reader's manifest records, so what reads them stays cached.
+    assert [r["stage"] for r in built] == ["embed", "evaluate", "pairs", "report"]
     assert latest_scores(tmp_path / "copy") == scores
     assert embforge("verify", "--store", str(tmp_path / "copy"), env=home(tmp_path, "other-home")).returncode == 0
 
