@@ -1,0 +1,90 @@
+"""Scale-out on a work pool: `embforge deploy --pool` against a real Prefect server on loopback, a real
+`prefect worker start --pool` picking up a pipeline run, the artifacts in the store."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.server import server_env, start_server
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
+from tests.flows.conftest import Service, free_port
+from tests.helpers import REPO, tiny_config
+
+pytestmark = pytest.mark.slow  # a real server, a worker, a flow run in a subprocess: a minute
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+POOL = "embforge-test-pool"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def pool_server(tmp_path_factory):
+    """A bare Prefect server (no served deployments: they would answer the runs themselves), and the
+    environment of the machines that deploy and run work: this checkout first on the path, as a
+    worker on another machine has embforge installed."""
+    home = tmp_path_factory.mktemp("pool-home")
+    env = {**server_env("127.0.0.1", free_port()), "PREFECT_HOME": str(home), "PYTHONPATH": str(REPO),
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    with open(home / "server.log", "w") as log:
+        server = start_server(env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    yield Service(env["PREFECT_API_URL"].removesuffix("/api"), home), env
+    stop(server)
+
+
+@pytest.fixture(scope="module")
+def deployed(pool_server, tmp_path_factory):
+    """`embforge deploy --pool` run in the checkout: the pool does not exist yet."""
+    svc, env = pool_server
+    folder = tmp_path_factory.mktemp("pool-run")
+    config, store = tiny_config(folder), folder / "served-store"
+    deploy = subprocess.run([sys.executable, "-m", "flows.cli", "deploy", "--pool", POOL, "--store", str(store),
+                             "--nightly-config", str(config)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+    return svc, env, config, store
+
+
+@pytest.fixture
+def worker(deployed):
+    svc, env, _, _ = deployed
+    with open(svc.home / "worker.log", "w") as log:
+        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL], cwd="/", env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    yield svc.home / "worker.log"
+    stop(proc)
+
+
+def test_deploy_creates_the_pool_and_registers_every_deployment(deployed):
+    svc, _, config, store = deployed
+    assert svc.call("GET", f"/work_pools/{POOL}")["type"] == "process"
+    registered = svc.call("POST", "/deployments/filter", {})
+    assert {f"{d['entrypoint']}/{d['name']}" for d in registered} == {
+        "flows.pipeline.pipeline/pipeline", "flows.pipeline.train/train", "flows.pipeline.summarize/summarize",
+        "flows.evaluate_registered.evaluate/evaluate", "flows.evaluate_registered.evaluate/nightly"}
+    for d in registered:  # the worker's runs start in the checkout, with the store given to deploy
+        assert d["work_pool_name"] == POOL
+        assert d["job_variables"] == {"env": {"EMBFORGE_STORE": str(store)}, "working_dir": str(REPO)}
+    nightly = svc.deployment("evaluate/nightly")
+    assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]
+    assert nightly["parameters"] == {"params": {"config": str(config)}}
+
+
+def test_a_worker_on_the_pool_runs_the_pipeline(deployed, worker):
+    svc, _, config, store = deployed
+    run = svc.wait(svc.start("pipeline/pipeline", config=str(config)), timeout_s=300)
+    assert run["state"]["type"] == "COMPLETED", (run["state"]["message"], worker.read_text()[-3000:])
+    assert run["work_pool_name"] == POOL
+    catalog = Catalog(ArtifactStore(store))
+    assert catalog.query("SELECT status FROM runs WHERE run_id = ?", [run["id"]]) == [{"status": "completed"}]
+    assert {r["stage"] for r in catalog.query("SELECT stage FROM artifacts")} >= {"ingest", "train", "evaluate"}
+    assert not (config.parent / "store").exists()  # the config's own store: --store wins
