@@ -1,8 +1,6 @@
 """Scale-out on a work pool: `embforge deploy --pool` against a real Prefect server on loopback, a real
 `prefect worker start --pool` picking up a pipeline run, the artifacts in the store."""
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,20 +10,12 @@ import pytest
 from flows.server import server_env, start_server
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tests.flows.conftest import Service, free_port
+from tests.flows.conftest import Service, free_port, stop
 from tests.helpers import REPO, tiny_config
 
 pytestmark = pytest.mark.slow  # a real server, a worker, a flow run in a subprocess: a minute
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 POOL = "embforge-test-pool"
-
-
-def stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
