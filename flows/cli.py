@@ -179,11 +179,11 @@ def _served_store(args: argparse.Namespace) -> None:
 def cmd_server(args: argparse.Namespace) -> int:
     from flows import server
 
-    _served_store(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         console.print(f"[yellow]warning:[/yellow] the Prefect API has no authentication; {args.host} "
                       "exposes it beyond this machine")
-    return server.run_server(args.host, args.port, args.nightly_config, args.cron, args.timezone, args.database)
+    then = cmd_deploy if args.pool else cmd_serve
+    return server.run_server(args.host, args.port, args.database, lambda: then(args), keep_up=bool(args.pool))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -291,8 +291,10 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--database", help="run Prefect's server on PostgreSQL: "
                             "postgresql://user:pass@host:port/db (default: a SQLite file in PREFECT_HOME); the "
                             "password can also come from PGPASSWORD")
-        if name == "deploy":
-            sp.add_argument("--pool", required=True, help="work pool (created as a process pool if missing)")
+        if name in ("server", "deploy"):
+            sp.add_argument("--pool", required=name == "deploy", help="register the deployments on this work pool "
+                            "(created as a process pool if missing); `prefect worker start --pool NAME` runs them"
+                            + (" (default: serve them from here)" if name == "server" else ""))
             sp.add_argument("--working-dir", default=os.getcwd(), help="folder a process pool's runs start in, "
                             "config paths are relative to it (default: this one)")
         sp.add_argument("--nightly-config", default="configs/demo.yaml",

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 from prefect import deploy, get_client, serve
 from prefect.client.schemas.actions import WorkPoolCreate
@@ -107,14 +108,9 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 120) -> 
     raise RuntimeError(f"prefect server did not answer on {url} within {timeout_s:.0f} s")
 
 
-def serve_deployments(nightly_config: str, cron: str | None, timezone: str | None, api: str | None = None) -> None:
+def serve_deployments(nightly_config: str, cron: str | None, timezone: str | None) -> None:
     """Register the deployments and run their flow runs until interrupted."""
-    deps = deployments(nightly_config, cron, timezone)
-    if api is None:
-        serve(*deps)
-        return
-    with temporary_settings(updates={PREFECT_API_URL: api}):
-        serve(*deps)
+    serve(*deployments(nightly_config, cron, timezone))
 
 
 def start_server(env: dict[str, str], **popen_args) -> subprocess.Popen:
@@ -130,16 +126,21 @@ def start_server(env: dict[str, str], **popen_args) -> subprocess.Popen:
     return server
 
 
-def run_server(host: str, port: int, nightly_config: str, cron: str | None, timezone: str | None,
-               database: str | None = None) -> int:
+def run_server(host: str, port: int, database: str | None, then: Callable[[], None], keep_up: bool = False) -> int:
+    """Start the server; once it answers, run `then` against it. Serving the deployments blocks until
+    interrupted; after registering them on a work pool, `keep_up` waits on the server instead."""
     env = server_env(host, port, database)
     server = start_server(env)
     try:
         db = env.get("PREFECT_SERVER_DATABASE_CONNECTION_URL")
         print(f"Prefect UI: http://{host}:{port}  (API {env['PREFECT_API_URL']}"
               + (f", database {shown_url(db)})" if db else ")"), flush=True)
+        # Flow runs started from here inherit the environment; Prefect read its settings at import.
         os.environ.update({k: env[k] for k in ("PREFECT_API_URL", "PREFECT_SERVER_ANALYTICS_ENABLED")})
-        serve_deployments(nightly_config, cron, timezone, api=env["PREFECT_API_URL"])
+        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+            then()
+        if keep_up:
+            server.wait()
     except KeyboardInterrupt:
         pass
     finally:

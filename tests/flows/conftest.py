@@ -108,6 +108,21 @@ def embforge_server(home: Path, *args: str, **env_vars: str) -> Iterator[Service
         stop(proc)
 
 
+@contextlib.contextmanager
+def pool_worker(pool: str, home: Path, **env_vars: str) -> Iterator[Path]:
+    """`prefect worker start --pool POOL` started outside the checkout with this checkout first on the
+    path (as on a machine with embforge installed), polling every second; yields its log."""
+    env = {**os.environ, **env_vars, "PREFECT_HOME": str(home), "PYTHONPATH": str(REPO),
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    with open(home / "worker.log", "w") as log:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("prefect")), "worker", "start", "--pool", pool],
+                                cwd="/", env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield home / "worker.log"
+    finally:
+        stop(proc)
+
+
 @pytest.fixture(scope="session")
 def service(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-home")

@@ -1,5 +1,6 @@
-"""`embforge server --database`: Prefect's server on a real PostgreSQL (Debian's, started here on
-loopback), a pipeline run through it, its rows in PostgreSQL, and the password never printed."""
+"""`embforge server --database --pool`: Prefect's server on a real PostgreSQL (Debian's, started here
+on loopback) with the deployments on a work pool, a worker running a pipeline run, the rows in
+PostgreSQL, and the password never printed."""
 
 import asyncio
 import glob
@@ -12,10 +13,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.flows.conftest import embforge_server, free_port
+from flows.cli import main
+from flows.server import database_url
+from tests.flows.conftest import embforge_server, free_port, pool_worker
 from tests.helpers import tiny_config
 
-pytestmark = pytest.mark.slow  # PostgreSQL, a real server, a flow run in a subprocess: a minute
 USER, PASSWORD = "embforge", "pg_secret_never_printed"
 
 
@@ -64,11 +66,24 @@ def postgres():
         shutil.rmtree(folder)
 
 
-def test_server_on_postgresql_runs_the_pipeline(postgres, tmp_path):
+def test_database_urls_get_the_asyncpg_driver_and_errors_hide_the_password(capsys):
+    assert database_url(f"postgresql://{USER}:{PASSWORD}@db:5432/prefect") == (
+        f"postgresql+asyncpg://{USER}:{PASSWORD}@db:5432/prefect")
+    assert database_url("postgres://db/prefect") == "postgresql+asyncpg://db/prefect"
+    assert database_url("postgresql+asyncpg://db/prefect") == "postgresql+asyncpg://db/prefect"
+    for url in (f"mysql://{USER}:{PASSWORD}@db/prefect", f"{USER}:{PASSWORD}@db"):
+        assert main(["server", "--database", url]) == 2
+        printed = capsys.readouterr().out
+        assert "error: --database" in printed and PASSWORD not in printed
+
+
+@pytest.mark.slow  # PostgreSQL, a real server, a worker, a flow run in a subprocess: a minute and a half
+def test_server_on_postgresql_with_a_worker_runs_the_pipeline(postgres, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     config = tiny_config(tmp_path)
-    with embforge_server(home, "--database", postgres, "--nightly-config", str(config)) as svc:
+    with (embforge_server(home, "--database", postgres, "--pool", "pg-pool", "--nightly-config", str(config)) as svc,
+          pool_worker("pg-pool", home, PREFECT_API_URL=svc.api)):
         assert svc.call("GET", "/health") is True
         run = svc.wait(svc.start("pipeline/pipeline", config=str(config)), timeout_s=300)
         assert run["state"]["type"] == "COMPLETED", run["state"]["message"]
@@ -76,6 +91,7 @@ def test_server_on_postgresql_runs_the_pipeline(postgres, tmp_path):
     assert query(postgres, "SELECT state_type FROM flow_run WHERE id = $1::uuid", run["id"]) == [
         {"state_type": "COMPLETED"}]
     assert query(postgres, "SELECT count(*) AS n FROM task_run WHERE flow_run_id = $1::uuid", run["id"])[0]["n"] > 5
+    assert {r["type"] for r in query(postgres, "SELECT type FROM work_pool WHERE name = 'pg-pool'")} == {"process"}
     assert len(query(postgres, "SELECT name FROM deployment")) == 5
     assert not list(home.glob("*.db"))
     printed = (home / "server.log").read_text()

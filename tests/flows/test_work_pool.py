@@ -3,29 +3,25 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from flows.server import server_env, start_server
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tests.flows.conftest import Service, free_port, stop
+from tests.flows.conftest import Service, free_port, pool_worker, stop
 from tests.helpers import REPO, tiny_config
 
 pytestmark = pytest.mark.slow  # a real server, a worker, a flow run in a subprocess: a minute
-PREFECT = str(Path(sys.executable).with_name("prefect"))
 POOL = "embforge-test-pool"
 
 
 @pytest.fixture(scope="module")
 def pool_server(tmp_path_factory):
     """A bare Prefect server (no served deployments: they would answer the runs themselves), and the
-    environment of the machines that deploy and run work: this checkout first on the path, as a
-    worker on another machine has embforge installed."""
+    environment that talks to it."""
     home = tmp_path_factory.mktemp("pool-home")
-    env = {**server_env("127.0.0.1", free_port()), "PREFECT_HOME": str(home), "PYTHONPATH": str(REPO),
-           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    env = {**server_env("127.0.0.1", free_port()), "PREFECT_HOME": str(home)}
     with open(home / "server.log", "w") as log:
         server = start_server(env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     yield Service(env["PREFECT_API_URL"].removesuffix("/api"), home), env
@@ -46,12 +42,9 @@ def deployed(pool_server, tmp_path_factory):
 
 @pytest.fixture
 def worker(deployed):
-    svc, env, _, _ = deployed
-    with open(svc.home / "worker.log", "w") as log:
-        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL], cwd="/", env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    yield svc.home / "worker.log"
-    stop(proc)
+    svc = deployed[0]
+    with pool_worker(POOL, svc.home, PREFECT_API_URL=svc.api) as log:
+        yield log
 
 
 def test_deploy_creates_the_pool_and_registers_every_deployment(deployed):
