@@ -5,8 +5,9 @@ PREFECT_SERVER_API_PORT set so the UI calls the API on the chosen port), waits u
 then serves the deployments from this process: flow runs started from the UI, the CLI or the
 nightly schedule run here, in the folder the command was started in. `embforge serve` serves the
 same deployments against the server PREFECT_API_URL names (an existing Prefect server).
-`embforge deploy --pool NAME` registers them on a work pool instead: `prefect worker start --pool
-NAME` on each machine runs them.
+`embforge deploy --pool NAME` (or `embforge server --pool NAME`) registers them on a work pool
+instead: `prefect worker start --pool NAME` on each machine runs them. `--database` puts the
+server's database on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -164,8 +165,11 @@ def deploy_to_pool(pool: str, nightly_config: str, cron: str | None, timezone: s
                    store: str | None = None) -> None:
     """Register the deployments on a work pool. The flows are loaded by module path
     (`flows.pipeline.pipeline`), so a worker needs embforge importable, installed or on PYTHONPATH,
-    not this checkout; on a process pool the runs start in `working_dir`, where config paths are
+    not this checkout; on a process pool the runs start in `working_dir`, the folder config paths are
     relative to (containers have their own)."""
+    if not PREFECT_API_URL.value():  # Prefect would register them on a temporary server that then stops
+        raise ConfigError("embforge deploy needs a Prefect server: set PREFECT_API_URL, e.g. "
+                          "http://127.0.0.1:4200/api (`embforge server --pool NAME` starts one)")
     variables = {"env": {"EMBFORGE_STORE": store}} if store else {}
     if work_pool(pool).type == "process":
         variables["working_dir"] = working_dir

@@ -5,15 +5,22 @@ import subprocess
 import sys
 
 import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from flows.cli import main
 from flows.server import server_env, start_server
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tests.flows.conftest import Service, free_port, pool_worker, stop
 from tests.helpers import REPO, tiny_config
 
-pytestmark = pytest.mark.slow  # a real server, a worker, a flow run in a subprocess: a minute
 POOL = "embforge-test-pool"
+
+
+def test_deploy_without_a_server_says_so(capsys):
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        assert main(["deploy", "--pool", POOL]) == 2
+    assert "needs a Prefect server: set PREFECT_API_URL" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +54,7 @@ def worker(deployed):
         yield log
 
 
+@pytest.mark.slow  # a real server and `embforge deploy`: 20 s
 def test_deploy_creates_the_pool_and_registers_every_deployment(deployed):
     svc, _, config, store = deployed
     assert svc.call("GET", f"/work_pools/{POOL}")["type"] == "process"
@@ -62,6 +70,7 @@ def test_deploy_creates_the_pool_and_registers_every_deployment(deployed):
     assert nightly["parameters"] == {"params": {"config": str(config)}}
 
 
+@pytest.mark.slow  # a real worker, a flow run in a subprocess: 15 s more
 def test_a_worker_on_the_pool_runs_the_pipeline(deployed, worker):
     svc, _, config, store = deployed
     run = svc.wait(svc.start("pipeline/pipeline", config=str(config)), timeout_s=300)
