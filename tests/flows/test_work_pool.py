@@ -37,12 +37,14 @@ def pool_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def deployed(pool_server, tmp_path_factory):
-    """`embforge deploy --pool` run in the checkout: the pool does not exist yet."""
+    """`embforge deploy --pool` before the pool exists, the runs to start in a folder outside the
+    checkout: the worker imports the flows as it would from an installed embforge."""
     svc, env = pool_server
     folder = tmp_path_factory.mktemp("pool-run")
     config, store = tiny_config(folder), folder / "served-store"
     deploy = subprocess.run([sys.executable, "-m", "flows.cli", "deploy", "--pool", POOL, "--store", str(store),
-                             "--nightly-config", str(config)], cwd=REPO, env=env, capture_output=True, text=True)
+                             "--working-dir", str(folder), "--nightly-config", str(config)], cwd=REPO, env=env,
+                            capture_output=True, text=True)
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
     return svc, env, config, store
 
@@ -62,9 +64,9 @@ def test_deploy_creates_the_pool_and_registers_every_deployment(deployed):
     assert {f"{d['entrypoint']}/{d['name']}" for d in registered} == {
         "flows.pipeline.pipeline/pipeline", "flows.pipeline.train/train", "flows.pipeline.summarize/summarize",
         "flows.evaluate_registered.evaluate/evaluate", "flows.evaluate_registered.evaluate/nightly"}
-    for d in registered:  # the worker's runs start in the checkout, with the store given to deploy
+    for d in registered:
         assert d["work_pool_name"] == POOL
-        assert d["job_variables"] == {"env": {"EMBFORGE_STORE": str(store)}, "working_dir": str(REPO)}
+        assert d["job_variables"] == {"env": {"EMBFORGE_STORE": str(store)}, "working_dir": str(config.parent)}
     nightly = svc.deployment("evaluate/nightly")
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]
     assert nightly["parameters"] == {"params": {"config": str(config)}}
@@ -73,7 +75,7 @@ def test_deploy_creates_the_pool_and_registers_every_deployment(deployed):
 @pytest.mark.slow  # a real worker, a flow run in a subprocess: 15 s more
 def test_a_worker_on_the_pool_runs_the_pipeline(deployed, worker):
     svc, _, config, store = deployed
-    run = svc.wait(svc.start("pipeline/pipeline", config=str(config)), timeout_s=300)
+    run = svc.wait(svc.start("pipeline/pipeline", config=config.name), timeout_s=300)  # relative to working_dir
     assert run["state"]["type"] == "COMPLETED", (run["state"]["message"], worker.read_text()[-3000:])
     assert run["work_pool_name"] == POOL
     catalog = Catalog(ArtifactStore(store))
