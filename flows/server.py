@@ -5,6 +5,9 @@ PREFECT_SERVER_API_PORT set so the UI calls the API on the chosen port), waits u
 then serves the deployments from this process: flow runs started from the UI, the CLI or the
 nightly schedule run here, in the folder the command was started in. `embforge serve` serves the
 same deployments against the server PREFECT_API_URL names (an existing Prefect server).
+`embforge deploy --pool NAME` (or `embforge server --pool NAME`) registers them on a work pool
+instead: `prefect worker start --pool NAME` on each machine runs them. `--database` puts the
+server's database on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -15,32 +18,45 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
-from prefect import serve
-from prefect.deployments.runner import RunnerDeployment
+from prefect import deploy, get_client, serve
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.objects import WorkPool
+from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.exceptions import ObjectNotFound
 from prefect.schedules import Cron
 from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.workers.process import ProcessWorker
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from flows.evaluate_registered import evaluate
 from flows.pipeline import pipeline, summarize, train
+from tasks.config import ConfigError
 
 NIGHTLY_CRON = "0 3 * * *"
 
 
-def deployments(nightly_config: str, cron: str | None = None, timezone: str | None = None) -> list[RunnerDeployment]:
+def deployments(nightly_config: str, cron: str | None = None, timezone: str | None = None,
+                **options) -> list[RunnerDeployment]:
     """`pipeline`, `train`, `evaluate`, `summarize`, and `nightly`: `evaluate` of every registered
-    model on `nightly_config`'s benchmark set, on a cron schedule (default 03:00 local time)."""
+    model on `nightly_config`'s benchmark set, on a cron schedule (default 03:00 local time).
+    `options` go to every `to_deployment` (a work pool's entrypoint type and job variables)."""
     tags = ["embforge"]
     return [
-        pipeline.to_deployment(name="pipeline", tags=tags, description="Train and evaluate an experiment config."),
-        train.to_deployment(name="train", tags=tags, description="Train a config's methods; register the models."),
+        pipeline.to_deployment(name="pipeline", tags=tags, description="Train and evaluate an experiment config.",
+                               **options),
+        train.to_deployment(name="train", tags=tags, description="Train a config's methods; register the models.",
+                            **options),
         evaluate.to_deployment(name="evaluate", tags=tags, description="Score registered models on a config's "
-                               "benchmark set; only what is not scored yet is computed."),
+                               "benchmark set; only what is not scored yet is computed.", **options),
         evaluate.to_deployment(name="nightly", tags=tags,
                                schedule=Cron(cron or NIGHTLY_CRON, timezone=timezone or local_timezone()),
                                parameters={"params": {"config": nightly_config}},
-                               description="Nightly re-evaluation of every registered model."),
-        summarize.to_deployment(name="summarize", tags=tags, description="Generate a config's LLM summaries."),
+                               description="Nightly re-evaluation of every registered model.", **options),
+        summarize.to_deployment(name="summarize", tags=tags, description="Generate a config's LLM summaries.",
+                                **options),
     ]
 
 
@@ -51,9 +67,29 @@ def local_timezone() -> str:
     return tzlocal.get_localzone_name() or "UTC"
 
 
-def server_env(host: str, port: int) -> dict[str, str]:
-    return {**os.environ, "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": api_url(host, port)}
+def server_env(host: str, port: int, database: str | None = None) -> dict[str, str]:
+    env = {**os.environ, "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": api_url(host, port)}
+    if database:
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url(database)
+    return env
+
+
+def database_url(url: str) -> str:
+    """A PostgreSQL URL with the asyncpg driver, the one Prefect's server uses; `postgresql://` is
+    accepted too. Errors never repeat the URL: it may hold a password."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError("--database: not a database URL; expected postgresql://user:pass@host:port/db") from None
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise ConfigError(f"--database: {parsed.get_backend_name()} is not supported; Prefect's server runs on "
+                          "PostgreSQL (postgresql://user:pass@host:port/db) or on its default SQLite file")
+    return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+def shown_url(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def api_url(host: str, port: int) -> str:
@@ -73,28 +109,70 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 120) -> 
     raise RuntimeError(f"prefect server did not answer on {url} within {timeout_s:.0f} s")
 
 
-def serve_deployments(nightly_config: str, cron: str | None, timezone: str | None, api: str | None = None) -> None:
+def serve_deployments(nightly_config: str, cron: str | None, timezone: str | None) -> None:
     """Register the deployments and run their flow runs until interrupted."""
-    deps = deployments(nightly_config, cron, timezone)
-    if api is None:
-        serve(*deps)
-        return
-    with temporary_settings(updates={PREFECT_API_URL: api}):
-        serve(*deps)
+    serve(*deployments(nightly_config, cron, timezone))
 
 
-def run_server(host: str, port: int, nightly_config: str, cron: str | None, timezone: str | None) -> int:
-    env = server_env(host, port)
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host,
-                               "--port", str(port)], env=env)
+def start_server(env: dict[str, str], **popen_args) -> subprocess.Popen:
+    """`prefect server start` with `server_env`'s settings, returned once it answers."""
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
+                               env["PREFECT_SERVER_API_HOST"], "--port", env["PREFECT_SERVER_API_PORT"]],
+                              env=env, **popen_args)
     try:
         wait_healthy(env["PREFECT_API_URL"], server)
-        print(f"Prefect UI: http://{host}:{port}  (API {env['PREFECT_API_URL']})", flush=True)
+    except BaseException:
+        server.kill()
+        raise
+    return server
+
+
+def run_server(host: str, port: int, database: str | None, then: Callable[[], None], keep_up: bool = False) -> int:
+    """Start the server; once it answers, run `then` against it. Serving the deployments blocks until
+    interrupted; after registering them on a work pool, `keep_up` waits on the server instead."""
+    env = server_env(host, port, database)
+    server = start_server(env)
+    try:
+        db = env.get("PREFECT_SERVER_DATABASE_CONNECTION_URL")
+        print(f"Prefect UI: http://{host}:{port}  (API {env['PREFECT_API_URL']}"
+              + (f", database {shown_url(db)})" if db else ")"), flush=True)
+        # Flow runs started from here inherit the environment; Prefect read its settings at import.
         os.environ.update({k: env[k] for k in ("PREFECT_API_URL", "PREFECT_SERVER_ANALYTICS_ENABLED")})
-        serve_deployments(nightly_config, cron, timezone, api=env["PREFECT_API_URL"])
+        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+            then()
+        if keep_up:
+            server.wait()
     except KeyboardInterrupt:
         pass
     finally:
         server.terminate()
         server.wait(timeout=30)
     return 0
+
+
+def work_pool(name: str) -> WorkPool:
+    """The work pool `name`, created as a process pool (flow runs in subprocesses of the worker) if
+    there is none; a docker or kubernetes pool is made beforehand with its own job template."""
+    with get_client(sync_client=True) as client:
+        try:
+            return client.read_work_pool(name)
+        except ObjectNotFound:
+            return client.create_work_pool(WorkPoolCreate(
+                name=name, type="process", base_job_template=ProcessWorker.get_default_base_job_template()))
+
+
+def deploy_to_pool(pool: str, nightly_config: str, cron: str | None, timezone: str | None, working_dir: str,
+                   store: str | None = None) -> None:
+    """Register the deployments on a work pool. The flows are loaded by module path
+    (`flows.pipeline.pipeline`), so a worker needs embforge importable, installed or on PYTHONPATH,
+    not this checkout; on a process pool the runs start in `working_dir`, the folder config paths are
+    relative to (containers have their own)."""
+    if not PREFECT_API_URL.value():  # Prefect would register them on a temporary server that then stops
+        raise ConfigError("embforge deploy needs a Prefect server: set PREFECT_API_URL, e.g. "
+                          "http://127.0.0.1:4200/api (`embforge server --pool NAME` starts one)")
+    variables = {"env": {"EMBFORGE_STORE": store}} if store else {}
+    if work_pool(pool).type == "process":
+        variables["working_dir"] = working_dir
+    deploy(*deployments(nightly_config, cron, timezone, entrypoint_type=EntrypointType.MODULE_PATH,
+                        job_variables=variables),
+           work_pool_name=pool, build=False, push=False, ignore_warnings=True)

@@ -1,6 +1,7 @@
 """The `service` fixture: one `embforge server` (a real Prefect server with its UI, on loopback,
 serving embforge's deployments) for the service and browser tests."""
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,31 +72,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def service(tmp_path_factory):
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "1", "HF_TOKEN": SECRET}
-    env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--port", str(port), "--nightly-config",
-                             str(tiny_config(home))], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    svc = Service(f"http://127.0.0.1:{port}", home)
-    deadline = time.monotonic() + 180
-    while True:  # up once every deployment is registered
-        try:
-            if len(svc.call("POST", "/deployments/filter", {})) == 5:
-                break
-        except (urllib.error.URLError, OSError):
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"embforge server did not come up:\n{(home / 'server.log').read_text()[-3000:]}")
-        time.sleep(1)
-    yield svc
+def stop(proc: subprocess.Popen) -> None:
+    """Ctrl-C to a process started in a session of its own, and its children; kill what hangs on."""
     os.killpg(proc.pid, signal.SIGINT)
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-    log.close()
+
+
+@contextlib.contextmanager
+def embforge_server(home: Path, *args: str, **env_vars: str) -> Iterator[Service]:
+    """`embforge server ARGS` on a free port with PREFECT_HOME=home and `env_vars`, up once every
+    deployment is registered."""
+    port = free_port()
+    env = {**os.environ, **env_vars, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    env.pop("PREFECT_API_URL", None)
+    with open(home / "server.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--port", str(port), *args], cwd=REPO,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        svc = Service(f"http://127.0.0.1:{port}", home)
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if len(svc.call("POST", "/deployments/filter", {})) == 5:
+                    break
+            except (urllib.error.URLError, OSError):
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"embforge server did not come up:\n{(home / 'server.log').read_text()[-3000:]}")
+            time.sleep(1)
+        yield svc
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def pool_worker(pool: str, home: Path, **env_vars: str) -> Iterator[Path]:
+    """`prefect worker start --pool POOL` started outside the checkout with this checkout first on the
+    path (as on a machine with embforge installed), polling every second; yields its log."""
+    env = {**os.environ, **env_vars, "PREFECT_HOME": str(home), "PYTHONPATH": str(REPO),
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    with open(home / "worker.log", "w") as log:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("prefect")), "worker", "start", "--pool", pool],
+                                cwd="/", env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield home / "worker.log"
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-home")
+    with embforge_server(home, "--nightly-config", str(tiny_config(home)), HF_TOKEN=SECRET) as svc:
+        yield svc
