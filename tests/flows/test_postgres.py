@@ -43,7 +43,7 @@ def postgres():
     """A throwaway cluster on 127.0.0.1 with password authentication; its URL (plain postgresql://)."""
     bindir = pg_bin()
     if bindir is None:
-        pytest.skip("no PostgreSQL server programs: .ci/setup installs Debian's postgresql")
+        pytest.fail("no PostgreSQL server programs: .ci/setup installs Debian's postgresql")
     # PostgreSQL refuses to run as root: as root, run it as the postgres user, in a folder it owns
     # (pytest's tmp_path is root's, mode 0700).
     as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
