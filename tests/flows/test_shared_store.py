@@ -22,7 +22,6 @@ def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for config in configs]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-    assert "waiting for" in "".join(outputs)  # they did overlap: one waited for the other's lease
 
     catalog = Catalog(store)
     runs = {r["name"]: r["run_id"] for r in catalog.query("SELECT name, run_id, status FROM runs")
@@ -36,6 +35,7 @@ def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path):
     assert {s["stage"] for s in stages if s["key"] in shared} >= {"ingest", "sentences", "init", "pairs", "train",
                                                                   "embed", "evaluate"}
     assert not list((store.root / "leases").glob("*/*/*"))  # every lease released with its artifact
+    assert "waiting for" in "".join(outputs)  # they did overlap: one waited for the other's lease
 
     def metrics(run: str) -> list[dict]:
         return catalog.query("SELECT label, metric, value FROM run_metrics WHERE run_id = ? AND label != 'dropout' "
