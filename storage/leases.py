@@ -121,17 +121,21 @@ class Lease:
         self._stopped.set()
         if self._beats:
             self._beats.join()
-        if not self.held():
-            return
-        if published:
+        try:
+            if not self.held():
+                return
+            if not published:
+                self.fs.pipe_file(self._path(self.generation), json.dumps(
+                    self.holder | dict(generation=self.generation, released=True, heartbeat_at=now())).encode())
+                return
             with contextlib.suppress(OSError):  # a newcomer's lease appeared meanwhile: it finds the artifact
                 self.fs.rm(self.folder, recursive=True)
             for parent in (self.store.location("leases", self.ref.stage), self.store.location("leases")):
                 with contextlib.suppress(OSError):  # not empty: other keys' leases (S3 has no folders)
                     self.fs.rmdir(parent)
-        else:
-            self.fs.pipe_file(self._path(self.generation), json.dumps(
-                self.holder | dict(generation=self.generation, released=True, heartbeat_at=now())).encode())
+        except OSError as e:  # must not hide the build's own outcome: a lease left behind expires after its ttl
+            logging.getLogger("embforge.leases").warning("lease on %s not released (it expires in %g s): %s",
+                                                         self.ref.address, self.ttl, e)
 
 
 @contextlib.contextmanager
