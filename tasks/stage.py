@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict
 
+from storage import leases
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_hash
 from tasks import identity
 from tasks.config import INPUT_ERRORS, RetryConfig
@@ -133,7 +134,9 @@ class Stage:
         recipe or corpus it is for in logs and progress."""
         ref = ref or self.ref(config, inputs)
         log = self._log(log, label)
-        return ref if self.cached(store, ref, log) else self.publish(store, config, inputs, ref, log, label)
+        if not self.cached(store, ref, log):
+            self.publish_once(store, config, inputs, ref, log, label)
+        return ref
 
     def _log(self, log: logging.Logger | None, label: str) -> Labelled:
         return Labelled(log or logging.getLogger(f"embforge.{self.name}"), self.display(label))
@@ -156,6 +159,18 @@ class Stage:
         log.info("wrote artifacts/%s", ref.address)
         return ref
 
+    def publish_once(self, store: ArtifactStore, config: BaseModel, inputs: Inputs, ref: ArtifactRef,
+                     log: logging.Logger | logging.LoggerAdapter, label: str = "") -> bool:
+        """Publish the artifact under the key's lease (storage/leases.py), so that runs sharing the store
+        build it once: False when another process published it meanwhile (waited for, or just before)."""
+        with leases.hold(store, ref, lambda: store.exists(ref), log) as mine:
+            if mine and not self.cached(store, ref, log):
+                self.publish(store, config, inputs, ref, log, label)
+                return True
+        if not mine:
+            log.info("artifact %s was built by another run, reusing it", ref.key)
+        return False
+
     def as_task(self, retry: RetryConfig | None = None):
         """The Prefect task for this stage, with retries and back-off for transient failures (training
         resumes from its checkpoint). It is called with the artifact's ref, computed once by the caller,
@@ -165,9 +180,9 @@ class Stage:
 
         def run_stage(store_url: str, config: BaseModel, inputs: Inputs, ref: ArtifactRef, label: str = ""):
             store, log = ArtifactStore(store_url), self._log(get_run_logger(), label)
-            if self.cached(store, ref, log):
+            if self.cached(store, ref, log) or not self.publish_once(store, config, inputs, ref, log, label):
                 return Completed(data=ref, name="Cached", message=f"artifacts/{ref.address} is in the store")
-            return self.publish(store, config, inputs, ref, log, label)
+            return ref
 
         return task(run_stage, name=self.name, tags=[GPU_TAG] if self.gpu else None, cache_policy=NO_CACHE,
                     persist_result=False, retries=retry.attempts, retry_delay_seconds=retry.delays,

@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 
+from storage import leases
 from tasks.config import TrainConfig
 from tasks.methods.objectives import Objective
 from tasks.methods.recipes import Pair
@@ -111,6 +112,7 @@ class Checkpoints:
         self.previous = folder / "checkpoint.previous.pt"
 
     def save(self, state: dict) -> None:
+        leases.confirm()  # a holder that stalled past its lease must not write over its successor's checkpoints
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".checkpoint.{os.getpid()}.tmp"
         torch.save(state, tmp)

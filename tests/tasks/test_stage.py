@@ -2,6 +2,9 @@
 alone decides what is cached, and an artifact that fails its check is rebuilt, never served."""
 
 import logging
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
 from prefect import flow
@@ -9,6 +12,7 @@ from prefect import flow
 from storage.store import ArtifactRef, ArtifactStore, DamagedArtifactError
 from tasks.config import InputError, RetryConfig, Section
 from tasks.stage import Inputs, NoInputs, Stage
+from tests.helpers import DEMO_DOCS, REPO
 
 
 class Job(Section):
@@ -159,3 +163,25 @@ def test_what_was_built_from_other_bytes_of_an_input_is_rebuilt(tmp_path):
     assert not reader.cached(store, built, logging.getLogger()) and not store.exists(built)
     reader.run(store, job, Reads(source=source.ref(job, NoInputs())))
     assert store.read_table(built, "rows")["x"].to_pylist() == [2]
+
+
+# Runs ingest without Prefect (Stage.run) from argv[2], a time both processes are past their imports.
+INGEST_RUN = """
+import logging, sys, time
+from storage.store import ArtifactStore
+from tasks.config import DataConfig
+from tasks.ingest import INGEST
+from tasks.stage import NoInputs
+logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+time.sleep(max(0, float(sys.argv[2]) - time.time()))
+INGEST.run(ArtifactStore(sys.argv[1]), DataConfig(path=sys.argv[3]), NoInputs())
+"""
+
+
+def test_two_processes_running_one_stage_at_once_build_it_once(tmp_path):
+    start = str(time.time() + 4)
+    procs = [subprocess.Popen([sys.executable, "-c", INGEST_RUN, str(tmp_path), start, str(DEMO_DOCS)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    out = "".join(p.communicate(timeout=120)[0] for p in procs)
+    assert [p.returncode for p in procs] == [0, 0], out
+    assert out.count("wrote artifacts/ingest/") == 1, out  # the other waited, or found it published

@@ -1,0 +1,44 @@
+"""Two `embforge run`s started together on one store build each artifact they share once."""
+
+import os
+import subprocess
+import sys
+from collections import Counter
+
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
+from tests.helpers import REPO, tiny_config
+
+
+def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    configs = []
+    for name, methods in [("one", ["crops"]), ("two", ["crops", "dropout"])]:  # base and crops are shared
+        (tmp_path / name).mkdir()
+        configs.append(tiny_config(tmp_path / name, name=name, store=str(store.root), evaluate={"sts": None},
+                                   methods=[{"name": m, "recipe": m} for m in methods]))
+    procs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO,
+                              env={**os.environ, "PREFECT_HOME": str(config.parent / "prefect")},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for config in configs]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+
+    catalog = Catalog(store)
+    runs = {r["name"]: r["run_id"] for r in catalog.query("SELECT name, run_id, status FROM runs")
+            if r["status"] == "completed"}
+    assert set(runs) == {"one", "two"}
+    stages = catalog.query("SELECT run_id, stage, label, key, state FROM run_stages")
+    built = Counter(s["key"] for s in stages if s["state"] == "Completed")
+    assert set(built.values()) == {1} and set(built) == {s["key"] for s in stages}  # every key built, once
+    shared = {s["key"] for s in stages if s["run_id"] == runs["one"]} & {s["key"] for s in stages
+                                                                          if s["run_id"] == runs["two"]}
+    assert {s["stage"] for s in stages if s["key"] in shared} >= {"ingest", "sentences", "init", "pairs", "train",
+                                                                  "embed", "evaluate"}
+    assert not list((store.root / "leases").glob("*/*/*"))  # every lease released with its artifact
+    assert "waiting for" in "".join(outputs)  # they did overlap: one waited for the other's lease
+
+    def metrics(run: str) -> list[dict]:
+        return catalog.query("SELECT label, metric, value FROM run_metrics WHERE run_id = ? AND label != 'dropout' "
+                             "ORDER BY label, metric, value", [runs[run]])
+
+    assert metrics("one") == metrics("two") and len(metrics("one")) > 10
