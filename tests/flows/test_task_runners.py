@@ -17,7 +17,7 @@ def run_tiny(tmp_path, runner: str) -> tuple[str, Catalog]:
     from flows.pipeline import pipeline
 
     # Training long enough (seconds) for two methods' to be seen side by side.
-    config = tiny_config(tmp_path, run={"task_runner": runner, "max_workers": 2}, train={"epochs": 4})
+    config = tiny_config(tmp_path, run={"task_runner": runner, "max_workers": 2}, train={"epochs": 12})
     state = pipeline(RunParams(config=str(config)), return_state=True)
     assert state.is_completed(), state.message
     return str(state.state_details.flow_run_id), Catalog(ArtifactStore(tmp_path / "store"))
