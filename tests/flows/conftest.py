@@ -4,7 +4,6 @@ serving embforge's deployments) for the service and browser tests."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, SECRET, tiny_config
+from tests.helpers import REPO, SECRET, free_port, tiny_config
 
 
 class Service:
@@ -62,12 +61,6 @@ class Service:
 
     def logs(self, run_id: str) -> list[dict]:
         return self.call("POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
