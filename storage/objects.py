@@ -101,7 +101,8 @@ class ObjectStore(ArtifactStore):
         """name → size of every object below `folder`."""
         base = self.fs._strip_protocol(folder)
         with contextlib.suppress(FileNotFoundError):
-            return {p[len(base) + 1:]: info["size"] for p, info in self.fs.find(folder, detail=True).items()}
+            return {p[len(base) + 1:]: info["size"] for p, info in self.fs.find(folder, detail=True).items()
+                    if len(p) > len(base)}  # SeaweedFS answers an emptied folder with the folder itself
         return {}
 
     def problems(self, ref: ArtifactRef, digests: bool = False) -> list[str]:
