@@ -14,6 +14,9 @@ Layout under the store root:
                                             (the next run rebuilds them; safe to delete)
     .tmp/<stage>-<key>.<host>.<pid>.<id>/   artifacts being written; never read
 
+A store at a URL (`s3://bucket/prefix`) has the same layout, with a local working copy; it
+publishes by creating the manifest last with an exclusive PUT instead of a rename (storage/objects.py).
+
 The store is self-contained: whether a stage is cached is decided from the store alone (Prefect
 keeps no result files anywhere), so a store copied to another machine or opened with another
 PREFECT_HOME gives the same all-cached rerun.
@@ -162,6 +165,11 @@ def _size(path: Path) -> int:
 DEFAULT_STORE = "embforge-store"
 
 
+def is_url(store: str | Path) -> bool:
+    """Whether a store is at a URL (s3://bucket/prefix), not a folder."""
+    return "://" in str(store)
+
+
 def open_store(flag: str | None, configured: str | None = None) -> ArtifactStore:
     """The store a command or flow uses: the flag (`--store`, a flow's `store`), else EMBFORGE_STORE,
     else the config's `store`, else ./embforge-store."""
@@ -175,7 +183,7 @@ class ArtifactStore:
     remote = False
 
     def __new__(cls, root: str | Path):
-        if cls is ArtifactStore and "://" in str(root):
+        if cls is ArtifactStore and is_url(root):
             from storage.objects import ObjectStore
 
             cls = ObjectStore
@@ -244,8 +252,7 @@ class ArtifactStore:
         """How the artifact's files differ from its manifest (sizes; SHA-256 too with `digests`):
         empty when it can be trusted. Manifests from before sizes were recorded list names only."""
         try:
-            manifest = self.manifest(ref)
-            expected = manifest["files"]
+            expected = self.manifest(ref)["files"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             return [f"{MANIFEST} cannot be read ({e})"]
         folder = self.path(ref)

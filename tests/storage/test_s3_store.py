@@ -153,3 +153,10 @@ def test_the_catalog_reads_only_its_own_bucket_prefix(s3_store):
     for outside in (f"{s3_store}-other/x.json", "/etc/passwd"):
         with pytest.raises(Exception, match="Cannot access file"):
             catalog.query(f"SELECT * FROM read_json('{outside}')")
+
+
+def test_a_config_names_an_s3_store_as_it_is(tmp_path):
+    from tasks.config import load_config
+    from tests.helpers import tiny_config
+
+    assert load_config(tiny_config(tmp_path, store="s3://bucket/runs"), check_files=False).store == "s3://bucket/runs"
