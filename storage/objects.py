@@ -46,18 +46,21 @@ from storage.store import (
 
 
 def working_copy(url: str) -> Path:
+    """Where this machine keeps its copy of the store at `url` (one folder per URL)."""
     return Path(os.environ.get("EMBFORGE_CACHE") or Path.home() / ".cache" / "embforge") / stable_hash(url)
 
 
 class ObjectStore(ArtifactStore):
+    """The store at a URL: the object store decides what exists, `root` is the working copy."""
+
     remote = True
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         # Listings are not cached: other workers publish all the time.
         self.fs, _ = fsspec.url_to_fs(self.url, use_listings_cache=False)
-        self.root = working_copy(self.url)
-        self.working = ArtifactStore(self.root)
+        self.working = ArtifactStore(working_copy(self.url))  # a local store: what `check` fills
+        self.root = self.working.root
         self._ready = False
 
     def _writable(self) -> None:
