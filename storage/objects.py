@@ -62,6 +62,7 @@ class ObjectStore(ArtifactStore):
         self.working = ArtifactStore(working_copy(self.url))  # a local store: what `check` fills
         self.root = self.working.root
         self._ready = False
+        self._saved: dict[ArtifactRef, dict[str, tuple[int, int]]] = {}  # save_scratch's
 
     def _writable(self) -> None:
         """Create the bucket on the first write (reading a store that is not there creates nothing)."""
@@ -236,15 +237,24 @@ class ObjectStore(ArtifactStore):
         return folder
 
     def save_scratch(self, ref: ArtifactRef) -> None:
-        """Put every file of the scratch folder, oldest first: a worker killed mid-way leaves the newest
-        checkpoint it had uploaded, each PUT being whole."""
+        """Put the scratch folder's new files, oldest first: a worker killed mid-way leaves the newest
+        checkpoint it had uploaded, each PUT being whole. A file renamed since (the previous checkpoint)
+        is copied inside the store instead of uploaded again."""
         self._writable()
-        folder = self.working.scratch(ref)
+        folder, remote = self.working.scratch(ref), self.location("scratch", ref.stage, ref.key)
+        saved = self._saved.setdefault(ref, {})  # name → (size, mtime) of what this process put there
         files = sorted((p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")),
                        key=lambda p: p.stat().st_mtime_ns)
         for path in files:
-            self.fs.put_file(str(path), self.location("scratch", ref.stage, ref.key,
-                                                      path.relative_to(folder).as_posix()))
+            name, stat = path.relative_to(folder).as_posix(), path.stat()
+            found = (stat.st_size, stat.st_mtime_ns)
+            if saved.get(name) == found:
+                continue
+            if source := next((n for n, s in saved.items() if s == found), None):
+                self.fs.copy(f"{remote}/{source}", f"{remote}/{name}")
+            else:
+                self.fs.put_file(str(path), f"{remote}/{name}")
+            saved[name] = found
 
     def drop_scratch(self, ref: ArtifactRef) -> None:
         self.working.drop_scratch(ref)

@@ -125,9 +125,11 @@ def test_pools_runs_logs_and_scratch_live_in_the_bucket(s3_store, tmp_path, monk
     assert store.fs.cat_file(f"{s3_store}/logs/{log.name}") == b"a log line\n"
 
     scratch = store.scratch(ArtifactRef("train", "t1"))
-    (scratch / "checkpoint.previous.pt").write_bytes(b"old")
-    (scratch / "checkpoint.pt").write_bytes(b"new")
+    (scratch / "checkpoint.pt").write_bytes(b"old")
     store.save_scratch(ArtifactRef("train", "t1"))
+    (scratch / "checkpoint.pt").rename(scratch / "checkpoint.previous.pt")  # what Checkpoints.save does
+    (scratch / "checkpoint.pt").write_bytes(b"new")
+    store.save_scratch(ArtifactRef("train", "t1"))  # the previous one is copied inside the bucket
 
     other = fresh(s3_store, tmp_path, monkeypatch)  # another worker: everything comes from the bucket
     assert other.pool("summaries", "k").read()["x"].to_pylist() == [1]
@@ -139,6 +141,7 @@ def test_pools_runs_logs_and_scratch_live_in_the_bucket(s3_store, tmp_path, monk
         {"stage": "evaluate", "key": "e1", "path": "artifacts/evaluate/e1"}]
     resumed = other.scratch(ArtifactRef("train", "t1"))
     assert (resumed / "checkpoint.pt").read_bytes() == b"new" and resumed.is_relative_to(other.root)
+    assert (resumed / "checkpoint.previous.pt").read_bytes() == b"old"
     other.drop_scratch(ArtifactRef("train", "t1"))
     assert not resumed.exists() and objects(store, "scratch") == []
     assert json.loads(store.fs.cat_file(f"{s3_store}/runs/r1.json"))["status"] == "completed"
