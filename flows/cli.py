@@ -75,6 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                        rebuild_stale_versions=args.rebuild_stale_versions)
     with logged(store.log_file("run")) as log_file:
         state = pipeline(params, return_state=True)
+    store.upload(log_file)  # an object store keeps it too
     if state.is_failed():
         console.print(f"the full log, with tracebacks: {log_file}", highlight=False)
     state.result()  # raises the run's own error, e.g. an InputError naming the bad row
@@ -92,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if stale:
         _print_table("cached artifacts built with other library versions (--rebuild-stale-versions rebuilds them)",
                      stale)
-    console.print(f"artifacts in {store.root}; query them with `embforge sql` or DuckDB")
+    console.print(f"artifacts in {store.url}; query them with `embforge sql` or DuckDB")
     return 0
 
 
@@ -214,8 +215,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Check every finished artifact's files against the sizes and SHA-256 digests in its manifest;
     one that fails is set aside (damaged/), so the next run rebuilds it."""
     store = _store(args)
-    if not (store.root / "artifacts").is_dir():
-        raise FileNotFoundError(f"no artifacts in {store.root}: is it the store? (--store, EMBFORGE_STORE)")
+    if not store.fs.isdir(store.location("artifacts")):
+        raise FileNotFoundError(f"no artifacts in {store.url}: is it the store? (--store, EMBFORGE_STORE)")
     refs, damaged, unverifiable = store.artifacts(args.stage), [], 0
     for ref in track(refs, description="verifying", console=console, transient=True):
         if found := store.problems(ref, digests=True):
@@ -248,8 +249,8 @@ def parser() -> argparse.ArgumentParser:
     def add(name: str, fn, help: str, config: str | None = "option") -> argparse.ArgumentParser:
         """A command with `--store`, and its config as a positional argument, an option or none."""
         sp = sub.add_parser(name, help=help, description=help)
-        sp.add_argument("--store", help="artifact store folder (default: EMBFORGE_STORE, the config's "
-                        "`store`, or ./embforge-store)")
+        sp.add_argument("--store", help="artifact store folder or URL, e.g. s3://bucket/prefix (default: "
+                        "EMBFORGE_STORE, the config's `store`, or ./embforge-store)")
         if config == "positional":
             sp.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
         elif config == "option":

@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from glob import glob as glob_files
-from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.store import HOST, ArtifactStore, process_alive
+from storage.store import HOST, MANIFEST, ArtifactStore, process_alive
 
 log = logging.getLogger("embforge.catalog")
 
@@ -120,23 +117,30 @@ def _crashed(record: dict) -> bool:
     return silent > timedelta(seconds=MISSED_HEARTBEATS * record["heartbeat_s"])
 
 
-def _json_object(path: str) -> dict:
-    record = json.loads(Path(path).read_text())
+def _json_object(blob: bytes | Exception) -> dict:
+    if isinstance(blob, Exception):
+        raise blob
+    record = json.loads(blob)
     if not isinstance(record, dict):
         raise ValueError(f"a JSON {type(record).__name__}, not an object")
     return record
 
 
-def _readable(pattern: Path, read: Callable[[str], Any]) -> dict[str, Any]:
-    """The files matching `pattern`, each with what `read` made of it. A file it cannot read (cut
-    short by a full disk or a killed copy) is skipped with a warning, so the others stay queryable."""
+def _readable(paths: list[str], read: Callable[[str], Any]) -> dict[str, Any]:
+    """The files, each with what `read` made of it. A file it cannot read (cut short by a full disk
+    or a killed copy) is skipped with a warning, so the others stay queryable."""
     found = {}
-    for path in sorted(glob_files(str(pattern))):
+    for path in paths:
         try:
             found[path] = read(path)
         except (OSError, ValueError, TypeError) as e:
             log.warning("skipped the damaged file %s: %s", path, e)
     return found
+
+
+def _json_files(store: ArtifactStore, *pattern: str) -> dict[str, dict]:
+    blobs = store.cat(store.glob(*pattern))  # at once: an object store fetches them concurrently
+    return _readable(list(blobs), lambda path: _json_object(blobs[path]))
 
 
 def _sql_list(values: list[str]) -> str:
@@ -153,14 +157,21 @@ class Catalog:
         self.con = duckdb.connect()
         self.con.register("empty_metrics", METRICS_SCHEMA.empty_table())
         self.con.register("empty_changes", CHANGES_SCHEMA.empty_table())
-        root = store.root
-        self._view("artifacts", _readable(root / "artifacts" / "*" / "*" / "manifest.json", _json_object), """
+        if store.remote:  # DuckDB reads the object store through the same fsspec filesystem
+            self.con.register_filesystem(store.fs)
+
+        def metadata(path: str) -> pq.FileMetaData:
+            with store.fs.open(path, "rb") as fh:
+                return pq.read_metadata(fh)
+
+        manifests = _json_files(store, "artifacts", "*", "*", MANIFEST)
+        self._view("artifacts", manifests, """
             SELECT stage, key, inputs, config, code_version, rows, created_at, wall_s,
                    'artifacts/' || stage || '/' || key AS path
             FROM read_json({files}, columns={stage: 'VARCHAR', key: 'VARCHAR', inputs: 'VARCHAR[]',
                  config: 'JSON', code_version: 'VARCHAR', rows: 'JSON', created_at: 'TIMESTAMP',
                  wall_s: 'DOUBLE'})""")
-        runs = _readable(root / "runs" / "*.json", lambda path: _crashed(_json_object(path)))
+        runs = {path: _crashed(record) for path, record in _json_files(store, "runs", "*.json").items()}
         self._view("runs", runs, """
             SELECT * EXCLUDE (filename) REPLACE (
                 CASE WHEN list_contains({crashed}, filename) THEN 'crashed' ELSE status END AS status)
@@ -169,14 +180,15 @@ class Catalog:
                  started_at: 'TIMESTAMP', finished_at: 'TIMESTAMP', error: 'VARCHAR', stages: 'JSON',
                  models: 'JSON', host: 'VARCHAR', pid: 'BIGINT', heartbeat_at: 'TIMESTAMP', heartbeat_s: 'DOUBLE'})
             """.replace("{crashed}", _sql_list([path for path, crashed in runs.items() if crashed])))
-        self._view("score_changes", _readable(root / "runs" / "*.changes.parquet", pq.read_metadata), r"""
+        self._view("score_changes", _readable(store.glob("runs", "*.changes.parquet"), metadata), r"""
             SELECT regexp_extract(filename, '([^/]+)\.changes\.parquet$', 1) AS run_id, * EXCLUDE (filename)
             FROM read_parquet({files}, filename=true)""")
-        self._view("metrics", _readable(root / "artifacts" / "*" / "*" / "metrics.parquet", pq.read_metadata),
+        self._view("metrics", _readable(store.artifact_files("metrics.parquet", manifests), metadata),
                    "SELECT * FROM read_parquet({files}, union_by_name=true)")
-        self._view("summaries", _readable(root / "artifacts" / "summarize" / "*" / "summaries.parquet",
-                                          pq.read_metadata), """
-            SELECT regexp_extract(filename, 'summarize/([^/]+)/summaries.parquet', 1) AS key, * EXCLUDE (filename)
+        summaries = [f for f in store.artifact_files("summaries.parquet", manifests)
+                     if f.startswith(store.location("artifacts", "summarize", ""))]
+        self._view("summaries", _readable(summaries, metadata), r"""
+            SELECT regexp_extract(filename, '/artifacts/summarize/([^/]+)/', 1) AS key, * EXCLUDE (filename)
             FROM read_parquet({files}, filename=true)""")
         self.con.execute("""
             CREATE VIEW run_stages AS
@@ -201,7 +213,7 @@ class Catalog:
 
         # Views read the store's files when queried, so the store stays readable; nothing else is (COPY TO,
         # ATTACH, read_csv('/etc/passwd'), INSTALL), and a locked configuration cannot be SET back.
-        self.con.execute(f"SET allowed_directories = {_sql_list([str(root) + os.sep])}")
+        self.con.execute(f"SET allowed_directories = {_sql_list([store.location('')])}")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
 

@@ -14,6 +14,9 @@ Layout under the store root:
                                             (the next run rebuilds them; safe to delete)
     .tmp/<stage>-<key>.<host>.<pid>.<id>/   artifacts being written; never read
 
+A store at a URL (`s3://bucket/prefix`) has the same layout, with a local working copy; it
+publishes by creating the manifest last with an exclusive PUT instead of a rename (storage/objects.py).
+
 The store is self-contained: whether a stage is cached is decided from the store alone (Prefect
 keeps no result files anywhere), so a store copied to another machine or opened with another
 PREFECT_HOME gives the same all-cached rerun.
@@ -37,7 +40,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,7 +50,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.shards import ShardPool, write_parquet_atomic
+from storage.shards import ShardPool, parquet_bytes
 
 MANIFEST = "manifest.json"
 WORK = ".work"  # a stage's temporary files inside the artifact being written; removed before publishing
@@ -104,9 +107,27 @@ def _digest(root: str, stats: tuple[tuple[str, int, int], ...]) -> str:
 
 def _hash_file(h, path: Path):
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
+        return hash_stream(h, fh)
+
+
+def hash_stream(h, fh):
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        h.update(block)
     return h
+
+
+def differences(expected: dict | list, sizes: dict[str, int], digest: Callable[[str], str] | None) -> list[str]:
+    """How stored files (name → size; `digest` gives a file's SHA-256) differ from a manifest's
+    `files`. Manifests from before sizes were recorded list names only."""
+    found = []
+    for name, want in (expected.items() if isinstance(expected, dict) else ((n, None) for n in expected)):
+        if name not in sizes:
+            found.append(f"{name} is missing")
+        elif want and sizes[name] != want["size"]:
+            found.append(f"{name} is {sizes[name]:,} bytes, expected {want['size']:,}")
+        elif want and digest and digest(name) != want["sha256"]:
+            found.append(f"{name} has other contents than it was published with (SHA-256 differs)")
+    return found
 
 
 def now() -> str:
@@ -120,12 +141,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def _files(folder: Path) -> list[Path]:
@@ -150,6 +165,11 @@ def _size(path: Path) -> int:
 DEFAULT_STORE = "embforge-store"
 
 
+def is_url(store: str | Path) -> bool:
+    """Whether a store is at a URL (s3://bucket/prefix), not a folder."""
+    return "://" in str(store)
+
+
 def open_store(flag: str | None, configured: str | None = None) -> ArtifactStore:
     """The store a command or flow uses: the flag (`--store`, a flow's `store`), else EMBFORGE_STORE,
     else the config's `store`, else ./embforge-store."""
@@ -157,7 +177,17 @@ def open_store(flag: str | None, configured: str | None = None) -> ArtifactStore
 
 
 class ArtifactStore:
-    """Owns every byte embforge writes. Nothing else builds a path into the store."""
+    """Owns every byte embforge writes. Nothing else builds a path into the store. A URL
+    (`s3://bucket/prefix`) opens an object store with a local working copy (storage/objects.py)."""
+
+    remote = False
+
+    def __new__(cls, root: str | Path):
+        if cls is ArtifactStore and is_url(root):
+            from storage.objects import ObjectStore
+
+            cls = ObjectStore
+        return super().__new__(cls)
 
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
@@ -169,6 +199,27 @@ class ArtifactStore:
     def location(self, *parts: str) -> str:
         """The fsspec path of a file in the store (`location("leases", "x.json")`)."""
         return "/".join([self.url.rstrip("/"), *parts])
+
+    def glob(self, *parts: str) -> list[str]:
+        """Locations in the store matching a pattern (`glob("runs", "*.json")`), sorted."""
+        base = self.fs._strip_protocol(self.url)
+        return sorted(self.url + p[len(base):] for p in self.fs.glob(self.location(*parts)))
+
+    def cat(self, locations: list[str]) -> dict[str, bytes | Exception]:
+        """Several files' bytes at once (an object store fetches them concurrently), or why not."""
+        found = self.fs.cat(locations, on_error="return") if locations else {}
+        return {loc: found.get(self.fs._strip_protocol(loc), FileNotFoundError(loc)) for loc in locations}
+
+    def _put(self, location: str, data: bytes) -> None:
+        """Replace a file whole: written beside it and renamed, so readers see the old or the new one."""
+        path = Path(location)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def upload(self, path: Path) -> None:
+        """Copy a file of the working copy (a log) to the store: an object store's job; a local store is its own."""
 
     # -- finished artifacts -------------------------------------------------
     def path(self, ref: ArtifactRef) -> Path:
@@ -211,21 +262,14 @@ class ArtifactStore:
     def problems(self, ref: ArtifactRef, digests: bool = False) -> list[str]:
         """How the artifact's files differ from its manifest (sizes; SHA-256 too with `digests`):
         empty when it can be trusted. Manifests from before sizes were recorded list names only."""
-        folder = self.path(ref)
         try:
             expected = self.manifest(ref)["files"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             return [f"{MANIFEST} cannot be read ({e})"]
-        found = []
-        for name, want in (expected.items() if isinstance(expected, dict) else ((n, None) for n in expected)):
-            path = folder / name
-            if not path.exists():
-                found.append(f"{name} is missing")
-            elif want and path.stat().st_size != want["size"]:
-                found.append(f"{name} is {path.stat().st_size:,} bytes, expected {want['size']:,}")
-            elif want and digests and _hash_file(hashlib.sha256(), path).hexdigest() != want["sha256"]:
-                found.append(f"{name} has other contents than it was published with (SHA-256 differs)")
-        return found
+        folder = self.path(ref)
+        sizes = {name: (folder / name).stat().st_size for name in expected if (folder / name).exists()}
+        return differences(expected, sizes, (lambda name: _hash_file(hashlib.sha256(), folder / name).hexdigest())
+                           if digests else None)
 
     def check(self, ref: ArtifactRef) -> None:
         """Raise unless the artifact is there with the sizes its manifest records: what every read does."""
@@ -278,8 +322,6 @@ class ArtifactStore:
             yield writer
             shutil.rmtree(writer.folder / WORK, ignore_errors=True)
             files = _files(tmp)
-            for path in files:
-                _fsync(path)
             manifest = {
                 "stage": ref.stage,
                 "key": ref.key,
@@ -297,24 +339,28 @@ class ArtifactStore:
                 "created_at": now(),
                 "wall_s": round(time.perf_counter() - started, 3),
             }
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-            for path in [tmp / MANIFEST, *(p for p in tmp.rglob("*") if p.is_dir()), tmp]:  # every folder's entries
-                _fsync(path)
-            final = self.path(ref)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            if final.exists() and not self.exists(ref):  # a folder without manifest was never finished
-                aside = self.set_aside(ref, "it has no manifest")
-                logging.getLogger("embforge.store").warning("%s had files but no manifest: set aside to %s",
-                                                            ref.address, aside)
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                if not self.exists(ref):  # someone else finished the same key first: keep theirs
-                    raise
-            _fsync(final.parent)
+            self._publish(ref, tmp, manifest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             self._tidy_temp()
+
+    def _publish(self, ref: ArtifactRef, tmp: Path, manifest: dict) -> None:
+        """Make the written folder the artifact: durably on disk first, then renamed into place."""
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+        for path in [*_files(tmp), *(p for p in tmp.rglob("*") if p.is_dir()), tmp]:  # every folder's entries too
+            _fsync(path)
+        final = self.path(ref)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists() and not self.exists(ref):  # a folder without manifest was never finished
+            aside = self.set_aside(ref, "it has no manifest")
+            logging.getLogger("embforge.store").warning("%s had files but no manifest: set aside to %s",
+                                                        ref.address, aside)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not self.exists(ref):  # someone else finished the same key first: keep theirs
+                raise
+        _fsync(final.parent)
 
     def discard(self, ref: ArtifactRef) -> None:
         """Remove a finished artifact: moved aside in one rename, so it never looks half there."""
@@ -324,7 +370,7 @@ class ArtifactStore:
         shutil.rmtree(aside, ignore_errors=True)
         self._tidy_temp()
 
-    def set_aside(self, ref: ArtifactRef, why: str) -> Path | None:
+    def set_aside(self, ref: ArtifactRef, why: str) -> Path | str | None:
         """Move an artifact that cannot be trusted to damaged/ (kept for a look), with a note saying why."""
         aside = self.root / "damaged" / ref.stage / f"{ref.key}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
         aside.parent.mkdir(parents=True, exist_ok=True)
@@ -358,8 +404,13 @@ class ArtifactStore:
 
     def artifacts(self, stage: str | None = None) -> list[ArtifactRef]:
         """Every finished artifact (of one stage)."""
-        return [ArtifactRef(p.parent.parent.name, p.parent.name)
-                for p in sorted((self.root / "artifacts").glob(f"{stage or '*'}/*/{MANIFEST}"))]
+        return [ArtifactRef(*location.split("/")[-3:-1]) for location in self.glob("artifacts", stage or "*", "*",
+                                                                                   MANIFEST)]
+
+    def artifact_files(self, name: str, manifests: dict[str, dict]) -> list[str]:
+        """Where every finished artifact keeps its file `name` (the catalog's metrics, summaries);
+        `manifests` (location → manifest) are the ones the caller read: an object store's need them."""
+        return self.glob("artifacts", "*", "*", name)
 
     # -- work in progress ---------------------------------------------------
     def scratch(self, ref: ArtifactRef) -> Path:
@@ -367,6 +418,9 @@ class ArtifactStore:
         path = self.root / "scratch" / ref.stage / ref.key
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def save_scratch(self, ref: ArtifactRef) -> None:
+        """Copy the scratch folder to the store after a checkpoint: a local store's scratch is in it already."""
 
     def drop_scratch(self, ref: ArtifactRef) -> None:
         folder = self.root / "scratch" / ref.stage / ref.key
@@ -377,23 +431,18 @@ class ArtifactStore:
 
     def pool(self, name: str, key: str) -> ShardPool:
         """Rows that outlive any one artifact, e.g. summaries per (LLM, sampling settings)."""
-        return ShardPool(self.root / "pools" / name / key)
+        return ShardPool(self.fs, self.root / "pools" / name / key, self._put)
 
     # -- runs ---------------------------------------------------------------
-    def _runs(self) -> Path:
-        runs = self.root / "runs"
-        runs.mkdir(parents=True, exist_ok=True)
-        return runs
-
     def write_run(self, run_id: str, record: dict) -> None:
-        _write_json_atomic(self._runs() / f"{run_id}.json", record)
+        self._put(self.location("runs", f"{run_id}.json"), json.dumps(record, indent=2, default=str).encode())
 
     def log_file(self, command: str) -> Path:
         """Where a command run writes its full log (tracebacks included): logs/<command>-<time>-<pid>.log."""
         return self.root / "logs" / f"{command}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{os.getpid()}.log"
 
     def write_run_table(self, run_id: str, name: str, table: pa.Table) -> None:
-        write_parquet_atomic(table, self._runs() / f"{run_id}.{name}.parquet")
+        self._put(self.location("runs", f"{run_id}.{name}.parquet"), parquet_bytes(table))
 
 
 class ArtifactWriter:

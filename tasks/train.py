@@ -95,8 +95,8 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
         # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
         # this is the starting model on a resume too).
         start = [dict(step=0, epoch=0, loss=None, lr=None, knn_accuracy=measure())] if measure else []
-        history = training.train_model(objective, batches, cfg, training.Checkpoints(store.scratch(ref)), log,
-                                       measure=measure)
+        checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
+        history = training.train_model(objective, batches, cfg, checkpoints, log, measure=measure)
     model.save(str(out.folder / "model"))
     out.write_table("training", pa.Table.from_pylist(start + [vars(h) for h in history]))
     out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)

@@ -1,5 +1,6 @@
 """Constants and config builders the tests share (fixtures stay in conftest.py)."""
 
+import socket
 from pathlib import Path
 
 import yaml
@@ -27,3 +28,9 @@ def tiny_config(tmp_path: Path, **overrides) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -106,8 +106,8 @@ class Checkpoints:
     by a full disk, or crafted) is set aside with a warning and the one before it is used.
     """
 
-    def __init__(self, folder: Path):
-        self.folder = folder
+    def __init__(self, folder: Path, saved: Callable[[], None] | None = None):
+        self.folder, self.saved = folder, saved  # `saved`: called after each save (copies them to an object store)
         self.path = folder / "checkpoint.pt"
         self.previous = folder / "checkpoint.previous.pt"
 
@@ -119,6 +119,8 @@ class Checkpoints:
         if self.path.is_file():
             os.replace(self.path, self.previous)
         os.replace(tmp, self.path)  # a kill at any point leaves at least one complete checkpoint
+        if self.saved:
+            self.saved()
 
     def load(self, log: logging.Logger | logging.LoggerAdapter | None = None) -> dict | None:
         """The newest readable state, or None to start from step 0."""

@@ -5,7 +5,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, SECRET, tiny_config
+from tests.helpers import REPO, SECRET, free_port, tiny_config
 
 
 class Service:
@@ -64,12 +63,6 @@ class Service:
 
     def logs(self, run_id: str) -> list[dict]:
         return self.call("POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop(proc: subprocess.Popen) -> None:

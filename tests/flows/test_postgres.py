@@ -15,8 +15,8 @@ import pytest
 
 from flows.cli import main
 from flows.server import database_url
-from tests.flows.conftest import embforge_server, free_port, pool_worker
-from tests.helpers import tiny_config
+from tests.flows.conftest import embforge_server, pool_worker
+from tests.helpers import free_port, tiny_config
 
 USER, PASSWORD = "embforge", "pg_secret_never_printed"
 

@@ -11,8 +11,8 @@ from flows.cli import main
 from flows.server import server_env, start_server
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tests.flows.conftest import Service, free_port, pool_worker, stop
-from tests.helpers import REPO, tiny_config
+from tests.flows.conftest import Service, pool_worker, stop
+from tests.helpers import REPO, free_port, tiny_config
 
 POOL = "embforge-test-pool"
 
