@@ -36,7 +36,7 @@ def registered_models(catalog: Catalog, wanted: list[str]) -> list[ReportedModel
     rows = catalog.query(REGISTERED_SQL)
     unknown = sorted(set(wanted) - {r["label"] for r in rows} - {r["artifact"] for r in rows})
     if unknown:
-        raise ConfigError(f"models {unknown} are not registered in {catalog.store.root.name}/; "
+        raise ConfigError(f"models {unknown} are not registered in {catalog.store.url}; "
                           "see `embforge models`")
     rows = [r for r in rows if not wanted or r["label"] in wanted or r["artifact"] in wanted]
     labels = [r["label"] for r in rows]
@@ -120,7 +120,7 @@ def evaluate(params: EvaluateParams) -> dict:
         catalog = Catalog(store)
         models, earlier = registered_models(catalog, params.models), catalog.con.execute(SNAPSHOT_SQL).to_arrow_table()
         if not models:
-            raise ConfigError(f"no registered models in {store.root.name}/: run the `pipeline` or `train` flow first")
+            raise ConfigError(f"no registered models in {store.url}: run the `pipeline` or `train` flow first")
         docs = run.stage(INGEST, cfg.data, NoInputs())
         summaries = summarize_corpus(run, docs) if cfg.evaluate.semantic else None
         report_models(run, models, Corpus(docs, summaries), params.force)

@@ -285,7 +285,8 @@ def pipeline(params: RunParams) -> str:
         models, corpus = train_models(run, run.cfg.methods)
         references = [ReportedModel(name, "reference", None, name) for name in run.cfg.evaluate.reference_models]
         run.register(references)
-        return str(run.store.path(report_models(run, models + references, corpus)))
+        report = report_models(run, models + references, corpus)
+        return run.store.location("artifacts", report.stage, report.key)
 
     return recorded(run, body)
 
@@ -307,6 +308,7 @@ def summarize(params: RunParams) -> str:
     def body() -> str:
         if not run.cfg.summaries:
             raise ConfigError(f"{params.config}: summaries: the config has no `summaries` section")
-        return str(run.store.path(summarize_corpus(run, run.stage(INGEST, run.cfg.data, NoInputs()))))
+        summaries = summarize_corpus(run, run.stage(INGEST, run.cfg.data, NoInputs()))
+        return run.store.location("artifacts", summaries.stage, summaries.key)
 
     return recorded(run, body)
