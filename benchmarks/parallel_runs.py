@@ -41,7 +41,7 @@ def timed(args: list[str], env: dict) -> float:
 
 def train_run(store: Path, runner: str, limit: int, env: dict) -> float:
     settings = {"run.task_runner": runner, "run.max_workers": 2, "data.limit": limit, "train.epochs": 1,
-                "train.eval_every": 0, "evaluate.knn.repeats": 3, "evaluate.layerwise": False}
+                "train.eval_every": None, "evaluate.knn.repeats": 3, "evaluate.layerwise": False}
     return timed(["-m", "flows.cli", "run", TRAIN_CONFIG, "--store", str(store),
                   *(arg for k, v in settings.items() for arg in ("--set", f"{k}={json.dumps(v)}"))], env)
 

@@ -50,3 +50,19 @@ def test_a_task_runner_gives_the_sequential_numbers_with_stages_side_by_side(seq
     if runner != "threads":  # in threads, training holds the process-wide RNG: one at a time (tasks/rng.py)
         (a, b) = sorted(train, key=lambda t: t.start_time)
         assert b.start_time < a.end_time, "the two methods' training did not overlap"
+
+
+def test_a_concurrency_limit_on_the_gpu_tag_runs_model_stages_one_at_a_time(sequential, tmp_path):
+    """What `prefect concurrency-limit create gpu 1` does on a one-GPU machine."""
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag="gpu", concurrency_limit=1)
+    try:
+        run_id, catalog = run_tiny(tmp_path, "processes")
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_concurrency_limit_by_tag("gpu")
+    assert catalog.query(METRICS) == sequential[1].query(METRICS)
+    gpu = sorted(task_runs(run_id, ""), key=lambda t: t.start_time)
+    gpu = [t for t in gpu if t.tags == ["gpu"]]
+    assert len(gpu) == 8  # 2 trainings, 6 embeddings (3 models × documents and STS pairs)
+    assert all(b.start_time >= a.end_time for a, b in zip(gpu, gpu[1:])), "two gpu stages ran at once"
