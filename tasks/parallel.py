@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -13,6 +14,11 @@ from typing import TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 AHEAD = 2  # items queued per worker: enough to keep it busy while the caller writes a result
+
+# Held by what seeds and draws from the process-wide random generators (tasks/rng.py): stages run
+# side by side in threads of one process would otherwise draw from each other's streams. Here, not
+# in tasks/rng.py, so that a stage's code identity does not take in torch with it.
+GLOBAL_RNG = threading.RLock()
 
 
 def available_cores() -> int:

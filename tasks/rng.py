@@ -5,22 +5,21 @@ Some libraries seed Python's, NumPy's and torch's global generators when importe
 time: two `embforge run` started together picked the same port for their temporary Prefect
 servers. What such a library does inside `global_rng_kept()` leaves the generators as they were.
 
-Stages run in threads of one process (`run.task_runner: threads`) share these generators too: a
-stage that seeds and draws from them holds GLOBAL_RNG, so no other stage's draws land in its stream
-and its numbers are the ones a sequential run gets.
+Stages run in threads of one process (`run.task_runner: threads`) share these generators too: what
+seeds and draws from them holds GLOBAL_RNG (tasks/parallel.py), so no other stage's draws land in
+its stream and its numbers are the ones a sequential run gets.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-GLOBAL_RNG = threading.RLock()
+from tasks.parallel import GLOBAL_RNG
 
 
 @contextlib.contextmanager

@@ -25,8 +25,8 @@ from storage import leases
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_hash
 from tasks import identity
 from tasks.config import INPUT_ERRORS, RetryConfig
+from tasks.parallel import GLOBAL_RNG
 from tasks.progress import current_stage
-from tasks.rng import GLOBAL_RNG
 
 
 class Inputs(BaseModel):

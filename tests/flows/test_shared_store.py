@@ -13,10 +13,13 @@ from tests.helpers import REPO, tiny_config
 def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     configs = []
-    for name, methods in [("one", ["crops"]), ("two", ["crops", "dropout"])]:  # base and crops are shared
-        (tmp_path / name).mkdir()
+    # The shared training (~20 s) outlasts the spread of the two runs' start-ups (a temporary Prefect
+    # server each, 9-16 s), so whichever run comes second finds it under the other's lease.
+    crops = {"name": "crops", "recipe": "crops", "train": {"epochs": 60}}
+    for name, methods in [("one", [crops]), ("two", [crops, {"name": "dropout", "recipe": "dropout"}])]:
+        (tmp_path / name).mkdir()  # base and crops are shared
         configs.append(tiny_config(tmp_path / name, name=name, store=str(store.root), evaluate={"sts": None},
-                                   methods=[{"name": m, "recipe": m} for m in methods]))
+                                   methods=methods))
     procs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO,
                               env={**os.environ, "PREFECT_HOME": str(config.parent / "prefect")},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for config in configs]
