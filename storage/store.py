@@ -251,8 +251,9 @@ class ArtifactStore:
         """The inputs whose files are not the ones the artifact was built from (rebuilt since with other
         bytes): the artifact is stale."""
         built_from = (self.readable_manifest(ref) or {}).get("input_files") or {}
+        now = {address: self.published_files(ArtifactRef.parse(address)) for address in built_from}
         return [address for address, digest in built_from.items()
-                if self.exists(source := ArtifactRef.parse(address)) and self.files_digest(source) != digest]
+                if now[address] is not None and stable_hash(now[address]) != digest]  # None: not there (yet)
 
     def published_files(self, ref: ArtifactRef) -> dict | None:
         """name → size and SHA-256 the stored artifact was published with; None without a readable manifest."""
