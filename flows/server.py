@@ -12,19 +12,23 @@ server's database on PostgreSQL.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prefect import deploy, get_client, serve
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import WorkPool
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.events.worker import EventsWorker
 from prefect.exceptions import ObjectNotFound
+from prefect.logging.handlers import APILogWorker
 from prefect.schedules import Cron
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.workers.process import ProcessWorker
@@ -107,6 +111,58 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 120) -> 
         except (urllib.error.URLError, OSError):
             time.sleep(0.5)
     raise RuntimeError(f"prefect server did not answer on {url} within {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def prefect_api(attempts: int = 3) -> Iterator[str]:
+    """The Prefect API a CLI run reports to: the server PREFECT_API_URL names, else a temporary one
+    of this process's own, stopped on exit.
+
+    Prefect's own temporary server picks a random port in 8000-8999 and binds it seconds later: two
+    runs started together can pick the same one, and then the loser talks to the winner's server,
+    which stops when the winner ends. Here the socket is bound first (port 0: the OS picks a free
+    one) and handed to the server (uvicorn --fd), so a run only ever talks to its own server. A start
+    can fail while another run's server migrates a shared database (PREFECT_HOME): it is retried."""
+    if PREFECT_API_URL.value():
+        yield PREFECT_API_URL.value()
+        return
+    for attempt in range(1, attempts + 1):
+        with socket.create_server(("127.0.0.1", 0)) as sock:
+            url = api_url("127.0.0.1", sock.getsockname()[1])
+            # The settings Prefect gives its own temporary server: no UI, the ephemeral set of services.
+            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1"}
+            server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory",
+                                       "prefect.server.api.server:create_app", "--fd", str(sock.fileno()),
+                                       "--log-level", "error", "--lifespan", "on"],
+                                      env=env, pass_fds=(sock.fileno(),))
+        try:
+            try:
+                wait_healthy(url, server)
+            except RuntimeError:
+                if attempt == attempts or server.poll() is None:
+                    raise
+                continue
+            saved = os.environ.get("PREFECT_API_URL")
+            os.environ["PREFECT_API_URL"] = url  # for the task runners' worker processes
+            try:
+                with temporary_settings(updates={PREFECT_API_URL: url}):
+                    yield url
+                    # Logs and events still queued go out before the server stops.
+                    APILogWorker.drain_all(timeout=10)
+                    EventsWorker.drain_all(timeout=10)
+            finally:
+                if saved is None:
+                    os.environ.pop("PREFECT_API_URL", None)
+                else:
+                    os.environ["PREFECT_API_URL"] = saved
+            return
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
 
 def serve_deployments(nightly_config: str, cron: str | None, timezone: str | None) -> None:

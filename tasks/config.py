@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from storage.store import DEFAULT_STORE, DamagedArtifactError, is_url
 from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
@@ -147,6 +147,11 @@ class MethodConfig(Section):
         return self
 
 
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+PRECISION_HELP = ("`auto`: bf16 on a CUDA GPU that supports it, else fp32; `fp16` adds a gradient scaler in "
+                  "training; `bf16` also runs on the CPU.")
+
+
 class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="Passes over the documents (one pair per document each).")
     batch_size: int = Field(64, ge=2, description="Pairs per batch; the other pairs are the negatives.")
@@ -184,6 +189,28 @@ class TrainConfig(Section):
                                    "curves, in training.parquet); needs `evaluate.knn` and labels.")
     seed: int = Field(0, description="Seed of the dropout masks during training.")
     device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
+    precision: Precision = Field("auto", description="Autocast precision of the forward pass and loss; "
+                                 "weights and optimiser state stay float32. " + PRECISION_HELP)
+    save_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Data type of the saved model's weights.")
+    devices: int | Literal["auto"] = Field(1, description="Processes of one data-parallel training (torchrun, "
+                                          "DDP): one per GPU, or CPU processes under gloo; `auto`: every "
+                                          "visible GPU (1 without CUDA). `batch_size` is the global batch, "
+                                          "sharded across them; recipes with in-batch negatives gather "
+                                          "every process's rows, so the negatives are the whole batch.")
+    mini_batch_size: int | None = Field(None, ge=1, description="Cached in-batch losses (GradCache): embed "
+                                        "the batch this many rows at a time, so a large batch trains in the "
+                                        "memory of a small one, with the full batch's gradients.")
+    gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
+                                         "backward pass instead of keeping them: less memory for long inputs, "
+                                         "about a third more compute; the same numbers, so not part of the key.")
+
+    @field_validator("devices")
+    @classmethod
+    def _positive_devices(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1, or auto")
+        return v
 
 
 def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainConfig:
@@ -369,6 +396,7 @@ class EvaluateConfig(Section):
         default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
         "(e.g. a pre-trained sentence model as a yardstick).")
     device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
+    dtype: Precision = Field("auto", description="Autocast precision of encoding. " + PRECISION_HELP)
 
 
 class RetryConfig(Section):

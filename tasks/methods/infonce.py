@@ -8,6 +8,8 @@ SimCSE's single forward pass over both views, and a projection head used only in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
@@ -24,21 +26,31 @@ class InfoNCELoss(nn.Module):
 
     sentence_features is [anchors, positives], or a single batch of 2B rows (anchors then
     positives) when `one_pass`: SimCSE's way, where one forward pass draws different dropout
-    masks for the two copies of each sentence.
+    masks for the two copies of each sentence. `gather` collects the rows of every process
+    (tasks/methods/distributed.py) before they are compared; `embed` and `score` are the two halves
+    that a cached (GradCache) step runs apart.
     """
 
-    def __init__(self, model: SentenceTransformer, temperature: float, head: str = "none", one_pass: bool = False):
+    def __init__(self, model: SentenceTransformer, temperature: float, head: str = "none", one_pass: bool = False,
+                 gather: Callable[[torch.Tensor], torch.Tensor] | None = None):
         super().__init__()
         self.model = model
         self.temperature = temperature
         self.one_pass = one_pass
+        self.gather = gather or (lambda rows: rows)
         dim = model.get_embedding_dimension()
         # SimCSE's MLP (dense + tanh) sits on top during training only; it is not saved with the model.
         self.head = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if head == "mlp" else nn.Identity()
 
-    def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
+    def embed(self, sentence_features: list[dict]) -> list[torch.Tensor]:
+        return [self.head(self.model(f)["sentence_embedding"]) for f in sentence_features]
+
+    def score(self, embeddings: list[torch.Tensor]) -> torch.Tensor:
         if self.one_pass:
-            anchors, positives = self.head(self.model(sentence_features[0])["sentence_embedding"]).chunk(2)
+            anchors, positives = embeddings[0].chunk(2)  # (2B, D) -> 2 x (B, D)
         else:
-            anchors, positives = (self.head(self.model(f)["sentence_embedding"]) for f in sentence_features)
-        return info_nce(anchors, positives, self.temperature)
+            anchors, positives = embeddings
+        return info_nce(self.gather(anchors), self.gather(positives), self.temperature)
+
+    def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
+        return self.score(self.embed(sentence_features))

@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.losses import ContrastiveTensionLossInBatchNegatives, MatryoshkaLoss
+from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
 from torch import nn
 
 from tasks.config import TrainConfig
+from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
+from tasks.methods.distributed import gather_rows
 from tasks.methods.infonce import InfoNCELoss
 from tasks.methods.mlm import MaskedLMLoss, to_device
 from tasks.methods.recipes import RECIPES, Pair, Recipe
@@ -29,9 +32,11 @@ class Objective:
     collate: Callable[[list[Pair]], list[dict]]  # a batch of texts -> the loss's sentence_features
 
 
-# (recipe, model, train config, encoder mask ratio, RetroMAE's decoder_visible) -> the objective;
-# the last two are None for recipes that do not use them (MethodConfig resolves them).
-ObjectiveFn = Callable[[Recipe, SentenceTransformer, TrainConfig, "float | None", "float | None"], Objective]
+Gather = Callable[[torch.Tensor], torch.Tensor]
+# (recipe, model, train config, encoder mask ratio, RetroMAE's decoder_visible, gather) -> the objective;
+# the mask ratio and decoder_visible are None for recipes that do not use them (MethodConfig resolves
+# them); `gather` collects the rows that the loss compares from every process.
+ObjectiveFn = Callable[[Recipe, SentenceTransformer, TrainConfig, "float | None", "float | None", Gather], Objective]
 
 
 def tokens(model: SentenceTransformer, texts: list[str]) -> dict:
@@ -44,8 +49,8 @@ def anchors_and_positives(model: SentenceTransformer) -> Callable[[list[Pair]], 
 
 
 def info_nce(one_pass: bool) -> ObjectiveFn:
-    def objective(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
-        loss = InfoNCELoss(model, cfg.temperature, cfg.head or recipe.head, one_pass)
+    def objective(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
+        loss = InfoNCELoss(model, cfg.temperature, cfg.head or recipe.head, one_pass, gather)
         if cfg.matryoshka_dims:
             loss = MatryoshkaLoss(model, loss, sorted(cfg.matryoshka_dims, reverse=True))
         if one_pass:  # 2B rows: anchors, then positives; each row gets its own dropout mask
@@ -54,33 +59,33 @@ def info_nce(one_pass: bool) -> ObjectiveFn:
     return objective
 
 
-def semcse_triplet(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+def semcse_triplet(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
     # (anchor summary, positive): the other rows' positives are the negatives
-    return Objective(TripletInBatchLoss(model, cfg.margin, cfg.l2_weight), anchors_and_positives(model))
+    return Objective(TripletInBatchLoss(model, cfg.margin, cfg.l2_weight, gather), anchors_and_positives(model))
 
 
-def semcse_info_nce(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
-    return Objective(InfoNCELoss(model, cfg.temperature, "none", False), anchors_and_positives(model))
+def semcse_info_nce(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
+    return Objective(InfoNCELoss(model, cfg.temperature, "none", False, gather), anchors_and_positives(model))
 
 
-def contrastive_tension(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+def contrastive_tension(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
     # Two copies of the encoder embed the same sentence; the one passed in is kept.
-    return Objective(ContrastiveTensionLossInBatchNegatives(model, scale=1 / cfg.temperature),
+    return Objective(GatheredContrastiveTensionLoss(model, 1 / cfg.temperature, gather),
                      lambda batch: [tokens(model, [a for a, _ in batch])])
 
 
-def tsdae(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+def tsdae(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
     return Objective(tsdae_loss(model), anchors_and_positives(model))  # (noisy input, original)
 
 
-def masked_lm(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
+def masked_lm(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
     # The MLM and RetroMAE losses move their own inputs to the device.
     return Objective(MaskedLMLoss(model, mask_ratio), lambda batch: [model.preprocess([a for a, _ in batch])])
 
 
 def retromae(with_infonce: bool) -> ObjectiveFn:
-    def objective(recipe, model, cfg, mask_ratio, decoder_visible) -> Objective:
-        loss = RetroMAELoss(model, mask_ratio, decoder_visible, cfg.temperature if with_infonce else None)
+    def objective(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
+        loss = RetroMAELoss(model, mask_ratio, decoder_visible, cfg.temperature if with_infonce else None, gather)
         sides = (0, 1) if with_infonce else (0,)
         return Objective(loss, lambda batch: [retromae_features(model, [pair[i] for pair in batch]) for i in sides])
     return objective
@@ -96,7 +101,10 @@ if set(OBJECTIVES) != set(RECIPES):
 
 
 def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, mask_ratio: float | None,
-                    decoder_visible: float | None) -> Objective:
+                    decoder_visible: float | None, gather: Gather | None = None) -> Objective:
     """The recipe's loss around `model`; `mask_ratio` and `decoder_visible` as the method config
-    resolves them."""
-    return OBJECTIVES[recipe](RECIPES[recipe], model, cfg, mask_ratio, decoder_visible)
+    resolves them. Recipes whose loss compares rows of the batch (the registry's `in_batch_negatives`)
+    gather them from every process; `gather` replaces that (a test trains without it)."""
+    spec = RECIPES[recipe]
+    gather = gather or (gather_rows if spec.in_batch_negatives else None)
+    return OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)

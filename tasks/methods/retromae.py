@@ -11,6 +11,8 @@ Optional "+ InfoNCE": two texts per example (two sentences of one document), Inf
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
@@ -76,8 +78,9 @@ class EnhancedDecoder(nn.Module):
 
 class RetroMAELoss(nn.Module):
     def __init__(self, model: SentenceTransformer, mask_ratio: float, decoder_visible: float,
-                 temperature: float | None = None):
+                 temperature: float | None = None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None):
         super().__init__()
+        self.gather = gather or (lambda rows: rows)  # the InfoNCE term's rows, from every process
         self.model = model  # a submodule, so the optimiser over this loss's parameters trains it
         self.head = masked_lm_head(model)
         self.decoder = EnhancedDecoder(model.transformers_model.config).to(model.device)
@@ -111,7 +114,7 @@ class RetroMAELoss(nn.Module):
         if self.temperature is not None:
             if len(parts) != 2:
                 raise ValueError(f"RetroMAE + InfoNCE needs (anchors, positives), got {len(parts)} inputs")
-            terms["infonce"] = info_nce(parts[0][2], parts[1][2], self.temperature)
+            terms["infonce"] = info_nce(self.gather(parts[0][2]), self.gather(parts[1][2]), self.temperature)
         return terms
 
     def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:

@@ -10,6 +10,8 @@ raw, not normalised: the distances are Euclidean, not cosine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from sentence_transformers import SentenceTransformer
 from torch import nn
@@ -39,14 +41,23 @@ def triplet_in_batch(anchors: torch.Tensor, positives: torch.Tensor, margin: flo
 
 class TripletInBatchLoss(nn.Module):
     """sentence-transformers-style loss: `forward(sentence_features, labels)` with
-    sentence_features = [anchors, positives]; labels are unused."""
+    sentence_features = [anchors, positives]; labels are unused. `gather`, `embed` and `score`: as in
+    InfoNCELoss."""
 
-    def __init__(self, model: SentenceTransformer, margin: float = 1.0, l2_weight: float = 1 / 250):
+    def __init__(self, model: SentenceTransformer, margin: float = 1.0, l2_weight: float = 1 / 250,
+                 gather: Callable[[torch.Tensor], torch.Tensor] | None = None):
         super().__init__()
         self.model = model
         self.margin = margin
         self.l2_weight = l2_weight
+        self.gather = gather or (lambda rows: rows)
+
+    def embed(self, sentence_features: list[dict]) -> list[torch.Tensor]:
+        return [self.model(f)["sentence_embedding"] for f in sentence_features]
+
+    def score(self, embeddings: list[torch.Tensor]) -> torch.Tensor:
+        anchors, positives = (self.gather(e) for e in embeddings)
+        return triplet_in_batch(anchors, positives, self.margin, self.l2_weight)
 
     def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
-        anchors, positives = (self.model(f)["sentence_embedding"] for f in sentence_features)
-        return triplet_in_batch(anchors, positives, self.margin, self.l2_weight)
+        return self.score(self.embed(sentence_features))
