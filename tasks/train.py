@@ -10,21 +10,29 @@ and learning rate, and with `eval_every` the kNN accuracy from step 0 on: the le
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import pickle
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
+import torch.distributed as dist
+import transformers
 from pydantic import Field
 from sentence_transformers import SentenceTransformer
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, open_store
 from tasks import models
 from tasks.config import InputError, KnnConfig, MethodConfig, Section, TrainConfig
-from tasks.methods import objectives, recipes, training
+from tasks.methods import distributed, objectives, recipes, training
 from tasks.metrics import knn
-from tasks.models import model_identity, model_path, sentence_model
+from tasks.models import model_identity, model_path, pick_device, sentence_model
 from tasks.stage import Inputs, Stage
 
 
@@ -80,27 +88,86 @@ class TrainInputs(Inputs):
     documents: ArtifactRef | None = None  # the learning curve's (with train.eval_every)
 
 
-def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
-                out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
+def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactRef, folder: Path,
+        log: logging.Logger) -> list[dict]:
+    """Train, save the model in `folder/model`, and return the learning curve's rows. Under torchrun
+    every process runs this on its shard of each batch; process 0 saves."""
     cfg = job.train
+    rank, size = distributed.world()
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
-                           cfg.device, recipes.pooling_for(job.recipe, cfg), cfg.layer)
+                           distributed.process_device(pick_device(cfg.device)), recipes.pooling_for(job.recipe, cfg),
+                           cfg.layer)
     objective = frozen_objective(model, job)
     measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
-               if inputs.documents else None)
+               if inputs.documents and rank == 0 else None)
     with store.open_table(inputs.pairs, "pairs") as pairs:
         batches = training.PairBatches(pairs, cfg.batch_size)
-        log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s", job.recipe, batches.epoch_rows[0],
-                 len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device)
+        log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s", job.recipe, batches.epoch_rows[0],
+                 len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
+                 f" and {size - 1} more process(es)" if size > 1 else "")
         # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
         # this is the starting model on a resume too).
         start = [dict(step=0, epoch=0, loss=None, lr=None, knn_accuracy=measure())] if measure else []
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
         history = training.train_model(objective, batches, cfg, checkpoints, log, measure=measure)
-    model.save(str(out.folder / "model"))
-    out.write_table("training", pa.Table.from_pylist(start + [vars(h) for h in history]))
-    out.extra.update(steps=len(history), final_loss=history[-1].loss if history else None)
+    if rank == 0:
+        model.save(str(folder / "model"))
+    return start + [vars(h) for h in history]
+
+
+def launch(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactRef, folder: Path, work: Path,
+           processes: int, log: logging.Logger) -> list[dict]:
+    """`fit` in `processes` processes started by torchrun (this module's `__main__`); the learning
+    curve comes back through `work`."""
+    spec = work / "train.pickle"
+    spec.write_bytes(pickle.dumps((store.url, job, inputs, ref, folder, work)))
+    log.info("training in %d processes (torchrun, %s)", processes,
+             "NCCL" if distributed.process_device(pick_device(job.train.device)).startswith("cuda") else "gloo")
+    # The machine's threads shared out (torchrun's default is one per process).
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // processes))}
+    with subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={processes}", "-m", "tasks.train", str(spec)],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as torchrun:
+        for line in torchrun.stdout:  # text mode splits progress bars' \r updates into lines too
+            if line.strip():
+                log.info("%s", line.rstrip())
+    if torchrun.returncode:
+        raise RuntimeError(f"distributed training failed (torchrun exit code {torchrun.returncode}); see the "
+                           "processes' output above")
+    return json.loads((work / "curve.json").read_text())
+
+
+def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
+                out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
+    processes = distributed.processes(job.train.devices, pick_device(job.train.device))
+    rows = (launch(store, job, inputs, ref, out.folder, out.work, processes, log) if processes > 1
+            else fit(store, job, inputs, ref, out.folder, log))
+    out.write_table("training", pa.Table.from_pylist(rows))
+    steps = [r for r in rows if r["step"]]
+    out.extra.update(steps=len(steps), final_loss=steps[-1]["loss"] if steps else None)
 
 
 TRAIN = Stage("train", build_model, extra_key=lambda job: model_identity(job.base_model) if job.base_model else None,
               gpu=True, seeds_global_rng=True)
+
+
+def main(spec: str) -> None:
+    """One torchrun process of `launch`: join the process group, then `fit`."""
+    store_url, job, inputs, ref, folder, work = pickle.loads(Path(spec).read_bytes())
+    distributed.die_with_parent()  # a killed launcher takes its processes along: no orphan writes checkpoints
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, once per process
+    device = distributed.process_device(pick_device(job.train.device))
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    try:
+        log = logging.getLogger("embforge.train")
+        logging.basicConfig(level=logging.INFO if dist.get_rank() == 0 else logging.WARNING,
+                            format="%(message)s", force=True)  # the launcher logs each line through Prefect
+        rows = fit(open_store(store_url), job, inputs, ref, folder, log)
+        if dist.get_rank() == 0:
+            (work / "curve.json").write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

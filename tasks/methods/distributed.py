@@ -11,10 +11,18 @@ Outside torchrun (one process) both are the identity.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
+import sys
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+
+from tasks.config import InputError
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def world() -> tuple[int, int]:
@@ -22,6 +30,32 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def processes(devices: int | str, device: str) -> int:
+    """How many training processes `train.devices` asks for on `device`: `auto` is one per visible GPU."""
+    if devices == "auto":
+        return torch.cuda.device_count() if device.startswith("cuda") else 1
+    if device.startswith("cuda") and devices > torch.cuda.device_count():
+        raise InputError(f"train.devices: {devices}, but {torch.cuda.device_count()} GPU(s) are visible")
+    return devices
+
+
+def process_device(device: str) -> str:
+    """This process's device: under torchrun each process has its own GPU (LOCAL_RANK)."""
+    if device == "cuda" and "LOCAL_RANK" in os.environ:
+        return f"cuda:{os.environ['LOCAL_RANK']}"
+    return device
+
+
+def die_with_parent() -> None:
+    """Be killed when the process that started this one dies (Linux): torchrun starts its processes
+    in sessions of their own, so a `kill -9` of the launcher's process group would leave them training."""
+    parent = os.getppid()
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def shard(rows: Sequence, rank: int, size: int) -> Sequence:
@@ -57,3 +91,32 @@ def gather_rows(local: torch.Tensor) -> torch.Tensor:
     parts = [p[:n] for p, n in zip(parts, counts)]
     parts[rank] = _ScaledGradient.apply(local, float(size))
     return torch.cat(parts)
+
+
+def data_parallel(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` under DistributedDataParallel when there are several processes (gradients averaged
+    across them in the backward pass), else itself. Some parameters take no part in a recipe's loss
+    (BERT's pooler under mean pooling): DDP is told to look for them."""
+    if world()[1] == 1:
+        return module
+    device = next(module.parameters()).device
+    return torch.nn.parallel.DistributedDataParallel(
+        module, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=True)
+
+
+def mean_over_processes(value: torch.Tensor) -> float:
+    """The mean of a scalar over the processes: the global batch's loss for the log."""
+    if world()[1] == 1:
+        return value.item()
+    total = value.detach().clone()
+    dist.all_reduce(total)
+    return total.item() / world()[1]
+
+
+def from_every_process(state: torch.Tensor) -> list[torch.Tensor]:
+    """One tensor per process, in rank order (each process's RNG state, for the checkpoint)."""
+    if world()[1] == 1:
+        return [state]
+    states: list = [None] * world()[1]
+    dist.all_gather_object(states, state)
+    return states

@@ -27,6 +27,7 @@ from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 
 from storage import leases
 from tasks.config import TrainConfig
+from tasks.methods import distributed
 from tasks.methods.objectives import Objective
 from tasks.methods.recipes import Pair
 from tasks.progress import StageProgress
@@ -147,8 +148,12 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
 
     `measure` (e.g. kNN accuracy of the current model) is recorded every `cfg.eval_every` steps
     and after the last one; it must leave the model in training mode and not draw from torch's RNG.
+    Under torchrun (tasks/methods/distributed.py) every process trains on its shard of each batch
+    through DistributedDataParallel; process 0 measures and writes the checkpoints, which hold every
+    process's RNG state.
     """
     log = log or logging.getLogger("embforge.train")
+    rank, size = distributed.world()
     loss_fn = objective.loss
     warmup = max(1, round(cfg.warmup_ratio * batches.steps_per_epoch))
     # The loss module holds the model and any training-only parts (decoder, head, CT's 2nd copy).
@@ -156,43 +161,52 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                                   weight_decay=cfg.weight_decay)
     schedule = (get_constant_schedule(optimizer) if cfg.schedule == "constant"
                 else get_linear_schedule_with_warmup(optimizer, warmup, len(batches)))
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed + rank)  # each process its own dropout masks; process 0 draws one device's
     history: list[StepLog] = []
 
     state = checkpoints.load(log)
+    if state is not None and len(state["rng"]) != size:
+        log.warning("the checkpoint was saved by %d process(es), not %d: training starts over", len(state["rng"]), size)
+        state = None
     if state is not None:
         loss_fn.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
-        torch.set_rng_state(state["rng"])
+        torch.set_rng_state(state["rng"][rank])
         if torch.cuda.is_available() and state["cuda_rng"] is not None:  # None: saved on a CPU machine
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+            torch.cuda.set_rng_state(state["cuda_rng"][rank])
         history = [StepLog(**h) for h in state["history"]]
         log.info("resuming from checkpoint at step %d of %d", len(history), len(batches))
 
     loss_fn.train()  # dropout on: it is what makes the two views of dropout, SimCSE and CT differ
-    progress = StageProgress(len(batches), "steps", done=len(history))
-    bar = tqdm(total=len(batches), initial=len(history), desc=progress.label, unit="batch", mininterval=5)
+    forward = distributed.data_parallel(loss_fn)
+    progress = StageProgress(len(batches), "steps", done=len(history)) if rank == 0 else None
+    bar = tqdm(total=len(batches), initial=len(history), desc=progress.label if progress else "train", unit="batch",
+               mininterval=5, disable=rank != 0)
     for step, (epoch, batch) in enumerate(batches.from_step(len(history)), start=len(history)):
-        loss = loss_fn(objective.collate(batch), None)
+        loss = forward(objective.collate(distributed.shard(batch, rank, size)), None)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        entry = StepLog(step + 1, epoch, loss.item(), schedule.get_last_lr()[0])
+        entry = StepLog(step + 1, epoch, distributed.mean_over_processes(loss), schedule.get_last_lr()[0])
         schedule.step()
         history.append(entry)
-        if measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == len(batches)):
+        if rank == 0 and measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == len(batches)):
             entry.knn_accuracy = measure()
         bar.update(1)
         bar.set_postfix(loss=f"{entry.loss:.3f}")
-        progress.advance()
+        if progress:
+            progress.advance()
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < len(batches):
-            checkpoints.save({"model": loss_fn.state_dict(), "optimizer": optimizer.state_dict(),
-                              "schedule": schedule.state_dict(), "rng": torch.get_rng_state(),
-                              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                              "history": [vars(h) for h in history]})
+            rng = distributed.from_every_process(torch.get_rng_state())
+            cuda_rng = distributed.from_every_process(torch.cuda.get_rng_state()) if torch.cuda.is_available() else None
+            if rank == 0:
+                checkpoints.save({"model": loss_fn.state_dict(), "optimizer": optimizer.state_dict(),
+                                  "schedule": schedule.state_dict(), "rng": rng, "cuda_rng": cuda_rng,
+                                  "history": [vars(h) for h in history]})
         if on_step:
             on_step(entry)
     bar.close()
-    progress.close()
+    if progress:
+        progress.close()
     return history

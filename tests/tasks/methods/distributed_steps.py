@@ -1,0 +1,44 @@
+"""3 training steps of one recipe on a global batch of 16: in one process (the tests), or run by
+torchrun in several, each on its shard (`torchrun ... distributed_steps.py INIT PAIRS OUT`)."""
+
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+
+from tasks.config import TrainConfig
+from tasks.methods import distributed
+from tasks.methods.objectives import build_objective
+from tasks.methods.training import Checkpoints, PairBatches, train_model
+from tasks.models import sentence_model
+
+RECIPES = ("crops", "simcse", "semcse")
+CFG = TrainConfig(batch_size=16, lr=1e-3, max_length=32, checkpoint_every=1000)
+
+
+def three_steps(init_dir: str, pairs: str, recipe: str, gather: bool, scratch: Path) -> dict:
+    """The loss at each step (the global batch's) and the weights after the last."""
+    torch.manual_seed(0)  # the same projection head (SimCSE's MLP) everywhere
+    # Mean pooling for all: a 1-layer random encoder gives nearly the same CLS vector for every text,
+    # and Adam turns the tiny gradients of such a batch into full steps of noise.
+    model = sentence_model(init_dir, CFG.max_length)
+    objective = build_objective(model, recipe, CFG, None, None, None if gather else (lambda rows: rows))
+    history = train_model(objective, PairBatches(pq.ParquetFile(pairs), CFG.batch_size), CFG, Checkpoints(scratch))
+    return {"losses": [h.loss for h in history], "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def main(init_dir: str, pairs: str, out: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    results = {(recipe, gather): three_steps(init_dir, pairs, recipe, gather, Path(out).parent / f"scratch-{rank}")
+               for recipe in RECIPES for gather in (True, False)}
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+    assert distributed.world() == (0, 1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

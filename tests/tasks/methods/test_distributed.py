@@ -1,0 +1,75 @@
+"""Several processes, one global batch: 2 gloo processes x 8 rows train exactly as 1 process x 16."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tasks.config import ModelConfig, RandomInitConfig
+from tasks.methods.distributed import gather_rows, shard
+from tasks.methods.recipes import RECIPES
+from tasks.models import save_random_encoder
+from tests.helpers import REPO
+from tests.tasks.methods.distributed_steps import RECIPES as COMPARED
+from tests.tasks.methods.distributed_steps import three_steps
+
+
+def test_shards_cover_the_batch_once_in_order():
+    rows = list(range(11))
+    for size in (1, 2, 3, 4):
+        parts = [list(shard(rows, rank, size)) for rank in range(size)]
+        assert sum(parts, []) == rows and max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_one_process_gathers_nothing():
+    rows = torch.randn(4, 3, requires_grad=True)
+    assert gather_rows(rows) is rows
+
+
+def test_the_compared_recipes_are_the_registry_s_in_batch_ones():
+    assert set(COMPARED) <= {name for name, r in RECIPES.items() if r.in_batch_negatives}
+    assert {name for name, r in RECIPES.items() if r.in_batch_negatives} == {
+        "crops", "dropout", "simcse", "ct", "semcse", "semcse_infonce", "retromae_infonce"}
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """(init folder, pairs file, what 2 torchrun processes trained)."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    init = tmp / "init"
+    save_random_encoder(ModelConfig().name_or_path, RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64),
+                        init)
+    config = json.loads((init / "config.json").read_text())  # dropout off: the processes draw their own masks
+    (init / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0,
+                                                  "attention_probs_dropout_prob": 0.0}))
+    texts = [f"document {i} about topic {i % 5}, with words {i * 7 % 13} and {i * 3 % 11}" for i in range(48)]
+    pairs = tmp / "pairs.parquet"
+    pq.write_table(pa.table({"epoch": pa.array([0] * 48, pa.int32()), "anchor": texts,
+                             "positive": [t.upper() for t in texts]}), pairs, row_group_size=10)
+    out = tmp / "two.pt"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                    str(REPO / "tests/tasks/methods/distributed_steps.py"), str(init), str(pairs), str(out)],
+                   check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+                   timeout=600)
+    return str(init), str(pairs), torch.load(out)
+
+
+@pytest.mark.parametrize("recipe", COMPARED)
+def test_two_processes_of_8_rows_train_as_one_of_16(two_processes, recipe, tmp_path):
+    init, pairs, trained = two_processes
+    one = three_steps(init, pairs, recipe, True, tmp_path)
+    two = trained[(recipe, True)]
+    assert len(one["losses"]) == 3
+    assert one["losses"] == pytest.approx(two["losses"], rel=1e-5, abs=1e-6)
+    for name, weight in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], weight, rtol=1e-5, atol=1e-5, msg=name)
+
+    # Without the gather each process's rows meet only its own 7 negatives: another loss, other weights.
+    alone = trained[(recipe, False)]
+    assert alone["losses"][0] != pytest.approx(one["losses"][0], rel=1e-3)
+    assert any(not torch.allclose(alone["weights"][n], w, rtol=1e-4, atol=1e-5) for n, w in one["weights"].items())
