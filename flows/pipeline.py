@@ -191,7 +191,8 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
     """Embed (cached per model and text set), then score: the evaluate artifact, the semantic
     benchmark's, then one per MTEB task."""
     ev, dataset = run.cfg.evaluate, run.cfg.data.display_name
-    embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device)
+    embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device,
+                 dtype=ev.dtype)
 
     def stage(kind: Stage, job, inputs: Inputs, again: bool = False) -> ArtifactRef:
         return run.stage(kind, job, inputs, model.label, model.method, again)

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
+from tasks.methods import precision
 from tasks.models import load_model, pick_device
 from tasks.progress import StageProgress
 
@@ -35,10 +36,12 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> to
 class PooledEncoder:
     """A model loaded once, then used for every text set an evaluation needs."""
 
-    def __init__(self, model: str, device: str = "auto", pooling: str = "mean"):
+    def __init__(self, model: str, device: str = "auto", pooling: str = "mean", dtype: str = "fp32"):
         self.pooling = pooling
         self.tokenizer = load_model(model, AutoTokenizer.from_pretrained)
-        self.model = load_model(model, AutoModel.from_pretrained).to(pick_device(device)).eval()
+        self.model = load_model(model, lambda p: AutoModel.from_pretrained(p, dtype=torch.float32))
+        self.model = self.model.to(pick_device(device)).eval()
+        self.dtype = precision.autocast_dtype(dtype, self.model.device, "evaluate.dtype")
 
     @property
     def n_layers(self) -> int:
@@ -74,11 +77,11 @@ class PooledEncoder:
         """One batch: (len(layers), len(POOLINGS), len(texts), dim)."""
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length,
                                return_tensors="pt").to(self.model.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
             hidden = self.model(**batch, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
             states = (hidden.hidden_states if hidden.hidden_states is not None
                       else {self.n_layers: hidden.last_hidden_state})
-            return torch.stack([torch.stack([pool(states[layer], batch["attention_mask"], pooling).float()
+            return torch.stack([torch.stack([pool(states[layer].float(), batch["attention_mask"], pooling)
                                              for pooling in POOLINGS]) for layer in layers]).cpu().numpy()
 
     def encode_layers(self, texts: list[str], max_length: int = 256, batch_size: int = 32,

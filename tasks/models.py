@@ -82,7 +82,9 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     `layer` = L keeps only the first L transformer layers: its last hidden state is then
     hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
     """
-    transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length))
+    # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
+    transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
+                                                                model_kwargs={"dtype": torch.float32}))
     if layer is not None:
         encoder = transformer.auto_model
         blocks = transformer_blocks(encoder)
@@ -92,6 +94,12 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
         encoder.config.num_hidden_layers = layer
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     return SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
+
+
+def checkpoint_activations(model: SentenceTransformer) -> None:
+    """Gradient checkpointing: activations are recomputed in the backward pass instead of kept.
+    Non-reentrant, which replays the forward pass's dropout masks: the same numbers."""
+    model.transformers_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def freeze(model: SentenceTransformer, embeddings: bool, layers: int) -> None:

@@ -97,6 +97,8 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
                            distributed.process_device(pick_device(cfg.device)), recipes.pooling_for(job.recipe, cfg),
                            cfg.layer)
+    if cfg.gradient_checkpointing:
+        models.checkpoint_activations(model)
     objective = frozen_objective(model, job)
     measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
                if inputs.documents and rank == 0 else None)
@@ -111,7 +113,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
         history = training.train_model(objective, batches, cfg, checkpoints, log, measure=measure)
     if rank == 0:
-        model.save(str(folder / "model"))
+        model.to(getattr(torch, cfg.save_dtype)).save(str(folder / "model"))
     return start + [vars(h) for h in history]
 
 

@@ -27,7 +27,7 @@ from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 
 from storage import leases
 from tasks.config import TrainConfig
-from tasks.methods import distributed
+from tasks.methods import distributed, precision
 from tasks.methods.objectives import Objective
 from tasks.methods.recipes import Pair
 from tasks.progress import StageProgress
@@ -161,6 +161,7 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                                   weight_decay=cfg.weight_decay)
     schedule = (get_constant_schedule(optimizer) if cfg.schedule == "constant"
                 else get_linear_schedule_with_warmup(optimizer, warmup, len(batches)))
+    amp = precision.MixedPrecision(cfg.precision, next(loss_fn.parameters()).device)
     torch.manual_seed(cfg.seed + rank)  # each process its own dropout masks; process 0 draws one device's
     history: list[StepLog] = []
 
@@ -172,6 +173,7 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
         loss_fn.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
+        amp.load_state_dict(state.get("scaler"))
         torch.set_rng_state(state["rng"][rank])
         if torch.cuda.is_available() and state["cuda_rng"] is not None:  # None: saved on a CPU machine
             torch.cuda.set_rng_state(state["cuda_rng"][rank])
@@ -184,10 +186,10 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     bar = tqdm(total=len(batches), initial=len(history), desc=progress.label if progress else "train", unit="batch",
                mininterval=5, disable=rank != 0)
     for step, (epoch, batch) in enumerate(batches.from_step(len(history)), start=len(history)):
-        loss = forward(objective.collate(distributed.shard(batch, rank, size)), None)
+        with amp.autocast():
+            loss = forward(objective.collate(distributed.shard(batch, rank, size)), None)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        amp.backward_and_step(loss, optimizer)
         entry = StepLog(step + 1, epoch, distributed.mean_over_processes(loss), schedule.get_last_lr()[0])
         schedule.step()
         history.append(entry)
@@ -202,7 +204,8 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             cuda_rng = distributed.from_every_process(torch.cuda.get_rng_state()) if torch.cuda.is_available() else None
             if rank == 0:
                 checkpoints.save({"model": loss_fn.state_dict(), "optimizer": optimizer.state_dict(),
-                                  "schedule": schedule.state_dict(), "rng": rng, "cuda_rng": cuda_rng,
+                                  "schedule": schedule.state_dict(), "scaler": amp.state_dict(),
+                                  "rng": rng, "cuda_rng": cuda_rng,
                                   "history": [vars(h) for h in history]})
         if on_step:
             on_step(entry)

@@ -6,7 +6,7 @@ import torch
 from tasks.config import InputError, KnnConfig, MethodConfig, ModelConfig, RandomInitConfig, TrainConfig
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, PairBatches, plan_batches, train_model
-from tasks.models import save_random_encoder, sentence_model
+from tasks.models import checkpoint_activations, save_random_encoder, sentence_model
 from tasks.train import TrainJob, frozen_objective, knn_curve
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
@@ -65,29 +65,54 @@ def weights(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def killed_at_step_7(init_dir, folder):
+def killed_at_step_7(init_dir, folder, cfg=CFG, device="cpu"):
     """A training run killed after step 7: checkpoints at steps 2, 4 and 6 (the last two kept)."""
     def crash(entry):
         if entry.step == 7:
             raise KeyboardInterrupt("killed")
 
     with pytest.raises(KeyboardInterrupt):
-        train_contrastive(sentence_model(init_dir, CFG.max_length), PAIRS, CFG, Checkpoints(folder), on_step=crash)
+        train_contrastive(sentence_model(init_dir, cfg.max_length, device), PAIRS, cfg, Checkpoints(folder),
+                          on_step=crash)
 
 
-def test_resume_after_a_crash_gives_bit_identical_weights(init_dir, tmp_path):
-    straight = sentence_model(init_dir, CFG.max_length)
-    full = train_contrastive(straight, PAIRS, CFG, Checkpoints(tmp_path / "a"))
-    killed_at_step_7(init_dir, tmp_path / "b")
-    assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["history"][-1]["step"] == 6
+@pytest.mark.parametrize("precision", [
+    "fp32", "bf16",
+    pytest.param("fp16", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 trains on CUDA"))])
+def test_resume_after_a_crash_gives_bit_identical_weights(init_dir, tmp_path, precision):
+    cfg, device = CFG.model_copy(update={"precision": precision}), "cuda" if precision == "fp16" else "cpu"
+    straight = sentence_model(init_dir, cfg.max_length, device)
+    full = train_contrastive(straight, PAIRS, cfg, Checkpoints(tmp_path / "a"))
+    killed_at_step_7(init_dir, tmp_path / "b", cfg, device)
+    saved = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    assert saved["history"][-1]["step"] == 6
+    assert (saved["scaler"] is not None) == (precision == "fp16")  # fp16's loss scale resumes too
 
-    resumed_model = sentence_model(init_dir, CFG.max_length)  # a fresh process starts from the init
-    resumed = train_contrastive(resumed_model, PAIRS, CFG, Checkpoints(tmp_path / "b"))
+    resumed_model = sentence_model(init_dir, cfg.max_length, device)  # a fresh process starts from the init
+    resumed = train_contrastive(resumed_model, PAIRS, cfg, Checkpoints(tmp_path / "b"))
     assert [h.loss for h in resumed] == [h.loss for h in full]
     a, b = weights(straight), weights(resumed_model)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    untrained = weights(sentence_model(init_dir, 32))
+    assert {v.dtype for v in a.values() if v.is_floating_point()} == {torch.float32}  # master weights
+    untrained = weights(sentence_model(init_dir, 32, device))
     assert not all(torch.equal(a[k], untrained[k]) for k in a)  # training did change the weights
+    if precision != "fp32":  # the forward pass did run in the lower precision
+        fp32 = train_contrastive(sentence_model(init_dir, cfg.max_length, device), PAIRS, CFG,
+                                 Checkpoints(tmp_path / "c"))
+        assert [h.loss for h in full] != [h.loss for h in fp32]
+        assert [h.loss for h in full] == pytest.approx([h.loss for h in fp32], rel=0.05)
+
+
+def test_gradient_checkpointing_gives_the_same_weights(init_dir, tmp_path):
+    plain = sentence_model(init_dir, CFG.max_length)  # dropout on: the recomputation replays its masks
+    checkpointed = sentence_model(init_dir, CFG.max_length)
+    checkpoint_activations(checkpointed)
+    assert checkpointed.transformers_model.is_gradient_checkpointing
+    one = train_contrastive(plain, PAIRS, CFG, Checkpoints(tmp_path / "a"))
+    two = train_contrastive(checkpointed, PAIRS, CFG, Checkpoints(tmp_path / "b"))
+    assert [h.loss for h in one] == pytest.approx([h.loss for h in two], rel=1e-6)
+    a, b = weights(plain), weights(checkpointed)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
 def test_schedule_warms_up_over_one_epoch_then_decays_to_zero(init_dir, tmp_path):

@@ -1,0 +1,64 @@
+"""Mixed precision for training and encoding: the dtype autocast runs in, and fp16's gradient scaler.
+
+Weights and optimiser state stay float32 (master weights); only the forward pass and the loss run
+in the lower precision. On CUDA, TF32 matmuls are allowed too: float32 work that is left (the
+optimiser, the loss's softmax) runs on the tensor cores. Attention is PyTorch's SDPA, which
+transformers picks by default for the encoders used here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from tasks.config import InputError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_dtype(precision: str, device: str | torch.device, field: str) -> torch.dtype:
+    """`auto`: bf16 on a CUDA GPU that supports it, else fp32. `field` names the setting in errors."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if precision == "auto":
+        return torch.bfloat16 if kind == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if precision == "fp16" and kind != "cuda" and field.startswith("train."):
+        raise InputError(f"{field}: fp16 training needs a CUDA GPU (its gradient scaler); use bf16 on the CPU")
+    return DTYPES[precision]
+
+
+def autocast(device: str | torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """The forward pass in `dtype`; nothing changes for float32."""
+    return torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+class MixedPrecision:
+    """A training step's precision: the forward and loss under autocast, then backward and step,
+    through a gradient scaler for fp16 (whose small gradients would underflow to 0 without it)."""
+
+    def __init__(self, precision: str, device: torch.device):
+        self.device = device
+        self.dtype = autocast_dtype(precision, device, "train.precision")
+        self.scaler = torch.amp.GradScaler(device.type) if self.dtype == torch.float16 else None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return autocast(self.device, self.dtype)
+
+    def backward_and_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            loss.backward()
+            optimizer.step()
+            return
+        self.scaler.scale(loss).backward()
+        self.scaler.step(optimizer)  # skipped when the scaled gradients overflowed
+        self.scaler.update()
+
+    def state_dict(self) -> dict | None:
+        return self.scaler.state_dict() if self.scaler else None  # the scale grows and shrinks: resume needs it
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.scaler and state:
+            self.scaler.load_state_dict(state)
