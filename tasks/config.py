@@ -223,6 +223,15 @@ def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainCo
         with_head = tuple(r.name for r in RECIPES.values() if r.sentence_head)
         raise ValueError(f"{where}: head and matryoshka_dims apply to the recipes {with_head}, "
                          f"not to {method.recipe!r}")
+    if cfg.mini_batch_size and cfg.mini_batch_size < cfg.batch_size:
+        if not RECIPES[method.recipe].mini_batches:
+            with_cache = tuple(r.name for r in RECIPES.values() if r.mini_batches)
+            raise ValueError(f"{where}: mini_batch_size applies to the recipes {with_cache}, not to {method.recipe!r}")
+        if cfg.matryoshka_dims:
+            raise ValueError(f"{where}: mini_batch_size cannot be combined with matryoshka_dims")
+        if cfg.devices != 1:
+            raise ValueError(f"{where}: mini_batch_size runs on one device (devices: 1) for now; several "
+                             "devices share the batch's memory instead")
     if cfg.head == "mlp" and cfg.matryoshka_dims:
         raise ValueError(f"{where}: a projection head cannot be combined with matryoshka_dims "
                          "(the truncated prefixes are the embeddings that are kept)")

@@ -16,6 +16,7 @@ from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
 from torch import nn
 
 from tasks.config import TrainConfig
+from tasks.methods.cached import CachedLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
 from tasks.methods.distributed import gather_rows
 from tasks.methods.infonce import InfoNCELoss
@@ -107,4 +108,7 @@ def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, m
     gather them from every process; `gather` replaces that (a test trains without it)."""
     spec = RECIPES[recipe]
     gather = gather or (gather_rows if spec.in_batch_negatives else None)
-    return OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
+    objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
+    if cfg.mini_batch_size and cfg.mini_batch_size < cfg.batch_size:  # the config allows it for spec.mini_batches
+        return Objective(CachedLoss(objective.loss, cfg.mini_batch_size), objective.collate)
+    return objective

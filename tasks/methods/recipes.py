@@ -34,6 +34,9 @@ class Recipe:
     in_batch_negatives: bool = False
     # A projection head and Matryoshka dimensions apply (the loss is on the sentence vector alone).
     sentence_head: bool = False
+    # The loss is a function of the sentence vectors alone, so it can run cached in mini-batches
+    # (GradCache, `train.mini_batch_size`): its encoder passes split from the loss over the batch.
+    mini_batches: bool = False
 
     @property
     def needs_summaries(self) -> bool:
@@ -42,11 +45,11 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("crops", "InfoNCE on two distinct crops of a document", "crops",
-           in_batch_negatives=True, sentence_head=True),
+           in_batch_negatives=True, sentence_head=True, mini_batches=True),
     Recipe("dropout", "one crop twice, so only dropout makes the views differ (the cropping paper's baseline)",
-           "same", in_batch_negatives=True, sentence_head=True),
+           "same", in_batch_negatives=True, sentence_head=True, mini_batches=True),
     Recipe("simcse", "unsupervised SimCSE (both views in one forward pass, CLS + MLP head)", "same",
-           pooling="cls", head="mlp", in_batch_negatives=True, sentence_head=True),
+           pooling="cls", head="mlp", in_batch_negatives=True, sentence_head=True, mini_batches=True),
     Recipe("tsdae", "denoising auto-encoder: reconstruct a crop from the vector of its word-deleted copy",
            "noise", pooling="cls"),
     Recipe("ct", "Contrastive Tension with in-batch negatives (two copies of the encoder)", "same",
@@ -57,9 +60,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("retromae_infonce", "RetroMAE plus InfoNCE between two crops of one document", "crops",
            pooling="cls", mask_ratio=0.3, enhanced_decoder=True, in_batch_negatives=True),
     Recipe("semcse", "triplet loss between two LLM summaries of one document (needs `summaries`)", "summaries",
-           pooling="cls", in_batch_negatives=True),
+           pooling="cls", in_batch_negatives=True, mini_batches=True),
     Recipe("semcse_infonce", "the same pairs with cosine InfoNCE (set `train.temperature: 0.07`, the paper's)",
-           "summaries", pooling="cls", in_batch_negatives=True),
+           "summaries", pooling="cls", in_batch_negatives=True, mini_batches=True),
 ]}
 
 

@@ -35,6 +35,12 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: t, recipe: tsdae, train: {head: mlp}}]\n",
      "methods.0.train: head and matryoshka_dims apply to"),
     ("name: x\ndata: {}\n", "exactly one of `path` or `hf_dataset`"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: t, recipe: tsdae, train: {mini_batch_size: 8}}]\n",
+     "methods.0.train: mini_batch_size applies to the recipes ('crops', 'dropout', 'simcse', 'semcse', "
+     "'semcse_infonce'), not to 'tsdae'"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops}]\ntrain: {mini_batch_size: 8, devices: 2}\n",
+     "mini_batch_size runs on one device"),
+    ("name: x\ndata: {path: a.csv}\ntrain: {devices: 0}\n", "train.devices: Value error, must be at least 1"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: s, recipe: semcse}]\n",
      "methods.0: recipe semcse trains on LLM summaries, add a `summaries` section"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: s, recipe: semcse, title_rate: 0.7, sentence_rate: 0.4}]\n"

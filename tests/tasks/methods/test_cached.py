@@ -1,0 +1,90 @@
+"""Cached (GradCache) in-batch losses: the full batch's gradients from mini-batches."""
+
+import json
+
+import pytest
+import torch
+from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+from tasks.config import ModelConfig, RandomInitConfig, TrainConfig
+from tasks.methods.cached import CachedLoss, mini_batches
+from tasks.methods.objectives import build_objective
+from tasks.methods.recipes import RECIPES
+from tasks.models import save_random_encoder, sentence_model
+
+BATCH = [(f"document {i} about topic {i % 5}, words {i * 7 % 13}", f"DOCUMENT {i}, TOPIC {i % 5}") for i in range(12)]
+FULL = TrainConfig(batch_size=12, max_length=32)
+CACHED = FULL.model_copy(update={"mini_batch_size": 5})  # 5 + 5 + 2 rows: the last mini-batch is short
+
+
+def encoder(tmp_path_factory, dropout: float) -> str:
+    folder = tmp_path_factory.mktemp("init") / "model"
+    save_random_encoder(ModelConfig().name_or_path, RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64),
+                        folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": dropout,
+                                                    "attention_probs_dropout_prob": dropout}))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def no_dropout(tmp_path_factory):
+    return encoder(tmp_path_factory, 0.0)
+
+
+def gradients(init: str, recipe: str, cfg: TrainConfig, seed: int = 0) -> tuple[float, dict]:
+    torch.manual_seed(seed)  # the same projection head on both sides
+    model = sentence_model(init, cfg.max_length)
+    objective = build_objective(model, recipe, cfg, None, None)
+    objective.loss.train()
+    loss = objective.loss(objective.collate(BATCH), None)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in objective.loss.named_parameters() if p.grad is not None}
+
+
+def assert_same(one: dict, two: dict) -> None:
+    assert one.keys() == two.keys() and len(one) > 10
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("recipe", ["crops", "dropout", "simcse", "semcse", "semcse_infonce"])
+def test_cached_gradients_equal_the_full_batch_s(no_dropout, recipe):
+    assert RECIPES[recipe].mini_batches
+    full_loss, full = gradients(no_dropout, recipe, FULL)
+    cached_loss, cached = gradients(no_dropout, recipe, CACHED)
+    assert cached_loss == pytest.approx(full_loss, rel=1e-6)
+    assert_same(full, {n.removeprefix("loss."): g for n, g in cached.items()})
+
+
+def test_cached_gradients_equal_sentence_transformers_cached_mnrl(no_dropout):
+    _, ours = gradients(no_dropout, "crops", CACHED)
+    model = sentence_model(no_dropout, FULL.max_length)
+    theirs = CachedMultipleNegativesRankingLoss(model, scale=1 / FULL.temperature, mini_batch_size=5)
+    objective = build_objective(model, "crops", FULL, None, None)  # the same tokenised batch
+    theirs(objective.collate(BATCH), None).backward()
+    assert_same({n.removeprefix("loss.model."): g for n, g in ours.items()},
+                {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+
+
+def test_with_dropout_the_second_pass_draws_the_first_pass_s_masks(tmp_path_factory):
+    init = encoder(tmp_path_factory, 0.3)
+    _, cached = gradients(init, "crops", CACHED, seed=1)
+    # What the cached loss must equal: the same mini-batches embedded in the same order from the same
+    # seed, with gradients all along, so every mask is drawn once.
+    torch.manual_seed(1)
+    model = sentence_model(init, FULL.max_length)
+    loss = build_objective(model, "crops", FULL, None, None)
+    loss.loss.train()
+    features = loss.collate(BATCH)
+    parts = [[loss.loss.embed([batch])[0] for batch in mini_batches(f, 5)] for f in features]
+    loss.loss.score([torch.cat(p) for p in parts]).backward()
+    assert_same({n: p.grad for n, p in loss.loss.named_parameters() if p.grad is not None},
+                {n.removeprefix("loss."): g for n, g in cached.items()})
+    _, full = gradients(init, "crops", FULL, seed=1)  # one pass over 12 rows draws other masks
+    assert any(not torch.allclose(full[n], cached["loss." + n], rtol=1e-3) for n in full)
+
+
+def test_a_cached_loss_keeps_its_inner_loss_s_parameters(no_dropout):
+    inner = build_objective(sentence_model(no_dropout, 32), "simcse", FULL, None, None).loss
+    assert list(CachedLoss(inner, 4).parameters()) == list(inner.parameters())
