@@ -159,6 +159,8 @@ def main(spec: str) -> None:
     distributed.die_with_parent()  # a killed launcher takes its processes along: no orphan writes checkpoints
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, once per process
     device = distributed.process_device(pick_device(job.train.device))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)  # NCCL's collectives run on the current device
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     try:
         log = logging.getLogger("embforge.train")
