@@ -157,12 +157,17 @@ def prefect_api(attempts: int = 3) -> Iterator[str]:
                     os.environ["PREFECT_API_URL"] = saved
             return
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop(server)
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
+    """Ask a server process to stop; kill it if it has not within `timeout_s`."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def serve_deployments(nightly_config: str, cron: str | None, timezone: str | None) -> None:
@@ -201,8 +206,7 @@ def run_server(host: str, port: int, database: str | None, then: Callable[[], No
     except KeyboardInterrupt:
         pass
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop(server)
     return 0
 
 

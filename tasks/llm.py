@@ -19,6 +19,7 @@ import torch
 
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
 from tasks.config import InputError, Section
+from tasks.models import MODEL_LOADING
 from tasks.stage import NoInputs, Stage
 
 PROMPT_PREFIX = "embforge_prompt_prefix.json"  # what every prompt must start with (Gemma: <bos>)
@@ -53,14 +54,15 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
     import gguf as gguf_reader
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    # transformers refuses to save a GGUF-loaded model: rebuild it from its config, minus the
-    # quantisation, and load the de-quantised weights into it.
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with MODEL_LOADING:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        # transformers refuses to save a GGUF-loaded model: rebuild it from its config, minus the
+        # quantisation, and load the de-quantised weights into it.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

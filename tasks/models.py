@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from storage.store import ArtifactRef, ArtifactStore, file_digest
 from tasks.config import InputError, RandomInitConfig
+from tasks.parallel import GLOBAL_RNG
 from tasks.stage import Inputs
 
 T = TypeVar("T")
@@ -39,13 +40,22 @@ def resolve_model(name_or_path: str) -> str:
     return str(folder)
 
 
+# transformers' `from_pretrained` swaps torch's init functions and its own `init_weights` and
+# `tie_weights` for no-ops while it loads, then puts back what it found. Two loads at once in
+# threads of one process (`run.task_runner: threads`) can leave the no-ops in place for good, and
+# every model built after keeps uninitialised (meta) weights. So loads take turns, and with what
+# seeds and draws from torch's generator (which builds modules too): the same lock.
+MODEL_LOADING = GLOBAL_RNG
+
+
 def load_model(name_or_path: str, load: Callable[[str], T]) -> T:
     """`load` (a `from_pretrained` or `models.Transformer`) applied to the resolved name. Hub names
     load through the Hub as usual; only a name found nowhere changes: an InputError that names it,
     so the stage fails once, not once per retry with the library's tracebacks."""
     resolved = resolve_model(name_or_path)
     try:
-        return load(resolved)
+        with MODEL_LOADING:
+            return load(resolved)
     except (OSError, ValueError) as e:  # not found (RepositoryNotFoundError, ...) or not a Hub id
         if Path(resolved).exists():  # a local model that does not load: its own error says why
             raise

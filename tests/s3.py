@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.server import stop
 from tests.helpers import free_port
 
 # Every port `weed mini` opens, so two sessions (or another SeaweedFS) never collide.
@@ -42,12 +43,7 @@ def seaweedfs(tmp_path_factory) -> str:
                 raise RuntimeError(f"SeaweedFS did not come up:\n{(folder / 'weed.log').read_text()[-3000:]}")
             time.sleep(0.2)
     yield endpoint
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop(proc)
     log.close()
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import AutoModelForMaskedLM
 
 from tasks.methods.masking import mask_tokens
+from tasks.models import MODEL_LOADING
 
 
 def masked_lm_head(model: SentenceTransformer) -> nn.Module:
@@ -24,10 +25,11 @@ def masked_lm_head(model: SentenceTransformer) -> nn.Module:
     it; one without (all-MiniLM-L6-v2) gets a random head, which transformers reports as MISSING.
     """
     encoder = model.transformers_model
-    try:
-        mlm = AutoModelForMaskedLM.from_pretrained(encoder.config._name_or_path)
-    except (OSError, ValueError):  # folder gone, or a Hub id while offline: same shape, random head
-        mlm = AutoModelForMaskedLM.from_config(encoder.config)
+    with MODEL_LOADING:
+        try:
+            mlm = AutoModelForMaskedLM.from_pretrained(encoder.config._name_or_path)
+        except (OSError, ValueError):  # folder gone, or a Hub id while offline: same shape, random head
+            mlm = AutoModelForMaskedLM.from_config(encoder.config)
     # Keep only the head: every child except the base model (BERT: `cls`, RoBERTa: `lm_head`).
     rest = [m for name, m in mlm.named_children()
             if name != mlm.base_model_prefix and next(m.parameters(), None) is not None]

