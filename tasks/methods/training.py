@@ -187,9 +187,9 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     bar = tqdm(total=len(batches), initial=len(history), desc=progress.label if progress else "train", unit="batch",
                mininterval=5, disable=rank != 0)
     for step, (epoch, batch) in enumerate(batches.from_step(len(history)), start=len(history)):
+        optimizer.zero_grad(set_to_none=True)  # before the forward pass: its activations reuse the gradients' memory
         with amp.autocast():
             loss = forward(objective.collate(distributed.shard(batch, rank, size)), None)
-        optimizer.zero_grad(set_to_none=True)
         amp.backward_and_step(loss, optimizer)
         entry = StepLog(step + 1, epoch, distributed.mean_over_processes(loss), schedule.get_last_lr()[0])
         schedule.step()
