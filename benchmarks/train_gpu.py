@@ -4,8 +4,9 @@ The crops recipe on demo-corpus rows, sequence length 128, batch 64 and 512 (the
 mini-batches: `train.mini_batch_size`, GradCache; the Trainer then uses CachedMNRL with the same
 mini-batch). embforge trains with `precision: auto` (bf16 on a GPU), the Trainer with `bf16=True`
 on a GPU (fp32 on a CPU) and MultipleNegativesRankingLoss (scale 20 = τ 0.05): the same model,
-rows in the same order, the same batch. The two sides alternate over --rounds rounds, so that
-machine noise does not decide the ratio; the ratio is of the medians.
+rows in the same order, the same batch. The two sides alternate over --rounds rounds, each going
+first in every other round, so that machine noise does not decide the ratio; the ratio is of the
+medians.
 
 Models: `bert-base` (12 layers, 768 wide, random init with MiniLM's tokenizer; the default on a
 GPU), `minilm` (all-MiniLM-L6-v2) and `random-small` (random 2 x 256; these two are the default
@@ -113,8 +114,8 @@ def main() -> None:
                               else None)
             rates = {"embforge": [], "st_trainer": []}
             memory = {"embforge": [], "st_trainer": []}
-            for _ in range(args.rounds):  # interleaved: the two sides meet the same machine
-                for side in rates:
+            for i in range(args.rounds):  # interleaved, each side first in every other round
+                for side in list(rates)[:: 1 if i % 2 == 0 else -1]:
                     rate, mem = measure(side, model, rows, cfg, WARMUP + steps, work)
                     rates[side].append(rate)
                     memory[side].append(mem)
