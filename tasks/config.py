@@ -205,6 +205,11 @@ class TrainConfig(Section):
                                          "backward pass instead of keeping them: less memory for long inputs, "
                                          "about a third more compute; the same numbers, so not part of the key.")
 
+    @property
+    def cached_rows(self) -> int | None:
+        """Rows per cached mini-batch (GradCache); None when the batch is embedded whole."""
+        return self.mini_batch_size if self.mini_batch_size and self.mini_batch_size < self.batch_size else None
+
     @field_validator("devices")
     @classmethod
     def _positive_devices(cls, v: int | str) -> int | str:
@@ -223,7 +228,7 @@ def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainCo
         with_head = tuple(r.name for r in RECIPES.values() if r.sentence_head)
         raise ValueError(f"{where}: head and matryoshka_dims apply to the recipes {with_head}, "
                          f"not to {method.recipe!r}")
-    if cfg.mini_batch_size and cfg.mini_batch_size < cfg.batch_size:
+    if cfg.cached_rows:
         if not RECIPES[method.recipe].mini_batches:
             with_cache = tuple(r.name for r in RECIPES.values() if r.mini_batches)
             raise ValueError(f"{where}: mini_batch_size applies to the recipes {with_cache}, not to {method.recipe!r}")

@@ -41,7 +41,7 @@ class PooledEncoder:
         self.tokenizer = load_model(model, AutoTokenizer.from_pretrained)
         self.model = load_model(model, lambda p: AutoModel.from_pretrained(p, dtype=torch.float32))
         self.model = self.model.to(pick_device(device)).eval()
-        self.dtype = precision.autocast_dtype(dtype, self.model.device, "evaluate.dtype")
+        self.dtype = precision.autocast_dtype(dtype, self.model.device)
 
     @property
     def n_layers(self) -> int:

@@ -3,18 +3,18 @@ every process: sentence-transformers' `ContrastiveTensionLossInBatchNegatives` w
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.losses import ContrastiveTensionLossInBatchNegatives
 
+from tasks.methods.distributed import Gather, no_gather
+
 
 class GatheredContrastiveTensionLoss(ContrastiveTensionLossInBatchNegatives):
     def __init__(self, model: SentenceTransformer, scale: float,
-                 gather: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 gather: Gather = no_gather):
         super().__init__(model, scale=scale)
-        self.gather = gather or (lambda rows: rows)
+        self.gather = gather
 
     def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
         features = sentence_features[0]  # both copies of the encoder embed the same sentences

@@ -1,5 +1,5 @@
 """Several processes, one global batch: what the losses and the training loop need from
-torch.distributed (launched by torchrun; tasks/distributed_train.py).
+torch.distributed (launched by torchrun: tasks/train.py's `launch`).
 
 Every process holds a contiguous shard of the global batch (`shard`). A loss that compares rows of
 the batch gathers its sentence vectors from all processes (`gather_rows`), so each row's negatives
@@ -15,7 +15,7 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,13 @@ import torch.distributed as dist
 from tasks.config import InputError
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
+
+Gather = Callable[[torch.Tensor], torch.Tensor]  # a loss's rows -> the rows it compares
+
+
+def no_gather(rows: torch.Tensor) -> torch.Tensor:
+    """This process's rows only: the losses' default, and what recipes without in-batch negatives get."""
+    return rows
 
 
 def world() -> tuple[int, int]:

@@ -8,12 +8,12 @@ SimCSE's single forward pass over both views, and a projection head used only in
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
 from torch import nn
+
+from tasks.methods.distributed import Gather, no_gather
 
 
 def info_nce(anchors: torch.Tensor, positives: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -32,12 +32,12 @@ class InfoNCELoss(nn.Module):
     """
 
     def __init__(self, model: SentenceTransformer, temperature: float, head: str = "none", one_pass: bool = False,
-                 gather: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 gather: Gather = no_gather):
         super().__init__()
         self.model = model
         self.temperature = temperature
         self.one_pass = one_pass
-        self.gather = gather or (lambda rows: rows)
+        self.gather = gather
         dim = model.get_embedding_dimension()
         # SimCSE's MLP (dense + tanh) sits on top during training only; it is not saved with the model.
         self.head = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if head == "mlp" else nn.Identity()

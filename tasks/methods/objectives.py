@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
 from torch import nn
@@ -18,7 +17,7 @@ from torch import nn
 from tasks.config import TrainConfig
 from tasks.methods.cached import CachedLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
-from tasks.methods.distributed import gather_rows
+from tasks.methods.distributed import Gather, gather_rows, no_gather
 from tasks.methods.infonce import InfoNCELoss
 from tasks.methods.mlm import MaskedLMLoss, to_device
 from tasks.methods.recipes import RECIPES, Pair, Recipe
@@ -33,7 +32,6 @@ class Objective:
     collate: Callable[[list[Pair]], list[dict]]  # a batch of texts -> the loss's sentence_features
 
 
-Gather = Callable[[torch.Tensor], torch.Tensor]
 # (recipe, model, train config, encoder mask ratio, RetroMAE's decoder_visible, gather) -> the objective;
 # the mask ratio and decoder_visible are None for recipes that do not use them (MethodConfig resolves
 # them); `gather` collects the rows that the loss compares from every process.
@@ -107,8 +105,8 @@ def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, m
     resolves them. Recipes whose loss compares rows of the batch (the registry's `in_batch_negatives`)
     gather them from every process; `gather` replaces that (a test trains without it)."""
     spec = RECIPES[recipe]
-    gather = gather or (gather_rows if spec.in_batch_negatives else None)
+    gather = gather or (gather_rows if spec.in_batch_negatives else no_gather)
     objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
-    if cfg.mini_batch_size and cfg.mini_batch_size < cfg.batch_size:  # the config allows it for spec.mini_batches
-        return Objective(CachedLoss(objective.loss, cfg.mini_batch_size), objective.collate)
+    if cfg.cached_rows:  # the config allows it for spec.mini_batches
+        return Objective(CachedLoss(objective.loss, cfg.cached_rows), objective.collate)
     return objective

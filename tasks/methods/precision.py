@@ -17,16 +17,14 @@ from tasks.config import InputError
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def autocast_dtype(precision: str, device: str | torch.device, field: str) -> torch.dtype:
-    """`auto`: bf16 on a CUDA GPU that supports it, else fp32. `field` names the setting in errors."""
+def autocast_dtype(precision: str, device: str | torch.device) -> torch.dtype:
+    """`auto`: bf16 on a CUDA GPU that supports it, else fp32."""
     kind = torch.device(device).type
     if kind == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     if precision == "auto":
         return torch.bfloat16 if kind == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    if precision == "fp16" and kind != "cuda" and field.startswith("train."):
-        raise InputError(f"{field}: fp16 training needs a CUDA GPU (its gradient scaler); use bf16 on the CPU")
     return DTYPES[precision]
 
 
@@ -41,7 +39,10 @@ class MixedPrecision:
 
     def __init__(self, precision: str, device: torch.device):
         self.device = device
-        self.dtype = autocast_dtype(precision, device, "train.precision")
+        if precision == "fp16" and device.type != "cuda":  # encoding in fp16 runs on a CPU; training does not
+            raise InputError("train.precision: fp16 training needs a CUDA GPU (its gradient scaler); "
+                             "use bf16 on the CPU")
+        self.dtype = autocast_dtype(precision, device)
         self.scaler = torch.amp.GradScaler(device.type) if self.dtype == torch.float16 else None
 
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -11,13 +11,12 @@ Optional "+ InfoNCE": two texts per example (two sentences of one document), Inf
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
 from torch import nn
 
+from tasks.methods.distributed import Gather, no_gather
 from tasks.methods.infonce import info_nce
 from tasks.methods.masking import mask_tokens
 from tasks.methods.mlm import encoder_inputs, maskable_positions, masked_lm_head, selected_ce, to_device
@@ -78,9 +77,9 @@ class EnhancedDecoder(nn.Module):
 
 class RetroMAELoss(nn.Module):
     def __init__(self, model: SentenceTransformer, mask_ratio: float, decoder_visible: float,
-                 temperature: float | None = None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 temperature: float | None = None, gather: Gather = no_gather):
         super().__init__()
-        self.gather = gather or (lambda rows: rows)  # the InfoNCE term's rows, from every process
+        self.gather = gather  # the InfoNCE term's rows, from every process
         self.model = model  # a submodule, so the optimiser over this loss's parameters trains it
         self.head = masked_lm_head(model)
         self.decoder = EnhancedDecoder(model.transformers_model.config).to(model.device)

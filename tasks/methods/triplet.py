@@ -10,11 +10,11 @@ raw, not normalised: the distances are Euclidean, not cosine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from sentence_transformers import SentenceTransformer
 from torch import nn
+
+from tasks.methods.distributed import Gather, no_gather
 
 # Inside the sqrt: d/dx √x is infinite at 0, so an anchor identical to a positive (the "same
 # input" ablation without dropout) would turn the backward pass into NaN. Shifts distances by 1e-6.
@@ -45,12 +45,12 @@ class TripletInBatchLoss(nn.Module):
     InfoNCELoss."""
 
     def __init__(self, model: SentenceTransformer, margin: float = 1.0, l2_weight: float = 1 / 250,
-                 gather: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 gather: Gather = no_gather):
         super().__init__()
         self.model = model
         self.margin = margin
         self.l2_weight = l2_weight
-        self.gather = gather or (lambda rows: rows)
+        self.gather = gather
 
     def embed(self, sentence_features: list[dict]) -> list[torch.Tensor]:
         return [self.model(f)["sentence_embedding"] for f in sentence_features]

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from tasks.config import TrainConfig
 from tasks.methods import distributed
+from tasks.methods.distributed import no_gather
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, PairBatches, train_model
 from tasks.models import sentence_model
@@ -24,7 +25,7 @@ def three_steps(init_dir: str, pairs: str, recipe: str, gather: bool, scratch: P
     # Mean pooling for all: a 1-layer random encoder gives nearly the same CLS vector for every text,
     # and Adam turns the tiny gradients of such a batch into full steps of noise.
     model = sentence_model(init_dir, CFG.max_length)
-    objective = build_objective(model, recipe, CFG, None, None, None if gather else (lambda rows: rows))
+    objective = build_objective(model, recipe, CFG, None, None, None if gather else no_gather)
     history = train_model(objective, PairBatches(pq.ParquetFile(pairs), CFG.batch_size), CFG, Checkpoints(scratch))
     return {"losses": [h.loss for h in history], "weights": {k: v.clone() for k, v in model.state_dict().items()}}
 

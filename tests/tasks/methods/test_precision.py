@@ -38,17 +38,17 @@ def test_lower_precision_encoding_scores_stay_within_0_002_of_fp32(stsb_scores, 
 
 
 def test_auto_is_bf16_on_a_cuda_gpu_that_has_it_else_fp32():
-    assert autocast_dtype("auto", "cpu", "train.precision") == torch.float32
-    assert autocast_dtype("bf16", "cpu", "train.precision") == torch.bfloat16
+    assert autocast_dtype("auto", "cpu") == torch.float32
+    assert autocast_dtype("bf16", "cpu") == torch.bfloat16
     if torch.cuda.is_available():
-        assert autocast_dtype("auto", "cuda", "train.precision") == (
+        assert autocast_dtype("auto", "cuda") == (
             torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)
 
 
 def test_fp16_training_on_the_cpu_is_refused_naming_the_field():
     with pytest.raises(InputError, match="train.precision: fp16 training needs a CUDA GPU"):
         MixedPrecision("fp16", torch.device("cpu"))
-    assert autocast_dtype("fp16", "cpu", "evaluate.dtype") == torch.float16  # encoding in fp16 runs on a CPU
+    assert autocast_dtype("fp16", "cpu") == torch.float16  # encoding in fp16 runs on a CPU
 
 
 def test_models_train_in_float32_with_sdpa_attention(tmp_path):
