@@ -1,5 +1,6 @@
 """Constants and config builders the tests share (fixtures stay in conftest.py)."""
 
+import json
 import socket
 from pathlib import Path
 
@@ -34,3 +35,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def tiny_encoder(folder: Path, dropout: float) -> str:
+    """A random 1-layer, 32-wide BERT sentence encoder saved in `folder`, with this dropout rate."""
+    from tasks.config import ModelConfig, RandomInitConfig
+    from tasks.models import save_random_encoder
+
+    save_random_encoder(ModelConfig().name_or_path, RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64),
+                        folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": dropout,
+                                                    "attention_probs_dropout_prob": dropout}))
+    return str(folder)

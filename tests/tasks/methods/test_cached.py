@@ -1,16 +1,16 @@
 """Cached (GradCache) in-batch losses: the full batch's gradients from mini-batches."""
 
-import json
 
 import pytest
 import torch
 from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
-from tasks.config import ModelConfig, RandomInitConfig, TrainConfig
+from tasks.config import TrainConfig
 from tasks.methods.cached import CachedLoss, mini_batches
 from tasks.methods.objectives import build_objective
 from tasks.methods.recipes import RECIPES
-from tasks.models import save_random_encoder, sentence_model
+from tasks.models import sentence_model
+from tests.helpers import tiny_encoder
 
 BATCH = [(f"document {i} about topic {i % 5}, words {i * 7 % 13}", f"DOCUMENT {i}, TOPIC {i % 5}") for i in range(12)]
 FULL = TrainConfig(batch_size=12, max_length=32)
@@ -18,13 +18,7 @@ CACHED = FULL.model_copy(update={"mini_batch_size": 5})  # 5 + 5 + 2 rows: the l
 
 
 def encoder(tmp_path_factory, dropout: float) -> str:
-    folder = tmp_path_factory.mktemp("init") / "model"
-    save_random_encoder(ModelConfig().name_or_path, RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64),
-                        folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": dropout,
-                                                    "attention_probs_dropout_prob": dropout}))
-    return str(folder)
+    return tiny_encoder(tmp_path_factory.mktemp("init") / "model", dropout)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,5 @@
 """Several processes, one global batch: 2 gloo processes x 8 rows train exactly as 1 process x 16."""
 
-import json
 import os
 import subprocess
 import sys
@@ -10,11 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tasks.config import ModelConfig, RandomInitConfig
 from tasks.methods.distributed import gather_rows, shard
 from tasks.methods.recipes import RECIPES
-from tasks.models import save_random_encoder
-from tests.helpers import REPO
+from tests.helpers import REPO, tiny_encoder
 from tests.tasks.methods.distributed_steps import RECIPES as COMPARED
 from tests.tasks.methods.distributed_steps import three_steps
 
@@ -42,11 +39,7 @@ def two_processes(tmp_path_factory):
     """(init folder, pairs file, what 2 torchrun processes trained)."""
     tmp = tmp_path_factory.mktemp("ddp")
     init = tmp / "init"
-    save_random_encoder(ModelConfig().name_or_path, RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64),
-                        init)
-    config = json.loads((init / "config.json").read_text())  # dropout off: the processes draw their own masks
-    (init / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0,
-                                                  "attention_probs_dropout_prob": 0.0}))
+    tiny_encoder(init, dropout=0.0)  # dropout off: the processes draw their own masks
     texts = [f"document {i} about topic {i % 5}, with words {i * 7 % 13} and {i * 3 % 11}" for i in range(48)]
     pairs = tmp / "pairs.parquet"
     pq.write_table(pa.table({"epoch": pa.array([0] * 48, pa.int32()), "anchor": texts,
