@@ -1,16 +1,19 @@
-"""Benchmark evaluation encoding: embforge's PooledEncoder against SentenceTransformer.encode.
+"""Benchmark evaluation encoding: embforge's PooledEncoder on each backend (torch, ONNX Runtime,
+OpenVINO) against SentenceTransformer.encode (torch).
 
-Both sides encode the same texts (the `text` column of the first --docs abstracts of the demo
+Every side encodes the same texts (the `text` column of the first --docs abstracts of the demo
 corpus, as evaluation encodes them) with the same model, batch size and max length, on the same
-device with the threads torch is given. A third row times what the embeddings cache computes for
+device with the threads torch is given. One more row times what the embeddings cache computes for
 layer-wise curves (every hidden state, three poolings, from the same pass). Each side is warmed up
 once on a few texts; then they run in turn, --rounds full passes each (the order flips every
-round), so that machine noise hits all alike; the figure is the median docs/s. The embeddings must
-agree: embforge's raw mean-pooled vectors and ST's (normalised) vector have cosine >= 0.999 for
-every document, or the benchmark stops, since it would be timing different computations.
+round), so that machine noise hits all alike; the figure is the median docs/s.
+Two checks, or the benchmark stops, since it would be timing different computations: every side's
+mean-pooled vectors have cosine >= 0.999 with ST's for every document; and each backend's scores,
+kNN accuracy on the documents' labels (mean of 10 splits) and Spearman on the first --sts-pairs
+pairs of the demo's STS-B test split, are within 0.001 of embforge's torch scores.
 Usage:
     python benchmarks/eval_encode.py [--model NAME] [--docs 300] [--batch-size 32] [--max-length 256]
-                                     [--rounds 3] [--device cpu]
+                                     [--rounds 3] [--sts-pairs 300] [--device cpu]
 Prints a table, then ONE final line of JSON with every figure.
 """
 from __future__ import annotations
@@ -32,11 +35,16 @@ from rich.table import Table
 from sentence_transformers import SentenceTransformer
 
 from tasks.encode import PooledEncoder
+from tasks.ingest import read_pairs
+from tasks.metrics.knn import knn_accuracy_spread
+from tasks.metrics.sts import sts_spearman
 from tasks.models import resolve_model
 
-DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
+DATA = Path(__file__).resolve().parent.parent / "configs" / "data"
 WARMUP_TEXTS = 8
 MIN_COSINE = 0.999
+MAX_SCORE_CHANGE = 0.001
+ST = "sentence-transformers encode (torch)"
 
 
 def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -51,21 +59,25 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3, help="timed passes per side, interleaved")
+    p.add_argument("--sts-pairs", type=int, default=300, help="the first N pairs of the demo's STS-B test split")
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
-    texts = pd.read_parquet(DATA, columns=["text"])["text"].head(args.docs).tolist()
+    docs = pd.read_parquet(DATA / "ohsumed_demo.parquet", columns=["text", "label"]).head(args.docs)
+    texts = docs["text"].tolist()
+    sts = read_pairs(str(DATA / "stsb.parquet"), "test", args.sts_pairs)
 
-    embforge = PooledEncoder(args.model, args.device, "mean")
+    encoders = {backend: PooledEncoder(args.model, args.device, "mean", backend=backend)
+                for backend in ("torch", "onnx", "openvino")}
     st = SentenceTransformer(resolve_model(args.model), device=args.device)
     st.max_seq_length = args.max_length
-    sides = {
-        "embforge PooledEncoder": lambda docs: embforge.encode(docs, args.max_length, args.batch_size),
-        # What the embeddings cache computes for layer-wise curves: every hidden state, 3 poolings.
-        "embforge, all layers x 3 poolings": lambda docs: embforge.encode_layers(
-            docs, args.max_length, args.batch_size, list(range(embforge.n_layers + 1)))[-1, 0],
-        "sentence-transformers encode": lambda docs: st.encode(docs, batch_size=args.batch_size,
-                                                               convert_to_numpy=True, show_progress_bar=False),
-    }
+    sides = {f"embforge, {backend}": lambda docs, e=encoder: e.encode(docs, args.max_length, args.batch_size)
+             for backend, encoder in encoders.items()}
+    # What the embeddings cache computes for layer-wise curves (torch only): every hidden state, 3 poolings.
+    torch_encoder = encoders["torch"]
+    sides["embforge, torch, all layers x 3 poolings"] = lambda docs: torch_encoder.encode_layers(
+        docs, args.max_length, args.batch_size, list(range(torch_encoder.n_layers + 1)))[-1, 0]
+    sides[ST] = lambda docs: st.encode(docs, batch_size=args.batch_size, convert_to_numpy=True,
+                                       show_progress_bar=False)
     for encode in sides.values():
         encode(texts[:WARMUP_TEXTS])
 
@@ -77,32 +89,46 @@ def main() -> None:
             outputs[name] = sides[name](texts)
             rates[name].append(len(texts) / (time.perf_counter() - start))
         if round_ == 0:  # check once, before spending time on the other rounds
-            reference = outputs["sentence-transformers encode"]
-            cosines = np.minimum.reduce([row_cosines(out, reference) for name, out in outputs.items()
-                                         if name != "sentence-transformers encode"])
+            cosines = np.minimum.reduce([row_cosines(out, outputs[ST]) for name, out in outputs.items() if name != ST])
             if cosines.min() < MIN_COSINE:
                 worst = int(cosines.argmin())
                 raise SystemExit(f"the embeddings disagree: cosine {cosines.min():.6f} < {MIN_COSINE} "
                                  f"on document {worst} ({len(texts[worst])} characters)")
 
+    scores = {}
+    for backend, encoder in encoders.items():
+        knn, _ = knn_accuracy_spread(outputs[f"embforge, {backend}"], docs["label"].to_numpy(), 10, 0.1, range(10))
+        a, b = (encoder.encode(sts[c].tolist(), args.max_length, args.batch_size) for c in ("sentence1", "sentence2"))
+        scores[backend] = {"knn_accuracy": knn, "sts_spearman": sts_spearman(a, b, sts["score"].to_numpy())}
+    change = {backend: max(abs(v - scores["torch"][m]) for m, v in s.items()) for backend, s in scores.items()}
+
     median = {name: statistics.median(r) for name, r in rates.items()}
-    ef, all_layers, st_rate = median.values()
+    st_rate = median[ST]
     table = Table(title=f"evaluation encoding, {args.model}, {len(texts)} docs, batch {args.batch_size}, "
                         f"max length {args.max_length}, {args.device}, {torch.get_num_threads()} threads")
-    for col in ("encoder", "median docs/s", "per round docs/s", "s/pass", "vs ST"):
+    for col in ("encoder", "median docs/s", "per round docs/s", "s/pass", "vs ST", "kNN acc", "STS-B", "max |Δ score|"):
         table.add_column(col, justify="left" if col == "encoder" else "right")
     for name, rate in median.items():
-        table.add_row(name, f"{rate:.1f}", " ".join(f"{r:.1f}" for r in rates[name]),
-                      f"{len(texts) / rate:.1f}", f"{rate / st_rate:.2f}")
-    Console(width=140).print(table)
-    print(f"embforge / sentence-transformers = {ef / st_rate:.3f}; "
-          f"min cosine between the two embeddings = {cosines.min():.8f}")
+        backend = name.removeprefix("embforge, ") if name.removeprefix("embforge, ") in scores else None
+        table.add_row(name, f"{rate:.1f}", " ".join(f"{r:.1f}" for r in rates[name]), f"{len(texts) / rate:.1f}",
+                      f"{rate / st_rate:.2f}", *((f"{scores[backend]['knn_accuracy']:.4f}",
+                                                  f"{scores[backend]['sts_spearman']:.4f}", f"{change[backend]:.5f}")
+                                                 if backend else ("", "", "")))
+    Console(width=160).print(table)
+    ratios = {backend: round(median[f"embforge, {backend}"] / st_rate, 3) for backend in encoders}
+    print(f"vs sentence-transformers encode: {ratios}; min cosine with ST's vectors = {cosines.min():.8f}")
     print(json.dumps({"benchmark": "eval_encode", "model": args.model, "docs": len(texts),
-                      "max_length": args.max_length, "batch_size": args.batch_size,
-                      "embforge_docs_per_s": round(ef, 2), "st_docs_per_s": round(st_rate, 2),
-                      "ratio": round(ef / st_rate, 3), "all_layers_docs_per_s": round(all_layers, 2),
-                      "all_layers_ratio": round(all_layers / st_rate, 3), "min_cosine": round(float(cosines.min()), 8),
-                      "rounds": args.rounds, "device": args.device, "torch_threads": torch.get_num_threads()}))
+                      "max_length": args.max_length, "batch_size": args.batch_size, "sts_pairs": len(sts),
+                      "st_docs_per_s": round(st_rate, 2),
+                      "docs_per_s": {name: round(rate, 2) for name, rate in median.items()},
+                      "ratio": ratios["torch"], "onnx_ratio": ratios["onnx"], "openvino_ratio": ratios["openvino"],
+                      "all_layers_ratio": round(median["embforge, torch, all layers x 3 poolings"] / st_rate, 3),
+                      "scores": {b: {m: round(v, 5) for m, v in s.items()} for b, s in scores.items()},
+                      "max_score_change": {b: round(c, 6) for b, c in change.items()},
+                      "min_cosine": round(float(cosines.min()), 8), "rounds": args.rounds, "device": args.device,
+                      "torch_threads": torch.get_num_threads()}))
+    if max(change.values()) > MAX_SCORE_CHANGE:
+        raise SystemExit(f"a backend's scores moved more than {MAX_SCORE_CHANGE} from torch's: {change}")
 
 
 if __name__ == "__main__":

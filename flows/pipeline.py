@@ -192,7 +192,7 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
     benchmark's, then one per MTEB task."""
     ev, dataset = run.cfg.evaluate, run.cfg.data.display_name
     embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device,
-                 dtype=ev.dtype)
+                 dtype=ev.dtype, backend=ev.backend)
 
     def stage(kind: Stage, job, inputs: Inputs, again: bool = False) -> ArtifactRef:
         return run.stage(kind, job, inputs, model.label, model.method, again)

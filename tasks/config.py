@@ -383,6 +383,7 @@ class SemanticConfig(Section):
 
 
 StoreDtype = Literal["float32", "float16"]
+Backend = Literal["torch", "onnx", "openvino"]  # tasks/backends.py
 TSNE_MAX = 5000
 
 
@@ -411,6 +412,20 @@ class EvaluateConfig(Section):
         "(e.g. a pre-trained sentence model as a yardstick).")
     device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
     dtype: Precision = Field("auto", description="Autocast precision of encoding. " + PRECISION_HELP)
+    backend: Backend = Field("torch", description="What encodes for the embeddings cache: torch, or the "
+                             "model exported to ONNX and run by ONNX Runtime (`onnx`, fp32) or OpenVINO "
+                             "(`openvino`, fp32 or bf16) on the CPU: the same scores, faster on a CPU. "
+                             "The exported backends give the last layer only (no `layerwise`).")
+
+    @model_validator(mode="after")
+    def _backend_can_encode(self) -> EvaluateConfig:
+        if self.backend != "torch" and self.layerwise:
+            raise ValueError(f"backend: {self.backend} gives the last layer only; `layerwise` needs every "
+                             "hidden layer, use backend: torch")
+        if self.backend == "onnx" and self.dtype not in ("auto", "fp32"):
+            raise ValueError(f"backend: onnx encodes in fp32 on a CPU, not dtype {self.dtype}; use "
+                             "backend: openvino for bf16")
+        return self
 
 
 class RetryConfig(Section):

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
 from tasks import encode, ingest
-from tasks.config import EvaluateConfig, Precision, Section, StoreDtype
+from tasks.config import Backend, EvaluateConfig, Precision, Section, StoreDtype
 from tasks.models import ModelInputs, model_identity
 from tasks.stage import Stage
 
@@ -42,6 +42,7 @@ class EmbedJob(Section):
     batch_size: int
     device: str = "auto"
     dtype: Precision = EvaluateConfig.model_fields["dtype"].default
+    backend: Backend = EvaluateConfig.model_fields["backend"].default
     store_dtype: StoreDtype = Field("float32", description="Vectors stored as float32 or float16 (read back "
                                     "as float32).")
 
@@ -75,7 +76,8 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
         texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
     else:
         texts = store.read_table(inputs.documents, "documents", columns=["text"])["text"].to_pylist()
-    encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, dtype=job.dtype)
+    encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, dtype=job.dtype,
+                                   backend=job.backend)
     layers = list(range(encoder.n_layers + 1)) if job.layers == "all" else [encoder.n_layers]
     log.info("%d texts, %d layer(s), max length %d", len(texts), len(layers), job.max_length)
     chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)

@@ -1,8 +1,9 @@
 """Evaluation encoding: raw (not normalised) pooled embeddings, as the papers measure them.
 
-Loads any model folder or Hub name through `AutoModel.from_pretrained` and pools token states
-itself, so the model's own head (e.g. a Normalize module) does not change the metric. Pooling is
-mean (the papers' default) or the token a recipe trained: CLS (first) or SEP (last unpadded).
+Loads any model folder or Hub name through `AutoModel.from_pretrained` (or runs it exported, on
+ONNX Runtime or OpenVINO: tasks/backends.py) and pools token states itself, so the model's own
+head (e.g. a Normalize module) does not change the metric. Pooling is mean (the papers' default)
+or the token a recipe trained: CLS (first) or SEP (last unpadded).
 `encode_layers` gives every hidden layer and every pooling from one forward pass, which is what
 the embeddings cache stores (layer 0 = the embedding layer); `encode_chunks` gives the same a
 chunk of texts at a time, so a corpus of any size is encoded in bounded memory.
@@ -10,13 +11,16 @@ chunk of texts at a time, so a corpus of any size is encoded in bounded memory.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from tasks import backends
 from tasks.methods import precision
 from tasks.models import load_model, pick_device
 from tasks.progress import StageProgress
@@ -34,22 +38,31 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> to
 
 
 class PooledEncoder:
-    """A model loaded once, then used for every text set an evaluation needs."""
+    """A model loaded once, then used for every text set an evaluation needs. With an `onnx` or
+    `openvino` backend it runs exported on the CPU (`quantized`: its int8 variant), and gives the
+    last layer only."""
 
-    def __init__(self, model: str, device: str = "auto", pooling: str = "mean", dtype: str = "fp32"):
-        self.pooling = pooling
+    def __init__(self, model: str, device: str = "auto", pooling: str = "mean", dtype: str = "fp32",
+                 backend: str = "torch", quantized: bool = False):
+        self.pooling, self.backend = pooling, backend
         self.tokenizer = load_model(model, AutoTokenizer.from_pretrained)
-        self.model = load_model(model, lambda p: AutoModel.from_pretrained(p, dtype=torch.float32))
-        self.model = self.model.to(pick_device(device)).eval()
-        self.dtype = precision.autocast_dtype(dtype, self.model.device)
+        self.config = load_model(model, AutoConfig.from_pretrained)
+        if backend == "torch":
+            self.model = load_model(model, lambda p: AutoModel.from_pretrained(p, dtype=torch.float32))
+            self.model = self.model.to(pick_device(device)).eval()
+            self.dtype = precision.autocast_dtype(dtype, self.model.device)
+        else:
+            with tempfile.TemporaryDirectory() as export:  # the runtime has read the file once built
+                file = load_model(model, lambda p: backends.backend_file(p, backend, Path(export), quantized))
+                self.runtime = backends.Runtime(file, backend, precision.autocast_dtype(dtype, "cpu"))
 
     @property
     def n_layers(self) -> int:
-        return self.model.config.num_hidden_layers
+        return self.config.num_hidden_layers
 
     @property
     def dim(self) -> int:
-        return self.model.config.hidden_size
+        return self.config.hidden_size
 
     def encode_chunks(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
                       layers: list[int] | None = None, chunk: int | None = None,
@@ -75,6 +88,13 @@ class PooledEncoder:
 
     def _pooled(self, texts: list[str], max_length: int, layers: list[int]) -> np.ndarray:
         """One batch: (len(layers), len(POOLINGS), len(texts), dim)."""
+        if self.backend != "torch":
+            if layers != [self.n_layers]:
+                raise ValueError(f"the {self.backend} backend gives the last layer only, not layers {layers}")
+            batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+            hidden = torch.from_numpy(self.runtime(batch))  # (texts, tokens, dim)
+            mask = torch.from_numpy(batch["attention_mask"])
+            return torch.stack([pool(hidden, mask, pooling) for pooling in POOLINGS])[None].numpy()
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length,
                                return_tensors="pt").to(self.model.device)
         with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):

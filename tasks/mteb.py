@@ -3,12 +3,16 @@
 Inputs: `model`, the train or init artifact holding the model, if any. Output `metrics.parquet` in
 storage.METRICS_SCHEMA with the task's main score and what is needed to reproduce it (task
 revision, mteb version, split, dtype, batch size, max length); a task whose data is not reachable
-gets a `skipped` row that says why instead of failing the run.
+gets a `skipped` row that says why instead of failing the run. mteb's own result files, in the
+layout of its ResultCache (`mteb/results/<model>/<revision>/<task>.json` and `model_meta.json`),
+go into the artifact too: a model embforge made is named `embforge/<recipe>-<pooling>` with its
+artifact's key as the revision, so `embforge mteb-results` hands mteb every score to compare.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from pydantic import Field
 
@@ -16,7 +20,7 @@ from storage.catalog import metrics_table
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
 from tasks import mteb_eval
 from tasks.config import LocalTaskConfig, MtebSettings, Section
-from tasks.models import ModelInputs, model_identity
+from tasks.models import ModelInputs, model_identity, resolve_model
 from tasks.stage import Stage
 
 
@@ -31,9 +35,21 @@ class MtebJob(Section):
 def build_scores(store: ArtifactStore, job: MtebJob, inputs: ModelInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     rows = mteb_eval.evaluate_mteb(inputs.model_location(store, job.model), job.pooling, job.settings, job.task,
-                                   job.device, store.scratch(ref) / "mteb-cache", log)
+                                   job.device, out.folder / RESULTS, results_meta(store, job, inputs), log)
     out.write_table("metrics", metrics_table(rows, key=ref.key, model=inputs.model_name(job.model), dataset="mteb",
                                              pooling=job.pooling))
+
+
+RESULTS = "mteb"  # the ResultCache folder inside the artifact
+
+
+def results_meta(store: ArtifactStore, job: MtebJob, inputs: ModelInputs) -> tuple[str, str | None]:
+    """(name, revision) of the model in mteb's result files."""
+    if inputs.model is None:  # a folder's revision is a digest of its files; a Hub model's is the Hub's
+        local = Path(resolve_model(job.model)).is_dir()
+        return mteb_eval.results_name(job.model, job.pooling), model_identity(job.model) if local else None
+    recipe = store.manifest(inputs.model)["config"].get("recipe", inputs.model.stage)  # init: "init"
+    return mteb_eval.results_name(inputs.model.address, job.pooling, recipe), inputs.model.key
 
 
 def scored(store: ArtifactStore, ref: ArtifactRef) -> bool:

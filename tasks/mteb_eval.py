@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import re
 import socket
-import uuid
 from functools import cache
 from pathlib import Path
 from urllib.parse import urlparse
@@ -227,17 +226,27 @@ def load_hub_data(task: AbsTask) -> None:
 # ---------------------------------------------------------------- evaluation
 
 
-def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str) -> SentenceTransformerEncoderWrapper:
+def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name: str,
+                 revision: str | None) -> SentenceTransformerEncoderWrapper:
+    """The model as mteb evaluates it, under `name` and `revision` (what mteb files its results by)."""
     transformer = load_model(model, lambda p: models.Transformer(p, max_seq_length=cfg.max_length))
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device))
     encoder.to(getattr(torch, cfg.dtype))
     wrapped = SentenceTransformerEncoderWrapper(encoder)
-    # mteb files results under the model's name: a fresh name per call never meets another model's results.
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model).name or model)
-    wrapped.mteb_model_meta = wrapped.mteb_model_meta.model_copy(
-        update={"name": f"embforge/{slug}-{pooling}-{uuid.uuid4().hex[:12]}"})
+    wrapped.mteb_model_meta = wrapped.mteb_model_meta.model_copy(update={"name": name, "revision": revision})
     return wrapped
+
+
+def results_name(model_name: str, pooling: str, recipe: str | None = None) -> str:
+    """The name embforge's mteb results carry: `embforge/<recipe>-<pooling>` for a model embforge
+    made (its artifact key is the revision), else the model's own name (`org/model`, a folder's name)."""
+    if recipe:
+        return f"embforge/{recipe}-{pooling}"
+    name = model_name.removeprefix("package:").rstrip("/")
+    if name.count("/") != 1 or Path(name).exists():  # a folder, not an org/model Hub id
+        name = f"local/{Path(name).name}"
+    return f"{name}-{pooling}" if pooling != "mean" else name
 
 
 def task_type(task: AbsTask) -> str:
@@ -270,15 +279,16 @@ def row(cfg: MtebSettings, name: str, **fields) -> dict:
 
 
 def evaluate_mteb(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskConfig, device: str,
-                  cache_dir: Path, log: logging.Logger) -> list[dict]:
+                  results: Path, meta: tuple[str, str | None], log: logging.Logger) -> list[dict]:
     """Score one model on one MTEB task (a Hub task name or a local task): one row per split and
-    subset, or one `skipped` row when the task cannot run here."""
+    subset, or one `skipped` row when the task cannot run here. mteb writes its result files
+    under `results` (a ResultCache folder), the model named and revised as `meta` says."""
     with global_rng_kept():  # mteb seeds the process-wide generators (task objects, evaluation)
-        return _scores(model, pooling, cfg, task, device, cache_dir, log)
+        return _scores(model, pooling, cfg, task, device, results, meta, log)
 
 
 def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskConfig, device: str,
-            cache_dir: Path, log: logging.Logger) -> list[dict]:
+            results: Path, meta: tuple[str, str | None], log: logging.Logger) -> list[dict]:
     name = task if isinstance(task, str) else task.name
     mteb_task = None
     try:
@@ -296,8 +306,8 @@ def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskCo
             task_type=task_type(mteb_task), main_score=mteb_task.metadata.main_score,
             revision=mteb_task.metadata.revision, split=",".join(mteb_task.eval_splits))
         return [row(cfg, name, status="skipped", note=str(e), **known)]
-    encoder = mteb_encoder(model, pooling, cfg, device)
-    result = mteb.evaluate(encoder, mteb_task, cache=mteb.ResultCache(cache_dir), overwrite_strategy="always",
+    encoder = mteb_encoder(model, pooling, cfg, device, *meta)
+    result = mteb.evaluate(encoder, mteb_task, cache=mteb.ResultCache(results), overwrite_strategy="always",
                            encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": False},
                            co2_tracker=False, show_progress_bar=False).task_results[0]
     main_score = mteb_task.metadata.main_score

@@ -25,7 +25,7 @@ from pydantic import Field
 from storage.catalog import metrics_table
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 from tasks import embed, encode
-from tasks.config import EvaluateConfig, Precision, Section, SemanticConfig
+from tasks.config import Backend, EvaluateConfig, Precision, Section, SemanticConfig
 from tasks.metrics import semantic
 from tasks.models import model_identity
 from tasks.stage import Stage
@@ -41,6 +41,7 @@ class SemanticJob(Section):
     batch_size: int
     device: str = "auto"
     dtype: Precision = EvaluateConfig.model_fields["dtype"].default
+    backend: Backend = EvaluateConfig.model_fields["backend"].default
 
 
 class SemanticInputs(embed.EmbeddedDocumentsInputs):
@@ -52,7 +53,8 @@ def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: SemanticInput
     docs = store.read_table(inputs.documents, "documents").to_pandas()
     abstracts = embed.read_embeddings(store, inputs.embeddings, job.pooling)
     n = min(len(docs), job.semantic.limit or len(docs))
-    encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, job.pooling, job.dtype)
+    encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, job.pooling, job.dtype,
+                                   job.backend)
 
     def vectors(texts: list[str], what: str) -> np.ndarray:
         log.info("encoding %d %s", len(texts), what)

@@ -146,7 +146,15 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
             else fit(store, job, inputs, ref, out.folder, log))
     out.write_table("training", pa.Table.from_pylist(rows))
     steps = [r for r in rows if r["step"]]
-    out.extra.update(steps=len(steps), final_loss=steps[-1]["loss"] if steps else None)
+    out.extra.update(steps=len(steps), final_loss=steps[-1]["loss"] if steps else None,
+                     hardware=hardware(pick_device(job.train.device), processes))
+
+
+def hardware(device: str, processes: int) -> str:
+    """What trained, for the model card: `1 x NVIDIA H100 80GB HBM3`, `2 x CPU (16 threads)`."""
+    name = (torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda")
+            else f"CPU ({torch.get_num_threads()} threads)")
+    return f"{processes} x {name}"
 
 
 TRAIN = Stage("train", build_model, extra_key=lambda job: model_identity(job.base_model) if job.base_model else None,

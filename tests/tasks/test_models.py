@@ -24,7 +24,7 @@ LOADERS = {
     "train": lambda name, tmp_path: sentence_model(name, max_length=64),
     "init": lambda name, tmp_path: save_random_encoder(name, TINY, tmp_path / "model"),
     "embed": lambda name, tmp_path: PooledEncoder(name, "cpu"),
-    "mteb": lambda name, tmp_path: mteb_encoder(name, "mean", MtebSettings(), "cpu"),
+    "mteb": lambda name, tmp_path: mteb_encoder(name, "mean", MtebSettings(), "cpu", "embforge/test", None),
     "summaries": lambda name, tmp_path: TransformersGenerator(name, Sampling(), device="cpu"),
 }
 

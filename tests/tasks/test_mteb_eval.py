@@ -38,7 +38,7 @@ def cache_dir(tmp_path_factory):
 
 
 def evaluate(task, cache_dir, cfg=SHORT, model=MODEL, pooling="mean"):
-    return mteb_eval.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, LOG)
+    return mteb_eval.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, ("local/test-model", None), LOG)
 
 
 IMPORT_AND_DRAW = "import random, sys; random.seed(int(sys.argv[1])); import tasks.mteb_eval; print(random.random())"

@@ -1,0 +1,271 @@
+"""Export: a model embforge trained, as a sentence-transformers folder with a model card written
+from the store, optionally with ONNX and OpenVINO files, and pushed to the Hugging Face Hub.
+
+The card is sentence-transformers' own (`SentenceTransformerModelCardData`, its template, the
+Hub's `model-index` metadata), filled from the catalog: the recipe and its hyper-parameters, the
+corpus it trained on (name, documents, digest of its bytes), the start model, training time and
+hardware, and every score the store holds for the model. A section of embforge's own follows with
+what the template has no place for: the spread of kNN accuracy, MTEB task revisions, and each
+exported backend's measured STS-B change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sentence_transformers import SentenceTransformer, SentenceTransformerModelCardData
+from sentence_transformers.base.evaluation import BaseEvaluator
+
+from storage.catalog import Catalog
+from storage.store import ArtifactRef, ArtifactStore
+from tasks import backends, encode
+from tasks.config import InputError, TrainConfig
+from tasks.ingest import read_pairs
+from tasks.metrics.sts import sts_spearman
+from tasks.models import model_path
+
+log = logging.getLogger("embforge.export")
+
+MODEL_STAGES = ("train", "init")
+
+
+@dataclass
+class ExportedModel:
+    """What the store knows of one model: where it came from and how it scored."""
+
+    ref: ArtifactRef
+    label: str
+    recipe: str
+    pooling: str
+    train: dict  # the train stage's job (recipe, hyper-parameters, base model), {} for init
+    manifest: dict
+    corpus: dict  # name, documents, digest of the ingest artifact it trained on
+    scores: list[dict]  # the metrics view's rows for it: latest per metric, split, subset
+    sts_path: str | None  # the STS pairs its run evaluated on
+    backend_sts: dict[str, float] = field(default_factory=dict)  # backend → STS-B Spearman
+
+
+def find_model(catalog: Catalog, name: str) -> dict:
+    """A registered model by its label (the latest with it), or a train/init artifact by address."""
+    rows = catalog.query("SELECT label, method, artifact, external, pooling, run_id FROM models "
+                         "WHERE label = ? OR artifact = ? ORDER BY registered_at DESC LIMIT 1", [name, name])
+    if not rows and ArtifactRef.parse(name).stage in MODEL_STAGES and catalog.store.exists(ArtifactRef.parse(name)):
+        return dict(label=name, method=None, artifact=name, external=None, pooling=None, run_id=None)
+    if not rows:
+        known = [r["label"] for r in catalog.query("SELECT DISTINCT label FROM models ORDER BY label")]
+        raise InputError(f"model {name!r}: no registered model has that label and no train or init artifact that "
+                         f"address; `embforge models` lists them: {known}")
+    if rows[0]["artifact"] is None:
+        raise InputError(f"model {name!r} is {rows[0]['external']!r}, a model embforge did not train: export it "
+                         "from where it comes from")
+    return rows[0]
+
+
+def ancestor(store: ArtifactStore, ref: ArtifactRef, stage: str) -> ArtifactRef | None:
+    """The nearest input artifact of `stage` upstream of `ref` (breadth first: the corpus a model
+    trained on, before the one its stage-1 start trained on)."""
+    queue, seen = [ref], set()
+    while queue:
+        current = queue.pop(0)
+        for address in store.manifest(current).get("input_files", {}):
+            parent = ArtifactRef.parse(address)
+            if parent.stage == stage:
+                return parent
+            if parent not in seen:
+                seen.add(parent)
+                queue.append(parent)
+    return None
+
+
+def latest_scores(catalog: Catalog, address: str, pooling: str) -> list[dict]:
+    """Every score of the model, the latest of each (metric, dataset, split, subset): the model's
+    own pooling and last layer (not the layer-wise curves), no learning-curve points."""
+    return catalog.query("""
+        SELECT m.metric, m.dataset, m.value, m.std, m.n, m.repeats, m.split, m.subset, m.task_type,
+               m.main_score, m.revision, m.mteb_version, rs.stage
+        FROM metrics m JOIN run_stages rs ON rs.key = m.key
+        WHERE m.model = $model AND m.status = 'ok' AND m.value IS NOT NULL AND m.step IS NULL
+          AND (m.pooling IS NULL OR m.pooling = $pooling)
+          AND (m.layer IS NULL OR m.layer = (SELECT max(layer) FROM metrics WHERE model = $model))
+        QUALIFY row_number() OVER (PARTITION BY m.metric, m.dataset, m.split, m.subset
+                                   ORDER BY rs.started_at DESC) = 1
+        ORDER BY rs.stage, m.metric""", dict(model=address, pooling=pooling))
+
+
+def describe(catalog: Catalog, name: str) -> ExportedModel:
+    store = catalog.store
+    found = find_model(catalog, name)
+    ref = ArtifactRef.parse(found["artifact"])
+    manifest = store.manifest(ref)
+    train = manifest["config"] if ref.stage == "train" else {}
+    pooling = found["pooling"] or "mean"
+    corpus = {}
+    if docs := ancestor(store, ref, "ingest"):
+        ingest = store.manifest(docs)
+        corpus = dict(name=ingest["config"].get("name") or Path(ingest["config"].get("path") or "?").stem,
+                      documents=ingest["rows"].get("documents"), digest=store.files_digest(docs),
+                      artifact=docs.address)
+    sts_path = None
+    if found["run_id"]:
+        config = catalog.query("SELECT config FROM runs WHERE run_id = ?", [found["run_id"]])[0]["config"]
+        sts_path = ((json.loads(config).get("evaluate") or {}).get("sts") or {}).get("path")
+    return ExportedModel(ref, found["label"], found["method"] or train.get("recipe", ref.stage), pooling, train,
+                         manifest, corpus, latest_scores(catalog, ref.address, pooling), sts_path)
+
+
+class RecordedScores(BaseEvaluator):
+    """Scores embforge measured and stored, handed to the card as an evaluator's results."""
+
+    def __init__(self, name: str, description: str, primary_metric: str, metrics: dict[str, float],
+                 config: dict[str, Any]):
+        super().__init__()
+        self.name, self._description, self.primary_metric = name, description, primary_metric
+        self.metrics, self.config = metrics, config
+
+    def __call__(self, model, output_path=None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+        return self.metrics
+
+    @property
+    def description(self) -> str:
+        return self._description
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return self.config
+
+
+def evaluators(model: ExportedModel) -> list[RecordedScores]:
+    """One per dataset and kind of score: the corpus's own metrics, STS, and one per MTEB task."""
+    found = []
+    own = [s for s in model.scores if s["stage"] != "mteb"]
+    for dataset in sorted({s["dataset"] for s in own}):
+        rows = [s for s in own if s["dataset"] == dataset]
+        found.append(RecordedScores(dataset, "embforge evaluation", rows[0]["metric"],
+                                    {s["metric"]: s["value"] for s in rows}, {}))
+    for s in (s for s in model.scores if s["stage"] == "mteb"):
+        found.append(RecordedScores(s["metric"], f"MTEB {s['task_type'] or ''}".strip(), s["main_score"],
+                                    {s["main_score"]: s["value"]},
+                                    dict(split=s["split"], subset=s["subset"], revision=s["revision"],
+                                         mteb_version=s["mteb_version"], n=s["n"])))
+    return found
+
+
+def hyperparameters(train: dict) -> tuple[dict, dict]:
+    """(all, those that differ from embforge's defaults) of the training config."""
+    every = train.get("train", {})
+    defaults = TrainConfig().model_dump(mode="json")
+    return every, {k: v for k, v in every.items() if defaults.get(k) != v}
+
+
+def card_data(model: ExportedModel, repo: str | None) -> SentenceTransformerModelCardData:
+    corpus = model.corpus
+    every, changed = hyperparameters(model.train)
+    data = SentenceTransformerModelCardData(
+        model_name=f"{model.label}: {model.recipe} on {corpus.get('name', 'a domain corpus')} (embforge)",
+        model_id=repo, local_files_only=True, generate_widget_examples=False,
+        train_datasets=[dict(name=corpus["name"], size=corpus["documents"], columns=["text"],
+                             loss=dict(fullname=f"embforge recipe {model.recipe}",
+                                       config_code=f"  ```json\n  {json.dumps(changed)}\n  ```"))]
+        if corpus else [],
+        tags=["sentence-transformers", "sentence-similarity", "feature-extraction", "embforge", model.recipe])
+    data.all_hyperparameters, data.non_default_hyperparameters = every, changed
+    return data
+
+
+def provenance(model: ExportedModel) -> str:
+    """The card's embforge section: what ST's template has no place for."""
+    m, corpus = model.manifest, model.corpus
+    base = model.train.get("base_model") or next(
+        (a for a in m.get("input_files", {}) if a.startswith(("init/", "train/"))), "random initialisation")
+    lines = ["", "## Trained and scored by embforge", "",
+             f"- **Recipe:** `{model.recipe}` (pooling: {model.pooling}); artifact `{model.ref.address}`",
+             f"- **Start model:** {base}"]
+    if corpus:
+        lines.append(f"- **Corpus:** {corpus['name']}, {corpus['documents']:,} documents, "
+                     f"digest `{corpus['digest']}` (`{corpus['artifact']}`)")
+    extra = m.get("extra", {})
+    lines.append(f"- **Training:** {m['wall_s']:.0f} s on {extra.get('hardware', 'unrecorded hardware')}, "
+                 f"{extra.get('steps', '?')} steps, final loss {extra.get('final_loss') or float('nan'):.4f}, "
+                 f"finished {m['created_at']}")
+    if model.scores:
+        lines += ["", "| score | dataset | value | spread (sd) | n | split | revision |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in model.scores:
+            spread = f"±{s['std']:.4f} over {s['repeats']} splits" if s["std"] is not None else ""
+            lines.append(f"| {s['metric']} | {s['dataset']} | {s['value']:.4f} | {spread} | {s['n'] or ''} | "
+                         f"{s['split'] or ''} | {s['revision'] or ''} |")
+    if model.backend_sts:
+        torch_score = model.backend_sts["torch"]
+        lines += ["", "Exported backends, Spearman on the STS-B pairs the run evaluated on "
+                  "(load with `SentenceTransformer(path, backend=..., model_kwargs={'file_name': ...})`):", "",
+                  "| backend | file | STS-B Spearman | change |", "|---|---|---|---|"]
+        for name, score in model.backend_sts.items():
+            lines.append(f"| {name} | {BACKEND_FILES.get(name, 'model.safetensors')} | {score:.4f} | "
+                         f"{score - torch_score:+.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+# Exported variants: (backend, quantized) by the name the card and the CLI use.
+VARIANTS = {"onnx": ("onnx", False), "onnx-int8": ("onnx", True),
+            "openvino": ("openvino", False), "openvino-int8": ("openvino", True)}
+BACKEND_FILES = {name: (backends.QUANTIZED_FILES if q else backends.FILES)[b] for name, (b, q) in VARIANTS.items()}
+
+
+def add_backends(folder: Path, variants: list[str]) -> None:
+    """Write the variants' files into the model folder, where sentence-transformers looks for them."""
+    with tempfile.TemporaryDirectory() as scratch:  # also holds the ONNX file OpenVINO converts
+        for name in variants:
+            backend, quantized = VARIANTS[name]
+            made = backends.backend_file(str(folder), backend, Path(scratch), quantized)
+            target = folder / BACKEND_FILES[name]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            for part in made.parent.glob(made.stem + ".*"):  # OpenVINO's .xml and .bin, ONNX's external data
+                shutil.copy2(part, target.parent / part.name)
+
+
+def sts_by_backend(folder: Path, pooling: str, sts_path: str, variants: list[str]) -> dict[str, float]:
+    """Spearman on the test split of `sts_path` (all pairs if it has no split) for torch and each variant."""
+    try:
+        pairs = read_pairs(sts_path, "test")
+    except InputError:
+        pairs = read_pairs(sts_path)
+    scores = {}
+    for name in ["torch", *variants]:
+        backend, quantized = VARIANTS.get(name, ("torch", False))
+        encoder = encode.PooledEncoder(str(folder), "cpu", pooling, "fp32", backend, quantized)
+        a, b = (encoder.encode(pairs[c].tolist(), 128) for c in ("sentence1", "sentence2"))
+        scores[name] = sts_spearman(a, b, pairs["score"].to_numpy())
+        log.info("STS-B Spearman with %s: %.4f", name, scores[name])
+    return scores
+
+
+def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], repo: str | None = None) -> ExportedModel:
+    """Write the model `name` (a label or an artifact address) into `to`, which must not hold anything."""
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise InputError(f"--to {to}: exists and is not an empty folder; export never overwrites")
+    model = describe(catalog, name)
+    shutil.copytree(model_path(catalog.store, model.ref), to, dirs_exist_ok=True)
+    add_backends(to, variants)
+    if variants and model.sts_path and Path(model.sts_path).is_file():
+        model.backend_sts = sts_by_backend(to, model.pooling, model.sts_path, variants)
+    st = SentenceTransformer(str(to), device="cpu", model_card_data=card_data(model, repo))
+    for evaluator in evaluators(model):
+        st.model_card_data.set_evaluation_metrics(evaluator, evaluator.metrics)
+    st.save(str(to))  # writes the card (README.md) with the rest; the backend files stay
+    with open(to / "README.md", "a") as card:
+        card.write(provenance(model))
+    return model
+
+
+def push_to_hub(folder: Path, repo: str, private: bool = False) -> str:
+    """Upload the exported folder as it is (card and backend files included) to a Hub model repo."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo, private=private, exist_ok=True)
+    return str(api.upload_folder(folder_path=str(folder), repo_id=repo, commit_message="embforge export"))
