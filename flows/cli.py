@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import duckdb
 import yaml
@@ -233,6 +234,36 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from tasks.export import export_model, push_to_hub
+
+    variants = [name + ("-int8" if quantized else "") for name in ("onnx", "openvino") if getattr(args, name)
+                for quantized in ([False, True] if args.quantize else [False])]
+    if args.quantize and not variants:
+        console.print("[bold red]error:[/bold red] --quantize goes with --onnx and/or --openvino")
+        return 2
+    model = export_model(Catalog(_store(args)), args.model, args.to, variants, args.push_to_hub)
+    _print_table(f"{model.label} ({model.ref.address}) exported to {args.to}", [
+        dict(score=s["metric"], dataset=s["dataset"], value=round(s["value"], 4),
+             sd=None if s["std"] is None else round(s["std"], 4)) for s in model.scores])
+    if model.backend_sts:
+        _print_table("STS-B Spearman per backend", [
+            dict(backend=name, spearman=round(v, 4), change=f"{v - model.backend_sts['torch']:+.4f}")
+            for name, v in model.backend_sts.items()])
+    if args.push_to_hub:
+        console.print(f"pushed to the Hub: {push_to_hub(args.to, args.push_to_hub, args.private)}", highlight=False)
+    return 0
+
+
+def cmd_mteb_results(args: argparse.Namespace) -> int:
+    from tasks.mteb import collect_results
+
+    copied = collect_results(_store(args), args.to)
+    console.print(f"{copied} MTEB task result(s) in {args.to}; read them with "
+                  f"mteb.ResultCache({str(args.to)!r}).load_results()", highlight=False)
+    return 0
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     try:
         rows = Catalog(_store(args)).query(args.query)
@@ -303,6 +334,24 @@ def parser() -> argparse.ArgumentParser:
                         help="config whose benchmark set the nightly deployment scores (default configs/demo.yaml)")
         sp.add_argument("--cron", help="nightly schedule as a cron line (default 03:00: \"0 3 * * *\")")
         sp.add_argument("--timezone", help="time zone of the schedule (default: this machine's)")
+    export = add("export", cmd_export, "write a trained model as a sentence-transformers folder with a model card "
+                 "made from the store (recipe, corpus, training, every score); optionally ONNX/OpenVINO files and "
+                 "a push to the Hugging Face Hub")
+    export.add_argument("model", help="a label from `embforge models` (its latest registration) or an artifact "
+                        "address (train/<key>)")
+    export.add_argument("--to", required=True, type=Path, help="folder to create (must not hold anything)")
+    export.add_argument("--onnx", action="store_true", help="add onnx/model.onnx (SentenceTransformer(path, "
+                        "backend='onnx'))")
+    export.add_argument("--openvino", action="store_true", help="add openvino/openvino_model.xml "
+                        "(backend='openvino')")
+    export.add_argument("--quantize", action="store_true", help="also int8 variants of the backends asked "
+                        "(onnx/model_qint8.onnx, openvino/openvino_model_qint8.xml)")
+    export.add_argument("--push-to-hub", metavar="REPO", help="upload the folder to this Hub model repo "
+                        "(org/name; HF_TOKEN or `hf auth login` gives the credentials)")
+    export.add_argument("--private", action="store_true", help="with --push-to-hub: a private repo")
+    mteb_results = add("mteb-results", cmd_mteb_results, "copy every MTEB score's result file, in mteb's format, "
+                       "into a folder that mteb.ResultCache reads")
+    mteb_results.add_argument("--to", required=True, type=Path, help="the ResultCache folder")
     sql = add("sql", cmd_sql, "run a SELECT query on the catalog views (runs, run_stages, artifacts, "
               "metrics, run_metrics); it reads nothing outside the store and writes nothing")
     sql.add_argument("query")

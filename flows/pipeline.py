@@ -167,9 +167,25 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
             run.wait()
     except BaseException as e:  # KeyboardInterrupt too: the record must not stay "running"
         run.record.finish("failed", error="".join(traceback.format_exception_only(e)).strip())
+        track(run)
         raise
     run.record.finish("completed")
+    track(run)
     return result
+
+
+def track(run: Run) -> None:
+    """Log the finished run to the config's MLflow server, if any. A tracker that cannot be reached
+    costs the run nothing: its results are in the store, and the error is in the run's log."""
+    if run.cfg.tracking is None:
+        return
+    from tasks.tracking import log_run
+
+    try:
+        mlflow_id = log_run(run.store, run.record.run_id, run.cfg.tracking.mlflow)
+        get_run_logger().info("logged to MLflow at %s: run %s", run.cfg.tracking.mlflow, mlflow_id)
+    except Exception as e:  # noqa: BLE001 (any client or server error)
+        get_run_logger().error("not logged to MLflow at %s: %s: %s", run.cfg.tracking.mlflow, type(e).__name__, e)
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,

@@ -452,6 +452,13 @@ class RunConfig(Section):
                                      "for `dask`; default: a local cluster of `max_workers` processes.")
 
 
+class TrackingConfig(Section):
+    """Where runs are logged as well as the store; none of it is part of any artifact's identity."""
+
+    mlflow: str = Field(description="MLflow tracking URI (http://host:5000, or a local `mlruns` folder): every "
+                        "run's config, training curves, scores, report and pictures (docs/tracking.md).")
+
+
 class PipelineConfig(Section):
     name: str = Field(description="Experiment name shown in runs and reports.")
     store: str = Field(DEFAULT_STORE, description="Artifact store folder (relative to the config "
@@ -466,6 +473,7 @@ class PipelineConfig(Section):
                                             "positives); `summaries: {}` takes every default.")
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Task-level retries with back-off.")
     run: RunConfig = Field(default_factory=RunConfig, description="How the run uses this machine.")
+    tracking: TrackingConfig | None = Field(None, description="Log every run to an experiment tracker too.")
 
     @model_validator(mode="after")
     def _valid_methods(self) -> PipelineConfig:

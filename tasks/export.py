@@ -249,7 +249,9 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise InputError(f"--to {to}: exists and is not an empty folder; export never overwrites")
     model = describe(catalog, name)
+    catalog.store.check(model.ref)  # on an object store: brought into the working copy
     shutil.copytree(model_path(catalog.store, model.ref), to, dirs_exist_ok=True)
+    (to / "README.md").unlink(missing_ok=True)  # else sentence-transformers keeps the card training saved
     add_backends(to, variants)
     if variants and model.sts_path and Path(model.sts_path).is_file():
         model.backend_sts = sts_by_backend(to, model.pooling, model.sts_path, variants)

@@ -12,6 +12,7 @@ artifact's key as the revision, so `embforge mteb-results` hands mteb every scor
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 from pydantic import Field
@@ -50,6 +51,21 @@ def results_meta(store: ArtifactStore, job: MtebJob, inputs: ModelInputs) -> tup
         return mteb_eval.results_name(job.model, job.pooling), model_identity(job.model) if local else None
     recipe = store.manifest(inputs.model)["config"].get("recipe", inputs.model.stage)  # init: "init"
     return mteb_eval.results_name(inputs.model.address, job.pooling, recipe), inputs.model.key
+
+
+def collect_results(store: ArtifactStore, to: Path) -> int:
+    """Copy the mteb result files of every mteb artifact into the ResultCache folder `to`
+    (`mteb.ResultCache(to).load_results()` reads them); returns the task results copied."""
+    copied = 0
+    for ref in store.artifacts("mteb"):
+        store.check(ref)
+        source = store.path(ref) / RESULTS
+        for file in sorted(source.rglob("*.json")):
+            target = to / file.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, target)
+            copied += file.name != "model_meta.json"
+    return copied
 
 
 def scored(store: ArtifactStore, ref: ArtifactRef) -> bool:

@@ -9,6 +9,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 import pytest  # noqa: E402
 
+from tests.mlflow_server import mlflow_server  # noqa: E402, F401
 from tests.s3 import s3_store, seaweedfs  # noqa: E402, F401  (fixtures for every test file)
 
 

@@ -1,5 +1,6 @@
 """The `service` fixture: one `embforge server` (a real Prefect server with its UI, on loopback,
-serving embforge's deployments) for the service and browser tests."""
+serving embforge's deployments) for the service and browser tests; `tracked_run`: one tiny run
+logged to MLflow, for the tracking and export tests."""
 
 import contextlib
 import json
@@ -11,11 +12,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, SECRET, free_port, tiny_config
+from tests.helpers import REPO, SECRET, STSB, free_port, tiny_config
 
 
 class Service:
@@ -121,3 +123,28 @@ def service(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-home")
     with embforge_server(home, "--nightly-config", str(tiny_config(home)), HF_TOKEN=SECRET) as svc:
         yield svc
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    store: Path
+    run_id: str
+    config: Path
+
+
+@pytest.fixture(scope="session")
+def tracked_run(tmp_path_factory, prefect_harness, mlflow_server) -> TrackedRun:
+    """The tiny pipeline run once, logged to the test MLflow server: crops (with a learning curve)
+    next to the base model, scored in-domain and on a local MTEB task. The tracking, export and
+    mteb-results tests read it."""
+    from flows.params import RunParams
+    from flows.pipeline import pipeline
+
+    folder = tmp_path_factory.mktemp("tracked")
+    config = tiny_config(folder, name="tiny-tracked", tracking={"mlflow": mlflow_server},
+                         methods=[{"name": "crops", "recipe": "crops", "train": {"eval_every": 4}}],
+                         evaluate={"mteb": {"max_length": 32, "local": [
+                             {"name": "STSB-slice", "type": "sts", "path": str(STSB), "limit": 60}]}})
+    state = pipeline(RunParams(config=str(config)), return_state=True)
+    assert state.is_completed()
+    return TrackedRun(folder / "store", str(state.state_details.flow_run_id), config)
