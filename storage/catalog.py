@@ -73,6 +73,10 @@ CHANGES_SCHEMA = pa.schema([
 ])
 
 
+# A score, not a point of a curve (the learning curve's steps, the layer-wise curves), over `metrics AS m`.
+FINAL_SCORE = "m.step IS NULL AND NOT ends_with(m.metric, '_layerwise')"
+
+
 def metrics_table(rows: list[dict], **common) -> pa.Table:
     """Score rows (plus fields shared by all of them) as a table with METRICS_SCHEMA."""
     names = METRICS_SCHEMA.names

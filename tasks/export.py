@@ -22,7 +22,7 @@ from typing import Any
 from sentence_transformers import SentenceTransformer, SentenceTransformerModelCardData
 from sentence_transformers.base.evaluation import BaseEvaluator
 
-from storage.catalog import Catalog
+from storage.catalog import FINAL_SCORE, Catalog
 from storage.store import ArtifactRef, ArtifactStore
 from tasks import backends, encode
 from tasks.config import InputError, TrainConfig
@@ -84,15 +84,14 @@ def ancestor(store: ArtifactStore, ref: ArtifactRef, stage: str) -> ArtifactRef 
 
 
 def latest_scores(catalog: Catalog, address: str, pooling: str) -> list[dict]:
-    """Every score of the model, the latest of each (metric, dataset, split, subset): the model's
-    own pooling and last layer (not the layer-wise curves), no learning-curve points."""
-    return catalog.query("""
+    """Every score of the model (not the curves), the latest of each (metric, dataset, split, subset),
+    with the model's own pooling."""
+    return catalog.query(f"""
         SELECT m.metric, m.dataset, m.value, m.std, m.n, m.repeats, m.split, m.subset, m.task_type,
                m.main_score, m.revision, m.mteb_version, rs.stage
         FROM metrics m JOIN run_stages rs ON rs.key = m.key
-        WHERE m.model = $model AND m.status = 'ok' AND m.value IS NOT NULL AND m.step IS NULL
+        WHERE m.model = $model AND m.status = 'ok' AND m.value IS NOT NULL AND {FINAL_SCORE}
           AND (m.pooling IS NULL OR m.pooling = $pooling)
-          AND (m.layer IS NULL OR m.layer = (SELECT max(layer) FROM metrics WHERE model = $model))
         QUALIFY row_number() OVER (PARTITION BY m.metric, m.dataset, m.split, m.subset
                                    ORDER BY rs.started_at DESC) = 1
         ORDER BY rs.stage, m.metric""", dict(model=address, pooling=pooling))
@@ -145,7 +144,8 @@ def evaluators(model: ExportedModel) -> list[RecordedScores]:
     own = [s for s in model.scores if s["stage"] != "mteb"]
     for dataset in sorted({s["dataset"] for s in own}):
         rows = [s for s in own if s["dataset"] == dataset]
-        found.append(RecordedScores(dataset, "embforge evaluation", rows[0]["metric"],
+        headline = next((s["metric"] for s in rows if s["metric"] == "knn_accuracy"), rows[0]["metric"])
+        found.append(RecordedScores(dataset, "embforge evaluation", headline,
                                     {s["metric"]: s["value"] for s in rows}, {}))
     for s in (s for s in model.scores if s["stage"] == "mteb"):
         found.append(RecordedScores(s["metric"], f"MTEB {s['task_type'] or ''}".strip(), s["main_score"],
@@ -177,11 +177,23 @@ def card_data(model: ExportedModel, repo: str | None) -> SentenceTransformerMode
     return data
 
 
-def provenance(model: ExportedModel) -> str:
+def start_model(store: ArtifactStore, manifest: dict) -> str:
+    """What a model without a base model started from: a random encoder (its shape) or a stage-1 model."""
+    start = next((ArtifactRef.parse(a) for a in manifest.get("input_files", {}) if a.startswith(("init/", "train/"))),
+                 None)
+    if start is None:
+        return "unknown"
+    if start.stage == "train":
+        return f"the stage-1 model `{start.address}`"
+    c = store.manifest(start)["config"]
+    return (f"a random BERT encoder ({c['layers']} layers, hidden {c['hidden']}, {c['heads']} heads, seed {c['seed']}; "
+            f"tokenizer of {c['tokenizer']}), `{start.address}`")
+
+
+def provenance(store: ArtifactStore, model: ExportedModel) -> str:
     """The card's embforge section: what ST's template has no place for."""
     m, corpus = model.manifest, model.corpus
-    base = model.train.get("base_model") or next(
-        (a for a in m.get("input_files", {}) if a.startswith(("init/", "train/"))), "random initialisation")
+    base = model.train.get("base_model") or start_model(store, m)
     lines = ["", "## Trained and scored by embforge", "",
              f"- **Recipe:** `{model.recipe}` (pooling: {model.pooling}); artifact `{model.ref.address}`",
              f"- **Start model:** {base}"]
@@ -201,8 +213,9 @@ def provenance(model: ExportedModel) -> str:
                          f"{s['split'] or ''} | {s['revision'] or ''} |")
     if model.backend_sts:
         torch_score = model.backend_sts["torch"]
-        lines += ["", "Exported backends, Spearman on the STS-B pairs the run evaluated on "
-                  "(load with `SentenceTransformer(path, backend=..., model_kwargs={'file_name': ...})`):", "",
+        lines += ["", "Exported backends, Spearman on the STS-B pairs the run evaluated on (load with "
+                  "`SentenceTransformer(path, backend=..., model_kwargs={'file_name': ...})`; OpenVINO computes in "
+                  "bf16 on CPUs that have it unless `ov_config` sets `INFERENCE_PRECISION_HINT: f32`):", "",
                   "| backend | file | STS-B Spearman | change |", "|---|---|---|---|"]
         for name, score in model.backend_sts.items():
             lines.append(f"| {name} | {BACKEND_FILES.get(name, 'model.safetensors')} | {score:.4f} | "
@@ -260,7 +273,7 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
         st.model_card_data.set_evaluation_metrics(evaluator, evaluator.metrics)
     st.save(str(to))  # writes the card (README.md) with the rest; the backend files stay
     with open(to / "README.md", "a") as card:
-        card.write(provenance(model))
+        card.write(provenance(catalog.store, model))
     return model
 
 

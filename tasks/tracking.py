@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from storage.catalog import Catalog
+from storage.catalog import FINAL_SCORE, Catalog
 from storage.store import ArtifactRef, ArtifactStore
 
 # MLflow names allow letters, digits, _ - . / and spaces.
@@ -56,10 +56,9 @@ def training_metrics(store: ArtifactStore, catalog: Catalog, run_id: str) -> lis
 
 def final_metrics(catalog: Catalog, run_id: str) -> dict[str, float]:
     """Every score of the run, not the curves (layer-wise, learning) it also holds."""
-    rows = catalog.query("""
+    rows = catalog.query(f"""
         SELECT rs.label, m.dataset, m.metric, m.value FROM run_stages rs JOIN metrics m ON m.key = rs.key
-        WHERE rs.run_id = ? AND m.value IS NOT NULL AND m.step IS NULL AND NOT ends_with(m.metric, '_layerwise')
-        ORDER BY rs.position""", [run_id])
+        WHERE rs.run_id = ? AND m.value IS NOT NULL AND {FINAL_SCORE} ORDER BY rs.position""", [run_id])
     return {metric_name(r["label"], r["dataset"] or "", r["metric"]): float(r["value"]) for r in rows}
 
 

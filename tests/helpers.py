@@ -2,6 +2,10 @@
 
 import json
 import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -35,6 +39,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until_answering(url: str, proc: subprocess.Popen, log: Path, name: str, timeout_s: float = 120) -> None:
+    """Wait until the server started as `proc` answers `url` (any HTTP answer, an error too);
+    fail with the end of its log if it exits or does not answer in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except urllib.error.HTTPError:  # an error answer (an S3 server without credentials): it is up
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not come up:\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.2)
 
 
 def tiny_encoder(folder: Path, dropout: float) -> str:

@@ -5,13 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until_answering
 
 
 @pytest.fixture(scope="session")
@@ -29,15 +27,7 @@ def mlflow_server(tmp_path_factory) -> str:
                             stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
                             env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{uri}/health", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"MLflow did not come up:\n{(folder / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.3)
+    wait_until_answering(f"{uri}/health", proc, folder / "server.log", "MLflow")
     yield uri
     os.killpg(proc.pid, signal.SIGTERM)
     try:

