@@ -174,6 +174,9 @@ def card_data(model: ExportedModel, repo: str | None) -> SentenceTransformerMode
         if corpus else [],
         tags=["sentence-transformers", "sentence-similarity", "feature-extraction", "embforge", model.recipe])
     data.all_hyperparameters, data.non_default_hyperparameters = every, changed
+    base = model.train.get("base_model") or ""
+    if base.count("/") == 1 and not Path(base).exists():  # a Hub id: the Hub links the model to it
+        data.base_model = base
     return data
 
 
