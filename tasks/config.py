@@ -425,6 +425,9 @@ class EvaluateConfig(Section):
         if self.backend == "onnx" and self.dtype not in ("auto", "fp32"):
             raise ValueError(f"backend: onnx encodes in fp32 on a CPU, not dtype {self.dtype}; use "
                              "backend: openvino for bf16")
+        if self.backend != "torch" and self.device.startswith("cuda"):
+            raise ValueError(f"backend: {self.backend} runs on the CPU, not device {self.device}; use "
+                             "backend: torch on a GPU")
         return self
 
 
@@ -455,7 +458,7 @@ class RunConfig(Section):
 class TrackingConfig(Section):
     """Where runs are logged as well as the store; none of it is part of any artifact's identity."""
 
-    mlflow: str = Field(description="MLflow tracking URI (http://host:5000, or a local `mlruns` folder): every "
+    mlflow: str = Field(description="MLflow tracking URI (http://host:5000, or sqlite:///mlflow.db): every "
                         "run's config, training curves, scores, report and pictures (docs/tracking.md).")
 
 

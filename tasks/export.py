@@ -33,6 +33,8 @@ from tasks.models import model_path
 log = logging.getLogger("embforge.export")
 
 MODEL_STAGES = ("train", "init")
+# The backends' scores are measured on the STS pairs the model's run evaluated on, else on the demo's.
+DEMO_STSB = Path(__file__).resolve().parents[1] / "configs" / "data" / "stsb.parquet"
 
 
 @dataclass
@@ -47,7 +49,7 @@ class ExportedModel:
     manifest: dict
     corpus: dict  # name, documents, digest of the ingest artifact it trained on
     scores: list[dict]  # the metrics view's rows for it: latest per metric, split, subset
-    sts_path: str | None  # the STS pairs its run evaluated on
+    sts: dict | None  # the STS pairs (path, split) its run evaluated on, else the demo's
     backend_sts: dict[str, float] = field(default_factory=dict)  # backend → STS-B Spearman
 
 
@@ -110,12 +112,14 @@ def describe(catalog: Catalog, name: str) -> ExportedModel:
         corpus = dict(name=ingest["config"].get("name") or Path(ingest["config"].get("path") or "?").stem,
                       documents=ingest["rows"].get("documents"), digest=store.files_digest(docs),
                       artifact=docs.address)
-    sts_path = None
+    sts = None
     if found["run_id"]:
         config = catalog.query("SELECT config FROM runs WHERE run_id = ?", [found["run_id"]])[0]["config"]
-        sts_path = ((json.loads(config).get("evaluate") or {}).get("sts") or {}).get("path")
+        sts = (json.loads(config).get("evaluate") or {}).get("sts")
+    if not (sts and Path(sts["path"]).is_file()):
+        sts = dict(path=str(DEMO_STSB), split="test") if DEMO_STSB.is_file() else None
     return ExportedModel(ref, found["label"], found["method"] or train.get("recipe", ref.stage), pooling, train,
-                         manifest, corpus, latest_scores(catalog, ref.address, pooling), sts_path)
+                         manifest, corpus, latest_scores(catalog, ref.address, pooling), sts)
 
 
 class RecordedScores(BaseEvaluator):
@@ -244,19 +248,16 @@ def add_backends(folder: Path, variants: list[str]) -> None:
                 shutil.copy2(part, target.parent / part.name)
 
 
-def sts_by_backend(folder: Path, pooling: str, sts_path: str, variants: list[str]) -> dict[str, float]:
-    """Spearman on the test split of `sts_path` (all pairs if it has no split) for torch and each variant."""
-    try:
-        pairs = read_pairs(sts_path, "test")
-    except InputError:
-        pairs = read_pairs(sts_path)
+def sts_by_backend(folder: Path, pooling: str, sts: dict, variants: list[str]) -> dict[str, float]:
+    """Spearman on the STS pairs (`path`, `split`) for torch and each variant."""
+    pairs = read_pairs(sts["path"], sts.get("split"))
     scores = {}
     for name in ["torch", *variants]:
         backend, quantized = VARIANTS.get(name, ("torch", False))
         encoder = encode.PooledEncoder(str(folder), "cpu", pooling, "fp32", backend, quantized)
-        a, b = (encoder.encode(pairs[c].tolist(), 128) for c in ("sentence1", "sentence2"))
+        a, b = (encoder.encode(pairs[c].tolist()) for c in ("sentence1", "sentence2"))  # evaluation's defaults
         scores[name] = sts_spearman(a, b, pairs["score"].to_numpy())
-        log.info("STS-B Spearman with %s: %.4f", name, scores[name])
+        log.info("STS Spearman with %s: %.4f", name, scores[name])
     return scores
 
 
@@ -269,8 +270,11 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
     shutil.copytree(model_path(catalog.store, model.ref), to, dirs_exist_ok=True)
     (to / "README.md").unlink(missing_ok=True)  # else sentence-transformers keeps the card training saved
     add_backends(to, variants)
-    if variants and model.sts_path and Path(model.sts_path).is_file():
-        model.backend_sts = sts_by_backend(to, model.pooling, model.sts_path, variants)
+    if variants and model.sts:
+        model.backend_sts = sts_by_backend(to, model.pooling, model.sts, variants)
+    elif variants:
+        log.warning("no STS pairs to score the backends on (the run had no evaluate.sts, and %s is not here)",
+                    DEMO_STSB)
     st = SentenceTransformer(str(to), device="cpu", model_card_data=card_data(model, repo))
     for evaluator in evaluators(model):
         st.model_card_data.set_evaluation_metrics(evaluator, evaluator.metrics)

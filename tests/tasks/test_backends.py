@@ -74,6 +74,7 @@ def test_embed_stage_key_follows_the_backend_and_vectors_do_not(encoder_folder, 
     ({"backend": "onnx", "layerwise": True}, "backend: onnx gives the last layer only"),
     ({"backend": "openvino", "layerwise": True}, "backend: openvino gives the last layer only"),
     ({"backend": "onnx", "dtype": "bf16"}, "backend: onnx encodes in fp32"),
+    ({"backend": "openvino", "device": "cuda"}, "backend: openvino runs on the CPU"),
 ])
 def test_backend_settings_that_cannot_work_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
