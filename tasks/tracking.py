@@ -30,7 +30,8 @@ TRAINING_CURVES = ("loss", "lr", "knn_accuracy")
 
 
 def metric_name(*parts: str) -> str:
-    return "/".join(UNSAFE.sub("_", p).strip("_ ") or "_" for p in parts)
+    """`/`-joined parts, each with what MLflow does not take turned into spaces: `base random init`."""
+    return "/".join(" ".join(UNSAFE.sub(" ", p).split()) or "_" for p in parts)
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
