@@ -74,6 +74,7 @@ def test_card_is_sentence_transformers_with_the_stores_facts(exported, tracked_r
     ("openvino", "openvino/openvino_model.xml"), ("openvino", "openvino/openvino_model_qint8.xml")])
 def test_sentence_transformers_loads_every_backend_file(exported, backend, file_name):
     assert (exported / file_name).is_file()
+    assert OPTIMUM_PYTHON.is_file(), "bash .ci/setup makes .venv-optimum, where sentence-transformers has optimum"
     script = ("import json, sys; from sentence_transformers import SentenceTransformer; "
               "m = SentenceTransformer(sys.argv[1], backend=sys.argv[2], device='cpu', "
               "model_kwargs={'file_name': sys.argv[3]}); print(json.dumps(m.encode(json.loads(sys.argv[4])).tolist()))")
