@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -267,20 +268,28 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
         raise InputError(f"--to {to}: exists and is not an empty folder; export never overwrites")
     model = describe(catalog, name)
     catalog.store.check(model.ref)  # on an object store: brought into the working copy
-    shutil.copytree(model_path(catalog.store, model.ref), to, dirs_exist_ok=True)
-    (to / "README.md").unlink(missing_ok=True)  # else sentence-transformers keeps the card training saved
-    add_backends(to, variants)
-    if variants and model.sts:
-        model.backend_sts = sts_by_backend(to, model.pooling, model.sts, variants)
-    elif variants:
-        log.warning("no STS pairs to score the backends on (the run had no evaluate.sts, and %s is not here)",
-                    DEMO_STSB)
-    st = SentenceTransformer(str(to), device="cpu", model_card_data=card_data(model, repo))
-    for evaluator in evaluators(model):
-        st.model_card_data.set_evaluation_metrics(evaluator, evaluator.metrics)
-    st.save(str(to))  # writes the card (README.md) with the rest; the backend files stay
-    with open(to / "README.md", "a") as card:
-        card.write(provenance(catalog.store, model))
+    # Built next to `to` and renamed into place when complete: a failed export leaves nothing half there.
+    work = to.parent / f".{to.name}.partial-{os.getpid()}"
+    try:
+        shutil.copytree(model_path(catalog.store, model.ref), work)
+        (work / "README.md").unlink(missing_ok=True)  # else sentence-transformers keeps the card training saved
+        add_backends(work, variants)
+        if variants and model.sts:
+            model.backend_sts = sts_by_backend(work, model.pooling, model.sts, variants)
+        elif variants:
+            log.warning("no STS pairs to score the backends on (the run had no evaluate.sts, and %s is not here)",
+                        DEMO_STSB)
+        st = SentenceTransformer(str(work), device="cpu", model_card_data=card_data(model, repo))
+        for evaluator in evaluators(model):
+            st.model_card_data.set_evaluation_metrics(evaluator, evaluator.metrics)
+        st.save(str(work))  # writes the card (README.md) with the rest; the backend files stay
+        with open(work / "README.md", "a") as card:
+            card.write(provenance(catalog.store, model))
+        if to.exists():
+            to.rmdir()  # empty, checked above
+        work.rename(to)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return model
 
 

@@ -134,3 +134,15 @@ def test_mteb_reads_embforge_results_next_to_others(tracked_run, tmp_path):
     assert task.get_score() == pytest.approx(scores(tracked_run, "crops")["STSB-slice"]["value"], abs=1e-6)
     init = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'init'", [tracked_run.run_id])
     assert ("embforge/init-mean", init[0]["key"]) in by_model
+
+
+def test_a_failed_export_leaves_nothing_behind(tracked_run, tmp_path, monkeypatch):
+    from tasks import export
+
+    def broken(folder, variants):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "add_backends", broken)
+    with pytest.raises(OSError, match="disk full"):
+        main(["export", "crops", "--to", str(tmp_path / "crops"), "--store", str(tracked_run.store), "--onnx"])
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor a partial one
