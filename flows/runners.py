@@ -23,15 +23,17 @@ def task_runner(run: RunConfig) -> TaskRunner | None:
     if run.task_runner == "processes":
         return ProcessPoolTaskRunner(max_workers=workers)
     if run.task_runner == "dask":
+        import dask
         from prefect_dask import DaskTaskRunner  # imports dask.distributed: only when asked for
 
         if run.dask_address:
             return DaskTaskRunner(address=run.dask_address)
-        # One process per stage (stages hold the GIL in tokenisers and numpy loops). distributed starts
-        # them with OMP_NUM_THREADS=1; torch gets the threads it has here, so that its sums are added
-        # in the same order and the scores are the ones the other runners give.
-        threads = {name: str(torch.get_num_threads()) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        # One process per stage (stages hold the GIL in tokenisers and numpy loops). distributed spawns
+        # them with OMP_NUM_THREADS=1, and a worker imports torch at its start (with the main module),
+        # too early for a later `env` to count: set the threads torch has here before the spawn, so that
+        # sums are added in the same order and the scores are the ones the other runners give.
+        dask.config.set({f"distributed.nanny.pre-spawn-environ.{name}": torch.get_num_threads()
+                         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
         return DaskTaskRunner(cluster_class="distributed.LocalCluster",
-                              cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
-                                              "env": threads})
+                              cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True})
     return None

@@ -1,0 +1,45 @@
+"""The task runners' workers compute as the flow's own process does: torch gets the same threads, so
+a matrix product adds its sums in the same order and every runner gives the sequential scores."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from prefect.settings import PREFECT_API_URL
+
+from tests.helpers import REPO
+
+# Run as its own main module that imports torch first, like the `embforge` command: a spawned worker
+# imports the main module again before it runs anything, and torch fixes its threads on import.
+SCRIPT = """
+import json, sys
+import torch
+from prefect import flow, task
+from flows.runners import task_runner
+from tasks.config import RunConfig
+
+@task
+def torch_threads() -> int:
+    return torch.get_num_threads()
+
+@flow(task_runner=task_runner(RunConfig(task_runner=sys.argv[1], max_workers=2)))
+def threads_in_workers() -> list[int]:
+    return [f.result() for f in [torch_threads.submit() for _ in range(2)]]
+
+if __name__ == "__main__":
+    print(json.dumps({"flow": torch.get_num_threads(), "workers": threads_in_workers()}))
+"""
+
+
+@pytest.mark.parametrize("runner", ["processes", "dask"])
+def test_workers_get_the_flow_process_torch_threads(prefect_harness, tmp_path, runner):
+    script = tmp_path / "threads.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(script), runner], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    threads = json.loads(done.stdout.strip().splitlines()[-1])
+    assert threads["workers"] == [threads["flow"]] * 2
