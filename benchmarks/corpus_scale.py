@@ -80,15 +80,15 @@ def peak_rss_mb() -> float:
 
 
 def demo_config():
-    from tasks.config import load_config
+    from tasks.config.loading import load_config
 
     return load_config(CONFIG)
 
 
 def ingest(store, corpus: Path, n: int):
-    from tasks.config import DataConfig
+    from tasks.config.data import DataConfig
+    from tasks.core.stage import NoInputs
     from tasks.ingest import INGEST
-    from tasks.stage import NoInputs
 
     return INGEST.run(store, DataConfig(path=str(corpus), name=f"ohsumed-x{n}"), NoInputs())
 
@@ -134,11 +134,11 @@ def child_knn(n: int, corpus: Path, store_root: Path) -> dict:
     import pyarrow.compute as pc
 
     from storage.store import ArtifactStore
-    from tasks.config import KnnConfig
+    from tasks.config.evaluation import KnnConfig
+    from tasks.core.stage import NoInputs
     from tasks.embed import EMBED, EmbedInputs, EmbedJob, read_embeddings
     from tasks.init import INIT, InitConfig
     from tasks.metrics.knn import knn_accuracy
-    from tasks.stage import NoInputs
 
     store = ArtifactStore(store_root)
     docs = ingest(store, corpus, n)  # the stages child built it: a cache hit

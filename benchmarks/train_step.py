@@ -47,15 +47,17 @@ except ImportError:
     from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
 from storage.store import ArtifactStore
-from tasks.config import DataConfig, MethodConfig, RandomInitConfig, SentenceConfig, TrainConfig
+from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.model import RandomInitConfig
+from tasks.config.training import MethodConfig, TrainConfig, pooling_for
+from tasks.core.stage import NoInputs
+from tasks.encoders.models import pick_device, save_random_encoder, sentence_model
 from tasks.ingest import INGEST
 from tasks.methods.objectives import build_objective
-from tasks.methods.recipes import RECIPES, pooling_for
+from tasks.methods.recipes import RECIPES
 from tasks.methods.training import Checkpoints, PairBatches, train_model
-from tasks.models import pick_device, save_random_encoder, sentence_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
-from tasks.stage import NoInputs
 
 DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 WARMUP = 1  # untimed first step of each side

@@ -18,8 +18,10 @@ from rich.table import Table
 
 from flows.params import RunParams
 from storage.catalog import SCORE_STAGES, Catalog, QueryError
-from storage.store import ArtifactStore, open_store
-from tasks.config import INPUT_ERRORS, ConfigError, load_config
+from storage.store import ArtifactStore
+from storage.stores import open_store
+from tasks.config.base import INPUT_ERRORS, ConfigError
+from tasks.config.loading import load_config
 from tasks.report import comparison_table, long_rows, to_markdown
 
 # Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).

@@ -15,11 +15,12 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.params import EvaluateParams
 from flows.pipeline import Corpus, ReportedModel, open_run, recorded, report_models, summarize_corpus
+from storage.base import ArtifactRef
 from storage.catalog import CHANGES_SCHEMA, SCORE_STAGES, Catalog
-from storage.store import ArtifactRef, ArtifactStore
-from tasks.config import ConfigError
+from storage.store import ArtifactStore
+from tasks.config.base import ConfigError
+from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
-from tasks.stage import NoInputs
 
 REGISTERED_SQL = """
 SELECT m.* FROM models m LEFT JOIN artifacts a ON a.stage || '/' || a.key = m.artifact

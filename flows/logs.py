@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from tasks.config import INPUT_ERRORS
+from tasks.config.base import INPUT_ERRORS
 
 
 def _not_an_input_error(record: logging.LogRecord) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tasks.identity import LIBRARIES
+from tasks.core.identity import LIBRARIES
 
 
 class RunParams(BaseModel):

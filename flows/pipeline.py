@@ -23,22 +23,26 @@ from prefect.runtime import flow_run
 
 from flows.params import RunParams, TrainParams
 from flows.runners import task_runner
+from storage.base import ArtifactRef
 from storage.runs import RunRecord
-from storage.store import ArtifactRef, ArtifactStore, open_store
-from tasks.config import ConfigError, MethodConfig, PipelineConfig, TrainConfig, load_config
+from storage.store import ArtifactStore
+from storage.stores import open_store
+from tasks.config.base import ConfigError
+from tasks.config.loading import load_config
+from tasks.config.pipeline import PipelineConfig
+from tasks.config.training import MethodConfig, TrainConfig, pooling_for
+from tasks.core.stage import Inputs, NoInputs, Stage
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
+from tasks.encoders.models import ModelInputs
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.init import INIT, InitConfig
 from tasks.llm import LLM, LlmJob, needs_conversion
-from tasks.methods.recipes import pooling_for
-from tasks.models import ModelInputs
 from tasks.mteb import MTEB, MtebJob
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob, publish_report
 from tasks.semantic import SEMANTIC, SemanticInputs, SemanticJob
 from tasks.sentences import SENTENCES, SentencesInputs
-from tasks.stage import Inputs, NoInputs, Stage
 from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.train import TRAIN, TrainInputs, TrainJob
 
@@ -179,7 +183,7 @@ def track(run: Run) -> None:
     costs the run nothing: its results are in the store, and the error is in the run's log."""
     if run.cfg.tracking is None:
         return
-    from tasks.tracking import log_run
+    from tasks.reporting.tracking import log_run
 
     try:
         mlflow_id = log_run(run.store, run.record.run_id, run.cfg.tracking.mlflow)

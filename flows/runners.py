@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
-from tasks.config import RunConfig
-from tasks.parallel import available_cores
+from tasks.config.run import RunConfig
+from tasks.core.parallel import available_cores
 
 
 def task_runner(run: RunConfig) -> TaskRunner | None:

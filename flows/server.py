@@ -37,7 +37,7 @@ from sqlalchemy.exc import ArgumentError
 
 from flows.evaluate_registered import evaluate
 from flows.pipeline import pipeline, summarize, train
-from tasks.config import ConfigError
+from tasks.config.base import ConfigError
 
 NIGHTLY_CRON = "0 3 * * *"
 

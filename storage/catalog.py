@@ -28,7 +28,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.store import HOST, MANIFEST, ArtifactStore, process_alive
+from storage.base import HOST, MANIFEST, process_alive
+from storage.store import ArtifactStore
 
 log = logging.getLogger("embforge.catalog")
 

@@ -31,7 +31,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
-from storage.store import HOST, ArtifactRef, ArtifactStore, now, process_alive
+from storage.base import HOST, ArtifactRef, now, process_alive
+from storage.store import ArtifactStore
 
 LEASE_S = float(os.environ.get("EMBFORGE_LEASE_S", "60"))
 POLL_S = 1.0

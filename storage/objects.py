@@ -33,16 +33,9 @@ from pathlib import Path
 import fsspec
 from fsspec.utils import glob_translate
 
+from storage.base import MANIFEST, ArtifactRef, DamagedArtifactError, differences, hash_stream, stable_hash
 from storage.shards import ShardPool
-from storage.store import (
-    MANIFEST,
-    ArtifactRef,
-    ArtifactStore,
-    DamagedArtifactError,
-    differences,
-    hash_stream,
-    stable_hash,
-)
+from storage.store import ArtifactStore
 
 
 def working_copy(url: str) -> Path:

@@ -11,7 +11,8 @@ import os
 import threading
 from typing import Any
 
-from storage.store import HOST, ArtifactRef, ArtifactStore, now
+from storage.base import HOST, ArtifactRef, now
+from storage.store import ArtifactStore
 
 HEARTBEAT_S = float(os.environ.get("EMBFORGE_HEARTBEAT_S", "30"))
 

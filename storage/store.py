@@ -31,17 +31,14 @@ process is gone. The manifest records every file's size and SHA-256: every read 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
-import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,88 +47,21 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from storage.base import (
+    HOST,
+    MANIFEST,
+    WORK,
+    ArtifactRef,
+    DamagedArtifactError,
+    differences,
+    files_below,
+    hash_file,
+    is_url,
+    now,
+    process_alive,
+    stable_hash,
+)
 from storage.shards import ShardPool, parquet_bytes
-
-MANIFEST = "manifest.json"
-WORK = ".work"  # a stage's temporary files inside the artifact being written; removed before publishing
-HOST = socket.gethostname()
-
-
-class DamagedArtifactError(RuntimeError):
-    """An artifact's files do not match its manifest: it is never served (not retried either)."""
-
-
-@dataclass(frozen=True)
-class ArtifactRef:
-    """A small, hashable pointer to a finished artifact: what flows pass between tasks."""
-
-    stage: str
-    key: str
-
-    @property
-    def address(self) -> str:
-        """`stage/key`: how run records and the catalog name an artifact."""
-        return f"{self.stage}/{self.key}"
-
-    @classmethod
-    def parse(cls, address: str) -> ArtifactRef:
-        stage, _, key = address.partition("/")
-        return cls(stage, key)
-
-
-def stable_hash(*parts: Any) -> str:
-    """Hash JSON-serialisable parts in a way that does not depend on dict order."""
-    blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def file_digest(path: str | Path) -> str:
-    """Content hash of a file, or of every file below a folder (names included). Memoised by the
-    files' (name, size, mtime), so a run hashes a large model folder once, not once per stage key."""
-    path = Path(path)
-    files = _files(path) if path.is_dir() else [path]
-    names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]  # a link's own name
-    stats = tuple((name, f.stat().st_size, f.stat().st_mtime_ns) for name, f in zip(names, files))
-    return _digest(str(path.resolve()), stats)
-
-
-@functools.lru_cache(maxsize=1024)
-def _digest(root: str, stats: tuple[tuple[str, int, int], ...]) -> str:
-    base = Path(root)
-    h = hashlib.sha256()
-    for name, _, _ in stats:
-        h.update(name.encode())
-        _hash_file(h, base / name if base.is_dir() else base)
-    return h.hexdigest()[:20]
-
-
-def _hash_file(h, path: Path):
-    with open(path, "rb") as fh:
-        return hash_stream(h, fh)
-
-
-def hash_stream(h, fh):
-    for block in iter(lambda: fh.read(1 << 20), b""):
-        h.update(block)
-    return h
-
-
-def differences(expected: dict | list, sizes: dict[str, int], digest: Callable[[str], str] | None) -> list[str]:
-    """How stored files (name → size; `digest` gives a file's SHA-256) differ from a manifest's
-    `files`. Manifests from before sizes were recorded list names only."""
-    found = []
-    for name, want in (expected.items() if isinstance(expected, dict) else ((n, None) for n in expected)):
-        if name not in sizes:
-            found.append(f"{name} is missing")
-        elif want and sizes[name] != want["size"]:
-            found.append(f"{name} is {sizes[name]:,} bytes, expected {want['size']:,}")
-        elif want and digest and digest(name) != want["sha256"]:
-            found.append(f"{name} has other contents than it was published with (SHA-256 differs)")
-    return found
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _fsync(path: Path) -> None:
@@ -143,53 +73,20 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file())
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id runs on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
 def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in _files(path)) if path.is_dir() else path.stat().st_size
-
-
-DEFAULT_STORE = "embforge-store"
-
-
-def is_url(store: str | Path) -> bool:
-    """Whether a store is at a URL (s3://bucket/prefix), not a folder."""
-    return "://" in str(store)
-
-
-def open_store(flag: str | None, configured: str | None = None) -> ArtifactStore:
-    """The store a command or flow uses: the flag (`--store`, a flow's `store`), else EMBFORGE_STORE,
-    else the config's `store`, else ./embforge-store."""
-    return ArtifactStore(flag or os.environ.get("EMBFORGE_STORE") or configured or DEFAULT_STORE)
+    return sum(p.stat().st_size for p in files_below(path)) if path.is_dir() else path.stat().st_size
 
 
 class ArtifactStore:
-    """Owns every byte embforge writes. Nothing else builds a path into the store. A URL
-    (`s3://bucket/prefix`) opens an object store with a local working copy (storage/objects.py)."""
+    """Owns every byte embforge writes. Nothing else builds a path into the store. This is a store
+    in a folder; `storage.stores.store_at` opens a URL (`s3://bucket/prefix`) as an object store
+    with a local working copy (storage/objects.py)."""
 
     remote = False
 
-    def __new__(cls, root: str | Path):
-        if cls is ArtifactStore and is_url(root):
-            from storage.objects import ObjectStore
-
-            cls = ObjectStore
-        return super().__new__(cls)
-
     def __init__(self, root: str | Path):
+        if is_url(root):
+            raise ValueError(f"{root} is a URL: open it with storage.stores.store_at")
         self.root = Path(root).resolve()
         if self.root.exists() and not self.root.is_dir():
             raise NotADirectoryError(f"store {root} is a file, not a folder")
@@ -269,7 +166,7 @@ class ArtifactStore:
             return [f"{MANIFEST} cannot be read ({e})"]
         folder = self.path(ref)
         sizes = {name: (folder / name).stat().st_size for name in expected if (folder / name).exists()}
-        return differences(expected, sizes, (lambda name: _hash_file(hashlib.sha256(), folder / name).hexdigest())
+        return differences(expected, sizes, (lambda name: hash_file(hashlib.sha256(), folder / name).hexdigest())
                            if digests else None)
 
     def check(self, ref: ArtifactRef) -> None:
@@ -322,7 +219,7 @@ class ArtifactStore:
         try:
             yield writer
             shutil.rmtree(writer.folder / WORK, ignore_errors=True)
-            files = _files(tmp)
+            files = files_below(tmp)
             manifest = {
                 "stage": ref.stage,
                 "key": ref.key,
@@ -334,7 +231,7 @@ class ArtifactStore:
                 "libraries": libraries,
                 "rows": writer.rows,
                 "files": {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size,
-                                                           "sha256": _hash_file(hashlib.sha256(), p).hexdigest()}
+                                                           "sha256": hash_file(hashlib.sha256(), p).hexdigest()}
                           for p in files},
                 "extra": writer.extra,
                 "created_at": now(),
@@ -348,7 +245,7 @@ class ArtifactStore:
     def _publish(self, ref: ArtifactRef, tmp: Path, manifest: dict) -> None:
         """Make the written folder the artifact: durably on disk first, then renamed into place."""
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-        for path in [*_files(tmp), *(p for p in tmp.rglob("*") if p.is_dir()), tmp]:  # every folder's entries too
+        for path in [*files_below(tmp), *(p for p in tmp.rglob("*") if p.is_dir()), tmp]:  # every folder's entries too
             _fsync(path)
         final = self.path(ref)
         final.parent.mkdir(parents=True, exist_ok=True)

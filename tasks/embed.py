@@ -22,11 +22,14 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
-from tasks import encode, ingest
-from tasks.config import Backend, EvaluateConfig, Precision, Section, StoreDtype
-from tasks.models import ModelInputs, model_identity
-from tasks.stage import Stage
+from storage.base import ArtifactRef, file_digest
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.config.base import Precision, Section
+from tasks.config.evaluation import Backend, EvaluateConfig, StoreDtype
+from tasks.core import tables
+from tasks.core.stage import Stage
+from tasks.encoders import encode
+from tasks.encoders.models import ModelInputs, model_identity
 
 CHUNK_TEXTS = 4096  # texts encoded and written at once (all layers and poolings of them in memory)
 
@@ -72,7 +75,7 @@ class EmbedInputs(ModelInputs):
 def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
                      out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     if job.pairs_path:
-        pairs = ingest.read_pairs(job.pairs_path, job.split)
+        pairs = tables.read_pairs(job.pairs_path, job.split)
         texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
     else:
         texts = store.read_table(inputs.documents, "documents", columns=["text"])["text"].to_pylist()

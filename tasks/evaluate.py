@@ -16,13 +16,17 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
+from storage.base import ArtifactRef
 from storage.catalog import metrics_table
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
-from tasks import embed, ingest, plots
-from tasks.config import TSNE_MAX, KnnConfig, Section, StsConfig
-from tasks.encode import POOLINGS
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks import embed
+from tasks.config.base import Section
+from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
+from tasks.core import tables
+from tasks.core.stage import Stage
+from tasks.encoders.encode import POOLINGS
 from tasks.metrics import geometry, knn, sts
-from tasks.stage import Stage
+from tasks.reporting import plots
 
 PICTURES = {"tsne": "tsne.png", "layerwise": "layerwise.png", "learning_curve": "learning_curve.png"}
 # Scores that are points of a curve: drawn as pictures, not listed as table rows.
@@ -103,7 +107,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
             rows += layerwise_rows(store, docs_emb, labelled, labels, job.knn)
     pos_a = pos_b = None
     if job.sts:
-        pairs = ingest.read_pairs(job.sts.path, job.sts.split)
+        pairs = tables.read_pairs(job.sts.path, job.sts.split)
         s = embed.read_embeddings(store, inputs.sts_embeddings, job.pooling)
         a, b = s[: len(pairs)], s[len(pairs) :]
         rows.append(dict(metric="sts_spearman", value=sts.sts_spearman(a, b, pairs["score"].to_numpy()),

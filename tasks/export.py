@@ -23,13 +23,15 @@ from typing import Any
 from sentence_transformers import SentenceTransformer, SentenceTransformerModelCardData
 from sentence_transformers.base.evaluation import BaseEvaluator
 
+from storage.base import ArtifactRef
 from storage.catalog import FINAL_SCORE, Catalog
-from storage.store import ArtifactRef, ArtifactStore
-from tasks import backends, encode
-from tasks.config import InputError, TrainConfig
-from tasks.ingest import read_pairs
+from storage.store import ArtifactStore
+from tasks.config.base import InputError
+from tasks.config.training import TrainConfig
+from tasks.core.tables import read_pairs
+from tasks.encoders import backends, encode
+from tasks.encoders.models import model_path
 from tasks.metrics.sts import sts_spearman
-from tasks.models import model_path
 
 log = logging.getLogger("embforge.export")
 

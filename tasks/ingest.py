@@ -15,15 +15,16 @@ import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
-from tasks import duck
-from tasks.config import DataConfig, InputError
-from tasks.stage import NoInputs, Stage
+from storage.base import ArtifactRef, file_digest
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.config.base import InputError
+from tasks.config.data import DataConfig
+from tasks.core import duck
+from tasks.core.stage import NoInputs, Stage
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 COLUMNS = ["doc_id", "title", "text", "label", "split"]
@@ -142,31 +143,6 @@ def _dataset_batches(cfg: DataConfig) -> Iterator[pa.Table]:
     dataset = datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split, streaming=cfg.streaming)
     for batch in dataset.iter(batch_size=BATCH_ROWS):
         yield _string_batch(batch)
-
-
-def read_table(path: str | Path, columns: list[str]) -> pd.DataFrame:
-    """A Parquet file that must have `columns` (evaluation sets: STS pairs, MTEB local tasks)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: file not found")
-    table = pd.read_parquet(path)
-    for column in columns:
-        if column not in table.columns:
-            raise InputError(f"{path}: missing column {column!r} (columns: {', '.join(table.columns)})")
-    return table.reset_index(drop=True)
-
-
-def rows_of_split(table: pd.DataFrame, split: str | None, path: str) -> pd.DataFrame:
-    rows = table if split is None else table[table["split"] == split]
-    if rows.empty:
-        raise InputError(f"{path}: no rows" + (f" with split {split!r}" if split else ""))
-    return rows
-
-
-def read_pairs(path: str, split: str | None = None, limit: int | None = None) -> pd.DataFrame:
-    """A pairs table (sentence1, sentence2, score): the rows of `split` (None: all), the first `limit`."""
-    pairs = read_table(path, ["sentence1", "sentence2", "score"] + (["split"] if split else []))
-    return rows_of_split(pairs, split, path).iloc[:limit].reset_index(drop=True)
 
 
 def normalise(batch: pa.Table, first_row: int, cfg: DataConfig, source: str) -> pa.Table:

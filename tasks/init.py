@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import logging
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
-from tasks.config import ModelConfig, RandomInitConfig
-from tasks.models import model_identity, save_random_encoder
-from tasks.stage import NoInputs, Stage
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.config.model import ModelConfig, RandomInitConfig
+from tasks.core.stage import NoInputs, Stage
+from tasks.encoders.models import model_identity, save_random_encoder
 
 
 class InitConfig(RandomInitConfig):

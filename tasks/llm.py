@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
-from tasks.config import InputError, Section
-from tasks.models import MODEL_LOADING
-from tasks.stage import NoInputs, Stage
+from storage.base import ArtifactRef, file_digest
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.config.base import InputError, Section
+from tasks.core.stage import NoInputs, Stage
+from tasks.encoders.models import MODEL_LOADING
 
 PROMPT_PREFIX = "embforge_prompt_prefix.json"  # what every prompt must start with (Gemma: <bos>)
 

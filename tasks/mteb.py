@@ -17,12 +17,14 @@ from pathlib import Path
 
 from pydantic import Field
 
+from storage.base import ArtifactRef, file_digest
 from storage.catalog import metrics_table
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, file_digest
-from tasks import mteb_eval
-from tasks.config import LocalTaskConfig, MtebSettings, Section
-from tasks.models import ModelInputs, model_identity, resolve_model
-from tasks.stage import Stage
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.config.base import Section
+from tasks.config.evaluation import LocalTaskConfig, MtebSettings
+from tasks.core.stage import Stage
+from tasks.encoders.models import ModelInputs, model_identity, resolve_model
+from tasks.metrics import mteb_tasks
 
 
 class MtebJob(Section):
@@ -35,7 +37,7 @@ class MtebJob(Section):
 
 def build_scores(store: ArtifactStore, job: MtebJob, inputs: ModelInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    rows = mteb_eval.evaluate_mteb(inputs.model_location(store, job.model), job.pooling, job.settings, job.task,
+    rows = mteb_tasks.evaluate_mteb(inputs.model_location(store, job.model), job.pooling, job.settings, job.task,
                                    job.device, out.folder / RESULTS, results_meta(store, job, inputs), log)
     out.write_table("metrics", metrics_table(rows, key=ref.key, model=inputs.model_name(job.model), dataset="mteb",
                                              pooling=job.pooling))
@@ -48,9 +50,9 @@ def results_meta(store: ArtifactStore, job: MtebJob, inputs: ModelInputs) -> tup
     """(name, revision) of the model in mteb's result files."""
     if inputs.model is None:  # a folder's revision is a digest of its files; a Hub model's is the Hub's
         local = Path(resolve_model(job.model)).is_dir()
-        return mteb_eval.results_name(job.model, job.pooling), model_identity(job.model) if local else None
+        return mteb_tasks.results_name(job.model, job.pooling), model_identity(job.model) if local else None
     recipe = store.manifest(inputs.model)["config"].get("recipe", inputs.model.stage)  # init: "init"
-    return mteb_eval.results_name(inputs.model.address, job.pooling, recipe), inputs.model.key
+    return mteb_tasks.results_name(inputs.model.address, job.pooling, recipe), inputs.model.key
 
 
 def collect_results(store: ArtifactStore, to: Path) -> int:
@@ -75,7 +77,7 @@ def scored(store: ArtifactStore, ref: ArtifactRef) -> bool:
 
 def _key_material(job: MtebJob) -> list:
     files = [] if isinstance(job.task, str) else [file_digest(p) for p in (job.task.path, job.task.queries) if p]
-    return [model_identity(job.model) if job.model else None, files, mteb_eval.mteb.__version__]
+    return [model_identity(job.model) if job.model else None, files, mteb_tasks.mteb.__version__]
 
 
 MTEB = Stage("mteb", build_scores, extra_key=_key_material, complete=scored, gpu=True)

@@ -32,13 +32,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
-from tasks import duck
-from tasks.config import InputError, KnnConfig, MethodConfig, Section
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.config.base import InputError, Section
+from tasks.config.evaluation import KnnConfig
+from tasks.config.training import MethodConfig
+from tasks.core import duck
+from tasks.core.stage import Inputs, Stage
 from tasks.methods.recipes import RECIPES, View
 from tasks.methods.tsdae import deletion_mask, keep_words
 from tasks.metrics import knn
-from tasks.stage import Inputs, Stage
 
 
 class HeldOut(Section):

@@ -20,12 +20,14 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import model_validator
 
+from storage.base import ArtifactRef
 from storage.catalog import Catalog
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
-from tasks import plots
-from tasks.config import Section
+from storage.store import ArtifactStore, ArtifactWriter
+from storage.stores import store_at
+from tasks.config.base import Section
+from tasks.core.stage import Inputs, Stage
 from tasks.evaluate import CURVES, PICTURES
-from tasks.stage import Inputs, Stage
+from tasks.reporting import plots
 
 LEGEND = {
     "knn_accuracy": "kNN accuracy (k=10, Euclidean, raw embeddings with the model's pooling) on the "
@@ -214,7 +216,7 @@ REPORT = Stage("report", build_report)
 @task(name="publish-report")
 def publish_report(store_root: str, report: ArtifactRef) -> None:
     """Show the report in the Prefect UI (cheap, so never cached: every run gets its artifacts)."""
-    store = ArtifactStore(store_root)
+    store = store_at(store_root)
     rows = store.read_table(report, "report").to_pandas()
     rows = rows[~rows["metric"].isin(CURVES)]  # the curves are pictures in the report
     table = rows[["model", "method", "dataset", "metric", "value", "std", "n", "layer", "pooling", "status"]]

@@ -22,13 +22,16 @@ import numpy as np
 import pyarrow.compute as pc
 from pydantic import Field
 
+from storage.base import ArtifactRef
 from storage.catalog import metrics_table
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
-from tasks import embed, encode
-from tasks.config import Backend, EvaluateConfig, Precision, Section, SemanticConfig
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks import embed
+from tasks.config.base import Precision, Section
+from tasks.config.evaluation import Backend, EvaluateConfig, SemanticConfig
+from tasks.core.stage import Stage
+from tasks.encoders import encode
+from tasks.encoders.models import model_identity
 from tasks.metrics import semantic
-from tasks.models import model_identity
-from tasks.stage import Stage
 
 
 class SemanticJob(Section):

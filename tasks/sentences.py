@@ -22,10 +22,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
-from tasks import parallel
-from tasks.config import SentenceConfig
-from tasks.stage import Inputs, Stage
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.config.data import SentenceConfig
+from tasks.core import parallel
+from tasks.core.stage import Inputs, Stage
 
 
 def split_paper(text: str) -> list[str]:

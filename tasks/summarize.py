@@ -26,12 +26,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
+from storage.base import ArtifactRef, stable_hash
 from storage.shards import ShardPool
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_hash
-from tasks import generate, llm
-from tasks.config import SummaryConfig
-from tasks.progress import StageProgress
-from tasks.stage import Inputs, Stage
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks import llm
+from tasks.config.summaries import SummaryConfig
+from tasks.core.progress import StageProgress
+from tasks.core.stage import Inputs, Stage
+from tasks.generation import generate
 
 STATUSES = ("ok", "empty", "run_on", "repeat")
 SENTENCE_END = re.compile(r"[.!?](?=\s|$)")

@@ -27,13 +27,17 @@ import transformers
 from pydantic import Field
 from sentence_transformers import SentenceTransformer
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, open_store
-from tasks import models
-from tasks.config import InputError, KnnConfig, MethodConfig, Section, TrainConfig
-from tasks.methods import distributed, objectives, recipes, training
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore, ArtifactWriter
+from storage.stores import store_at
+from tasks.config.base import InputError, Section
+from tasks.config.evaluation import KnnConfig
+from tasks.config.training import MethodConfig, TrainConfig, pooling_for
+from tasks.core.stage import Inputs, Stage
+from tasks.encoders import models
+from tasks.encoders.models import model_identity, model_path, pick_device, sentence_model
+from tasks.methods import distributed, objectives, training
 from tasks.metrics import knn
-from tasks.models import model_identity, model_path, pick_device, sentence_model
-from tasks.stage import Inputs, Stage
 
 
 class TrainJob(Section):
@@ -95,7 +99,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     cfg = job.train
     rank, size = distributed.world()
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
-                           distributed.process_device(pick_device(cfg.device)), recipes.pooling_for(job.recipe, cfg),
+                           distributed.process_device(pick_device(cfg.device)), pooling_for(job.recipe, cfg),
                            cfg.layer)
     if cfg.gradient_checkpointing:
         models.checkpoint_activations(model)
@@ -174,7 +178,7 @@ def main(spec: str) -> None:
         log = logging.getLogger("embforge.train")
         logging.basicConfig(level=logging.INFO if dist.get_rank() == 0 else logging.WARNING,
                             format="%(message)s", force=True)  # the launcher logs each line through Prefect
-        rows = fit(open_store(store_url), job, inputs, ref, folder, log)
+        rows = fit(store_at(store_url), job, inputs, ref, folder, log)
         if dist.get_rank() == 0:
             (work / "curve.json").write_text(json.dumps(rows))
     finally:

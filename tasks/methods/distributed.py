@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from tasks.config import InputError
+from tasks.config.base import InputError
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 

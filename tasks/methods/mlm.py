@@ -13,8 +13,8 @@ from sentence_transformers import SentenceTransformer
 from torch import nn
 from transformers import AutoModelForMaskedLM
 
+from tasks.encoders.models import MODEL_LOADING
 from tasks.methods.masking import mask_tokens
-from tasks.models import MODEL_LOADING
 
 
 def masked_lm_head(model: SentenceTransformer) -> nn.Module:

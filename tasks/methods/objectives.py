@@ -14,7 +14,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
 from torch import nn
 
-from tasks.config import TrainConfig
+from tasks.config.training import TrainConfig
 from tasks.methods.cached import CachedLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
 from tasks.methods.distributed import Gather, gather_rows, no_gather

@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from tasks.config import InputError
+from tasks.config.base import InputError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -4,17 +4,15 @@ A recipe = the training view it reads (tasks/pairs.py) + a loss over a batch of 
 texts (tasks/methods/objectives.py, one per recipe here) + its paper's defaults. The config's
 `recipe` choices and help text, the pairs view, the default pooling, head and masking ratio, and
 which recipes compare rows of the batch (whose negatives multi-device training must gather) are
-all read from `RECIPES`. This module holds data only, so the config can read it without importing
-the losses. The papers' settings are in docs/methods.md.
+all read from `RECIPES`. This module holds data only and imports nothing of embforge: the config
+(tasks/config/training.py) reads it, never the other way round. The papers' settings are in
+docs/methods.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:  # tasks.config derives the recipe choices from this module
-    from tasks.config import TrainConfig
+from typing import Literal
 
 Pair = tuple[str, str]
 View = Literal["crops", "same", "noise", "summaries"]
@@ -75,7 +73,3 @@ def pooling_help() -> str:
     for r in RECIPES.values():
         by_pooling.setdefault(r.pooling, []).append(r.name)
     return "; ".join(f"{p.upper() if p != 'mean' else p} for {', '.join(names)}" for p, names in by_pooling.items())
-
-
-def pooling_for(recipe: str, cfg: TrainConfig) -> str:
-    return cfg.pooling or RECIPES[recipe].pooling

@@ -26,11 +26,11 @@ from tqdm.auto import tqdm
 from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 
 from storage import leases
-from tasks.config import TrainConfig
+from tasks.config.training import TrainConfig
+from tasks.core.progress import StageProgress
 from tasks.methods import distributed, precision
 from tasks.methods.objectives import Objective
 from tasks.methods.recipes import Pair
-from tasks.progress import StageProgress
 
 
 @dataclass

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from storage.base import ArtifactRef
 from storage.catalog import Catalog
-from storage.store import ArtifactRef, ArtifactStore
+from storage.store import ArtifactStore
 from tests.helpers import tiny_config
 
 EMBFORGE = [sys.executable, "-m", "flows.cli"]

@@ -8,9 +8,10 @@ import pytest
 import yaml
 from sentence_transformers import SentenceTransformer
 
+from storage.base import ArtifactRef
 from storage.catalog import Catalog
-from storage.store import ArtifactRef, ArtifactStore
-from tasks.config import InputError
+from storage.store import ArtifactStore
+from tasks.config.base import InputError
 from tasks.methods.recipes import RECIPES as REGISTRY
 from tests.helpers import DEMO_DOCS, STSB, tiny_config
 

@@ -18,7 +18,7 @@ import json, sys
 import torch
 from prefect import flow, task
 from flows.runners import task_runner
-from tasks.config import RunConfig
+from tasks.config.run import RunConfig
 
 @task
 def torch_threads() -> int:

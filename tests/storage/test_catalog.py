@@ -9,8 +9,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from storage.base import ArtifactRef
 from storage.catalog import Catalog, QueryError, metrics_table
-from storage.store import ArtifactRef, ArtifactStore
+from storage.store import ArtifactStore
 
 
 def write_record(store: ArtifactStore, run_id: str, **fields) -> None:

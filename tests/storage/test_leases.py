@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from storage.base import HOST, ArtifactRef
 from storage.leases import LeaseLostError, confirm, current_lease, hold
-from storage.store import HOST, ArtifactRef, ArtifactStore
+from storage.store import ArtifactStore
 from tests.helpers import REPO
 
 REF = ArtifactRef("train", "k")
@@ -20,7 +21,8 @@ REF = ArtifactRef("train", "k")
 HOLDER = """
 import logging, sys, time
 from storage.leases import LeaseLostError, confirm, current_lease, hold
-from storage.store import ArtifactRef, ArtifactStore
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore
 with hold(ArtifactStore(sys.argv[1]), ArtifactRef("train", "k"), lambda: False, logging.getLogger(),
           ttl=float(sys.argv[2])) as mine:
     print("held", current_lease.get().generation, time.time(), flush=True)
@@ -36,7 +38,8 @@ with hold(ArtifactStore(sys.argv[1]), ArtifactRef("train", "k"), lambda: False, 
 TAKER = """
 import sys, time
 from storage.leases import Lease
-from storage.store import ArtifactRef, ArtifactStore
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore
 store, start = ArtifactStore(sys.argv[1]), float(sys.argv[3])
 time.sleep(max(0, start - time.time()))
 print(*[n for n in range(int(sys.argv[2])) if Lease(store, ArtifactRef("train", "k"), 600).take(n)])

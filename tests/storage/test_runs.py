@@ -6,9 +6,10 @@ import socket
 import time
 
 from storage import runs
+from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.runs import RunRecord
-from storage.store import ArtifactRef, ArtifactStore
+from storage.store import ArtifactStore
 
 
 def test_a_record_shows_how_far_the_run_got_and_what_was_stale(tmp_path):

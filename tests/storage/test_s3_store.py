@@ -7,8 +7,9 @@ import logging
 import pyarrow as pa
 import pytest
 
+from storage.base import ArtifactRef, DamagedArtifactError
 from storage.catalog import Catalog, metrics_table
-from storage.store import ArtifactRef, ArtifactStore, DamagedArtifactError
+from storage.stores import store_at
 
 
 def write(store, ref, rows=3, **extra):
@@ -27,11 +28,11 @@ def objects(store, *parts):
 def fresh(url, tmp_path, monkeypatch, name="other"):
     """The same store opened as another worker would: with an empty working copy."""
     monkeypatch.setenv("EMBFORGE_CACHE", str(tmp_path / name))
-    return ArtifactStore(url)
+    return store_at(url)
 
 
 def test_publish_and_read_back_through_a_fresh_working_copy(s3_store, tmp_path, monkeypatch):
-    store = ArtifactStore(s3_store)
+    store = store_at(s3_store)
     assert store.remote and store.url == s3_store and store.root.is_relative_to(tmp_path / "cache")
     ref = ArtifactRef("stage", "k1")
     write(store, ref, note="hello")
@@ -55,7 +56,7 @@ def test_publish_and_read_back_through_a_fresh_working_copy(s3_store, tmp_path, 
 
 
 def test_two_writers_of_one_key_both_end_with_the_winners_files(s3_store, tmp_path, monkeypatch):
-    first, second, ref = ArtifactStore(s3_store), fresh(s3_store, tmp_path, monkeypatch), ArtifactRef("stage", "same")
+    first, second, ref = store_at(s3_store), fresh(s3_store, tmp_path, monkeypatch), ArtifactRef("stage", "same")
     write(first, ref, rows=3)
     write(second, ref, rows=5)  # built while the first published: its manifest create fails
     assert second.read_table(ref, "t").num_rows == first.read_table(ref, "t").num_rows == 3
@@ -65,7 +66,7 @@ def test_two_writers_of_one_key_both_end_with_the_winners_files(s3_store, tmp_pa
 
 
 def test_a_truncated_upload_is_never_read_and_is_rebuilt(s3_store, tmp_path, monkeypatch):
-    store, ref = ArtifactStore(s3_store), ArtifactRef("stage", "cut")
+    store, ref = store_at(s3_store), ArtifactRef("stage", "cut")
     store._writable()
     store.fs.pipe_file(f"{s3_store}/artifacts/stage/cut/upload-killed/t.parquet", b"PAR1 half")  # no manifest
     assert not store.exists(ref) and store.artifacts() == []
@@ -78,7 +79,7 @@ def test_a_truncated_upload_is_never_read_and_is_rebuilt(s3_store, tmp_path, mon
 
 
 def test_a_damaged_artifact_is_detected_set_aside_and_never_served(s3_store, tmp_path, monkeypatch):
-    store, ref = ArtifactStore(s3_store), ArtifactRef("stage", "bad")
+    store, ref = store_at(s3_store), ArtifactRef("stage", "bad")
     write(store, ref, note="hello")
     data = f"{s3_store}/artifacts/stage/bad/{store.manifest(ref)['upload']}"
     store.fs.pipe_file(f"{data}/note", b"hel")
@@ -103,7 +104,7 @@ def test_a_damaged_artifact_is_detected_set_aside_and_never_served(s3_store, tmp
 
 
 def test_pools_runs_logs_and_scratch_live_in_the_bucket(s3_store, tmp_path, monkeypatch, caplog):
-    store = ArtifactStore(s3_store)
+    store = store_at(s3_store)
     pool = store.pool("summaries", "k")
     good, bad = pool.write(pa.table({"x": [1]})), pool.write(pa.table({"x": [2]}))
     assert good.startswith(f"{s3_store}/pools/summaries/k/shard-")
@@ -148,7 +149,7 @@ def test_pools_runs_logs_and_scratch_live_in_the_bucket(s3_store, tmp_path, monk
 
 
 def test_the_catalog_reads_only_its_own_bucket_prefix(s3_store):
-    store = ArtifactStore(s3_store)
+    store = store_at(s3_store)
     store.write_run("r1", dict(run_id="r1", name="x", status="completed", started_at="2026-01-01T00:00:00+00:00"))
     store.fs.pipe_file(f"{s3_store}-other/x.json", b'{"a": 1}')  # beside the store, same bucket
     catalog = Catalog(store)
@@ -159,7 +160,7 @@ def test_the_catalog_reads_only_its_own_bucket_prefix(s3_store):
 
 
 def test_a_config_names_an_s3_store_as_it_is(tmp_path):
-    from tasks.config import load_config
+    from tasks.config.loading import load_config
     from tests.helpers import tiny_config
 
     assert load_config(tiny_config(tmp_path, store="s3://bucket/runs"), check_files=False).store == "s3://bucket/runs"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from storage.store import HOST, ArtifactRef, ArtifactStore, DamagedArtifactError, file_digest, stable_hash
+from storage.base import HOST, ArtifactRef, DamagedArtifactError, file_digest, stable_hash
+from storage.store import ArtifactStore
 
 
 def write(store, ref, rows=3):

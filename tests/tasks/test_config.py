@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import ConfigError, MethodConfig, TrainConfig, load_config
+from tasks.config.base import ConfigError
+from tasks.config.loading import load_config
+from tasks.config.training import MethodConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

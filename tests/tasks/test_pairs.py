@@ -5,12 +5,13 @@ import pytest
 
 from storage.store import ArtifactStore
 from tasks import pairs as pairs_module
-from tasks.config import DataConfig, InputError, SentenceConfig
+from tasks.config.base import InputError
+from tasks.config.data import DataConfig, SentenceConfig
+from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
 from tasks.methods.tsdae import deletion_mask, keep_words
 from tasks.pairs import PAIRS, HeldOut, PairsConfig, PairsInputs, Replacement, draw_summary_pairs
 from tasks.sentences import SENTENCES, SentencesInputs
-from tasks.stage import NoInputs
 from tests.tasks.test_sentences import DEMO_CORPUS
 
 

@@ -7,10 +7,10 @@ import pytest
 
 from storage.store import ArtifactStore
 from tasks import sentences
-from tasks.config import DataConfig, SentenceConfig
+from tasks.config.data import DataConfig, SentenceConfig
+from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
 from tasks.sentences import SENTENCES, SentencesInputs, sentence_table, split_blingfire
-from tasks.stage import NoInputs
 
 DEMO_CORPUS = Path(__file__).parents[2] / "configs" / "data" / "ohsumed_demo.parquet"
 

@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from storage.store import ArtifactStore
-from tasks.config import SEMCSE_PROMPTS, DataConfig, Sampling, SummaryConfig
+from tasks.config.data import DataConfig
+from tasks.config.summaries import SEMCSE_PROMPTS, Sampling, SummaryConfig
+from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
 from tasks.llm import prompt_prefix
-from tasks.stage import NoInputs
 from tasks.summarize import SUMMARIZE, SummarizeInputs, build_prompt, first_sentence, pool_key, summary_status
 from tests.helpers import DEMO_DOCS, REPO
 
@@ -84,9 +85,9 @@ def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, l
 KILLABLE = """
 import sys
 from storage.store import ArtifactStore
-from tasks.config import SummaryConfig
+from tasks.config.summaries import SummaryConfig
 from tasks.summarize import SUMMARIZE, SummarizeInputs
-from storage.store import ArtifactRef
+from storage.base import ArtifactRef
 store = ArtifactStore(sys.argv[1])
 job = SummaryConfig.model_validate_json(sys.argv[2])
 SUMMARIZE.run(store, job, SummarizeInputs(documents=ArtifactRef("ingest", sys.argv[3])))

@@ -3,10 +3,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tasks.config import InputError, KnnConfig, MethodConfig, ModelConfig, RandomInitConfig, TrainConfig
+from tasks.config.base import InputError
+from tasks.config.evaluation import KnnConfig
+from tasks.config.model import ModelConfig, RandomInitConfig
+from tasks.config.training import MethodConfig, TrainConfig
+from tasks.encoders.models import checkpoint_activations, save_random_encoder, sentence_model
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, PairBatches, plan_batches, train_model
-from tasks.models import checkpoint_activations, save_random_encoder, sentence_model
 from tasks.train import TrainJob, frozen_objective, knn_curve
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)

@@ -8,12 +8,12 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
-from tasks.config import TrainConfig
+from tasks.config.training import TrainConfig
+from tasks.encoders.models import sentence_model
 from tasks.methods import distributed
 from tasks.methods.distributed import no_gather
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, PairBatches, train_model
-from tasks.models import sentence_model
 
 RECIPES = ("crops", "simcse", "semcse")
 CFG = TrainConfig(batch_size=16, lr=1e-3, max_length=32, checkpoint_every=1000)

@@ -6,12 +6,12 @@ import torch
 from safetensors import safe_open
 from sentence_transformers import SentenceTransformer
 
-from tasks import ingest
-from tasks.config import DEFAULT_MODEL, InputError
-from tasks.encode import PooledEncoder
+from tasks.config.base import DEFAULT_MODEL, InputError
+from tasks.core import tables
+from tasks.encoders.encode import PooledEncoder
+from tasks.encoders.models import sentence_model
 from tasks.methods.precision import MixedPrecision, autocast_dtype
 from tasks.metrics.sts import sts_spearman
-from tasks.models import sentence_model
 from tests.helpers import REPO
 
 STSB = REPO / "configs" / "data" / "stsb.parquet"
@@ -20,7 +20,7 @@ STSB = REPO / "configs" / "data" / "stsb.parquet"
 @pytest.fixture(scope="module")
 def stsb_scores():
     """STS-B test Spearman of the base model per evaluate.dtype, and its embeddings."""
-    pairs = ingest.read_pairs(str(STSB), "test", 400)
+    pairs = tables.read_pairs(str(STSB), "test", 400)
     texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
     out = {}
     for dtype in ("fp32", "bf16", "fp16"):

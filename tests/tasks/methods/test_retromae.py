@@ -5,10 +5,10 @@ import torch
 from sentence_transformers import SentenceTransformer
 from torch import nn
 
-from tasks.config import MethodConfig
+from tasks.config.training import MethodConfig
+from tasks.encoders.models import sentence_model
 from tasks.methods.mlm import MaskedLMLoss, masked_lm_head
 from tasks.methods.retromae import RetroMAELoss, decoder_attention_mask, retromae_features
-from tasks.models import sentence_model
 
 TEXTS = ["Unbelievable hepatocellular carcinoma outcomes were reported.",
          "The patient recovered.",

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from tasks.encoders.models import sentence_model
 from tasks.methods.triplet import TripletInBatchLoss, triplet_in_batch
-from tasks.models import sentence_model
 
 
 def test_triplet_loss_equals_hand_computation():

@@ -8,10 +8,10 @@ import torch
 from sentence_transformers.sentence_transformer.losses import ContrastiveTensionLossInBatchNegatives
 from torch import nn
 
-from tasks.config import TrainConfig
+from tasks.config.training import TrainConfig
+from tasks.encoders.models import sentence_model
 from tasks.methods.infonce import InfoNCELoss, info_nce
 from tasks.methods.tsdae import deletion_mask, keep_words, tsdae_loss
-from tasks.models import sentence_model
 
 
 def delete_words(text: str, ratio: float, rng: np.random.Generator) -> str:
@@ -104,7 +104,7 @@ def test_simcse_one_pass_gives_the_two_copies_different_dropout_masks(tiny_dir):
 
 
 def test_matryoshka_is_accepted_only_by_in_batch_contrastive_recipes():
-    from tasks.config import MethodConfig, merged_train
+    from tasks.config.training import MethodConfig, merged_train
 
     cfg = TrainConfig()
     ok = merged_train(cfg, MethodConfig(name="c", recipe="crops", train={"matryoshka_dims": [16, 8]}), "m")

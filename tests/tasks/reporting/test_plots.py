@@ -4,7 +4,7 @@ import pytest
 from matplotlib.image import imread
 from sklearn.neighbors import KNeighborsClassifier
 
-from tasks.plots import layerwise_png, learning_curve_png, tsne_coords, tsne_png
+from tasks.reporting.plots import layerwise_png, learning_curve_png, tsne_coords, tsne_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

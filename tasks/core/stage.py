@@ -2,7 +2,7 @@
 
 A stage's key = hash(stage name, its config section, its inputs' keys by role, extra key material
 such as input-file digests, and its code version: the source of the module that defines its build
-function and of every first-party module it imports, transitively; tasks/identity.py). The
+function and of every first-party module it imports, transitively; tasks/core/identity.py). The
 same key is the artifact's folder name. Whether a stage is cached is decided from the store alone:
 the task returns a `Cached` state when the store holds a trustworthy artifact for its key, so
 nothing outside the store (no Prefect result file, no PREFECT_HOME) is needed to resume a run.
@@ -22,11 +22,14 @@ from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict
 
 from storage import leases
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, stable_hash
-from tasks import identity
-from tasks.config import INPUT_ERRORS, RetryConfig
-from tasks.parallel import GLOBAL_RNG
-from tasks.progress import current_stage
+from storage.base import ArtifactRef, stable_hash
+from storage.store import ArtifactStore, ArtifactWriter
+from storage.stores import store_at
+from tasks.config.base import INPUT_ERRORS
+from tasks.config.run import RetryConfig
+from tasks.core import identity
+from tasks.core.parallel import GLOBAL_RNG
+from tasks.core.progress import current_stage
 
 
 class Inputs(BaseModel):
@@ -179,7 +182,7 @@ class Stage:
         retry = retry or RetryConfig()
 
         def run_stage(store_url: str, config: BaseModel, inputs: Inputs, ref: ArtifactRef, label: str = ""):
-            store, log = ArtifactStore(store_url), self._log(get_run_logger(), label)
+            store, log = store_at(store_url), self._log(get_run_logger(), label)
             if self.cached(store, ref, log) or not self.publish_once(store, config, inputs, ref, log, label):
                 return Completed(data=ref, name="Cached", message=f"artifacts/{ref.address} is in the store")
             return ref

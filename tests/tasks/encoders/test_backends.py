@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from storage.store import ArtifactStore
-from tasks import backends
-from tasks.config import EvaluateConfig
+from tasks.config.evaluation import EvaluateConfig
 from tasks.embed import EMBED, EmbedInputs, EmbedJob, read_embeddings
-from tasks.encode import PooledEncoder
+from tasks.encoders import backends
+from tasks.encoders.encode import PooledEncoder
 from tests.helpers import DEMO_DOCS, tiny_encoder
 
 TEXTS = pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(24).tolist() + ["short", "a b"]

@@ -1,7 +1,7 @@
 """Evaluation encoding: raw (not normalised) pooled embeddings, as the papers measure them.
 
 Loads any model folder or Hub name through `AutoModel.from_pretrained` (or runs it exported, on
-ONNX Runtime or OpenVINO: tasks/backends.py) and pools token states itself, so the model's own
+ONNX Runtime or OpenVINO: tasks/encoders/backends.py) and pools token states itself, so the model's own
 head (e.g. a Normalize module) does not change the metric. Pooling is mean (the papers' default)
 or the token a recipe trained: CLS (first) or SEP (last unpadded).
 `encode_layers` gives every hidden layer and every pooling from one forward pass, which is what
@@ -20,10 +20,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from tasks import backends
+from tasks.core.progress import StageProgress
+from tasks.encoders import backends
+from tasks.encoders.models import load_model, pick_device
 from tasks.methods import precision
-from tasks.models import load_model, pick_device
-from tasks.progress import StageProgress
 
 POOLINGS = ("mean", "cls", "sep")
 

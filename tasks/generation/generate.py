@@ -17,7 +17,8 @@ from typing import Literal, Protocol
 
 import torch
 
-from tasks.config import InputError, Sampling
+from tasks.config.base import InputError
+from tasks.config.summaries import Sampling
 
 Backend = Literal["auto", "vllm", "transformers"]
 
@@ -85,7 +86,7 @@ class TransformersGenerator:
     def __init__(self, model_dir: str, sampling: Sampling, group: int = 5, device: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from tasks.models import load_model
+        from tasks.encoders.models import load_model
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = load_model(model_dir, AutoTokenizer.from_pretrained)

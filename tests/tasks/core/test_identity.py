@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import tasks
-from tasks import identity
-from tasks.config import DataConfig
-from tasks.stage import STAGES, NoInputs
+from tasks.config.data import DataConfig
+from tasks.core import identity
+from tasks.core.stage import STAGES, NoInputs
 from tests.helpers import DEMO_DOCS, REPO
 
 ALL_STAGES = {"ingest", "sentences", "pairs", "llm", "summarize", "init", "train", "embed", "evaluate", "semantic",
@@ -104,9 +104,9 @@ def test_editing_what_a_stage_imports_changes_its_code_version_and_nothing_else_
 
 
 def test_a_reference_models_embeddings_depend_on_the_model_loading_code(monkeypatch):
-    """The case hand-kept lists got wrong: embed reads an external model through tasks/models.py."""
+    """The case hand-kept lists got wrong: embed reads an external model through tasks/encoders/models.py."""
     import_every_stage()
-    with edited(monkeypatch, identity.module_file("tasks.models")):
+    with edited(monkeypatch, identity.module_file("tasks.encoders.models")):
         edited_version = STAGES["embed"].code_version
     assert edited_version != STAGES["embed"].code_version
 
@@ -114,7 +114,7 @@ def test_a_reference_models_embeddings_depend_on_the_model_loading_code(monkeypa
 def test_the_key_hashes_the_code_version(monkeypatch):
     ingest, config = STAGES["ingest"], DataConfig(path=str(DEMO_DOCS))
     before = ingest.ref(config, NoInputs())
-    with edited(monkeypatch, identity.module_file("tasks.config")):
+    with edited(monkeypatch, identity.module_file("tasks.config.data")):
         assert ingest.ref(config, NoInputs()) != before
     assert ingest.ref(config, NoInputs()) == before
 

@@ -20,8 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from storage.base import ArtifactRef
 from storage.catalog import FINAL_SCORE, Catalog
-from storage.store import ArtifactRef, ArtifactStore
+from storage.store import ArtifactStore
 
 # MLflow names allow letters, digits, _ - . / and spaces.
 UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ ]+")

@@ -17,10 +17,12 @@ import torch
 from sentence_transformers import SentenceTransformer, models
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from storage.store import ArtifactRef, ArtifactStore, file_digest
-from tasks.config import InputError, RandomInitConfig
-from tasks.parallel import GLOBAL_RNG
-from tasks.stage import Inputs
+from storage.base import ArtifactRef, file_digest
+from storage.store import ArtifactStore
+from tasks.config.base import InputError
+from tasks.config.model import RandomInitConfig
+from tasks.core.parallel import GLOBAL_RNG
+from tasks.core.stage import Inputs
 
 T = TypeVar("T")
 

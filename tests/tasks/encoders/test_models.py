@@ -11,13 +11,16 @@ import torch
 from transformers import PreTrainedModel
 
 from storage.store import ArtifactStore
-from tasks.config import InputError, MtebSettings, RandomInitConfig, Sampling
-from tasks.encode import PooledEncoder
-from tasks.generate import TransformersGenerator
+from tasks.config.base import InputError
+from tasks.config.evaluation import MtebSettings
+from tasks.config.model import RandomInitConfig
+from tasks.config.summaries import Sampling
+from tasks.core.stage import NoInputs
+from tasks.encoders.encode import PooledEncoder
+from tasks.encoders.models import save_random_encoder, sentence_model
+from tasks.generation.generate import TransformersGenerator
 from tasks.init import INIT, InitConfig
-from tasks.models import save_random_encoder, sentence_model
-from tasks.mteb_eval import mteb_encoder
-from tasks.stage import NoInputs
+from tasks.metrics.mteb_tasks import mteb_encoder
 
 TINY = RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64)
 LOADERS = {
@@ -49,7 +52,7 @@ def test_a_local_folder_that_does_not_load_keeps_its_own_error(tmp_path):
 
 def test_the_stage_fails_on_the_name_and_publishes_nothing(tmp_path):
     store = ArtifactStore(tmp_path / "store")
-    with pytest.raises(InputError, match="model 'no-such-org/no-such-model': "):  # never retried (tasks/stage.py)
+    with pytest.raises(InputError, match="model 'no-such-org/no-such-model': "):  # never retried (tasks/core/stage.py)
         INIT.run(store, InitConfig(tokenizer="no-such-org/no-such-model", **TINY.model_dump()), NoInputs())
     assert not (store.root / "artifacts").exists()
 

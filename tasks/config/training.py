@@ -1,0 +1,153 @@
+"""How a model trains: the methods (`methods[]`) and the `train` section, merged per method.
+
+The recipe choices, help texts and per-recipe rules are read from the recipe registry
+(tasks/methods/recipes.py), which holds data only and imports no config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from tasks.config.base import PRECISION_HELP, Precision, Section
+from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
+
+
+class MethodConfig(Section):
+    name: str = Field(description="Name shown in reports, e.g. `crops`.")
+    recipe: Literal[tuple(RECIPES)] = Field(description=recipe_help())
+    n_sentences: int = Field(2, ge=1, description="Consecutive kept sentences per training text "
+                             "(1 = single sentences, as SimCSE, TSDAE and CT were trained).")
+    seed: int = Field(0, description="Seed for drawing views and shuffling them.")
+    deletion_ratio: float = Field(0.6, gt=0, lt=1, description="TSDAE: share of words deleted "
+                                  "from the encoder's input (at least one word is kept).")
+    mask_ratio: float | None = Field(None, gt=0, lt=1, description="Encoder masking ratio of the "
+                                     "recipes that mask (default: the recipe's own: " + ", ".join(
+                                         f"{r.mask_ratio} for {r.name}" for r in RECIPES.values()
+                                         if r.mask_ratio) + ").")
+    decoder_visible: float = Field(0.5, gt=0, le=1, description="RetroMAE: share of the other "
+                                   "tokens each decoder position may attend to.")
+    title_rate: float = Field(0.15, ge=0, le=1, description="SemCSE: share of positives replaced "
+                              "by the document's title.")
+    sentence_rate: float = Field(0.35, ge=0, le=1, description="SemCSE: share of positives replaced "
+                                 "by a random sentence of the abstract (anchors are always summaries).")
+    same_input: bool = Field(False, description="SemCSE ablation: the positive is the anchor summary "
+                             "itself, so only dropout makes the two views differ.")
+    knn_holdout: bool = Field(False, description="Train on the documents of the kNN train split only "
+                              "(evaluate.knn's test_size and seed), so the documents kNN accuracy is "
+                              "measured on are never seen in training.")
+    train: dict = Field(default_factory=dict, description="Overrides of the `train` section for "
+                        "this method only (e.g. `{lr: 3.0e-5, pooling: cls}`).")
+
+    @property
+    def resolved_mask_ratio(self) -> float | None:
+        """The masking ratio the recipe trains with: the configured one, else the recipe's own
+        (None for recipes that do not mask)."""
+        return (self.mask_ratio or RECIPES[self.recipe].mask_ratio) if RECIPES[self.recipe].mask_ratio else None
+
+    @property
+    def resolved_decoder_visible(self) -> float | None:
+        """`decoder_visible` for recipes with RetroMAE's enhanced decoder, else None."""
+        return self.decoder_visible if RECIPES[self.recipe].enhanced_decoder else None
+
+    @model_validator(mode="after")
+    def _replacement_rates(self) -> MethodConfig:
+        if self.title_rate + self.sentence_rate > 1:
+            raise ValueError("title_rate + sentence_rate must not exceed 1")
+        return self
+
+
+class TrainConfig(Section):
+    epochs: int = Field(1, ge=1, description="Passes over the documents (one pair per document each).")
+    batch_size: int = Field(64, ge=2, description="Pairs per batch; the other pairs are the negatives.")
+    lr: float = Field(2e-5, gt=0, description="Adam learning rate (no weight decay).")
+    temperature: float = Field(0.05, gt=0, description="InfoNCE temperature τ (0.05 = cosine × 20).")
+    margin: float = Field(1.0, gt=0, description="SemCSE's triplet loss: margin in Euclidean distance.")
+    l2_weight: float = Field(1 / 250, ge=0, description="SemCSE's triplet loss: weight of the L2 penalty "
+                             "on anchor embeddings.")
+    warmup_ratio: float = Field(0.1, ge=0, le=1, description="Linear warm-up over this share of the "
+                                "batches of ONE epoch, then linear decay to 0 over all batches.")
+    max_length: int = Field(256, ge=8, description="Truncate training texts to this many tokens "
+                            "(padding is per batch).")
+    pooling: Literal["mean", "cls", "sep"] | None = Field(
+        None, description="Sentence vector: mean over tokens, the first token (CLS) or the last "
+        "token ([SEP] for BERT-style models). Default: the recipe's own (" + pooling_help() + ").")
+    layer: int | None = Field(None, ge=0, description="Take token states from this hidden layer "
+                              "(0 = embedding layer) instead of the last: the layers above it are "
+                              "dropped, which is the same model and trains faster.")
+    head: Literal["none", "mlp"] | None = Field(
+        None, description="Projection head used during training only and discarded after "
+        "(`mlp`: dense + tanh, SimCSE's). Default: the recipe's own (" + ", ".join(
+            f"`{r.head}` for {r.name}" for r in RECIPES.values() if r.head != "none") + ", none for the others).")
+    matryoshka_dims: list[int] = Field(default_factory=list, description="Also apply the loss to "
+                                       "these truncated, re-normalised prefixes (e.g. [256, 128, 64]).")
+    schedule: Literal["linear", "constant"] = Field(
+        "linear", description="`linear`: warm-up then decay to 0; `constant` (TSDAE's).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (0 = Adam, the papers' "
+                                "default; RetroMAE pre-training used 0.01).")
+    freeze_embeddings: bool = Field(False, description="Keep the embedding layer fixed.")
+    freeze_layers: int = Field(0, ge=0, description="Keep the first N transformer layers fixed (the "
+                               "cropping paper's freezing study: training the last 2 of 12 nearly suffices).")
+    checkpoint_every: int = Field(20, ge=1, description="Save a resumable checkpoint every N steps.")
+    eval_every: int | None = Field(None, ge=1, description="Measure kNN accuracy on the labelled "
+                                   "documents every N steps and after the last (the papers' learning "
+                                   "curves, in training.parquet); needs `evaluate.knn` and labels.")
+    seed: int = Field(0, description="Seed of the dropout masks during training.")
+    device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
+    precision: Precision = Field("auto", description="Autocast precision of the forward pass and loss; "
+                                 "weights and optimiser state stay float32. " + PRECISION_HELP)
+    save_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Data type of the saved model's weights.")
+    devices: int | Literal["auto"] = Field(1, description="Processes of one data-parallel training (torchrun, "
+                                          "DDP): one per GPU, or CPU processes under gloo; `auto`: every "
+                                          "visible GPU (1 without CUDA). `batch_size` is the global batch, "
+                                          "sharded across them; recipes with in-batch negatives gather "
+                                          "every process's rows, so the negatives are the whole batch.")
+    mini_batch_size: int | None = Field(None, ge=1, description="Cached in-batch losses (GradCache): embed "
+                                        "the batch this many rows at a time, so a large batch trains in the "
+                                        "memory of a small one, with the full batch's gradients.")
+    gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
+                                         "backward pass instead of keeping them: less memory for long inputs, "
+                                         "about a third more compute; the same numbers, so not part of the key.")
+
+    @property
+    def cached_rows(self) -> int | None:
+        """Rows per cached mini-batch (GradCache); None when the batch is embedded whole."""
+        return self.mini_batch_size if self.mini_batch_size and self.mini_batch_size < self.batch_size else None
+
+    @field_validator("devices")
+    @classmethod
+    def _positive_devices(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1, or auto")
+        return v
+
+
+def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainConfig:
+    try:
+        cfg = TrainConfig.model_validate({**base.model_dump(), **method.train})
+    except ValidationError as e:
+        raise ValueError("; ".join(f"{where}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                   for err in e.errors())) from None
+    if not RECIPES[method.recipe].sentence_head and (cfg.head == "mlp" or cfg.matryoshka_dims):
+        with_head = tuple(r.name for r in RECIPES.values() if r.sentence_head)
+        raise ValueError(f"{where}: head and matryoshka_dims apply to the recipes {with_head}, "
+                         f"not to {method.recipe!r}")
+    if cfg.cached_rows:
+        if not RECIPES[method.recipe].mini_batches:
+            with_cache = tuple(r.name for r in RECIPES.values() if r.mini_batches)
+            raise ValueError(f"{where}: mini_batch_size applies to the recipes {with_cache}, not to {method.recipe!r}")
+        if cfg.matryoshka_dims:
+            raise ValueError(f"{where}: mini_batch_size cannot be combined with matryoshka_dims")
+        if cfg.devices != 1:
+            raise ValueError(f"{where}: mini_batch_size runs on one device (devices: 1) for now; several "
+                             "devices share the batch's memory instead")
+    if cfg.head == "mlp" and cfg.matryoshka_dims:
+        raise ValueError(f"{where}: a projection head cannot be combined with matryoshka_dims "
+                         "(the truncated prefixes are the embeddings that are kept)")
+    return cfg
+
+
+def pooling_for(recipe: str, cfg: TrainConfig) -> str:
+    """The sentence vector a method uses: the configured pooling, else its recipe's own."""
+    return cfg.pooling or RECIPES[recipe].pooling

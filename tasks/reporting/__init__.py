@@ -1,0 +1,1 @@
+"""What a run shows people: the report's pictures and the MLflow log. Imports no stage."""
