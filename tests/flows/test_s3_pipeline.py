@@ -5,9 +5,13 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from flows.cli import main
 from tests.flows.test_cli import EMBFORGE, REPO, embforge
 from tests.helpers import tiny_config
+
+pytestmark = pytest.mark.slow  # runs through the CLI on a loopback S3 server, twice: a minute
 
 
 def command(capsys, *args: str) -> str:

@@ -5,9 +5,13 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
+
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tests.helpers import REPO, tiny_config
+
+pytestmark = pytest.mark.slow  # two `embforge run`s in subprocesses at once: a minute
 
 
 def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path):

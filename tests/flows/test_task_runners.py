@@ -9,6 +9,8 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.slow  # whole pipelines through worker processes and a Dask cluster: minutes
+
 METRICS = "SELECT model, dataset, metric, layer, value FROM metrics ORDER BY ALL"
 
 

