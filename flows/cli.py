@@ -22,7 +22,7 @@ from storage.store import ArtifactStore
 from storage.stores import open_store
 from tasks.config.base import INPUT_ERRORS, ConfigError
 from tasks.config.loading import load_config
-from tasks.report import comparison_table, long_rows, to_markdown
+from tasks.reporting.tables import comparison_table, long_rows, to_markdown
 
 # Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).
 # Warnings (a damaged file the catalog skipped) go to stderr through the root logger's handler, which

@@ -27,10 +27,8 @@ from tasks.core.stage import Stage
 from tasks.encoders.encode import POOLINGS
 from tasks.metrics import geometry, knn, sts
 from tasks.reporting import plots
-
-PICTURES = {"tsne": "tsne.png", "layerwise": "layerwise.png", "learning_curve": "learning_curve.png"}
-# Scores that are points of a curve: drawn as pictures, not listed as table rows.
-CURVES = ("knn_accuracy_layerwise", "knn_accuracy_curve")
+from tasks.reporting.plots import PICTURES
+from tasks.reporting.tables import CURVES
 
 
 class EvalJob(Section):

@@ -18,6 +18,8 @@ from matplotlib.ticker import MaxNLocator
 from sklearn.manifold import TSNE
 
 FIGSIZE, DPI = (6.0, 4.5), 120
+# The pictures' file names in the evaluate and report artifacts.
+PICTURES = {"tsne": "tsne.png", "layerwise": "layerwise.png", "learning_curve": "learning_curve.png"}
 TSNE_FIGSIZE = (7.5, 4.5)  # wider: the legend of up to ~25 labels sits right of the map
 # Strong colours first (tab20's dark halves = tab10), then their light partners, then tab20b:
 # 40 colours, and a corpus with at most 10 labels gets only clearly distinct ones.

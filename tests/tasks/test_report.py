@@ -5,7 +5,7 @@ import pytest
 from storage.base import ArtifactRef
 from storage.catalog import Catalog, metrics_table
 from storage.store import ArtifactStore
-from tasks.report import comparison_table, long_rows, to_markdown
+from tasks.reporting.tables import comparison_table, long_rows, to_markdown
 
 # Two models; block means by hand: clustering (0.2+0.4)/2=0.3 and 0.5; sts (0.8) and 0.6.
 SCORES = {
