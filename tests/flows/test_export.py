@@ -69,21 +69,33 @@ def test_card_is_sentence_transformers_with_the_stores_facts(exported, tracked_r
     assert abs(change["onnx"]) < 1e-3 and abs(change["openvino"]) < 1e-3 and change["torch"] == 0
 
 
-@pytest.mark.parametrize(("backend", "file_name"), [
-    ("onnx", "onnx/model.onnx"), ("onnx", "onnx/model_qint8.onnx"),
-    ("openvino", "openvino/openvino_model.xml"), ("openvino", "openvino/openvino_model_qint8.xml")])
-def test_sentence_transformers_loads_every_backend_file(exported, backend, file_name):
-    assert (exported / file_name).is_file()
+BACKEND_FILES = [("onnx", "onnx/model.onnx"), ("onnx", "onnx/model_qint8.onnx"),
+                 ("openvino", "openvino/openvino_model.xml"), ("openvino", "openvino/openvino_model_qint8.xml")]
+
+
+@pytest.fixture(scope="module")
+def loaded_elsewhere(exported) -> subprocess.CompletedProcess:
+    """Every backend file loaded by sentence-transformers with optimum (in .venv-optimum), in one
+    process: its imports take most of the time. Prints one JSON line per file: its vectors."""
     assert OPTIMUM_PYTHON.is_file(), "bash .ci/setup makes .venv-optimum, where sentence-transformers has optimum"
-    script = ("import json, sys; from sentence_transformers import SentenceTransformer; "
-              "m = SentenceTransformer(sys.argv[1], backend=sys.argv[2], device='cpu', "
-              "model_kwargs={'file_name': sys.argv[3]}); print(json.dumps(m.encode(json.loads(sys.argv[4])).tolist()))")
-    out = subprocess.run([str(OPTIMUM_PYTHON), "-c", script, str(exported), backend, file_name,
-                          json.dumps(SENTENCES)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    script = ("import json, sys; from sentence_transformers import SentenceTransformer\n"
+              "for backend, name in json.loads(sys.argv[2]):\n"
+              "    m = SentenceTransformer(sys.argv[1], backend=backend, device='cpu',\n"
+              "                            model_kwargs={'file_name': name})\n"
+              "    print(json.dumps(m.encode(json.loads(sys.argv[3])).tolist()), flush=True)")
+    return subprocess.run([str(OPTIMUM_PYTHON), "-c", script, str(exported), json.dumps(BACKEND_FILES),
+                           json.dumps(SENTENCES)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.parametrize(("backend", "file_name"), BACKEND_FILES)
+def test_sentence_transformers_loads_every_backend_file(exported, loaded_elsewhere, backend, file_name):
+    assert (exported / file_name).is_file()
+    out = loaded_elsewhere
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Saving the exported" not in out.stderr  # what it says when it exported a model itself: it loaded ours
-    vectors = np.array(json.loads(out.stdout.splitlines()[-1]))
+    lines = out.stdout.splitlines()[-len(BACKEND_FILES):]  # one per file, in BACKEND_FILES' order
+    vectors = np.array(json.loads(lines[BACKEND_FILES.index((backend, file_name))]))
     reference = SentenceTransformer(str(exported)).encode(SENTENCES)
     cosines = (vectors * reference).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(reference, axis=1)
     if "qint8" in file_name:
