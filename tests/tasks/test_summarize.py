@@ -51,6 +51,7 @@ def test_prompt_is_title_abstract_then_continuation_prompt():
     assert build_prompt("<bos>", None, "A b.", "P") == "<bos>A b.\nP"
 
 
+@pytest.mark.slow  # converts the 135M-parameter LLM from its GGUF file: ~35 s
 def test_gguf_is_converted_once_into_a_folder_both_backends_load(llm_store, llm_dir):
     store, ref = llm_store
     manifest = store.manifest(ref)
