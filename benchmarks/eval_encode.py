@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 from sentence_transformers import SentenceTransformer
 
-from tasks.core.tables import read_pairs
+from tasks.core.eval_sets import read_pairs
 from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.models import resolve_model
 from tasks.metrics.knn import knn_accuracy_spread

@@ -26,7 +26,7 @@ from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Precision, Section
 from tasks.config.evaluation import Backend, EvaluateConfig, StoreDtype
-from tasks.core import tables
+from tasks.core import eval_sets
 from tasks.core.stage import Stage
 from tasks.encoders import encode
 from tasks.encoders.models import ModelInputs, model_identity
@@ -75,7 +75,7 @@ class EmbedInputs(ModelInputs):
 def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
                      out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     if job.pairs_path:
-        pairs = tables.read_pairs(job.pairs_path, job.split)
+        pairs = eval_sets.read_pairs(job.pairs_path, job.split)
         texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
     else:
         texts = store.read_table(inputs.documents, "documents", columns=["text"])["text"].to_pylist()

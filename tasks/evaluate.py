@@ -22,7 +22,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
 from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
-from tasks.core import tables
+from tasks.core import eval_sets
 from tasks.core.stage import Stage
 from tasks.encoders.encode import POOLINGS
 from tasks.metrics import geometry, knn, sts
@@ -105,7 +105,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
             rows += layerwise_rows(store, docs_emb, labelled, labels, job.knn)
     pos_a = pos_b = None
     if job.sts:
-        pairs = tables.read_pairs(job.sts.path, job.sts.split)
+        pairs = eval_sets.read_pairs(job.sts.path, job.sts.split)
         s = embed.read_embeddings(store, inputs.sts_embeddings, job.pooling)
         a, b = s[: len(pairs)], s[len(pairs) :]
         rows.append(dict(metric="sts_spearman", value=sts.sts_spearman(a, b, pairs["score"].to_numpy()),

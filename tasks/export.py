@@ -28,7 +28,7 @@ from storage.catalog import FINAL_SCORE, Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.training import TrainConfig
-from tasks.core.tables import read_pairs
+from tasks.core.eval_sets import read_pairs
 from tasks.encoders import backends, encode
 from tasks.encoders.models import model_path
 from tasks.metrics.sts import sts_spearman

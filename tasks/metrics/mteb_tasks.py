@@ -48,8 +48,8 @@ from sentence_transformers import SentenceTransformer, models
 from storage.base import file_digest, stable_hash
 from tasks.config.base import InputError
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
+from tasks.core.eval_sets import read_pairs, read_table, rows_of_split
 from tasks.core.rng import global_rng_kept
-from tasks.core.tables import read_pairs, read_table, rows_of_split
 from tasks.encoders.models import POOLING_MODES, load_model, pick_device
 
 with global_rng_kept():  # importing mteb seeds the process-wide generators with 42

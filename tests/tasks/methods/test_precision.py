@@ -7,7 +7,7 @@ from safetensors import safe_open
 from sentence_transformers import SentenceTransformer
 
 from tasks.config.base import DEFAULT_MODEL, InputError
-from tasks.core import tables
+from tasks.core import eval_sets
 from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.models import sentence_model
 from tasks.methods.precision import MixedPrecision, autocast_dtype
@@ -20,7 +20,7 @@ STSB = REPO / "configs" / "data" / "stsb.parquet"
 @pytest.fixture(scope="module")
 def stsb_scores():
     """STS-B test Spearman of the base model per evaluate.dtype, and its embeddings."""
-    pairs = tables.read_pairs(str(STSB), "test", 400)
+    pairs = eval_sets.read_pairs(str(STSB), "test", 400)
     texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
     out = {}
     for dtype in ("fp32", "bf16", "fp16"):
