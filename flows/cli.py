@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -360,13 +361,33 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `timeout`, a Prefect worker), raised where Ctrl-C raises KeyboardInterrupt
+    so that both stop the same way: the flow records the run interrupted, servers stop last. `signal`
+    as in Prefect's TerminationSignal, which the flow engine raises for SIGTERM inside a flow run."""
+
+    signal = signal.SIGTERM
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.fn(args)
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
+    except KeyboardInterrupt as e:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal while stopping exits at once
+            signal.signal(signum, signal.SIG_DFL)
+        signum = getattr(e, "signal", signal.SIGINT)
+        console.print(f"stopped by {signum.name}: every finished stage is in the store; the same command resumes "
+                      "from it", highlight=False)
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 
@@ -169,8 +171,11 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
         with run.running():
             result = body()
             run.wait()
-    except BaseException as e:  # KeyboardInterrupt too: the record must not stay "running"
-        run.record.finish("failed", error="".join(traceback.format_exception_only(e)).strip())
+    except BaseException as e:  # KeyboardInterrupt and SIGTERM too: the record must not stay "running"
+        if isinstance(e, KeyboardInterrupt | TerminationSignal):
+            run.record.finish("interrupted", error=f"stopped by {signal.Signals(getattr(e, 'signal', 2)).name}")
+        else:
+            run.record.finish("failed", error="".join(traceback.format_exception_only(e)).strip())
         track(run)
         raise
     run.record.finish("completed")

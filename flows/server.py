@@ -13,7 +13,9 @@ server's database on PostgreSQL.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +42,19 @@ from flows.pipeline import pipeline, summarize, train
 from tasks.config.base import ConfigError
 
 NIGHTLY_CRON = "0 3 * * *"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # loaded before a fork, not in its child
+
+
+def _die_with_parent() -> None:
+    """In a server's child before exec: SIGTERM when the process that started it dies, also by SIGKILL
+    (the OOM killer, kill -9), which leaves it no chance to stop the server itself."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+# A server in a session of its own does not get the signals of the terminal's or a scheduler's process
+# group: the run (or served deployments) stops first and still reports to it; the server is stopped last.
+SERVER_PROCESS = dict(start_new_session=True, preexec_fn=_die_with_parent if _LIBC else None)
 
 
 def deployments(nightly_config: str, cron: str | None = None, timezone: str | None = None,
@@ -122,7 +137,8 @@ def prefect_api(attempts: int = 3) -> Iterator[str]:
     runs started together can pick the same one, and then the loser talks to the winner's server,
     which stops when the winner ends. Here the socket is bound first (port 0: the OS picks a free
     one) and handed to the server (uvicorn --fd), so a run only ever talks to its own server. A start
-    can fail while another run's server migrates a shared database (PREFECT_HOME): it is retried."""
+    can fail while another run's server migrates a shared database (PREFECT_HOME): it is retried.
+    The server is started as SERVER_PROCESS says and stopped last."""
     if PREFECT_API_URL.value():
         yield PREFECT_API_URL.value()
         return
@@ -134,7 +150,7 @@ def prefect_api(attempts: int = 3) -> Iterator[str]:
             server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory",
                                        "prefect.server.api.server:create_app", "--fd", str(sock.fileno()),
                                        "--log-level", "error", "--lifespan", "on"],
-                                      env=env, pass_fds=(sock.fileno(),))
+                                      env=env, pass_fds=(sock.fileno(),), **SERVER_PROCESS)
         try:
             try:
                 wait_healthy(url, server)
@@ -146,10 +162,11 @@ def prefect_api(attempts: int = 3) -> Iterator[str]:
             os.environ["PREFECT_API_URL"] = url  # for the task runners' worker processes
             try:
                 with temporary_settings(updates={PREFECT_API_URL: url}):
-                    yield url
-                    # Logs and events still queued go out before the server stops.
-                    APILogWorker.drain_all(timeout=10)
-                    EventsWorker.drain_all(timeout=10)
+                    try:
+                        yield url
+                    finally:  # logs and events still queued go out before the server stops, however the run ended
+                        APILogWorker.drain_all(timeout=10)
+                        EventsWorker.drain_all(timeout=10)
             finally:
                 if saved is None:
                     os.environ.pop("PREFECT_API_URL", None)
@@ -161,12 +178,14 @@ def prefect_api(attempts: int = 3) -> Iterator[str]:
 
 
 def stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
-    """Ask a server process to stop; kill it if it has not within `timeout_s`."""
-    process.terminate()
+    """Ask a server started in a session of its own to stop, its children too; kill them if they have
+    not within `timeout_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
 
@@ -176,10 +195,11 @@ def serve_deployments(nightly_config: str, cron: str | None, timezone: str | Non
 
 
 def start_server(env: dict[str, str], **popen_args) -> subprocess.Popen:
-    """`prefect server start` with `server_env`'s settings, returned once it answers."""
+    """`prefect server start` with `server_env`'s settings, started as SERVER_PROCESS says, returned
+    once it answers."""
     server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
                                env["PREFECT_SERVER_API_HOST"], "--port", env["PREFECT_SERVER_API_PORT"]],
-                              env=env, **popen_args)
+                              env=env, **SERVER_PROCESS, **popen_args)
     try:
         wait_healthy(env["PREFECT_API_URL"], server)
     except BaseException:

@@ -1,40 +1,59 @@
-"""`python -m tests.flows.faults STAGE embforge-args...`: runs `embforge` and kill -9s its own process
-group (the run, its Prefect server, its workers: what a power cut or the OOM killer does) inside
-STAGE: right after the stage wrote its first file into its temp folder, or for `train` right after
-its first mid-epoch checkpoint."""
+"""`python -m tests.flows.faults STAGE[:SIGNAL[:pid]] embforge-args...`: runs `embforge` and, inside
+STAGE (right after the stage wrote its first file into its temp folder, or for `train` right after its
+first mid-epoch checkpoint), sends itself a signal once:
+
+- `STAGE`: kill -9 to its own process group (the run and its workers: what a power cut does);
+- `STAGE:SIGINT` or `STAGE:SIGTERM`: that signal to its process group (Ctrl-C in a terminal, a
+  scheduler stopping a job); `STAGE:SIGTERM:pid` to the main process alone (`kill PID`, docker stop).
+
+Before a signal it writes the time into $EMBFORGE_SIGNALLED_AT, so a test can time the stop."""
 
 import os
 import signal
 import sys
+import time
 
 from flows import cli
 from storage.store import ArtifactWriter
 from tasks.methods.training import Checkpoints
 
-
-def die() -> None:
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+SENT: list[str] = []  # a signal is sent once per process
 
 
-def die_after(cls: type, name: str, when) -> None:
+def send(name: str, to: str) -> None:
+    if SENT:
+        return
+    SENT.append(name)
+    if stamp := os.environ.get("EMBFORGE_SIGNALLED_AT"):
+        with open(stamp, "w") as f:
+            f.write(str(time.time()))
+    if to == "pid":
+        os.kill(os.getpid(), getattr(signal, name))
+    else:
+        os.killpg(os.getpgid(0), getattr(signal, name))
+
+
+def after(cls: type, name: str, when, act) -> None:
     original = getattr(cls, name)
 
     def patched(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         if when(self):
-            die()
+            act()
         return result
 
     setattr(cls, name, patched)
 
 
 def main() -> int:
-    stage, argv = sys.argv[1], sys.argv[2:]
+    where, argv = sys.argv[1], sys.argv[2:]
+    stage, name, to = (where.split(":") + ["SIGKILL", "group"])[:3]
+    act = lambda: send(name, to)  # noqa: E731
     if stage == "train":
-        die_after(Checkpoints, "save", lambda _: True)
+        after(Checkpoints, "save", lambda _: True, act)
     else:
-        for name in ("write_batches", "write_text"):  # write_table writes through write_batches
-            die_after(ArtifactWriter, name, lambda writer: writer.folder.name.startswith(f"{stage}-"))
+        for method in ("write_batches", "write_text"):  # write_table writes through write_batches
+            after(ArtifactWriter, method, lambda writer: writer.folder.name.startswith(f"{stage}-"), act)
     return cli.main(argv)
 
 

@@ -1,13 +1,16 @@
-"""What the README's "What embforge guarantees" promises, end to end through the `embforge` command:
-a run killed inside any stage resumes to the same numbers, a store copied elsewhere reruns all
-cached, and runs started together on one store all finish with the same numbers."""
+"""What docs/stages.md's "What embforge guarantees" promises, end to end through the `embforge` command:
+a run killed inside any stage resumes to the same numbers, a run stopped by Ctrl-C or SIGTERM stops
+within seconds and resumes to them too, a store copied elsewhere reruns all cached, and runs started
+together on one store all finish with the same numbers."""
 
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 import yaml
 
@@ -102,6 +105,42 @@ def test_kill_9_inside_every_stage_then_resume_gives_the_uninterrupted_numbers(u
     assert statuses(store) == ["crashed"] * len(STAGES) + ["completed"]
     assert latest_scores(store) == scores
     assert embforge("verify", "--store", str(store), env=home(tmp_path, "prefect")).returncode == 0
+
+
+def run_processes(prefect_home: str) -> list[psutil.Process]:
+    """Processes started with this PREFECT_HOME: a run, its Prefect server, its workers."""
+    def ours(p: psutil.Process) -> bool:
+        try:
+            return p.environ().get("PREFECT_HOME") == prefect_home
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+    return [p for p in psutil.process_iter() if p.pid != os.getpid() and ours(p)]
+
+
+@pytest.mark.slow
+def test_ctrl_c_and_sigterm_stop_within_seconds_and_the_rerun_resumes_to_the_same_numbers(uninterrupted, tmp_path):
+    config, _, scores = uninterrupted
+    store, env = tmp_path / "store", {**home(tmp_path, "prefect"), "EMBFORGE_SIGNALLED_AT": str(tmp_path / "at")}
+    stops = [("train:SIGINT", 130), ("train:SIGTERM:pid", 143), ("embed:SIGTERM", 143)]
+    for where, code in stops:
+        stopped = subprocess.run([sys.executable, "-m", "tests.flows.faults", where, "run", str(config), "--store",
+                                  str(store)], cwd=REPO, env=env, start_new_session=True, capture_output=True,
+                                 text=True, timeout=600)
+        took = time.time() - float((tmp_path / "at").read_text())
+        output = stopped.stdout + stopped.stderr
+        assert stopped.returncode == code, f"{where}: {output}"
+        assert took < 10, f"{where}: {took:.1f} s from the signal to the exit"
+        name = where.split(":")[1]
+        assert f"stopped by {name}: every finished stage is in the store; the same command resumes" in output
+        assert "Error logging to API" not in output and "Traceback" not in output, output
+        assert not run_processes(env["PREFECT_HOME"]), f"{where}: a process of the run is left"
+        if where == "train:SIGTERM:pid":  # the checkpoint the Ctrl-C'd run saved is where this one went on
+            assert "train[crops]: resuming from checkpoint at step" in output
+    runs = Catalog(ArtifactStore(store)).query("SELECT status, error FROM runs ORDER BY started_at")
+    assert runs == [{"status": "interrupted", "error": f"stopped by {where.split(':')[1]}"} for where, _ in stops]
+    result = embforge("run", str(config), "--store", str(store), env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert latest_scores(store) == scores
 
 
 @pytest.mark.slow

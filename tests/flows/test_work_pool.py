@@ -30,7 +30,7 @@ def pool_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("pool-home")
     env = {**server_env("127.0.0.1", free_port()), "PREFECT_HOME": str(home)}
     with open(home / "server.log", "w") as log:
-        server = start_server(env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = start_server(env, stdout=log, stderr=subprocess.STDOUT)
     yield Service(env["PREFECT_API_URL"].removesuffix("/api"), home), env
     stop(server)
 
