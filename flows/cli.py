@@ -71,14 +71,16 @@ def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
 def cmd_run(args: argparse.Namespace) -> int:
     changes = overrides(args.set)
     cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
-    from flows.logs import logged  # Prefect is slow to import: only when running
-    from flows.pipeline import pipeline
-    from flows.server import prefect_api
-
     store = open_store(args.store, cfg.store)
+    from flows.api import prefect_api  # Prefect is slow to import: only when running
+
+    api = prefect_api()  # its server boots while the flows import
+    from flows.logs import logged
+    from flows.pipeline import pipeline
+
     params = RunParams(config=args.config, overrides=changes, store=store.url,
                        rebuild_stale_versions=args.rebuild_stale_versions)
-    with prefect_api(), logged(store.log_file("run")) as log_file:
+    with api, logged(store.log_file("run")) as log_file:
         state = pipeline(params, return_state=True)
     store.upload(log_file)  # an object store keeps it too
     if state.is_failed():

@@ -12,49 +12,29 @@ server's database on PostgreSQL.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from prefect import deploy, get_client, serve
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import WorkPool
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
-from prefect.events.worker import EventsWorker
 from prefect.exceptions import ObjectNotFound
-from prefect.logging.handlers import APILogWorker
 from prefect.schedules import Cron
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.workers.process import ProcessWorker
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from flows.api import SERVER_PROCESS, api_url, stop, wait_healthy
 from flows.evaluate_registered import evaluate
 from flows.pipeline import pipeline, summarize, train
 from tasks.config.base import ConfigError
 
 NIGHTLY_CRON = "0 3 * * *"
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # loaded before a fork, not in its child
-
-
-def _die_with_parent() -> None:
-    """In a server's child before exec: SIGTERM when the process that started it dies, also by SIGKILL
-    (the OOM killer, kill -9), which leaves it no chance to stop the server itself."""
-    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-# A server in a session of its own does not get the signals of the terminal's or a scheduler's process
-# group: the run (or served deployments) stops first and still reports to it; the server is stopped last.
-SERVER_PROCESS = dict(start_new_session=True, preexec_fn=_die_with_parent if _LIBC else None)
 
 
 def deployments(nightly_config: str, cron: str | None = None, timezone: str | None = None,
@@ -111,84 +91,6 @@ def shown_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def api_url(host: str, port: int) -> str:
-    return f"http://{host}:{port}/api"
-
-
-def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"prefect server exited with code {server.returncode}; see its output above")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2):
-                return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.5)
-    raise RuntimeError(f"prefect server did not answer on {url} within {timeout_s:.0f} s")
-
-
-@contextlib.contextmanager
-def prefect_api(attempts: int = 3) -> Iterator[str]:
-    """The Prefect API a CLI run reports to: the server PREFECT_API_URL names, else a temporary one
-    of this process's own, stopped on exit.
-
-    Prefect's own temporary server picks a random port in 8000-8999 and binds it seconds later: two
-    runs started together can pick the same one, and then the loser talks to the winner's server,
-    which stops when the winner ends. Here the socket is bound first (port 0: the OS picks a free
-    one) and handed to the server (uvicorn --fd), so a run only ever talks to its own server. A start
-    can fail while another run's server migrates a shared database (PREFECT_HOME): it is retried.
-    The server is started as SERVER_PROCESS says and stopped last."""
-    if PREFECT_API_URL.value():
-        yield PREFECT_API_URL.value()
-        return
-    for attempt in range(1, attempts + 1):
-        with socket.create_server(("127.0.0.1", 0)) as sock:
-            url = api_url("127.0.0.1", sock.getsockname()[1])
-            # The settings Prefect gives its own temporary server: no UI, the ephemeral set of services.
-            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1"}
-            server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory",
-                                       "prefect.server.api.server:create_app", "--fd", str(sock.fileno()),
-                                       "--log-level", "error", "--lifespan", "on"],
-                                      env=env, pass_fds=(sock.fileno(),), **SERVER_PROCESS)
-        try:
-            try:
-                wait_healthy(url, server)
-            except RuntimeError:
-                if attempt == attempts or server.poll() is None:
-                    raise
-                continue
-            saved = os.environ.get("PREFECT_API_URL")
-            os.environ["PREFECT_API_URL"] = url  # for the task runners' worker processes
-            try:
-                with temporary_settings(updates={PREFECT_API_URL: url}):
-                    try:
-                        yield url
-                    finally:  # logs and events still queued go out before the server stops, however the run ended
-                        APILogWorker.drain_all(timeout=10)
-                        EventsWorker.drain_all(timeout=10)
-            finally:
-                if saved is None:
-                    os.environ.pop("PREFECT_API_URL", None)
-                else:
-                    os.environ["PREFECT_API_URL"] = saved
-            return
-        finally:
-            stop(server)
-
-
-def stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
-    """Ask a server started in a session of its own to stop, its children too; kill them if they have
-    not within `timeout_s`."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
 def serve_deployments(nightly_config: str, cron: str | None, timezone: str | None) -> None:
     """Register the deployments and run their flow runs until interrupted."""
     serve(*deployments(nightly_config, cron, timezone))
@@ -221,8 +123,10 @@ def run_server(host: str, port: int, database: str | None, then: Callable[[], No
         os.environ.update({k: env[k] for k in ("PREFECT_API_URL", "PREFECT_SERVER_ANALYTICS_ENABLED")})
         with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
             then()
-        if keep_up:
-            server.wait()
+        # Not server.wait(): a signal the kernel hands to another thread would not end a blocking
+        # waitpid, and the Ctrl-C would wait on the server forever.
+        while keep_up and server.poll() is None:
+            time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:

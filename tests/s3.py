@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.server import stop
+from flows.api import stop
 from tests.helpers import free_port, wait_until_answering
 
 # Every port `weed mini` opens, so two sessions (or another SeaweedFS) never collide.
@@ -26,7 +26,7 @@ def seaweedfs(tmp_path_factory) -> str:
     log = open(folder / "weed.log", "w")
     proc = subprocess.Popen([weed, "mini", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-webdav=false",
                              *(f"-{flag}={port}" for flag, port in ports.items())],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     endpoint = f"http://127.0.0.1:{ports['s3.port']}"
     wait_until_answering(endpoint, proc, folder / "weed.log", "SeaweedFS", timeout_s=60)
     yield endpoint

@@ -1,4 +1,4 @@
-"""The Prefect API a CLI run reports to (`flows/server.prefect_api`), against real servers."""
+"""The Prefect API a CLI run reports to (`flows/api.prefect_api`), against real servers."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.server import prefect_api
+from flows.api import prefect_api
 
 
 def health(url: str) -> bool:
