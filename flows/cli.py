@@ -371,21 +371,26 @@ class Terminated(KeyboardInterrupt):
     signal = signal.SIGTERM
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise Terminated
+def _stop(signum: int, frame: object) -> None:
+    for each in (signal.SIGINT, signal.SIGTERM):  # a second signal while stopping exits at once
+        signal.signal(each, _exit_now)
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+def _exit_now(signum: int, frame: object) -> None:
+    os._exit(128 + signum)  # the run's Prefect server dies with this process (flows/api.py)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop)
     try:
         return args.fn(args)
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
     except KeyboardInterrupt as e:
-        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal while stopping exits at once
-            signal.signal(signum, signal.SIG_DFL)
         signum = getattr(e, "signal", signal.SIGINT)
         console.print(f"stopped by {signum.name}: every finished stage is in the store; the same command resumes "
                       "from it", highlight=False)

@@ -26,7 +26,7 @@ def run_tiny(tmp_path, runner: str) -> tuple[str, Catalog]:
     from flows.pipeline import pipeline
 
     # Training long enough (seconds) for two methods' to be seen side by side, past the scheduler's delays.
-    config = tiny_config(tmp_path, run={"task_runner": runner, "max_workers": 2}, train={"epochs": 30})
+    config = tiny_config(tmp_path, run={"task_runner": runner, "max_workers": 2}, train={"epochs": 10})
     state = pipeline(RunParams(config=str(config)), return_state=True)
     assert state.is_completed(), state.message
     return str(state.state_details.flow_run_id), Catalog(ArtifactStore(tmp_path / "store"))
