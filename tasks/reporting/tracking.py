@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -93,12 +95,28 @@ def epoch_ms(moment: datetime) -> int:
     return int(moment.replace(tzinfo=UTC).timestamp() * 1000)  # the catalog's times are UTC without a zone
 
 
+def answering(uri: str, timeout_s: float = 5) -> None:
+    """Fail within seconds if an HTTP tracking server does not answer: MLflow's client retries a
+    refused connection with back-offs for minutes before it gives up."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:  # it answered (an auth proxy, an old server): the client will tell
+        return
+    except OSError as e:
+        raise ConnectionError(f"no MLflow server answers at {uri} within {timeout_s:.0f} s "
+                              f"({getattr(e, 'reason', e)}); check tracking.mlflow") from None
+
+
 def log_run(store: ArtifactStore, run_id: str, uri: str) -> str:
     """Log the embforge run `run_id` (finished, in `store`) to the MLflow server at `uri`; returns
     the MLflow run id."""
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param
 
+    answering(uri)
     catalog = Catalog(store)
     [record] = catalog.query("SELECT run_id, name, flow, status, config_path, config, error, started_at, "
                              "finished_at FROM runs WHERE run_id = ?", [run_id])

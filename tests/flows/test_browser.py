@@ -33,7 +33,8 @@ def wait_for_state(page, run_name: str, timeout_s: float = 600) -> str:
 
 
 def test_pipeline_run_from_the_ui_form(service, tmp_path):
-    config = str(tiny_config(tmp_path))
+    # One method: the form is what this test is about.
+    config = str(tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"}]))
     deployment = service.deployment("pipeline/pipeline")["id"]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)

@@ -71,18 +71,19 @@ def test_report_and_pictures_are_artifacts(logged):
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_an_unreachable_tracker_costs_the_run_nothing(tracked_run, caplog, monkeypatch):
+def test_an_unreachable_tracker_costs_the_run_nothing(tracked_run, caplog):
     from flows.params import RunParams
     from flows.pipeline import pipeline
 
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once rather than after back-offs
     config = yaml.safe_load(tracked_run.config.read_text())
     config["tracking"]["mlflow"] = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     path = tracked_run.config.with_name("unreachable.yaml")
     path.write_text(yaml.safe_dump(config))
     state = pipeline(RunParams(config=str(path)), return_state=True)
     assert state.is_completed()  # the tracker's error is logged, not raised
-    assert any("not logged to MLflow" in r.getMessage() for r in caplog.records)
+    # Found unreachable by the probe, in seconds: MLflow's client alone retries for minutes (248 s measured).
+    assert any(f"no MLflow server answers at {config['tracking']['mlflow']}" in r.getMessage()
+               for r in caplog.records)
     # `tracking` is no part of any stage's identity: another tracker re-runs nothing.
     states = Catalog(ArtifactStore(tracked_run.store)).query(
         "SELECT DISTINCT state FROM run_stages WHERE run_id = ?", [str(state.state_details.flow_run_id)])
