@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from storage.base import DamagedArtifactError
 
@@ -30,3 +31,16 @@ class Section(BaseModel):
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 PRECISION_HELP = ("`auto`: bf16 on a CUDA GPU that supports it, else fp32; `fp16` adds a gradient scaler in "
                   "training; `bf16` also runs on the CPU.")
+
+
+DEVICE_HELP = "`auto` (CUDA if available), `cpu`, `cuda`, `cuda:N` or `mps`."
+
+
+def _device(name: str) -> str:
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", name):
+        raise ValueError(f"{name!r} is not a device: use {DEVICE_HELP}")
+    return name
+
+
+# Checked when the config loads: a typo ("gpu") fails there, naming the field, not in torch mid-run.
+Device = Annotated[str, AfterValidator(_device)]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.config.base import PRECISION_HELP, Precision, Section
+from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
 
 
 class KnnConfig(Section):
@@ -113,7 +113,7 @@ class EvaluateConfig(Section):
     reference_models: list[str] = Field(
         default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
         "(e.g. a pre-trained sentence model as a yardstick).")
-    device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
+    device: Device = Field("auto", description=DEVICE_HELP)
     dtype: Precision = Field("auto", description="Autocast precision of encoding. " + PRECISION_HELP)
     backend: Backend = Field("torch", description="What encodes for the embeddings cache: torch, or the "
                              "model exported to ONNX and run by ONNX Runtime (`onnx`, fp32) or OpenVINO "

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from tasks.config.base import PRECISION_HELP, Precision, Section
+from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
 from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
 
 
@@ -93,7 +93,7 @@ class TrainConfig(Section):
                                    "documents every N steps and after the last (the papers' learning "
                                    "curves, in training.parquet); needs `evaluate.knn` and labels.")
     seed: int = Field(0, description="Seed of the dropout masks during training.")
-    device: str = Field("auto", description="`auto` (CUDA if available), `cpu` or `cuda`.")
+    device: Device = Field("auto", description=DEVICE_HELP)
     precision: Precision = Field("auto", description="Autocast precision of the forward pass and loss; "
                                  "weights and optimiser state stay float32. " + PRECISION_HELP)
     save_dtype: Literal["float32", "bfloat16", "float16"] = Field(

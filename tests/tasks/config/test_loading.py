@@ -48,6 +48,11 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: s, recipe: semcse, title_rate: 0.7, sentence_rate: 0.4}]\n"
      "summaries: {}\n", "methods.0: Value error, title_rate + sentence_rate must not exceed 1"),
     ("name: x\ndata: {path: a.csv}\nsummaries: {backend: llama, sampling: {top_p: 2}}\n", "summaries.backend"),
+    ("name: x\ndata: {path: a.csv}\ntrain: {device: gpu}\n",
+     "train.device: Value error, 'gpu' is not a device: use `auto` (CUDA if available), `cpu`, `cuda`, `cuda:N`"),
+    ("name: x\ndata: {path: a.csv}\nevaluate: {device: 'cuda:x'}\n", "evaluate.device: Value error, 'cuda:x' is not"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, train: {device: cpu0}}]\n",
+     "methods.0.train.device: Value error, 'cpu0' is not a device"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, body, expected):
     path = tmp_path / "bad.yaml"
