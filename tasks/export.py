@@ -23,7 +23,7 @@ from typing import Any
 from sentence_transformers import SentenceTransformer, SentenceTransformerModelCardData
 from sentence_transformers.base.evaluation import BaseEvaluator
 
-from storage.base import ArtifactRef
+from storage.base import ArtifactRef, DamagedArtifactError
 from storage.catalog import FINAL_SCORE, Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
@@ -270,6 +270,11 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
         raise InputError(f"--to {to}: exists and is not an empty folder; export never overwrites")
     model = describe(catalog, name)
     catalog.store.check(model.ref)  # on an object store: brought into the working copy
+    # What leaves the store is what was published: every file's SHA-256, not only its size (a same-size
+    # corruption would ship with the original scores in the card).
+    if found := catalog.store.problems(model.ref, digests=True):
+        raise DamagedArtifactError(f"{model.ref.address}: {'; '.join(found)}; not exported. `embforge verify` "
+                                   "sets it aside; the next run of its config rebuilds it")
     # Built next to `to` and renamed into place when complete: a failed export leaves nothing half there.
     work = to.parent / f".{to.name}.partial-{os.getpid()}"
     try:

@@ -4,6 +4,7 @@ upload call, and mteb's own result files read by mteb."""
 
 import json
 import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -158,3 +159,19 @@ def test_a_failed_export_leaves_nothing_behind(tracked_run, tmp_path, monkeypatc
     with pytest.raises(OSError, match="disk full"):
         main(["export", "crops", "--to", str(tmp_path / "crops"), "--store", str(tracked_run.store), "--onnx"])
     assert list(tmp_path.iterdir()) == []  # neither the folder nor a partial one
+
+
+def test_weights_changed_in_place_are_not_exported(tracked_run, tmp_path, capsys):
+    store = tmp_path / "store"
+    shutil.copytree(tracked_run.store, store)
+    catalog = Catalog(ArtifactStore(store))
+    [train] = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [tracked_run.run_id])
+    weights = store / "artifacts" / "train" / train["key"] / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100:] = bytes(100)  # the same size: only a digest tells
+    weights.write_bytes(bytes(data))
+    assert main(["export", "crops", "--to", str(tmp_path / "crops"), "--store", str(store)]) == 2
+    said = " ".join(capsys.readouterr().out.split())
+    assert (f"train/{train['key']}: model/model.safetensors has other contents than it was published with "
+            "(SHA-256 differs); not exported. `embforge verify` sets it aside") in said
+    assert not (tmp_path / "crops").exists()
