@@ -18,6 +18,7 @@ from rich.progress import track
 from rich.table import Table
 
 from flows.params import RunParams
+from storage.base import disk_fault
 from storage.catalog import SCORE_STAGES, Catalog, QueryError
 from storage.store import ArtifactStore
 from storage.stores import open_store
@@ -33,7 +34,9 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 
 def _store(args: argparse.Namespace) -> ArtifactStore:
     config = getattr(args, "config", None)
-    return open_store(args.store, load_config(config, check_files=False).store if config else None)
+    store = open_store(args.store, load_config(config, check_files=False).store if config else None)
+    store.check_reachable()
+    return store
 
 
 def overrides(settings: list[str]) -> dict:
@@ -72,6 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     changes = overrides(args.set)
     cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
     store = open_store(args.store, cfg.store)
+    store.check_writable()  # a read-only, full or unreachable store: one line now, not a stage's traceback
     from flows.api import prefect_api  # Prefect is slow to import: only when running
 
     api = prefect_api()  # its server boots while the flows import
@@ -390,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
+    except OSError as e:
+        if (said := disk_fault(e)) is None:
+            raise
+        console.print(f"[bold red]error:[/bold red] {said}", highlight=False)  # the traceback is in the run's log
+        return 1
     except KeyboardInterrupt as e:
         signum = getattr(e, "signal", signal.SIGINT)
         console.print(f"stopped by {signum.name}: every finished stage is in the store; the same command resumes "

@@ -158,6 +158,7 @@ def open_run(params: RunParams, flow_name: str) -> Run:
     """Load the config with the run's overrides (a bad one fails here, before any task) and start the record."""
     cfg = load_config(params.config, params.overrides)
     store = open_store(params.store, cfg.store)
+    store.check_writable()  # a served run too: one line naming the store, before any stage
     folders, freed = store.clear_leftovers()
     if folders:
         get_run_logger().info("removed %d temp folder(s) left in %s by killed runs: %.1f MB freed", folders,

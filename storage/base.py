@@ -4,6 +4,7 @@ storage/objects.py (an object store) both build on this module, not on each othe
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -22,6 +23,25 @@ HOST = socket.gethostname()
 
 class DamagedArtifactError(RuntimeError):
     """An artifact's files do not match its manifest: it is never served (not retried either)."""
+
+
+class StoreUnusable(RuntimeError):
+    """A store that cannot be used as it is (read-only, full, unreachable, no credentials): said in
+    one line naming the store and what to do, never retried."""
+
+
+# A disk under a store that is full, read-only or not ours: retrying cannot help.
+DISK_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def disk_fault(error: BaseException) -> str | None:
+    """One line for an OSError of the disk (what and where, what to do); None for any other error."""
+    if not isinstance(error, OSError) or error.errno not in DISK_FAULTS:
+        return None
+    where = f": {error.filename}" if error.filename else ""
+    advice = ("free space on that disk or choose another store (--store)" if error.errno in (errno.ENOSPC, errno.EDQUOT)
+              else "choose a store this user can write (--store, EMBFORGE_STORE, the config's store)")
+    return f"{error.strerror}{where}; {advice}"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,15 @@ from pathlib import Path
 import fsspec
 from fsspec.utils import glob_translate
 
-from storage.base import MANIFEST, ArtifactRef, DamagedArtifactError, differences, hash_stream, stable_hash
+from storage.base import (
+    MANIFEST,
+    ArtifactRef,
+    DamagedArtifactError,
+    StoreUnusable,
+    differences,
+    hash_stream,
+    stable_hash,
+)
 from storage.shards import ShardPool
 from storage.store import ArtifactStore
 
@@ -41,6 +49,16 @@ from storage.store import ArtifactStore
 def working_copy(url: str) -> Path:
     """Where this machine keeps its copy of the store at `url` (one folder per URL)."""
     return Path(os.environ.get("EMBFORGE_CACHE") or Path.home() / ".cache" / "embforge") / stable_hash(url)
+
+
+def unreachable(error: Exception) -> str:
+    """Why an object store cannot be used, and what to do."""
+    name = type(error).__name__
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+    if isinstance(error, PermissionError):
+        return f"access denied ({error}): check the credentials and the bucket's policy"
+    return f"cannot be reached ({name}: {error}); check AWS_ENDPOINT_URL, the network and the credentials"
 
 
 class ObjectStore(ArtifactStore):
@@ -56,6 +74,27 @@ class ObjectStore(ArtifactStore):
         self.root = self.working.root
         self._ready = False
         self._saved: dict[ArtifactRef, dict[str, tuple[int, int]]] = {}  # save_scratch's
+
+    def check_writable(self) -> None:
+        """Before a run: the working copy as a folder's, and the store as `check_reachable`'s."""
+        self.working.check_writable()
+        self.check_reachable()
+
+    def check_reachable(self) -> None:
+        """One listing of the store with short timeouts and no retries, so that missing credentials or
+        an endpoint that does not answer fail in seconds, in one line (the client's own retries take
+        about a minute)."""
+        fs = self.fs
+        if "s3" in fs.protocol:
+            fs, _ = fsspec.url_to_fs(self.url, use_listings_cache=False, skip_instance_cache=True,
+                                     config_kwargs={"connect_timeout": 5, "read_timeout": 10,
+                                                    "retries": {"max_attempts": 1}})
+        try:
+            fs.ls(self.url)
+        except FileNotFoundError:
+            pass  # nothing there yet: the first write creates it
+        except Exception as e:  # noqa: BLE001 (whatever the client raises, said in one line)
+            raise StoreUnusable(f"store {self.url}: {unreachable(e)}") from None
 
     def _writable(self) -> None:
         """Create the bucket on the first write (reading a store that is not there creates nothing)."""

@@ -53,7 +53,9 @@ from storage.base import (
     WORK,
     ArtifactRef,
     DamagedArtifactError,
+    StoreUnusable,
     differences,
+    disk_fault,
     files_below,
     hash_file,
     is_url,
@@ -117,6 +119,19 @@ class ArtifactStore:
 
     def upload(self, path: Path) -> None:
         """Copy a file of the working copy (a log) to the store: an object store's job; a local store is its own."""
+
+    def check_reachable(self) -> None:
+        """Before a command reads the store: a folder is there or not (each command says which)."""
+
+    def check_writable(self) -> None:
+        """Before a run: a store that cannot be written fails here, in one line, not in a stage."""
+        probe = self.root / f".probe.{HOST}.{os.getpid()}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"embforge")
+            probe.unlink()
+        except OSError as e:
+            raise StoreUnusable(f"store {self.root}: {disk_fault(e) or e}") from None
 
     # -- finished artifacts -------------------------------------------------
     def path(self, ref: ArtifactRef) -> Path:

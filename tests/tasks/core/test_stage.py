@@ -1,6 +1,7 @@
 """Stages through the real Prefect engine: transient failures are retried, bad input is not; the store
 alone decides what is cached, and an artifact that fails its check is rebuilt, never served."""
 
+import errno
 import logging
 import subprocess
 import sys
@@ -26,7 +27,8 @@ def flaky_stage(attempts: list) -> Stage:
     def build(store, job, inputs, out, ref, log):
         attempts.append(job.fail_with)
         if len(attempts) <= job.failures:
-            raise {"memory": MemoryError, "input": InputError}[job.fail_with]("attempt failed")
+            raise {"memory": MemoryError("attempt failed"), "input": InputError("attempt failed"),
+                   "disk-full": OSError(errno.ENOSPC, "No space left on device", "rows.parquet")}[job.fail_with]
         out.write_table("rows", pa.table({"x": [1]}))
 
     return Stage("flaky", build)
@@ -64,6 +66,13 @@ def test_bad_input_is_not_retried(prefect_harness, tmp_path):
                              RetryConfig(attempts=3, delay_s=0))
     assert state == "Failed" and isinstance(error, InputError) and attempts == ["input"]
     assert not any((tmp_path / "artifacts").glob("*/*/manifest.json"))
+
+
+def test_a_full_disk_is_not_retried(prefect_harness, tmp_path):
+    store, attempts = ArtifactStore(tmp_path), []
+    state, error = run_stage(store, flaky_stage(attempts), Job(fail_with="disk-full", failures=1),
+                             RetryConfig(attempts=3, delay_s=0))
+    assert state == "Failed" and error.errno == errno.ENOSPC and attempts == ["disk-full"]
 
 
 def test_back_off_doubles():
