@@ -83,6 +83,9 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
                                    backend=job.backend)
     layers = list(range(encoder.n_layers + 1)) if job.layers == "all" else [encoder.n_layers]
     log.info("%d texts, %d layer(s), max length %d", len(texts), len(layers), job.max_length)
+    budget = encode.char_budget(job.max_length)
+    if cut := sum(len(text) > budget for text in texts):
+        log.info("%d text(s) over %s characters cut to that before tokenizing", cut, f"{budget:,}")
     chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
     schema = embeddings_schema(encoder.dim, job.store_dtype)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))

@@ -1,0 +1,45 @@
+"""tasks/encoders/encode.py: a text is cut to a character budget before it is tokenized, so a huge
+document costs what a normal one does, and keeps the vector it would have had."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+
+from tasks.encoders import encode
+from tasks.encoders.encode import PooledEncoder, char_budget
+from tests.helpers import DEMO_DOCS, REPO
+
+
+def test_a_long_text_is_cut_before_tokenizing_and_keeps_its_vector(tiny_dir, monkeypatch):
+    abstracts = pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(200)
+    long = " ".join(abstracts)  # natural text, far over the budget
+    assert len(long) > 10 * char_budget(64)
+    encoder = PooledEncoder(tiny_dir, device="cpu")
+    tokenized, tokenize = [], encoder.tokenizer.__call__
+    monkeypatch.setattr(type(encoder.tokenizer), "__call__",
+                        lambda self, texts, **kw: tokenized.extend(map(len, texts)) or tokenize(texts, **kw))
+    cut = encoder.encode([long, "a short one"], max_length=64)
+    assert max(tokenized) == char_budget(64)
+    monkeypatch.setattr(encode, "CHARS_PER_TOKEN", 10**9)  # no cut: the whole text tokenized, then truncated
+    whole = encoder.encode([long, "a short one"], max_length=64)
+    assert max(tokenized) == len(long)
+    np.testing.assert_array_equal(cut, whole)
+
+
+# A 50 MB document tokenized whole took 7.47 GB of memory and ~55 s (issue 27).
+HUGE = """
+import resource, sys
+from tasks.encoders.encode import PooledEncoder
+vector = PooledEncoder(sys.argv[1], device="cpu").encode(["word " * 10_000_000], max_length=256)
+print(vector.shape, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_a_50_mb_document_is_encoded_in_bounded_memory(tiny_dir):
+    done = subprocess.run([sys.executable, "-c", HUGE, tiny_dir], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shape, peak_mb = done.stdout.rsplit(")", 1)
+    assert shape == "(1, 32" and int(peak_mb) < 2000  # the process with torch and the model: ~700 MB
