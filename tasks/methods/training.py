@@ -10,6 +10,7 @@ saved format are sentence-transformers'. Like the papers' code: Adam(W), no grad
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import deque
@@ -28,6 +29,7 @@ from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 from storage import leases
 from tasks.config.training import TrainConfig
 from tasks.core.progress import StageProgress
+from tasks.core.stopping import StepBoundaryStop
 from tasks.methods import distributed, precision
 from tasks.methods.objectives import Objective
 from tasks.methods.recipes import Pair
@@ -186,30 +188,44 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     progress = StageProgress(len(batches), "steps", done=len(history)) if rank == 0 else None
     bar = tqdm(total=len(batches), initial=len(history), desc=progress.label if progress else "train", unit="batch",
                mininterval=5, disable=rank != 0)
-    for step, (epoch, batch) in enumerate(batches.from_step(len(history)), start=len(history)):
-        optimizer.zero_grad(set_to_none=True)  # before the forward pass: its activations reuse the gradients' memory
-        with amp.autocast():
-            loss = forward(objective.collate(distributed.shard(batch, rank, size)), None)
-        amp.backward_and_step(loss, optimizer)
-        entry = StepLog(step + 1, epoch, distributed.mean_over_processes(loss), schedule.get_last_lr()[0])
-        schedule.step()
-        history.append(entry)
-        if rank == 0 and measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == len(batches)):
-            entry.knn_accuracy = measure()
-        bar.update(1)
-        bar.set_postfix(loss=f"{entry.loss:.3f}")
-        if progress:
-            progress.advance()
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < len(batches):
-            rng = distributed.from_every_process(torch.get_rng_state())
-            cuda_rng = distributed.from_every_process(torch.cuda.get_rng_state()) if torch.cuda.is_available() else None
-            if rank == 0:
-                checkpoints.save({"model": loss_fn.state_dict(), "optimizer": optimizer.state_dict(),
-                                  "schedule": schedule.state_dict(), "scaler": amp.state_dict(),
-                                  "rng": rng, "cuda_rng": cuda_rng,
-                                  "history": [vars(h) for h in history]})
-        if on_step:
-            on_step(entry)
+    def save() -> None:
+        rng = distributed.from_every_process(torch.get_rng_state())
+        cuda_rng = distributed.from_every_process(torch.cuda.get_rng_state()) if torch.cuda.is_available() else None
+        if rank == 0:
+            checkpoints.save({"model": loss_fn.state_dict(), "optimizer": optimizer.state_dict(),
+                              "schedule": schedule.state_dict(), "scaler": amp.state_dict(),
+                              "rng": rng, "cuda_rng": cuda_rng, "history": [vars(h) for h in history]})
+
+    # One process: a Ctrl-C or SIGTERM is taken between steps, after a checkpoint of the last one.
+    # Under torchrun each process gets its own signals and stops where it is (the last checkpoint stays).
+    stopping = StepBoundaryStop() if size == 1 else None
+    with stopping or contextlib.nullcontext():
+        for step, (epoch, batch) in enumerate(batches.from_step(len(history)), start=len(history)):
+            optimizer.zero_grad(set_to_none=True)  # first: the forward pass's activations reuse the gradients' memory
+            with amp.autocast():
+                loss = forward(objective.collate(distributed.shard(batch, rank, size)), None)
+            amp.backward_and_step(loss, optimizer)
+            entry = StepLog(step + 1, epoch, distributed.mean_over_processes(loss), schedule.get_last_lr()[0])
+            schedule.step()
+            history.append(entry)
+            if rank == 0 and measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0
+                                                             or step + 1 == len(batches)):
+                entry.knn_accuracy = measure()
+            bar.update(1)
+            bar.set_postfix(loss=f"{entry.loss:.3f}")
+            if progress:
+                progress.advance()
+            due = (step + 1) % cfg.checkpoint_every == 0 and step + 1 < len(batches)
+            if due:
+                save()
+            if on_step:
+                on_step(entry)
+            if stopping and stopping.requested:
+                if step + 1 < len(batches):
+                    if not due:
+                        save()
+                    log.info("stopped after step %d of %d, its checkpoint saved", step + 1, len(batches))
+                stopping.now()
     bar.close()
     if progress:
         progress.close()

@@ -1,6 +1,6 @@
 """`python -m tests.flows.faults STAGE[:SIGNAL[:pid]] embforge-args...`: runs `embforge` and, inside
 STAGE (right after the stage wrote its first file into its temp folder, or for `train` right after its
-first mid-epoch checkpoint), sends itself a signal once:
+first mid-epoch checkpoint; a signal other than kill -9 one step after it), sends itself a signal once:
 
 - `STAGE`: kill -9 to its own process group (the run and its workers: what a power cut does);
 - `STAGE:SIGINT` or `STAGE:SIGTERM`: that signal to its process group (Ctrl-C in a terminal, a
@@ -15,6 +15,7 @@ import time
 
 from flows import cli
 from storage.store import ArtifactWriter
+from tasks.core.progress import StageProgress
 from tasks.methods.training import Checkpoints
 
 SENT: list[str] = []  # a signal is sent once per process
@@ -49,8 +50,12 @@ def main() -> int:
     where, argv = sys.argv[1], sys.argv[2:]
     stage, name, to = (where.split(":") + ["SIGKILL", "group"])[:3]
     act = lambda: send(name, to)  # noqa: E731
-    if stage == "train":
+    if stage == "train" and name == "SIGKILL":
         after(Checkpoints, "save", lambda _: True, act)
+    elif stage == "train":  # one step after the first checkpoint: the stop saves one of its own
+        saved = []
+        after(Checkpoints, "save", lambda _: True, lambda: saved.append(True))
+        after(StageProgress, "advance", lambda progress: progress.unit == "steps" and saved, act)
     else:
         for method in ("write_batches", "write_text"):  # write_table writes through write_batches
             after(ArtifactWriter, method, lambda writer: writer.folder.name.startswith(f"{stage}-"), act)

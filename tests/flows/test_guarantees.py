@@ -134,8 +134,10 @@ def test_ctrl_c_and_sigterm_stop_within_seconds_and_the_rerun_resumes_to_the_sam
         assert f"stopped by {name}: every finished stage is in the store; the same command resumes" in output
         assert "Error logging to API" not in output and "Traceback" not in output, output
         assert not run_processes(env["PREFECT_HOME"]), f"{where}: a process of the run is left"
-        if where == "train:SIGTERM:pid":  # the checkpoint the Ctrl-C'd run saved is where this one went on
-            assert "train[crops]: resuming from checkpoint at step" in output
+        if where == "train:SIGINT":  # signalled during step 3: the step ends, its checkpoint is saved
+            assert "train[crops]: stopped after step 3 of" in " ".join(output.split())
+        if where == "train:SIGTERM:pid":  # where the Ctrl-C'd run stopped, not its last periodic checkpoint (2)
+            assert "train[crops]: resuming from checkpoint at step 3 of" in " ".join(output.split())
     runs = Catalog(ArtifactStore(store)).query("SELECT status, error FROM runs ORDER BY started_at")
     assert runs == [{"status": "interrupted", "error": f"stopped by {where.split(':')[1]}"} for where, _ in stops]
     result = embforge("run", str(config), "--store", str(store), env=env)

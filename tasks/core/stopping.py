@@ -1,0 +1,55 @@
+"""A stop asked for by a signal (Ctrl-C, SIGTERM) and taken at a loop's next step boundary, where
+the state it saves is whole: a training step interrupted half-way has moved some weights and not
+others. Signals are handled in the main thread only; elsewhere (a task runner's thread) a stop is
+taken where the signal finds the work, as before.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StepBoundaryStop:
+    """`with StepBoundaryStop() as stop:` notes a first signal instead of acting on it; the loop
+    calls `stop.requested` after each step and, once it has saved its state, `stop.now()`, which does
+    what the signal would have done (the handler that was there: KeyboardInterrupt, Prefect's
+    TerminationSignal, the command's own). A second signal does that at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._saved: dict[int, object] = {}
+
+    def __enter__(self) -> StepBoundaryStop:
+        if threading.current_thread() is threading.main_thread():
+            self._saved = {s: signal.signal(s, self._note) for s in SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:  # a second signal: no waiting for the step
+            self.now()
+        self.signum = signum
+
+    def _restore(self) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+        self._saved = {}
+
+    def now(self) -> None:
+        """Hand the signal to the handler it interrupted, which raises (or ends the process)."""
+        handler = self._saved.get(self.signum, signal.SIG_DFL)
+        self._restore()
+        if callable(handler):
+            handler(self.signum, None)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(self.signum)  # the default action: end the process
