@@ -22,7 +22,7 @@ from storage.base import disk_fault
 from storage.catalog import SCORE_STAGES, Catalog, QueryError
 from storage.store import ArtifactStore
 from storage.stores import open_store
-from tasks.config.base import INPUT_ERRORS, ConfigError
+from tasks.config.base import INPUT_ERRORS, ConfigError, OutsideFault
 from tasks.config.loading import load_config
 from tasks.reporting.tables import comparison_table, long_rows, to_markdown
 
@@ -394,10 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
-    except OSError as e:
-        if (said := disk_fault(e)) is None:
+    except (OSError, OutsideFault) as e:
+        if (said := str(e) if isinstance(e, OutsideFault) else disk_fault(e)) is None:
             raise
-        console.print(f"[bold red]error:[/bold red] {said}", highlight=False)  # the traceback is in the run's log
+        console.print(f"[bold red]error:[/bold red] {said}", highlight=False)  # a run's log has the traceback
         return 1
     except KeyboardInterrupt as e:
         signum = getattr(e, "signal", signal.SIGINT)

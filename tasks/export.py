@@ -26,7 +26,7 @@ from sentence_transformers.base.evaluation import BaseEvaluator
 from storage.base import ArtifactRef, DamagedArtifactError
 from storage.catalog import FINAL_SCORE, Catalog
 from storage.store import ArtifactStore
-from tasks.config.base import InputError
+from tasks.config.base import InputError, OutsideFault
 from tasks.config.training import TrainConfig
 from tasks.core.eval_sets import read_pairs
 from tasks.encoders import backends, encode
@@ -305,5 +305,10 @@ def push_to_hub(folder: Path, repo: str, private: bool = False) -> str:
     from huggingface_hub import HfApi
 
     api = HfApi()
-    api.create_repo(repo, private=private, exist_ok=True)
-    return str(api.upload_folder(folder_path=str(folder), repo_id=repo, commit_message="embforge export"))
+    try:
+        api.create_repo(repo, private=private, exist_ok=True)
+        return str(api.upload_folder(folder_path=str(folder), repo_id=repo, commit_message="embforge export"))
+    except Exception as e:  # noqa: BLE001 (offline, refused, no token, a network error: one line)
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise OutsideFault(f"{folder} is written, but pushing it to the Hub repo {repo} failed ({type(e).__name__}: "
+                           f"{why}); check the network and HF_TOKEN, then `hf upload {repo} {folder}`") from None

@@ -20,6 +20,11 @@ class InputError(ValueError):
     """Input data or a named model that cannot be used; the message says which file, row or field."""
 
 
+class OutsideFault(RuntimeError):
+    """A fault outside the user's input (the Hub, a network): said in one line naming what and what to
+    do, exit 1."""
+
+
 # Errors that fail the same way every time: never retried, and said to the user in one line (exit 2).
 INPUT_ERRORS = (InputError, ConfigError, DamagedArtifactError, StoreUnusable)
 

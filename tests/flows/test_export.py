@@ -123,6 +123,18 @@ def test_push_to_hub_uploads_the_folder_as_it_is(exported, tracked_run, tmp_path
     assert 'SentenceTransformer("lab/crops-ohsumed")' in (folder / "README.md").read_text()  # the card's usage
 
 
+def test_a_push_that_fails_is_one_line_and_the_folder_stays(tracked_run, tmp_path, capsys):
+    """HF_HUB_OFFLINE=1 here, as on a machine without the Hub: huggingface_hub refuses the call."""
+    folder = tmp_path / "pushed"
+    assert main(["export", "crops", "--to", str(folder), "--store", str(tracked_run.store),
+                 "--push-to-hub", "lab/crops-ohsumed"]) == 1
+    out = capsys.readouterr().out
+    said = " ".join(out.split())
+    assert f"error: {folder} is written, but pushing it to the Hub repo lab/crops-ohsumed failed" in said
+    assert "`hf upload lab/crops-ohsumed" in said and "Traceback" not in out
+    assert (folder / "README.md").exists()
+
+
 def test_export_refuses_what_it_cannot_do(exported, tracked_run, tmp_path, capsys):
     store = str(tracked_run.store)
     assert main(["export", "crops", "--to", str(exported), "--store", store]) == 2  # never overwrites
