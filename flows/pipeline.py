@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_client, get_run_logger
+from prefect.client.schemas.objects import StateType
 from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
@@ -174,7 +175,7 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
             run.wait()
     except BaseException as e:  # KeyboardInterrupt and SIGTERM too: the record must not stay "running"
         if isinstance(e, KeyboardInterrupt | TerminationSignal):
-            run.record.finish("interrupted", error=f"stopped by {signal.Signals(getattr(e, 'signal', 2)).name}")
+            run.record.finish(stopped_as(), error=f"stopped by {signal.Signals(getattr(e, 'signal', 2)).name}")
         else:
             run.record.finish("failed", error="".join(traceback.format_exception_only(e)).strip())
         track(run)
@@ -182,6 +183,18 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
     run.record.finish("completed")
     track(run)
     return result
+
+
+def stopped_as() -> str:
+    """`cancelled` when the signal was Prefect's runner carrying out a cancellation from the UI or the
+    API (it sets the flow run Cancelling first), else `interrupted`."""
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run.get_id()).state
+    except Exception:  # noqa: BLE001 (no API: a CLI run stopping; its server is still up, but be sure)
+        return "interrupted"
+    cancelling = state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED)
+    return "cancelled" if cancelling else "interrupted"
 
 
 def track(run: Run) -> None:

@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 from pathlib import Path
 
@@ -90,6 +91,29 @@ def test_failed_evaluation_retried_continues_from_cached_stages(service, tmp_pat
     record = Catalog(ArtifactStore(tmp_path / "store")).query(
         "SELECT status FROM runs WHERE run_id = ?", [run_id])
     assert record == [{"status": "completed"}]
+
+
+def test_a_run_cancelled_in_the_ui_stops_training_at_a_step_and_the_rerun_resumes(service, tmp_path):
+    # Training of ~15 s, so that the cancellation lands in it.
+    config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"}], train={"epochs": 40})
+    run_id = service.start("pipeline/pipeline", config=str(config))
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "store" / "scratch").glob("train/*/checkpoint.pt")):
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    asked = time.monotonic()
+    service.call("POST", f"/flow_runs/{run_id}/set_state", {"state": {"type": "CANCELLING"}, "force": True})
+    run = service.wait(run_id)
+    assert run["state"]["type"] == "CANCELLED"
+    assert time.monotonic() - asked < 15  # the runner's poll (1 s here), one training step, the checkpoint
+    catalog = Catalog(ArtifactStore(tmp_path / "store"))
+    assert catalog.query("SELECT status, error FROM runs") == [{"status": "cancelled", "error": "stopped by SIGTERM"}]
+    [stopped] = [e["message"] for e in service.logs(run_id) if "stopped after step" in e["message"]]
+
+    rerun = service.wait(service.start("pipeline/pipeline", config=str(config)))
+    assert rerun["state"]["type"] == "COMPLETED"
+    step = re.search(r"stopped after step (\d+) of", stopped).group(1)
+    assert any(f"resuming from checkpoint at step {step} of" in e["message"] for e in service.logs(rerun["id"]))
 
 
 def test_nightly_twice_scores_nothing_new_the_second_time(service, tmp_path):
