@@ -24,6 +24,7 @@ from storage.store import ArtifactStore
 from storage.stores import open_store
 from tasks.config.base import INPUT_ERRORS, ConfigError, OutsideFault
 from tasks.config.loading import load_config
+from tasks.core import stopping
 from tasks.reporting.tables import comparison_table, long_rows, to_markdown
 
 # Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).
@@ -367,28 +368,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler, `timeout`, a Prefect worker), raised where Ctrl-C raises KeyboardInterrupt
-    so that both stop the same way: the flow records the run interrupted, servers stop last. `signal`
-    as in Prefect's TerminationSignal, which the flow engine raises for SIGTERM inside a flow run."""
-
-    signal = signal.SIGTERM
-
-
-def _stop(signum: int, frame: object) -> None:
-    for each in (signal.SIGINT, signal.SIGTERM):  # a second signal while stopping exits at once
-        signal.signal(each, _exit_now)
-    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-
-
-def _exit_now(signum: int, frame: object) -> None:
-    os._exit(128 + signum)  # the run's Prefect server dies with this process (flows/api.py)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stop)
+    stopping.stop_on_signals()
     try:
         return args.fn(args)
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:

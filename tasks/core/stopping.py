@@ -1,16 +1,42 @@
-"""A stop asked for by a signal (Ctrl-C, SIGTERM) and taken at a loop's next step boundary, where
-the state it saves is whole: a training step interrupted half-way has moved some weights and not
-others. Signals are handled in the main thread only; elsewhere (a task runner's thread) a stop is
-taken where the signal finds the work, as before.
+"""How embforge stops on a signal (Ctrl-C, SIGTERM): `stop_on_signals` makes both raise where
+they land (a second one ends the process at once), and `StepBoundaryStop` lets a loop take the stop
+at its next step boundary, where the state it saves is whole: a training step interrupted half-way
+has moved some weights and not others. Signals are handled in the main thread only; elsewhere (a
+task runner's thread) a stop is taken where the signal finds the work.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `timeout`, a Prefect worker), raised where Ctrl-C raises KeyboardInterrupt
+    so that both stop the same way: the flow records the run interrupted, servers stop last. `signal`
+    as in Prefect's TerminationSignal, which the flow engine raises for SIGTERM inside a flow run."""
+
+    signal = signal.SIGTERM
+
+
+def stop_on_signals() -> None:
+    """A command's handlers: the first signal raises KeyboardInterrupt or Terminated, a second exits."""
+    for signum in SIGNALS:
+        signal.signal(signum, _stop)
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    for each in SIGNALS:  # a second signal while stopping exits at once
+        signal.signal(each, _exit_now)
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+def _exit_now(signum: int, frame: FrameType | None) -> None:
+    os._exit(128 + signum)  # the run's Prefect server dies with this process (flows/api.py)
 
 
 class StepBoundaryStop:

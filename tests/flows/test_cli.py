@@ -115,21 +115,3 @@ def test_a_bad_sql_query_exits_non_zero_with_duckdb_message(tmp_path, env):
     result = embforge("sql", "SELECT nope FROM runs", "--store", str(tmp_path / "store"), env=env)
     assert result.returncode == 2
     assert "error:" in result.stdout and "nope" in result.stdout and "Traceback" not in result.stderr
-
-
-def test_the_first_signal_stops_the_run_and_a_second_exits_at_once():
-    from flows import cli
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with pytest.raises(cli.Terminated) as stopped:
-            cli._stop(signal.SIGTERM, None)
-        assert stopped.value.signal == signal.SIGTERM and isinstance(stopped.value, KeyboardInterrupt)
-        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is cli._exit_now
-        second = subprocess.run([sys.executable, "-c", "import os, signal; from flows import cli; "
-                                 "cli._exit_now(signal.SIGINT, None); print('still here')"],
-                                cwd=REPO, capture_output=True, text=True)
-        assert second.returncode == 130 and "still here" not in second.stdout
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)

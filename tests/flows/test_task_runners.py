@@ -26,8 +26,9 @@ def run_tiny(tmp_path, runner: str) -> tuple[str, Catalog]:
     from flows.pipeline import pipeline
 
     # Training long enough for the two methods' to be seen side by side, past the scheduler's delays:
-    # at 10 epochs each took ~20 s in worker processes and Dask, and they overlapped by 15-17 s.
-    config = tiny_config(tmp_path, run={"task_runner": runner, "max_workers": 2}, train={"epochs": 5})
+    # at 10 epochs each took ~20 s in worker processes and Dask, and they overlapped by 15-17 s; at 5,
+    # in the full suite, Dask started the second 3 s after the first ended.
+    config = tiny_config(tmp_path, run={"task_runner": runner, "max_workers": 2}, train={"epochs": 15})
     state = pipeline(RunParams(config=str(config)), return_state=True)
     assert state.is_completed(), state.message
     return str(state.state_details.flow_run_id), Catalog(ArtifactStore(tmp_path / "store"))
