@@ -370,7 +370,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    stopping.stop_on_signals()
+    with stopping.stop_on_signals():
+        return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The command, its errors said in one line, a signal's stop too."""
     try:
         return args.fn(args)
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:

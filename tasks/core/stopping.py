@@ -7,9 +7,11 @@ task runner's thread) a stop is taken where the signal finds the work.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -23,10 +25,19 @@ class Terminated(KeyboardInterrupt):
     signal = signal.SIGTERM
 
 
-def stop_on_signals() -> None:
-    """A command's handlers: the first signal raises KeyboardInterrupt or Terminated, a second exits."""
-    for signum in SIGNALS:
-        signal.signal(signum, _stop)
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """A command's handlers while it runs: the first signal raises KeyboardInterrupt or Terminated, a
+    second exits. The ones that were there are back after (a test calls commands in its process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {signum: signal.signal(signum, _stop) for signum in SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:

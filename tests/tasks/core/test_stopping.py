@@ -16,20 +16,17 @@ from tests.helpers import REPO
 
 def test_the_first_signal_stops_the_run_and_a_second_exits_at_once():
     saved = {s: signal.getsignal(s) for s in stopping.SIGNALS}
-    try:
-        stopping.stop_on_signals()
+    with stopping.stop_on_signals():
         with pytest.raises(stopping.Terminated) as stopped:
             os.kill(os.getpid(), signal.SIGTERM)
         assert stopped.value.signal == signal.SIGTERM and isinstance(stopped.value, KeyboardInterrupt)
         assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is stopping._exit_now
-        second = subprocess.run([sys.executable, "-c", "import os, signal, time; from tasks.core import stopping; "
-                                 "stopping.stop_on_signals()\ntry:\n os.kill(os.getpid(), signal.SIGINT)\n"
-                                 "except KeyboardInterrupt:\n os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
-                                 "print('still here')"], cwd=REPO, capture_output=True, text=True)
-        assert second.returncode == 130 and "still here" not in second.stdout  # the second: gone
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
+    assert {s: signal.getsignal(s) for s in stopping.SIGNALS} == saved  # a command run in-process leaves none
+    second = subprocess.run([sys.executable, "-c", "import os, signal, time; from tasks.core import stopping\n"
+                             "with stopping.stop_on_signals():\n try:\n  os.kill(os.getpid(), signal.SIGINT)\n"
+                             " except KeyboardInterrupt:\n  os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+                             "print('still here')"], cwd=REPO, capture_output=True, text=True)
+    assert second.returncode == 130 and "still here" not in second.stdout  # the second: gone at once
 
 
 def test_a_signal_is_taken_at_the_step_boundary_by_the_handler_it_interrupted():
