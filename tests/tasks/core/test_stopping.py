@@ -1,61 +1,79 @@
 """tasks/core/stopping.py: the first signal raises, a second exits; a signal noted during a step is
-acted on at its end, a second one at once."""
+acted on at its end, a second one at once. Each check runs in a fresh interpreter, as a command does:
+in the test session's process, sending itself signals brought it down (exit 139) once many earlier
+tests had run there, whatever handlers it started from."""
 
-import os
-import signal
 import subprocess
 import sys
-import threading
 
-import pytest
-
-from tasks.core import stopping
-from tasks.core.stopping import StepBoundaryStop
 from tests.helpers import REPO
 
 
-def test_the_first_signal_stops_the_run_and_a_second_exits_at_once():
-    saved = {s: signal.getsignal(s) for s in stopping.SIGNALS}
-    with stopping.stop_on_signals():
-        with pytest.raises(stopping.Terminated) as stopped:
-            os.kill(os.getpid(), signal.SIGTERM)
-        assert stopped.value.signal == signal.SIGTERM and isinstance(stopped.value, KeyboardInterrupt)
-        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is stopping._exit_now
-    assert {s: signal.getsignal(s) for s in stopping.SIGNALS} == saved  # a command run in-process leaves none
-    second = subprocess.run([sys.executable, "-c", "import os, signal, time; from tasks.core import stopping\n"
-                             "with stopping.stop_on_signals():\n try:\n  os.kill(os.getpid(), signal.SIGINT)\n"
-                             " except KeyboardInterrupt:\n  os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
-                             "print('still here')"], cwd=REPO, capture_output=True, text=True)
-    assert second.returncode == 130 and "still here" not in second.stdout  # the second: gone at once
+def python(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "import os, signal, threading, time\n"
+                           "from tasks.core import stopping\nfrom tasks.core.stopping import StepBoundaryStop\n"
+                           + script], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_the_first_signal_raises_a_second_exits_at_once_and_the_handlers_come_back():
+    done = python("""
+before = {s: signal.getsignal(s) for s in stopping.SIGNALS}
+with stopping.stop_on_signals():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+    except stopping.Terminated as e:
+        print("raised", e.signal.name, isinstance(e, KeyboardInterrupt))
+    print("then", signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is stopping._exit_now)
+print("back", {s: signal.getsignal(s) for s in stopping.SIGNALS} == before)
+with stopping.stop_on_signals():
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+    except KeyboardInterrupt:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+print("still here")
+""")
+    assert done.stdout.split("\n")[:3] == ["raised SIGTERM True", "then True", "back True"], done.stderr
+    assert done.returncode == 130 and "still here" not in done.stdout  # the second signal: gone at once
 
 
 def test_a_signal_is_taken_at_the_step_boundary_by_the_handler_it_interrupted():
-    before = signal.getsignal(signal.SIGINT)
-    with StepBoundaryStop() as stop:
-        os.kill(os.getpid(), signal.SIGINT)  # mid-step: noted, nothing raised
-        assert stop.requested and stop.signum == signal.SIGINT
-        with pytest.raises(KeyboardInterrupt):  # Python's own Ctrl-C handler, handed the signal
-            stop.now()
-        assert signal.getsignal(signal.SIGINT) is before
-    assert signal.getsignal(signal.SIGINT) is before
+    done = python("""
+before = signal.getsignal(signal.SIGINT)
+with StepBoundaryStop() as stop:
+    os.kill(os.getpid(), signal.SIGINT)  # mid-step: noted, nothing raised
+    print("noted", stop.requested, stop.signum == signal.SIGINT)
+    try:
+        stop.now()
+    except KeyboardInterrupt:  # Python's own Ctrl-C handler, handed the signal
+        print("raised at the boundary")
+    print("restored", signal.getsignal(signal.SIGINT) is before)
+""")
+    assert done.stdout.split("\n")[:3] == ["noted True True", "raised at the boundary", "restored True"], done.stderr
 
 
-def test_a_second_signal_stops_at_once():
-    with StepBoundaryStop() as stop:
+def test_a_second_signal_during_a_step_stops_at_once():
+    done = python("""
+with StepBoundaryStop() as stop:
+    os.kill(os.getpid(), signal.SIGINT)
+    try:
         os.kill(os.getpid(), signal.SIGINT)
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-        assert stop.requested
+        print("not stopped")
+    except KeyboardInterrupt:
+        print("stopped", stop.requested)
+""")
+    assert done.stdout.strip() == "stopped True", done.stdout + done.stderr
 
 
 def test_outside_the_main_thread_signals_are_left_alone():
-    seen = []
-
-    def work():
-        with StepBoundaryStop() as stop:
-            seen.append((signal.getsignal(signal.SIGTERM), stop.requested))
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    assert seen == [(signal.getsignal(signal.SIGTERM), False)]
+    done = python("""
+seen = []
+def work():
+    with StepBoundaryStop() as stop:
+        seen.append((signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, stop.requested))
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+print(seen)
+""")
+    assert done.stdout.strip() == "[(True, False)]", done.stdout + done.stderr
