@@ -175,7 +175,8 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
             run.wait()
     except BaseException as e:  # KeyboardInterrupt and SIGTERM too: the record must not stay "running"
         if isinstance(e, KeyboardInterrupt | TerminationSignal):
-            run.record.finish(stopped_as(), error=f"stopped by {signal.Signals(getattr(e, 'signal', 2)).name}")
+            signum = signal.Signals(getattr(e, "signal", signal.SIGINT))
+            run.record.finish(stopped_as(), error=f"stopped by {signum.name}")
         else:
             run.record.finish("failed", error="".join(traceback.format_exception_only(e)).strip())
         track(run)
