@@ -25,6 +25,7 @@ from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
 from tasks.core import eval_sets
 from tasks.core.stage import Stage
 from tasks.encoders.encode import POOLINGS
+from tasks.methods import health
 from tasks.metrics import geometry, knn, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
@@ -83,6 +84,14 @@ def learning_curve_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> 
             for s, a in zip(steps["step"], steps["knn_accuracy"])]
 
 
+def training_health_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> list[dict]:
+    """How training went (collapse, divergence, a trivial view: tasks/methods/health.py), as catalog rows."""
+    if model_ref is None or model_ref.stage != "train":
+        return []
+    found = store.manifest(model_ref)["extra"].get("health")  # absent in artifacts of older versions
+    return health.health_rows(found) if found else []
+
+
 class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     sts_embeddings: ArtifactRef | None = None
 
@@ -114,7 +123,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
         pos_a, pos_b = a[positive], b[positive]
     if job.geometry:
         rows += geometry.geometry_rows(x, pos_a, pos_b)
-    rows += learning_curve_rows(store, inputs.model)
+    rows += learning_curve_rows(store, inputs.model) + training_health_rows(store, inputs.model)
     for row in rows:  # the headline rows are the model's own pooling on its last layer
         row.setdefault("layer", last)
         row.setdefault("pooling", job.pooling)
@@ -122,7 +131,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     out.write_table("metrics", table)
     draw_pictures(job, x[labelled], labels, table.to_pandas(), out)
     for r in rows:
-        if r["metric"] not in CURVES:
+        if r["metric"] not in CURVES and r["value"] is not None:
             log.info("%s = %.4f%s", r["metric"], r["value"],
                      f" ± {r['std']:.4f}" if r.get("std") is not None else "")
 

@@ -4,8 +4,9 @@ Inputs: `pairs`, `start` (the init or stage-1 artifact the encoder starts from, 
 `documents` when a learning curve is asked for (`train.eval_every`).
 Only the encoder is saved: decoders, MLM heads and projection heads are training-only.
 Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
-Output: `model/` (loads with `SentenceTransformer(path)`) and `training.parquet` (the per-step loss
-and learning rate, and with `eval_every` the kNN accuracy from step 0 on: the learning curve).
+Output: `model/` (loads with `SentenceTransformer(path)`) and `training.parquet` (the per-step loss,
+learning rate, gradient norm and probe cosine, and with `eval_every` the kNN accuracy from step 0 on:
+the learning curve); the manifest's `health` is the model's health summary (tasks/methods/health.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import Inputs, Stage
 from tasks.encoders import models
 from tasks.encoders.models import model_identity, model_path, pick_device, sentence_model
-from tasks.methods import distributed, objectives, training
+from tasks.methods import distributed, health, objectives, training
 from tasks.metrics import knn
 
 
@@ -86,6 +87,18 @@ def knn_curve(model: SentenceTransformer, docs: pa.Table, cfg: KnnConfig, batch_
     return measure
 
 
+def probe_cosine(model: SentenceTransformer, texts: list[str]) -> Callable[[], float]:
+    """The mean cosine of the probe texts' embeddings by the model as it is now (health.py)."""
+    def probe() -> float:
+        cosine = health.probe_mean_cosine(
+            lambda batch: model.encode(batch, batch_size=len(batch), convert_to_tensor=True, show_progress_bar=False),
+            texts)
+        model.train()  # encode left it in eval mode (no RNG draws)
+        return cosine
+
+    return probe
+
+
 class TrainInputs(Inputs):
     pairs: ArtifactRef
     start: ArtifactRef | None = None  # the init or stage-1 encoder; else job.base_model
@@ -93,9 +106,9 @@ class TrainInputs(Inputs):
 
 
 def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactRef, folder: Path,
-        log: logging.Logger) -> list[dict]:
-    """Train, save the model in `folder/model`, and return the learning curve's rows. Under torchrun
-    every process runs this on its shard of each batch; process 0 saves."""
+        log: logging.Logger) -> tuple[list[dict], dict]:
+    """Train, save the model in `folder/model`, and return the learning curve's rows and the model's
+    health. Under torchrun every process runs this on its shard of each batch; process 0 saves."""
     cfg = job.train
     rank, size = distributed.world()
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
@@ -113,18 +126,23 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
                  f" and {size - 1} more process(es)" if size > 1 else "")
         # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
         # this is the starting model on a resume too).
-        start = [dict(step=0, epoch=0, loss=None, lr=None, knn_accuracy=measure())] if measure else []
+        start = [vars(training.StepLog(0, 0, None, None, knn_accuracy=measure()))] if measure else []
+        probe_texts = pairs.read_row_group(0, columns=["anchor"])["anchor"].to_pylist()[:health.PROBE_ROWS]
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
-        history = training.train_model(objective, batches, cfg, checkpoints, log, measure=measure)
+        try:
+            history = training.train_model(objective, batches, cfg, checkpoints, log, measure=measure,
+                                           probe=probe_cosine(model, probe_texts) if rank == 0 else None)
+        except health.TrainingUnhealthy as e:
+            raise health.TrainingUnhealthy(f"{job.recipe} recipe: {e}") from None
     if rank == 0:
         model.to(getattr(torch, cfg.save_dtype)).save(str(folder / "model"))
-    return start + [vars(h) for h in history]
+    return start + [vars(h) for h in history], training.health_of(objective, batches, cfg, history)
 
 
 def launch(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactRef, folder: Path, work: Path,
-           processes: int, log: logging.Logger) -> list[dict]:
+           processes: int, log: logging.Logger) -> tuple[list[dict], dict]:
     """`fit` in `processes` processes started by torchrun (this module's `__main__`); the learning
-    curve comes back through `work`."""
+    curve and the health come back through `work`."""
     spec = work / "train.pickle"
     spec.write_bytes(pickle.dumps((store.url, job, inputs, ref, folder, work)))
     log.info("training in %d processes (torchrun, %s)", processes,
@@ -140,18 +158,20 @@ def launch(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: Artifa
     if torchrun.returncode:
         raise RuntimeError(f"distributed training failed (torchrun exit code {torchrun.returncode}); see the "
                            "processes' output above")
-    return json.loads((work / "curve.json").read_text())
+    rows, model_health = json.loads((work / "curve.json").read_text())
+    return rows, model_health
 
 
 def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     processes = distributed.processes(job.train.devices, pick_device(job.train.device))
-    rows = (launch(store, job, inputs, ref, out.folder, out.work, processes, log) if processes > 1
-            else fit(store, job, inputs, ref, out.folder, log))
+    rows, model_health = (launch(store, job, inputs, ref, out.folder, out.work, processes, log) if processes > 1
+                          else fit(store, job, inputs, ref, out.folder, log))
     out.write_table("training", pa.Table.from_pylist(rows))
     steps = [r for r in rows if r["step"]]
-    out.extra.update(steps=len(steps), final_loss=steps[-1]["loss"] if steps else None,
+    out.extra.update(steps=len(steps), final_loss=steps[-1]["loss"] if steps else None, health=model_health,
                      hardware=hardware(pick_device(job.train.device), processes))
+    log.info("health: %s", model_health["verdict"])
 
 
 def hardware(device: str, processes: int) -> str:
@@ -178,9 +198,9 @@ def main(spec: str) -> None:
         log = logging.getLogger("embforge.train")
         logging.basicConfig(level=logging.INFO if dist.get_rank() == 0 else logging.WARNING,
                             format="%(message)s", force=True)  # the launcher logs each line through Prefect
-        rows = fit(store_at(store_url), job, inputs, ref, folder, log)
+        found = fit(store_at(store_url), job, inputs, ref, folder, log)
         if dist.get_rank() == 0:
-            (work / "curve.json").write_text(json.dumps(rows))
+            (work / "curve.json").write_text(json.dumps(found))
     finally:
         dist.destroy_process_group()
 

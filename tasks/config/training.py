@@ -88,6 +88,13 @@ class TrainConfig(Section):
     freeze_embeddings: bool = Field(False, description="Keep the embedding layer fixed.")
     freeze_layers: int = Field(0, ge=0, description="Keep the first N transformer layers fixed (the "
                                "cropping paper's freezing study: training the last 2 of 12 nearly suffices).")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the gradients' total norm to this before "
+                                        "each step (1.0, as the Hugging Face and sentence-transformers trainers; "
+                                        "a step under it is unchanged); null turns clipping off.")
+    on_unhealthy: Literal["stop", "warn"] = Field(
+        "stop", exclude=True, description="What a collapse or divergence found during training does "
+        "(docs/health.md): `stop` the stage with one error naming the step, loss and lr; `warn` and finish "
+        "(the report's health rows say so). It changes no number of a healthy run, so it is not part of the key.")
     checkpoint_every: int = Field(20, ge=1, description="Save a resumable checkpoint every N steps.")
     eval_every: int | None = Field(None, ge=1, description="Measure kNN accuracy on the labelled "
                                    "documents every N steps and after the last (the papers' learning "
@@ -125,7 +132,7 @@ class TrainConfig(Section):
 
 def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainConfig:
     try:
-        cfg = TrainConfig.model_validate({**base.model_dump(), **method.train})
+        cfg = TrainConfig.model_validate({**dict(base), **method.train})  # dict: the fields kept out of the key too
     except ValidationError as e:
         raise ValueError("; ".join(f"{where}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
                                    for err in e.errors())) from None

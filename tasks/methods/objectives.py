@@ -7,6 +7,7 @@ registry's recipes; importing this module checks it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,9 @@ from tasks.methods.tsdae import tsdae_loss
 class Objective:
     loss: nn.Module  # holds the model (and any training-only decoder or head) as submodules
     collate: Callable[[list[Pair]], list[dict]]  # a batch of texts -> the loss's sentence_features
+    # batch size -> the loss of a model that gives every text one vector (a softmax over the batch's
+    # rows: ln(batch)); None for losses without such a level (tasks/methods/health.py)
+    chance: Callable[[int], float] | None = None
 
 
 # (recipe, model, train config, encoder mask ratio, RetroMAE's decoder_visible, gather) -> the objective;
@@ -50,11 +54,13 @@ def anchors_and_positives(model: SentenceTransformer) -> Callable[[list[Pair]], 
 def info_nce(one_pass: bool) -> ObjectiveFn:
     def objective(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
         loss = InfoNCELoss(model, cfg.temperature, cfg.head or recipe.head, one_pass, gather)
+        terms = max(1, len(cfg.matryoshka_dims))  # Matryoshka sums one InfoNCE per dimension
         if cfg.matryoshka_dims:
             loss = MatryoshkaLoss(model, loss, sorted(cfg.matryoshka_dims, reverse=True))
         if one_pass:  # 2B rows: anchors, then positives; each row gets its own dropout mask
-            return Objective(loss, lambda batch: [tokens(model, [a for a, _ in batch] + [p for _, p in batch])])
-        return Objective(loss, anchors_and_positives(model))
+            return Objective(loss, lambda batch: [tokens(model, [a for a, _ in batch] + [p for _, p in batch])],
+                             lambda rows: terms * math.log(rows))
+        return Objective(loss, anchors_and_positives(model), lambda rows: terms * math.log(rows))
     return objective
 
 
@@ -64,7 +70,8 @@ def semcse_triplet(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> O
 
 
 def semcse_info_nce(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
-    return Objective(InfoNCELoss(model, cfg.temperature, "none", False, gather), anchors_and_positives(model))
+    return Objective(InfoNCELoss(model, cfg.temperature, "none", False, gather), anchors_and_positives(model),
+                     math.log)
 
 
 def contrastive_tension(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
@@ -108,5 +115,5 @@ def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, m
     gather = gather or (gather_rows if spec.in_batch_negatives else no_gather)
     objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
     if cfg.cached_rows:  # the config allows it for spec.mini_batches
-        return Objective(CachedLoss(objective.loss, cfg.cached_rows), objective.collate)
+        return Objective(CachedLoss(objective.loss, cfg.cached_rows), objective.collate, objective.chance)
     return objective

@@ -48,14 +48,22 @@ class MixedPrecision:
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.dtype)
 
-    def backward_and_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+    def backward_and_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer,
+                          max_grad_norm: float | None = None) -> float:
+        """Backward, clip the gradients' total norm to `max_grad_norm` (None: no clipping), step;
+        the norm before clipping is returned. Under the norm the gradients are multiplied by exactly 1."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
         if self.scaler is None:
             loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf"))
             optimizer.step()
-            return
+            return float(norm)
         self.scaler.scale(loss).backward()
+        self.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf"))
         self.scaler.step(optimizer)  # skipped when the scaled gradients overflowed
         self.scaler.update()
+        return float(norm)
 
     def state_dict(self) -> dict | None:
         return self.scaler.state_dict() if self.scaler else None  # the scale grows and shrinks: resume needs it

@@ -5,7 +5,8 @@ epoch, then linear decay over all epochs), bit-exact resume from a checkpoint (m
 optimiser, schedule and RNG state: dropout and masking both draw from torch's RNG), and a
 per-step log that becomes the learning curve. The losses are sentence-transformers-style modules
 (`loss(sentence_features, labels)`), the model, its tokenisation (padding per batch) and its
-saved format are sentence-transformers'. Like the papers' code: Adam(W), no gradient clipping.
+saved format are sentence-transformers'. Adam(W), and the gradients' norm clipped as the HF and ST
+trainers do (`max_grad_norm`); every step is checked for collapse and divergence (tasks/methods/health.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from storage import leases
 from tasks.config.training import TrainConfig
 from tasks.core.progress import StageProgress
 from tasks.core.stopping import StepBoundaryStop
-from tasks.methods import distributed, precision
+from tasks.methods import distributed, health, precision
 from tasks.methods.objectives import Objective
 from tasks.methods.recipes import Pair
 
@@ -42,6 +43,8 @@ class StepLog:
     loss: float
     lr: float
     knn_accuracy: float | None = None  # the learning curve, every `eval_every` steps
+    grad_norm: float | None = None  # before clipping
+    probe_cosine: float | None = None  # the probe batch's mean cosine, every health.PROBE_EVERY steps
 
 
 class BatchRows(NamedTuple):
@@ -142,14 +145,32 @@ class Checkpoints:
         return None
 
 
+def warmup_steps(cfg: TrainConfig, batches: PairBatches) -> int:
+    return max(1, round(cfg.warmup_ratio * batches.steps_per_epoch))
+
+
+def chance_loss(objective: Objective, cfg: TrainConfig) -> float | None:
+    """The loss of a model that gives every text one vector, for the global batch (None: no such level)."""
+    return objective.chance(cfg.batch_size) if objective.chance else None
+
+
+def health_of(objective: Objective, batches: PairBatches, cfg: TrainConfig, history: list[StepLog]) -> dict:
+    """The trained model's health (health.summary), judged as it was during training."""
+    return health.summary(history, chance_loss(objective, cfg), warmup_steps(cfg, batches))
+
+
 def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                 checkpoints: Checkpoints, log: logging.Logger | None = None,
                 on_step: Callable[[StepLog], None] | None = None,
-                measure: Callable[[], float] | None = None) -> list[StepLog]:
+                measure: Callable[[], float] | None = None,
+                probe: Callable[[], float] | None = None) -> list[StepLog]:
     """Train the objective's model in place; resume from `checkpoints` if a state is there.
 
     `measure` (e.g. kNN accuracy of the current model) is recorded every `cfg.eval_every` steps
-    and after the last one; it must leave the model in training mode and not draw from torch's RNG.
+    and after the last one; `probe` (the probe batch's mean cosine, tasks/methods/health.py) every
+    health.PROBE_EVERY steps and after the last. Both must leave the model in training mode and not
+    draw from torch's RNG. A collapse or divergence raises health.TrainingUnhealthy, or with
+    `cfg.on_unhealthy: warn` is logged once and training goes on.
     Under torchrun (tasks/methods/distributed.py) every process trains on its shard of each batch
     through DistributedDataParallel; process 0 measures and writes the checkpoints, which hold every
     process's RNG state.
@@ -157,7 +178,7 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     log = log or logging.getLogger("embforge.train")
     rank, size = distributed.world()
     loss_fn = objective.loss
-    warmup = max(1, round(cfg.warmup_ratio * batches.steps_per_epoch))
+    warmup = warmup_steps(cfg, batches)
     # The loss module holds the model and any training-only parts (decoder, head, CT's 2nd copy).
     # Fused: one kernel over every parameter (4x faster than the per-tensor loop on a CPU; the ST Trainer's too).
     optimizer = torch.optim.AdamW([p for p in loss_fn.parameters() if p.requires_grad], lr=cfg.lr,
@@ -167,6 +188,8 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     amp = precision.MixedPrecision(cfg.precision, next(loss_fn.parameters()).device)
     torch.manual_seed(cfg.seed + rank)  # each process its own dropout masks; process 0 draws one device's
     history: list[StepLog] = []
+    chance = chance_loss(objective, cfg)
+    warned: set[str] = set()
 
     state = checkpoints.load(log)
     if state is not None and len(state["rng"]) != size:
@@ -204,13 +227,22 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             optimizer.zero_grad(set_to_none=True)  # first: the forward pass's activations reuse the gradients' memory
             with amp.autocast():
                 loss = forward(objective.collate(distributed.shard(batch, rank, size)), None)
-            amp.backward_and_step(loss, optimizer)
-            entry = StepLog(step + 1, epoch, distributed.mean_over_processes(loss), schedule.get_last_lr()[0])
+            norm = amp.backward_and_step(loss, optimizer, cfg.max_grad_norm)
+            entry = StepLog(step + 1, epoch, distributed.mean_over_processes(loss), schedule.get_last_lr()[0],
+                            grad_norm=norm)
             schedule.step()
             history.append(entry)
-            if rank == 0 and measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0
-                                                             or step + 1 == len(batches)):
+            last = step + 1 == len(batches)
+            if rank == 0 and measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
                 entry.knn_accuracy = measure()
+            if rank == 0 and probe and ((step + 1) % health.PROBE_EVERY == 0 or last):
+                entry.probe_cosine = probe()
+            if rank == 0 and (problem := health.check(history, chance, warmup)) and problem.kind not in warned:
+                if problem.fatal and cfg.on_unhealthy == "stop":
+                    raise health.TrainingUnhealthy(health.advice(problem, cfg.lr, cfg.max_grad_norm))
+                warned.add(problem.kind)  # once per kind: a collapsed run stays collapsed
+                said = health.advice(problem, cfg.lr, cfg.max_grad_norm) if problem.fatal else problem.why
+                log.warning("%s; going on%s", said, " (train.on_unhealthy: warn)" if problem.fatal else "")
             bar.update(1)
             bar.set_postfix(loss=f"{entry.loss:.3f}")
             if progress:

@@ -32,6 +32,13 @@ LEGEND = {
     "semantic_rank_summary_paper": "the same for the paper's abstract given one of its LLM summaries (only "
     "papers that have summaries are candidates)",
     "semantic_same_label_5nn": "share of a labelled document's 5 nearest other documents (cosine) with its label",
+    "health": "how training went: healthy, collapsed (one vector for every text), diverged, or trivial (a view too "
+    "easy to teach much), with the first step it showed (docs/health.md)",
+    "final_loss": "the training loss at the last step",
+    "chance_loss": "the loss of a model that gives every text one vector: ln(batch) for InfoNCE",
+    "probe_mean_cosine": "mean cosine of a fixed batch of 64 training texts at the last probe (1 = one vector for all)",
+    "grad_norm_min": "smallest gradient norm of a step, before clipping",
+    "grad_norm_max": "largest gradient norm of a step, before clipping",
 }
 
 # Long form: one row per (model, score), models in the order given by `entries`.
@@ -42,7 +49,7 @@ ORDER BY e.ord, m.dataset, m.metric, m.layer, m.pooling, m.step"""
 
 # The queries below read `scores`: LONG_SQL's rows, materialised once per table (see `_load`).
 IN_DOMAIN_SQL = f"""
-SELECT ord, model, dataset, metric, value, std, n FROM scores
+SELECT ord, model, dataset, metric, value, std, n, note FROM scores
 WHERE dataset <> 'mteb' AND metric NOT IN {CURVES}"""
 
 # One score per (model, task): the mean over the task's subsets and splits, as MTEB averages them.
@@ -101,7 +108,8 @@ def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     scores = scores.assign(o=scores["metric"].map(metric_order).fillna(len(LEGEND))).sort_values(
         ["dataset", "o", "metric"])
     for (dataset, metric), group in scores.groupby(["dataset", "metric"], sort=False):
-        rows.append(dict(task=f"{dataset}: {metric}", **{r.model: _cell(r.value, r.std) for r in group.itertuples()}))
+        rows.append(dict(task=f"{dataset}: {metric}", **{r.model: _cell(r.value, r.std) or r.note or ""
+                                                         for r in group.itertuples()}))
         if metric == "knn_accuracy":
             rows.append(dict(task=f"{dataset}: knn_n", **{r.model: str(r.n) for r in group.itertuples()}))
     tasks = _query(catalog, TASK_SQL).sort_values(["task_type", "task"], na_position="last")

@@ -29,7 +29,7 @@ from storage.store import ArtifactStore
 # MLflow names allow letters, digits, _ - . / and spaces.
 UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ ]+")
 MAX_PARAM = 6000  # MLflow's limit on a param's value
-TRAINING_CURVES = ("loss", "lr", "knn_accuracy")
+TRAINING_CURVES = ("loss", "lr", "grad_norm", "probe_cosine", "knn_accuracy")
 
 
 def metric_name(*parts: str) -> str:

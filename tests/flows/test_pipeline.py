@@ -12,6 +12,7 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
+from tasks.methods.health import HEALTH_METRICS
 from tasks.methods.recipes import RECIPES as REGISTRY
 from tests.helpers import DEMO_DOCS, STSB, tiny_config
 
@@ -53,12 +54,13 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     from_catalog = pd.DataFrame(catalog.query(
         "SELECT label AS model, metric, value FROM run_metrics WHERE run_id = ?", [first]))
     merged = report_rows.merge(from_catalog, on=["model", "metric"], suffixes=("", "_sql"))
-    assert len(merged) == len(report_rows) == 3 * len(IN_DOMAIN)
-    assert set(report_rows["metric"]) == IN_DOMAIN
-    assert (merged["value"] == merged["value_sql"]).all()
+    assert len(merged) == len(report_rows) == 3 * len(IN_DOMAIN) + 2 * len(HEALTH_METRICS)  # two trained models
+    assert set(report_rows["metric"]) == IN_DOMAIN | set(HEALTH_METRICS)  # InfoNCE has a chance level: all six
+    assert (merged["value"].fillna(-1) == merged["value_sql"].fillna(-1)).all()
     markdown = (store.root / "artifacts" / "report" / report / "report.md").read_text()
     assert "| task | base (random init) | crops | dropout |" in markdown
     assert "ohsumed-tiny: knn_accuracy |" in markdown
+    assert "| training: health |  | healthy | healthy |" in markdown  # the untrained encoder has no training
     train_keys = [r["key"] for r in catalog.query(
         "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])]
     model = SentenceTransformer(str(store.root / "artifacts" / "train" / train_keys[0] / "model"))

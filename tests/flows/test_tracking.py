@@ -44,6 +44,8 @@ def test_training_curves_step_by_step(logged, tracked_run):
     assert [value for _, value in loss] == pytest.approx(list(expected["loss"]))
     assert len(loss) >= 8  # one point per training step
     assert len(client.get_metric_history(run.info.run_id, "crops/train/lr")) == len(loss)
+    norms = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "crops/train/grad_norm"))
+    assert norms == [(s, pytest.approx(v)) for s, v in zip(expected["step"], expected["grad_norm"])]
     curve = sorted(m.step for m in client.get_metric_history(run.info.run_id, "crops/train/knn_accuracy"))
     assert curve[0] == 0 and curve == sorted(steps.dropna(subset=["knn_accuracy"])["step"])
 
