@@ -15,7 +15,7 @@ import signal
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from prefect import flow, get_client, get_run_logger
@@ -60,6 +60,7 @@ class ReportedModel:
     external: str | None = None  # else: its Hub name, folder or package:<name>
     pooling: str = "mean"  # the recipe's sentence vector; untrained models are read with mean pooling
     knn_holdout: bool = False  # trained without kNN's test documents
+    swept: dict = field(default_factory=dict)  # {field: value} of a method made by a sweep
 
     def registration(self) -> dict:
         """The model's entry in the run record: the catalog's `models` view reads these."""
@@ -223,7 +224,7 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
     trained = run.stage(TRAIN, job, TrainInputs(pairs=pairs, start=start, documents=docs if job.knn else None),
                         method.name, method.recipe)
     return ReportedModel(method.name, method.recipe, trained, pooling=pooling_for(method.recipe, train),
-                         knn_holdout=method.knn_holdout)
+                         knn_holdout=method.knn_holdout, swept=method.swept)
 
 
 def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries: ArtifactRef | None = None,
@@ -303,7 +304,7 @@ def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: 
     """Score every model (cached per model and task), then the report, shown in the Prefect UI."""
     scores = {m.label: evaluate_model(run, m, corpus.docs, corpus.summaries, force) for m in models}
     job = ReportJob(title=f"{run.cfg.name}: {run.cfg.data.display_name}",
-                    entries=[ReportEntry(label=m.label, method=m.method) for m in models])
+                    entries=[ReportEntry(label=m.label, method=m.method, swept=m.swept) for m in models])
     report = run.stage(REPORT, job, ReportInputs(scores=scores))
     run.wait()
     publish_report(run.store.url, report)

@@ -14,6 +14,7 @@ import logging
 import posixpath
 import re
 
+import pandas as pd
 import pyarrow as pa
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -33,6 +34,7 @@ from tasks.reporting.tables import CURVES, comparison_table, curve_rows, long_ro
 class ReportEntry(Section):
     label: str
     method: str
+    swept: dict = {}  # {field: value} of a method made by a sweep (tasks/config/training.py, expand_sweeps)
 
 
 class ReportJob(Section):
@@ -71,6 +73,23 @@ def draw_curves(catalog: Catalog, entries: list[dict], out: ArtifactWriter, titl
     return pictures
 
 
+def sweep_pictures(catalog: Catalog, job: ReportJob, entries: list[dict], out: ArtifactWriter) -> list[tuple[str, str]]:
+    """kNN accuracy against each swept numeric field (the paper's Figure S1), a line per sweep of one field."""
+    knn = long_rows(catalog, entries)
+    knn = knn[knn["metric"] == "knn_accuracy_splits"].set_index("model")
+    points = [dict(field=field, sweep=e.label.removesuffix(f"-{field}-{value}"), value_swept=float(value),
+                   value=knn.loc[e.label, "value"], std=knn.loc[e.label, "std"])
+              for e in job.entries if len(e.swept) == 1 and e.label in knn.index for field, value in e.swept.items()
+              if isinstance(value, int | float) and not isinstance(value, bool)]
+    pictures = []
+    frames = pd.DataFrame(points, columns=["field", "sweep", "value_swept", "value", "std"])
+    for field, frame in frames.groupby("field"):
+        name = f"sweep_{field}.png"
+        plots.sweep_png(frame, field, out.folder / name, f"kNN accuracy against {field}: {job.title}")
+        pictures.append((f"kNN accuracy against {field} (mean ± std over the repeated splits)", name))
+    return pictures
+
+
 def tsne_pictures(store: ArtifactStore, entries: list[dict], report: ArtifactRef) -> list[tuple[str, str]]:
     """Links, relative to the report's folder, to each model's t-SNE map, named as its picture is."""
     found = []
@@ -88,7 +107,8 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
     entries = entries_for(job, inputs)
     catalog = Catalog(store)
     out.write_table("report", pa.Table.from_pandas(long_rows(catalog, entries), preserve_index=False))
-    pictures = draw_curves(catalog, entries, out, job.title) + tsne_pictures(store, entries, ref)
+    pictures = (draw_curves(catalog, entries, out, job.title) + sweep_pictures(catalog, job, entries, out)
+                + tsne_pictures(store, entries, ref))
     markdown = to_markdown(job.title, comparison_table(catalog, entries), skipped_notes(catalog, entries), pictures)
     out.write_text("report.md", markdown)
     log.info("\n%s", markdown)

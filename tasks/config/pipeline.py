@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from storage.base import DEFAULT_STORE
 from tasks.config.base import Section
@@ -11,7 +11,7 @@ from tasks.config.evaluation import EvaluateConfig
 from tasks.config.model import ModelConfig
 from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
 from tasks.config.summaries import SummaryConfig
-from tasks.config.training import MethodConfig, TrainConfig, merged_train
+from tasks.config.training import MethodConfig, TrainConfig, expand_sweeps, merged_train
 from tasks.methods.recipes import RECIPES
 
 
@@ -22,7 +22,8 @@ class PipelineConfig(Section):
     data: DataConfig
     sentences: SentenceConfig = Field(default_factory=SentenceConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    methods: list[MethodConfig] = Field(default_factory=list, description="Training recipes to compare.")
+    methods: list[MethodConfig] = Field(default_factory=list, description="Training recipes to compare; a "
+                                        "method's `sweep: {field: [values]}` expands into one method per value.")
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     summaries: SummaryConfig | None = Field(None, description="LLM summaries of the documents (SemCSE's "
@@ -30,6 +31,11 @@ class PipelineConfig(Section):
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Task-level retries with back-off.")
     run: RunConfig = Field(default_factory=RunConfig, description="How the run uses this machine.")
     tracking: TrackingConfig | None = Field(None, description="Log every run to an experiment tracker too.")
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _sweeps(cls, methods):
+        return expand_sweeps(methods) if isinstance(methods, list) else methods
 
     @model_validator(mode="after")
     def _valid_methods(self) -> PipelineConfig:

@@ -38,6 +38,9 @@ class MethodConfig(Section):
                               "measured on are never seen in training.")
     train: dict = Field(default_factory=dict, description="Overrides of the `train` section for "
                         "this method only (e.g. `{lr: 3.0e-5, pooling: cls}`).")
+    swept: dict = Field(default_factory=dict, description="Set by a `sweep` (e.g. `sweep: {lr: [1.0e-5, "
+                        "2.0e-5]}` gives one method per value, each with its value here); the report draws "
+                        "kNN accuracy against it.")
 
     @property
     def resolved_mask_ratio(self) -> float | None:
@@ -128,6 +131,35 @@ class TrainConfig(Section):
         if isinstance(v, int) and v < 1:
             raise ValueError("must be at least 1, or auto")
         return v
+
+
+def expand_sweeps(methods: list) -> list:
+    """Each method with a `sweep` ({field: [values]}, fields of the method or of `train`) becomes one
+    method per combination of values, named `<name>-<field>-<value>`, each trained and cached on its own."""
+    expanded = []
+    for i, method in enumerate(methods):
+        if not isinstance(method, dict) or "sweep" not in method:
+            expanded.append(method)
+            continue
+        base, sweep = {k: v for k, v in method.items() if k != "sweep"}, method["sweep"]
+        if not isinstance(sweep, dict) or not sweep:
+            raise ValueError(f"methods.{i}.sweep: a mapping of a field to its values, e.g. {{lr: [1.0e-5, 2.0e-5]}}")
+        combos: list[dict] = [{}]
+        for field, values in sweep.items():
+            if field not in SWEEPABLE:
+                raise ValueError(f"methods.{i}.sweep.{field}: not a field of a method or of `train`")
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"methods.{i}.sweep.{field}: a list of values")
+            combos = [{**c, field: v} for c in combos for v in values]
+        for combo in combos:
+            name = "-".join([str(base.get("name")), *(f"{f}-{v}" for f, v in combo.items())])
+            train = {**base.get("train", {}), **{f: v for f, v in combo.items() if f in TrainConfig.model_fields}}
+            expanded.append({**base, **{f: v for f, v in combo.items() if f in MethodConfig.model_fields},
+                             "name": name, "train": train, "swept": combo})
+    return expanded
+
+
+SWEEPABLE = (set(TrainConfig.model_fields) | set(MethodConfig.model_fields)) - {"name", "recipe", "train", "swept"}
 
 
 def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainConfig:

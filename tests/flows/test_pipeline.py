@@ -300,3 +300,26 @@ def test_semcse_summaries_through_vllm_training_and_semantic_benchmark(tmp_path,
     # A second run reuses the summaries: nothing is generated again.
     second, _ = run(config)
     assert {r["stage"]: r["state"] for r in stages(Catalog(store), second)}["summarize"] == "Cached"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_sweep_of_three_values_trains_three_models_cached_on_a_rerun_and_draws_the_figure(tmp_path):
+    config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops", "sweep": {"lr": [1e-4, 1e-3, 1e-2]}}],
+                         evaluate={"sts": None})
+    store = ArtifactStore(tmp_path / "store")
+    first, state = run(config)
+    assert state.is_completed()
+    catalog = Catalog(store)
+    trained = [s["label"] for s in stages(catalog, first) if s["stage"] == "train"]
+    assert trained == ["crops-lr-0.0001", "crops-lr-0.001", "crops-lr-0.01"]
+    lrs = {store.manifest(ArtifactRef("train", r["key"]))["config"]["train"]["lr"] for r in catalog.query(
+        "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])}
+    assert lrs == {1e-4, 1e-3, 1e-2}  # three artifacts, one per value
+    report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
+    folder = store.root / "artifacts" / "report" / report
+    assert (folder / "sweep_lr.png").stat().st_size > 0
+    assert "![kNN accuracy against lr (mean ± std over the repeated splits)](sweep_lr.png)" in (
+        folder / "report.md").read_text()
+    second, _ = run(config)
+    assert {s["state"] for s in stages(Catalog(store), second)} == {"Cached"}

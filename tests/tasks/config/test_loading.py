@@ -53,6 +53,12 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
     ("name: x\ndata: {path: a.csv}\nevaluate: {device: 'cuda:x'}\n", "evaluate.device: Value error, 'cuda:x' is not"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, train: {device: cpu0}}]\n",
      "methods.0.train.device: Value error, 'cpu0' is not a device"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, sweep: {lrr: [1]}}]\n",
+     "methods.0.sweep.lrr: not a field of a method or of `train`"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, sweep: {lr: 1}}]\n",
+     "methods.0.sweep.lr: a list of values"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, sweep: {lr: [0, 1]}}]\n",
+     "methods.0.train.lr: Input should be greater than 0"),  # each value checked as the field it sets
 ])
 def test_bad_config_names_file_and_field(tmp_path, body, expected):
     path = tmp_path / "bad.yaml"
@@ -205,3 +211,21 @@ def test_recipe_help_and_defaults_come_from_the_registry():
     stated = {name: group.split(" for ")[0].lower() for group in groups for name in group.split(" for ")[1].split(", ")}
     assert stated == {r.name: r.pooling for r in RECIPES.values()}
     assert stated["semcse"] == "cls"  # the help once said mean while training used CLS
+
+
+def test_a_sweep_expands_into_one_method_per_combination_of_values(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    (tmp_path / "a.csv").write_text("doc_id,text\n1,a\n")
+    path.write_text("name: x\ndata: {path: a.csv}\ntrain: {epochs: 2}\nmethods:\n"
+                    "  - {name: crops, recipe: crops, train: {batch_size: 8}, sweep: {lr: [1.0e-5, 2.0e-5, 5.0e-5]}}\n"
+                    "  - {name: d, recipe: dropout, sweep: {n_sentences: [1, 2], temperature: [0.05, 0.1]}}\n")
+    cfg = load_config(path)
+    assert [m.name for m in cfg.methods] == [
+        "crops-lr-1e-05", "crops-lr-2e-05", "crops-lr-5e-05", "d-n_sentences-1-temperature-0.05",
+        "d-n_sentences-1-temperature-0.1", "d-n_sentences-2-temperature-0.05", "d-n_sentences-2-temperature-0.1"]
+    crops = [cfg.train_for(m) for m in cfg.methods[:3]]
+    assert [(t.lr, t.batch_size, t.epochs) for t in crops] == [(1e-5, 8, 2), (2e-5, 8, 2), (5e-5, 8, 2)]
+    assert [m.swept for m in cfg.methods[:2]] == [{"lr": 1e-5}, {"lr": 2e-5}]
+    dropout = cfg.methods[3:]
+    assert [(m.n_sentences, cfg.train_for(m).temperature) for m in dropout] == [(1, 0.05), (1, 0.1), (2, 0.05),
+                                                                                  (2, 0.1)]
