@@ -74,8 +74,9 @@ CHANGES_SCHEMA = pa.schema([
 ])
 
 
-# A score, not a point of a curve (the learning curve's steps, the layer-wise curves), over `metrics AS m`.
-FINAL_SCORE = "m.step IS NULL AND NOT ends_with(m.metric, '_layerwise')"
+# A score, not a point of a curve (the learning curve's steps, the layer-wise curves) nor one split's
+# score (knn_accuracy_split), over `metrics AS m`.
+FINAL_SCORE = "m.step IS NULL AND NOT ends_with(m.metric, '_layerwise') AND NOT ends_with(m.metric, '_split')"
 
 
 def metrics_table(rows: list[dict], **common) -> pa.Table:

@@ -29,7 +29,7 @@ from tasks.methods import health
 from tasks.metrics import geometry, knn, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
-from tasks.reporting.tables import CURVES
+from tasks.reporting.tables import PER_SPLIT, POINTS
 
 
 class EvalJob(Section):
@@ -54,9 +54,13 @@ def knn_rows(emb: np.ndarray, labels: list[str], cfg: KnnConfig, held_out: bool 
     # Other splits' test documents were trained on by a held-out model: no spread for it.
     if cfg.repeats > 1 and not held_out:
         # A 10% test split of a small corpus is noisy: report the spread over other splits too.
-        mean, std = knn.knn_accuracy_spread(emb, labels, cfg.k, cfg.test_size, range(cfg.repeats))
+        scores = knn.knn_accuracy_splits(emb, labels, cfg.k, cfg.test_size, range(cfg.repeats))
+        mean, std = knn.spread(scores)
         rows.append(dict(metric="knn_accuracy_splits", value=mean, std=std, n=n_test,
                          repeats=cfg.repeats, split=f"seeds 0-{cfg.repeats - 1}"))
+        # each split's score: the report pairs two models' scores split by split (tasks/metrics/significance.py)
+        rows += [dict(metric=PER_SPLIT, value=score, n=n_test, repeats=1, split=f"seed {seed}")
+                 for seed, score in enumerate(scores)]
     return rows
 
 
@@ -131,7 +135,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     out.write_table("metrics", table)
     draw_pictures(job, x[labelled], labels, table.to_pandas(), out)
     for r in rows:
-        if r["metric"] not in CURVES and r["value"] is not None:
+        if r["metric"] not in POINTS and r["value"] is not None:
             log.info("%s = %.4f%s", r["metric"], r["value"],
                      f" ± {r['std']:.4f}" if r.get("std") is not None else "")
 

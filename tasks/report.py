@@ -5,7 +5,9 @@ then the MTEB tasks grouped by type with the block means and the average of bloc
 cropping paper's headline) at the bottom. The same queries serve the pipeline's report stage
 (models named by the run's config) and `embforge report` (models picked from the catalog), so
 both always agree with the catalog. Output: `report.parquet` (one row per model and score, the
-long form), `report.md` (tables and pictures) and the combined layer-wise and learning curves.
+long form), `paired.parquet` (each model's kNN accuracy minus each earlier model's, paired over the
+same splits, with its 95% interval), `report.md` (tables, paired differences and pictures) and the
+combined layer-wise and learning curves, and with sweeps kNN accuracy against each swept value.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from tasks.config.base import Section
 from tasks.core.stage import Inputs, Stage
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
-from tasks.reporting.tables import CURVES, comparison_table, curve_rows, long_rows, skipped_notes, to_markdown
+from tasks.reporting.tables import (
+    POINTS,
+    comparison_table,
+    curve_rows,
+    long_rows,
+    paired_differences,
+    skipped_notes,
+    to_markdown,
+)
 
 
 class ReportEntry(Section):
@@ -109,7 +119,10 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
     out.write_table("report", pa.Table.from_pandas(long_rows(catalog, entries), preserve_index=False))
     pictures = (draw_curves(catalog, entries, out, job.title) + sweep_pictures(catalog, job, entries, out)
                 + tsne_pictures(store, entries, ref))
-    markdown = to_markdown(job.title, comparison_table(catalog, entries), skipped_notes(catalog, entries), pictures)
+    paired = paired_differences(catalog, entries)
+    out.write_table("paired", pa.Table.from_pandas(paired, preserve_index=False))
+    markdown = to_markdown(job.title, comparison_table(catalog, entries), skipped_notes(catalog, entries), pictures,
+                           paired)
     out.write_text("report.md", markdown)
     log.info("\n%s", markdown)
 
@@ -122,7 +135,7 @@ def publish_report(store_root: str, report: ArtifactRef) -> None:
     """Show the report in the Prefect UI (cheap, so never cached: every run gets its artifacts)."""
     store = store_at(store_root)
     rows = store.read_table(report, "report").to_pandas()
-    rows = rows[~rows["metric"].isin(CURVES)]  # the curves are pictures in the report
+    rows = rows[~rows["metric"].isin(POINTS)]  # the curves are pictures in the report, the splits are paired
     table = rows[["model", "method", "dataset", "metric", "value", "std", "n", "layer", "pooling", "status"]]
     create_table_artifact(table=table.astype(object).where(table.notna(), None).to_dict("records"),
                           key="embforge-metrics", description="Metrics of this run's models")

@@ -66,8 +66,17 @@ def knn_accuracy(x: np.ndarray, labels: list | np.ndarray, k: int = 10, test_siz
     return float((pred == y[test]).mean()), len(test)
 
 
+def knn_accuracy_splits(x: np.ndarray, labels: list | np.ndarray, k: int, test_size: float,
+                        seeds: range) -> list[float]:
+    """The accuracy on each of several random splits."""
+    return [knn_accuracy(x, labels, k, test_size, seed)[0] for seed in seeds]
+
+
 def knn_accuracy_spread(x: np.ndarray, labels: list | np.ndarray, k: int, test_size: float,
                         seeds: range) -> tuple[float, float]:
     """Mean and standard deviation of the accuracy over several random splits."""
-    scores = [knn_accuracy(x, labels, k, test_size, seed)[0] for seed in seeds]
+    return spread(knn_accuracy_splits(x, labels, k, test_size, seeds))
+
+
+def spread(scores: list[float]) -> tuple[float, float]:
     return float(np.mean(scores)), float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0

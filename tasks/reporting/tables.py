@@ -6,13 +6,17 @@ agree with the catalog, and the command needs neither Prefect's tasks nor the en
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from storage.catalog import Catalog
+from tasks.metrics.significance import paired_difference
 
 # Scores that are points of a curve (written by the evaluate stage): drawn as pictures, not listed
 # as table rows.
 CURVES = ("knn_accuracy_layerwise", "knn_accuracy_curve")
+PER_SPLIT = "knn_accuracy_split"  # one row per split of knn_accuracy_splits: paired across models, not listed
+POINTS = (*CURVES, PER_SPLIT)
 
 LEGEND = {
     "knn_accuracy": "kNN accuracy (k=10, Euclidean, raw embeddings with the model's pooling) on the "
@@ -50,7 +54,7 @@ ORDER BY e.ord, m.dataset, m.metric, m.layer, m.pooling, m.step"""
 # The queries below read `scores`: LONG_SQL's rows, materialised once per table (see `_load`).
 IN_DOMAIN_SQL = f"""
 SELECT ord, model, dataset, metric, value, std, n, note FROM scores
-WHERE dataset <> 'mteb' AND metric NOT IN {CURVES}"""
+WHERE dataset <> 'mteb' AND metric NOT IN {POINTS}"""
 
 # One score per (model, task): the mean over the task's subsets and splits, as MTEB averages them.
 TASK_SQL = """
@@ -127,18 +131,50 @@ def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["task", *models]).fillna("")
 
 
+# Every later model against every earlier one, on the splits both were scored on.
+PAIRED_SQL = f"""
+SELECT a.dataset, b.model, a.model AS versus, list(b.value ORDER BY a.split) AS scores,
+       list(a.value ORDER BY a.split) AS versus_scores
+FROM scores a JOIN scores b ON a.dataset = b.dataset AND a.split = b.split AND a.ord < b.ord
+WHERE a.metric = '{PER_SPLIT}' AND b.metric = '{PER_SPLIT}' AND a.value IS NOT NULL AND b.value IS NOT NULL
+GROUP BY ALL ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
+
+
+def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
+    """kNN accuracy of each model minus each model before it, paired over the splits both were scored
+    on, with its 95% interval (tasks/metrics/significance.py)."""
+    rows = []
+    for r in _query(_load(catalog, entries), PAIRED_SQL).itertuples():
+        if len(r.scores) >= 2:
+            d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
+            rows.append(dict(dataset=r.dataset, model=r.model, versus=r.versus, difference=d.mean, low=d.low,
+                             high=d.high, splits=d.n, significant=d.significant))
+    return pd.DataFrame(rows, columns=["dataset", "model", "versus", "difference", "low", "high", "splits",
+                                       "significant"])
+
+
+def paired_lines(paired: pd.DataFrame) -> list[str]:
+    return [f"{r.dataset}: {r.model} − {r.versus}: {r.difference:+.3f} [{r.low:+.3f}, {r.high:+.3f}] over "
+            f"{r.splits} splits, {'significant' if r.significant else 'not significant'}"
+            for r in paired.itertuples()]
+
+
 def skipped_notes(catalog: Catalog, entries: list[dict]) -> list[str]:
     tasks = _query(_load(catalog, entries), TASK_SQL)
     skipped = tasks[~tasks["ok"].astype(bool)].drop_duplicates("task")
     return [f"skipped: {r.task}: {r.note}" for r in skipped.itertuples()]
 
 
-def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures: list[tuple[str, str]] = ()) -> str:
+def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures: list[tuple[str, str]] = (),
+                paired: pd.DataFrame | None = None) -> str:
     cols = list(table.columns)
     lines = [f"# {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
     shown = " ".join(table["task"])
     lines += ["", *[f"- **{m}**: {text}" for m, text in LEGEND.items() if m in shown]]
     lines += [f"- {note}" for note in notes]
+    if paired is not None and len(paired):
+        lines += ["", "Paired differences in kNN accuracy (the same splits; 95% t interval; significant when it "
+                  "leaves out 0):", "", *[f"- {line}" for line in paired_lines(paired)]]
     lines += [line for caption, path in pictures for line in ("", f"![{caption}]({path})")]
     return "\n".join(lines) + "\n"

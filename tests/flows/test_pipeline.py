@@ -52,15 +52,20 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
     report_rows = pd.read_parquet(store.root / "artifacts" / "report" / report / "report.parquet")
     from_catalog = pd.DataFrame(catalog.query(
-        "SELECT label AS model, metric, value FROM run_metrics WHERE run_id = ?", [first]))
-    merged = report_rows.merge(from_catalog, on=["model", "metric"], suffixes=("", "_sql"))
-    assert len(merged) == len(report_rows) == 3 * len(IN_DOMAIN) + 2 * len(HEALTH_METRICS)  # two trained models
-    assert set(report_rows["metric"]) == IN_DOMAIN | set(HEALTH_METRICS)  # InfoNCE has a chance level: all six
+        "SELECT label AS model, metric, split, value FROM run_metrics WHERE run_id = ?", [first]))
+    merged = report_rows.merge(from_catalog, on=["model", "metric", "split"], suffixes=("", "_sql"))
+    # per model: the in-domain scores and kNN accuracy on each of the 3 splits; per trained model its health
+    assert len(merged) == len(report_rows) == 3 * (len(IN_DOMAIN) + 3) + 2 * len(HEALTH_METRICS)
+    assert set(report_rows["metric"]) == IN_DOMAIN | set(HEALTH_METRICS) | {"knn_accuracy_split"}
     assert (merged["value"].fillna(-1) == merged["value_sql"].fillna(-1)).all()
     markdown = (store.root / "artifacts" / "report" / report / "report.md").read_text()
     assert "| task | base (random init) | crops | dropout |" in markdown
     assert "ohsumed-tiny: knn_accuracy |" in markdown
     assert "| training: health |  | healthy | healthy |" in markdown  # the untrained encoder has no training
+    paired = pd.read_parquet(store.root / "artifacts" / "report" / report / "paired.parquet")
+    assert [(r.model, r.versus, r.splits) for r in paired.itertuples()] == [
+        ("crops", "base (random init)", 3), ("dropout", "base (random init)", 3), ("dropout", "crops", 3)]
+    assert f"- ohsumed-tiny: crops − base (random init): {paired['difference'][0]:+.3f} [" in markdown
     train_keys = [r["key"] for r in catalog.query(
         "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])]
     model = SentenceTransformer(str(store.root / "artifacts" / "train" / train_keys[0] / "model"))
