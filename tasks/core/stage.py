@@ -90,6 +90,9 @@ class Stage:
 
     def __post_init__(self) -> None:
         STAGES[self.name] = self
+        # Hashed now, while the stage's module is being loaded: a source edited later, during a long
+        # run, must not key what the loaded (older) code builds as the new code's artifact.
+        identity.code_version(self.build.__module__)
 
     @property
     def code_version(self) -> str:

@@ -146,3 +146,19 @@ def test_library_versions_follow_what_the_stage_imports():
     older = {**now, "torch": "1.0.0", "vllm": "0.0.1"}  # vllm: not the mteb stage's business
     assert identity.version_changes(older, "tasks.mteb") == {"torch": ["1.0.0", now["torch"]]}
     assert set(identity.version_changes(None, "tasks.mteb")) == set(now)  # recorded before versions were
+
+
+def test_a_stage_keeps_the_code_version_of_the_source_it_was_loaded_from(tmp_path, monkeypatch):
+    """Editing a stage's source during a long run must not key what the loaded, older code builds
+    as the edited code's artifact."""
+    source = tmp_path / "stage_edited_while_running.py"
+    source.write_text("from tasks.core.stage import Stage\n\n"
+                      "def build(*args):\n    pass\n\nSTAGE = Stage('edited-while-running', build)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("tasks.core.stage.STAGES", dict(STAGES))  # the registry as it was, after the test
+    module = importlib.import_module("stage_edited_while_running")
+    loaded = identity.code_version.__wrapped__("stage_edited_while_running")  # uncached: the source as loaded
+    source.write_text(source.read_text() + "# edited after the stage was loaded\n")
+    assert identity.code_version.__wrapped__("stage_edited_while_running") != loaded  # the edit is seen afresh
+    assert module.STAGE.code_version == loaded  # first asked after the edit, as a long run's later stage is
+    monkeypatch.delitem(sys.modules, "stage_edited_while_running")
