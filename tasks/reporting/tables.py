@@ -49,7 +49,7 @@ LEGEND = {
 LONG_SQL = """
 SELECT e.ord, e.label AS model, e.method, m.* EXCLUDE (key), e.key AS score_key
 FROM entries e JOIN metrics m ON m.key = e.key
-ORDER BY e.ord, m.dataset, m.metric, m.layer, m.pooling, m.step"""
+ORDER BY e.ord, m.dataset, m.metric, m.layer, m.pooling, m.step, m.split"""
 
 # The queries below read `scores`: LONG_SQL's rows, materialised once per table (see `_load`).
 IN_DOMAIN_SQL = f"""

@@ -97,16 +97,17 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
     report = embforge("report", "--json", "--store", str(store.root), env=env)
     rows = [json.loads(line) for line in report.stdout.splitlines()]
     assert {"run_id", "model", "method", "dataset", "metric", "value"} <= set(rows[0])
-    sql = {(r["label"], r["metric"]): r["value"] for r in catalog.query("SELECT * FROM run_metrics WHERE run_id = ?",
-                                                                         [runs[1]["run_id"]])}
-    assert {(r["model"], r["metric"]): r["value"] for r in rows} == sql
+    sql = {(r["label"], r["metric"], r["split"]): r["value"]
+           for r in catalog.query("SELECT * FROM run_metrics WHERE run_id = ?", [runs[1]["run_id"]])}
+    assert {(r["model"], r["metric"], r["split"]): r["value"] for r in rows} == sql  # a split: one kNN split's score
+    assert len(rows) == len(sql)
 
     # Filters pick the latest scores of the matching models; the table is Markdown on request.
     filtered = embforge("report", "--method", "crops", "--since", "2000-01-01", "--markdown",
                         "--store", str(store.root), env=env)
     assert filtered.returncode == 0, filtered.stdout + filtered.stderr
     assert "| task | crops |" in filtered.stdout
-    crops_knn = sql[("crops", "knn_accuracy")]
+    crops_knn = sql[("crops", "knn_accuracy", "seed 42")]  # the paper's split
     assert f"| ohsumed-tiny: knn_accuracy | {crops_knn:.3f} |" in filtered.stdout
     assert embforge("report", "--method", "nope", "--store", str(store.root), env=env).returncode == 1
 
