@@ -31,6 +31,7 @@ from tasks.config.training import TrainConfig
 from tasks.core.eval_sets import read_pairs
 from tasks.encoders import backends, encode
 from tasks.encoders.models import model_path
+from tasks.methods.health import HEALTH_METRICS
 from tasks.metrics.sts import sts_spearman
 
 log = logging.getLogger("embforge.export")
@@ -148,7 +149,7 @@ class RecordedScores(BaseEvaluator):
 def evaluators(model: ExportedModel) -> list[RecordedScores]:
     """One per dataset and kind of score: the corpus's own metrics, STS, and one per MTEB task."""
     found = []
-    own = [s for s in model.scores if s["stage"] != "mteb"]
+    own = [s for s in model.scores if s["stage"] != "mteb" and s["metric"] not in HEALTH_METRICS]  # scores only
     for dataset in sorted({s["dataset"] for s in own}):
         rows = [s for s in own if s["dataset"] == dataset]
         headline = next((s["metric"] for s in rows if s["metric"] == "knn_accuracy"), rows[0]["metric"])
