@@ -68,3 +68,14 @@ def tiny_encoder(folder: Path, dropout: float) -> str:
     (folder / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": dropout,
                                                     "attention_probs_dropout_prob": dropout}))
     return str(folder)
+
+
+def write_scores(store, stage: str, key: str, rows: list[dict], **common) -> dict:
+    """A score artifact holding `rows` (a metrics table), as a stage writes it; its report entry."""
+    from storage.base import ArtifactRef
+    from storage.catalog import metrics_table
+
+    ref = ArtifactRef(stage, key)
+    with store.writing(ref, config={}, inputs=[], code_version="v", libraries={}) as out:
+        out.write_table("metrics", metrics_table(rows, key=key, **common))
+    return dict(label=common["model"], method="m", key=key)

@@ -2,10 +2,10 @@
 
 import pytest
 
-from storage.base import ArtifactRef
-from storage.catalog import Catalog, metrics_table
+from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.reporting.tables import comparison_table, long_rows, to_markdown
+from tests.helpers import write_scores
 
 # Two models; block means by hand: clustering (0.2+0.4)/2=0.3 and 0.5; sts (0.8) and 0.6.
 SCORES = {
@@ -19,24 +19,19 @@ def entries(tmp_path):
     store = ArtifactStore(tmp_path)
     rows = []
     for model, tasks in SCORES.items():
-        ref = ArtifactRef("evaluate", f"eval-{model}")
-        with store.writing(ref, config={}, inputs=[], code_version="v", libraries={}) as out:
-            out.write_table("metrics", metrics_table(
-                [dict(metric="knn_accuracy", value=0.5 if model == "a" else 0.25, n=20),
-                 dict(metric="knn_accuracy_splits", value=0.4, std=0.05, n=20, repeats=10),
-                 dict(metric="knn_accuracy_layerwise", value=0.1, layer=0, pooling="cls")],
-                key=ref.key, model=model, dataset="docs", status="ok"))
-        rows.append(dict(label=model, method="m", key=ref.key))
+        rows.append(write_scores(store, "evaluate", f"eval-{model}", [
+            dict(metric="knn_accuracy", value=0.5 if model == "a" else 0.25, n=20),
+            dict(metric="knn_accuracy_splits", value=0.4, std=0.05, n=20, repeats=10),
+            dict(metric="knn_accuracy_layerwise", value=0.1, layer=0, pooling="cls")],
+            model=model, dataset="docs", status="ok"))
         for task, block, value in tasks:
-            ref = ArtifactRef("mteb", f"{model}-{task}")
-            with store.writing(ref, config={}, inputs=[], code_version="v", libraries={}) as out:
-                status, note = ("ok", None) if value is not None else ("skipped", "data not reachable: offline")
-                # A task scored on two subsets counts once, with their mean.
-                subsets = [value] if task != "sts1" else [value - 0.1, value + 0.1]
-                out.write_table("metrics", metrics_table(
-                    [dict(metric=task, value=v, subset=str(i)) for i, v in enumerate(subsets)], key=ref.key,
-                    model=model, dataset="mteb", task_type=block, main_score="score", status=status, note=note))
-            rows.append(dict(label=model, method="m", key=ref.key))
+            status, note = ("ok", None) if value is not None else ("skipped", "data not reachable: offline")
+            # A task scored on two subsets counts once, with their mean.
+            subsets = [value] if task != "sts1" else [value - 0.1, value + 0.1]
+            rows.append(write_scores(store, "mteb", f"{model}-{task}",
+                                     [dict(metric=task, value=v, subset=str(i)) for i, v in enumerate(subsets)],
+                                     model=model, dataset="mteb", task_type=block, main_score="score", status=status,
+                                     note=note))
     return Catalog(store), rows
 
 

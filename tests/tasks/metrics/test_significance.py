@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from storage.base import ArtifactRef
-from storage.catalog import Catalog, metrics_table
+from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.metrics.significance import paired_difference
 from tasks.reporting.tables import comparison_table, paired_differences, to_markdown
+from tests.helpers import write_scores
 
 # kNN accuracy of three models on the same 5 splits: b is a + about 0.05 (shared split noise),
 # c is a + a noise larger than its mean.
@@ -34,16 +34,14 @@ def catalog(tmp_path):
     store = ArtifactStore(tmp_path)
     entries = []
     for model, scores in SPLITS.items():
-        ref = ArtifactRef("evaluate", f"eval-{model}")
         order = list(enumerate(scores))[::-1] if model == "c" else list(enumerate(scores))  # paired by split name
         rows = [dict(metric="knn_accuracy_split", value=s, split=f"seed {i}", n=20) for i, s in order]
         rows += [dict(metric="knn_accuracy_splits", value=float(np.mean(scores)), std=float(np.std(scores, ddof=1)),
                       n=20, repeats=5),
                  dict(metric="health", value=None, note="collapsed at step 26" if model == "c" else "healthy",
                       dataset="training")]
-        with store.writing(ref, config={}, inputs=[], code_version="v", libraries={}) as out:
-            out.write_table("metrics", metrics_table(rows, key=ref.key, model=model, dataset="docs", status="ok"))
-        entries.append(dict(label=model, method="m", key=ref.key))
+        entries.append(write_scores(store, "evaluate", f"eval-{model}", rows, model=model, dataset="docs",
+                                    status="ok"))
     return Catalog(store), entries
 
 
