@@ -97,7 +97,7 @@ def line_png(lines: dict[tuple[str, str], pd.DataFrame], x: str, xlabel: str, pa
 
 def sweep_png(frame: pd.DataFrame, field: str, path: str | Path, title: str) -> Path:
     """kNN accuracy (mean ± std over repeated splits) against a swept value (columns sweep, value_swept,
-    value, std), a line per sweep; a log axis when the values span more than 10x (learning rates)."""
+    value, std), a line per sweep; a log axis when the values span 10x or more (learning rates)."""
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
     for i, (sweep, points) in enumerate(frame.groupby("sweep", sort=False)):
@@ -105,7 +105,7 @@ def sweep_png(frame: pd.DataFrame, field: str, path: str | Path, title: str) -> 
         ax.errorbar(points["value_swept"], points["value"], yerr=points["std"].fillna(0), marker="o", markersize=3,
                     capsize=3, color=PALETTE[i % len(PALETTE)], label=sweep)
     values = frame["value_swept"]
-    if (values > 0).all() and values.max() > 10 * values.min():
+    if (values > 0).all() and values.max() >= 10 * values.min():
         ax.set_xscale("log")
     ax.set(title=title, xlabel=field, ylabel="kNN accuracy")
     ax.grid(alpha=0.3)
