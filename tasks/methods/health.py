@@ -34,6 +34,7 @@ CHANCE_MARGIN = 0.03
 PROBE_COLLAPSED = 0.99  # mean cosine of the probe: its spread is gone
 PROBE_DEAD = 0.9999  # the same, for losses without a chance level: no healthy run comes near it
 SPIKE = 3.0
+LOOKBACK = PATIENCE + PROBE_EVERY + 1  # the most steps `check` reads back from the last
 TRIVIAL_LOSS = 0.01
 
 
@@ -105,7 +106,7 @@ def summary(history: Sequence, chance: float | None, warmup: int) -> dict:
     as during training), the last loss against chance, the last probe and the gradient-norm range."""
     found: list[Problem] = []
     for end in range(1, len(history) + 1):
-        problem = check(history[:end], chance, warmup)
+        problem = check(history[max(0, end - LOOKBACK):end], chance, warmup)  # the steps `check` reads
         if problem and not any(p.kind == problem.kind for p in found):
             found.append(problem)
     norms = [h.grad_norm for h in history if h.grad_norm is not None and math.isfinite(h.grad_norm)]
