@@ -83,10 +83,10 @@ def draw_curves(catalog: Catalog, entries: list[dict], out: ArtifactWriter, titl
     return pictures
 
 
-def sweep_pictures(catalog: Catalog, job: ReportJob, entries: list[dict], out: ArtifactWriter) -> list[tuple[str, str]]:
-    """kNN accuracy against each swept numeric field (the paper's Figure S1), a line per sweep of one field."""
-    knn = long_rows(catalog, entries)
-    knn = knn[knn["metric"] == "knn_accuracy_splits"].set_index("model")
+def sweep_pictures(long: pd.DataFrame, job: ReportJob, out: ArtifactWriter) -> list[tuple[str, str]]:
+    """kNN accuracy against each swept numeric field (the paper's Figure S1), a line per sweep of one
+    field; `long`: the report's long rows."""
+    knn = long[long["metric"] == "knn_accuracy_splits"].set_index("model")
     points = [dict(field=field, sweep=e.label.removesuffix(f"-{field}-{value}"), value_swept=float(value),
                    value=knn.loc[e.label, "value"], std=knn.loc[e.label, "std"])
               for e in job.entries if len(e.swept) == 1 and e.label in knn.index for field, value in e.swept.items()
@@ -116,8 +116,9 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     entries = entries_for(job, inputs)
     catalog = Catalog(store)
-    out.write_table("report", pa.Table.from_pandas(long_rows(catalog, entries), preserve_index=False))
-    pictures = (draw_curves(catalog, entries, out, job.title) + sweep_pictures(catalog, job, entries, out)
+    long = long_rows(catalog, entries)
+    out.write_table("report", pa.Table.from_pandas(long, preserve_index=False))
+    pictures = (draw_curves(catalog, entries, out, job.title) + sweep_pictures(long, job, out)
                 + tsne_pictures(store, entries, ref))
     paired = paired_differences(catalog, entries)
     out.write_table("paired", pa.Table.from_pandas(paired, preserve_index=False))

@@ -55,12 +55,13 @@ def info_nce(one_pass: bool) -> ObjectiveFn:
     def objective(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
         loss = InfoNCELoss(model, cfg.temperature, cfg.head or recipe.head, one_pass, gather)
         terms = max(1, len(cfg.matryoshka_dims))  # Matryoshka sums one InfoNCE per dimension
+        chance = lambda rows: terms * math.log(rows)  # noqa: E731
         if cfg.matryoshka_dims:
             loss = MatryoshkaLoss(model, loss, sorted(cfg.matryoshka_dims, reverse=True))
         if one_pass:  # 2B rows: anchors, then positives; each row gets its own dropout mask
             return Objective(loss, lambda batch: [tokens(model, [a for a, _ in batch] + [p for _, p in batch])],
-                             lambda rows: terms * math.log(rows))
-        return Objective(loss, anchors_and_positives(model), lambda rows: terms * math.log(rows))
+                             chance)
+        return Objective(loss, anchors_and_positives(model), chance)
     return objective
 
 
