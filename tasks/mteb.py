@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from importlib.metadata import version
 from pathlib import Path
 
 from pydantic import Field
@@ -24,7 +25,6 @@ from tasks.config.base import Section
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
 from tasks.core.stage import Stage
 from tasks.encoders.models import ModelInputs, model_identity, resolve_model
-from tasks.metrics import mteb_tasks
 
 
 class MtebJob(Section):
@@ -37,6 +37,8 @@ class MtebJob(Section):
 
 def build_scores(store: ArtifactStore, job: MtebJob, inputs: ModelInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
+    from tasks.metrics import mteb_tasks  # mteb takes ~1.3 s to import: only where a task is scored
+
     rows = mteb_tasks.evaluate_mteb(inputs.model_location(store, job.model), job.pooling, job.settings, job.task,
                                    job.device, out.folder / RESULTS, results_meta(store, job, inputs), log)
     out.write_table("metrics", metrics_table(rows, key=ref.key, model=inputs.model_name(job.model), dataset="mteb",
@@ -48,6 +50,8 @@ RESULTS = "mteb"  # the ResultCache folder inside the artifact
 
 def results_meta(store: ArtifactStore, job: MtebJob, inputs: ModelInputs) -> tuple[str, str | None]:
     """(name, revision) of the model in mteb's result files."""
+    from tasks.metrics import mteb_tasks
+
     if inputs.model is None:  # a folder's revision is a digest of its files; a Hub model's is the Hub's
         local = Path(resolve_model(job.model)).is_dir()
         return mteb_tasks.results_name(job.model, job.pooling), model_identity(job.model) if local else None
@@ -77,7 +81,8 @@ def scored(store: ArtifactStore, ref: ArtifactRef) -> bool:
 
 def _key_material(job: MtebJob) -> list:
     files = [] if isinstance(job.task, str) else [file_digest(p) for p in (job.task.path, job.task.queries) if p]
-    return [model_identity(job.model) if job.model else None, files, mteb_tasks.mteb.__version__]
+    # version("mteb") is mteb.__version__, read without importing mteb
+    return [model_identity(job.model) if job.model else None, files, version("mteb")]
 
 
 MTEB = Stage("mteb", build_scores, extra_key=_key_material, complete=scored, gpu=True)

@@ -2,33 +2,48 @@
 
 Each function draws one PNG and returns its path. Figures are built as bare `Figure` objects and
 rendered by the Agg canvas, never through pyplot: no display is needed, and no global pyplot
-state is shared between pipeline tasks that may draw in parallel threads.
+state is shared between pipeline tasks that may draw in parallel threads. matplotlib is imported
+when a picture is drawn (it takes ~0.7 s): a run, worker or command that draws nothing starts without it.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
-from sklearn.manifold import TSNE
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FIGSIZE, DPI = (6.0, 4.5), 120
 # The pictures' file names in the evaluate and report artifacts.
 PICTURES = {"tsne": "tsne.png", "layerwise": "layerwise.png", "learning_curve": "learning_curve.png"}
 TSNE_FIGSIZE = (7.5, 4.5)  # wider: the legend of up to ~25 labels sits right of the map
-# Strong colours first (tab20's dark halves = tab10), then their light partners, then tab20b:
-# 40 colours, and a corpus with at most 10 labels gets only clearly distinct ones.
-PALETTE = (matplotlib.colormaps["tab20"].colors[::2] + matplotlib.colormaps["tab20"].colors[1::2]
-           + matplotlib.colormaps["tab20b"].colors)
 OTHER = "other"  # the rarest labels share one grey when there are more labels than colours
 
 
+@cache
+def palette() -> tuple:
+    """Strong colours first (tab20's dark halves = tab10), then their light partners, then tab20b:
+    40 colours, and a corpus with at most 10 labels gets only clearly distinct ones."""
+    import matplotlib
+
+    tab20 = matplotlib.colormaps["tab20"].colors
+    return tab20[::2] + tab20[1::2] + matplotlib.colormaps["tab20b"].colors
+
+
+def figure(figsize: tuple[float, float]) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize, dpi=DPI, layout="constrained")
+
+
 def save(fig: Figure, path: str | Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig).print_png(path)
@@ -38,6 +53,8 @@ def save(fig: Figure, path: str | Path) -> Path:
 def tsne_coords(emb: np.ndarray, seed: int = 0) -> np.ndarray:
     """2-D t-SNE coordinates (PCA init, seeded, so a rerun draws the same map)."""
     # sklearn needs perplexity < n; (n − 1) / 3 keeps the 3·perplexity neighbours it uses within n.
+    from sklearn.manifold import TSNE
+
     perplexity = min(30.0, (len(emb) - 1) / 3)
     return TSNE(n_components=2, perplexity=perplexity, init="pca", learning_rate="auto",
                 random_state=seed).fit_transform(np.asarray(emb, dtype=np.float32))
@@ -60,12 +77,12 @@ def tsne_png(emb: np.ndarray, labels: list[str], path: str | Path, title: str, *
         emb, labels = emb[keep], labels[keep]
     coords = tsne_coords(emb, seed)
     names, counts = np.unique(labels, return_counts=True)
-    colours = PALETTE[: len(names)]
-    if len(names) > len(PALETTE):
-        names = np.sort(names[np.argsort(-counts, kind="stable")[: len(PALETTE) - 1]])
+    colours = palette()[: len(names)]
+    if len(names) > len(palette()):
+        names = np.sort(names[np.argsort(-counts, kind="stable")[: len(palette()) - 1]])
         labels = np.where(np.isin(labels, names), labels, OTHER)
-        names, colours = [*names, OTHER], PALETTE[: len(names)] + ("0.6",)
-    fig = Figure(figsize=TSNE_FIGSIZE, dpi=DPI, layout="constrained")
+        names, colours = [*names, OTHER], palette()[: len(names)] + ("0.6",)
+    fig = figure(TSNE_FIGSIZE)
     ax = fig.add_subplot()
     for name, colour in zip(names, colours):
         here = labels == name
@@ -81,9 +98,11 @@ POOLING_STYLES = {"mean": "-", "cls": "--", "sep": ":"}
 def line_png(lines: dict[tuple[str, str], pd.DataFrame], x: str, xlabel: str, path: str | Path, title: str) -> Path:
     """One line per (model, pooling) of `lines` (→ frame with columns x and value), y = kNN accuracy.
     A model keeps one colour; its poolings differ by line style."""
-    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    from matplotlib.ticker import MaxNLocator
+
+    fig = figure(FIGSIZE)
     ax = fig.add_subplot()
-    colours = {model: PALETTE[i % len(PALETTE)] for i, model in enumerate(dict.fromkeys(m for m, _ in lines))}
+    colours = {model: palette()[i % len(palette())] for i, model in enumerate(dict.fromkeys(m for m, _ in lines))}
     for (model, pooling), frame in lines.items():
         frame = frame.sort_values(x)
         ax.plot(frame[x], frame["value"], POOLING_STYLES.get(pooling, "-"), marker="o", markersize=3,
@@ -98,12 +117,12 @@ def line_png(lines: dict[tuple[str, str], pd.DataFrame], x: str, xlabel: str, pa
 def sweep_png(frame: pd.DataFrame, field: str, path: str | Path, title: str) -> Path:
     """kNN accuracy (mean ± std over repeated splits) against a swept value (columns sweep, value_swept,
     value, std), a line per sweep; a log axis when the values span 10x or more (learning rates)."""
-    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    fig = figure(FIGSIZE)
     ax = fig.add_subplot()
     for i, (sweep, points) in enumerate(frame.groupby("sweep", sort=False)):
         points = points.sort_values("value_swept")
         ax.errorbar(points["value_swept"], points["value"], yerr=points["std"].fillna(0), marker="o", markersize=3,
-                    capsize=3, color=PALETTE[i % len(PALETTE)], label=sweep)
+                    capsize=3, color=palette()[i % len(palette())], label=sweep)
     values = frame["value_swept"]
     if (values > 0).all() and values.max() >= 10 * values.min():
         ax.set_xscale("log")
