@@ -8,6 +8,7 @@ Every report is a query over these views, so users can re-derive any number with
     run_stages   which artifact each stage of each run used, and whether it was cached
     metrics      every score of the evaluate, semantic and mteb stages (one schema: METRICS_SCHEMA)
     summaries    every LLM summary of every summarize artifact (key = the artifact), with its status
+    sts_pairs    each STS pair's gold score and cosine per evaluate artifact (key): what the report bootstraps
     run_metrics  metrics joined to the runs that produced or reused them
     score_changes  per evaluate run: each score new, changed (with the previous value) or unchanged
 
@@ -35,6 +36,7 @@ log = logging.getLogger("embforge.catalog")
 
 # The stages whose artifacts hold a metrics.parquet: a run's scores are their artifacts.
 SCORE_STAGES = ("evaluate", "semantic", "mteb")
+STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.
 METRICS_SCHEMA = pa.schema([
@@ -98,6 +100,7 @@ _EMPTY = {
     "summaries": "SELECT NULL::VARCHAR key, NULL::VARCHAR doc_id, NULL::BIGINT prompt_id, NULL::BIGINT sample,"
     " NULL::VARCHAR text, NULL::VARCHAR status, NULL::VARCHAR continuation, NULL::VARCHAR finish, NULL::BIGINT tokens,"
     " NULL::VARCHAR model, NULL::VARCHAR backend, NULL::VARCHAR sampling, NULL::BIGINT seed WHERE false",
+    STS_PAIRS: "SELECT NULL::VARCHAR key, NULL::INTEGER pair, NULL::DOUBLE score, NULL::FLOAT cosine WHERE false",
 }
 
 
@@ -195,6 +198,11 @@ class Catalog:
                      if f.startswith(store.location("artifacts", "summarize", ""))]
         self._view("summaries", _readable(summaries, metadata), r"""
             SELECT regexp_extract(filename, '/artifacts/summarize/([^/]+)/', 1) AS key, * EXCLUDE (filename)
+            FROM read_parquet({files}, filename=true)""")
+        pairs = [f for f in store.artifact_files(f"{STS_PAIRS}.parquet", manifests)
+                 if f.startswith(store.location("artifacts", "evaluate", ""))]
+        self._view(STS_PAIRS, _readable(pairs, metadata), r"""
+            SELECT regexp_extract(filename, '/artifacts/evaluate/([^/]+)/', 1) AS key, * EXCLUDE (filename)
             FROM read_parquet({files}, filename=true)""")
         self.con.execute("""
             CREATE VIEW run_stages AS

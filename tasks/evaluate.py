@@ -5,7 +5,8 @@ Inputs: `documents`; `embeddings` (the documents' embed artifact); `sts_embeddin
 pairs' embed artifact) when `sts` is set; `model`, the train or init artifact holding the model,
 if any (its learning curve is reported). The vectors come
 from the embeddings cache (tasks/embed.py), so nothing is encoded here. Output `metrics.parquet`
-(storage.METRICS_SCHEMA, one row per score) and PNG pictures next to it.
+(storage.METRICS_SCHEMA, one row per score), `sts_pairs.parquet` (each STS pair's gold score and
+cosine, when `sts` is set) and PNG pictures next to it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import logging
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pydantic import Field
 
 from storage.base import ArtifactRef
-from storage.catalog import metrics_table
+from storage.catalog import STS_PAIRS, metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
@@ -121,8 +123,12 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
         pairs = eval_sets.read_pairs(job.sts.path, job.sts.split)
         s = embed.read_embeddings(store, inputs.sts_embeddings, job.pooling)
         a, b = s[: len(pairs)], s[len(pairs) :]
-        rows.append(dict(metric="sts_spearman", value=sts.sts_spearman(a, b, pairs["score"].to_numpy()),
-                         n=len(pairs), repeats=1, split=job.sts.split))
+        cosines, gold = sts.pair_cosines(a, b), pairs["score"].to_numpy()
+        rows.append(dict(metric="sts_spearman", value=sts.cosine_spearman(cosines, gold), n=len(pairs), repeats=1,
+                         split=job.sts.split))
+        # Each pair's cosine: the report bootstraps the pairs to compare two models' Spearman.
+        out.write_table(STS_PAIRS, pa.table({"pair": np.arange(len(pairs), dtype=np.int32), "score": gold,
+                                             "cosine": cosines}))
         positive = (pairs["score"] >= 4).to_numpy()  # SimCSE's positives for alignment
         pos_a, pos_b = a[positive], b[positive]
     if job.geometry:

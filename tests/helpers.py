@@ -70,12 +70,15 @@ def tiny_encoder(folder: Path, dropout: float) -> str:
     return str(folder)
 
 
-def write_scores(store, stage: str, key: str, rows: list[dict], **common) -> dict:
-    """A score artifact holding `rows` (a metrics table), as a stage writes it; its report entry."""
+def write_scores(store, stage: str, key: str, rows: list[dict], tables: dict | None = None, **common) -> dict:
+    """A score artifact holding `rows` (a metrics table) and `tables` (name → pyarrow table), as a stage
+    writes it; its report entry."""
     from storage.base import ArtifactRef
     from storage.catalog import metrics_table
 
     ref = ArtifactRef(stage, key)
     with store.writing(ref, config={}, inputs=[], code_version="v", libraries={}) as out:
         out.write_table("metrics", metrics_table(rows, key=key, **common))
+        for name, table in (tables or {}).items():
+            out.write_table(name, table)
     return dict(label=common["model"], method="m", key=key)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from storage.catalog import Catalog
-from tasks.metrics.significance import paired_difference
+from storage.catalog import STS_PAIRS, Catalog
+from tasks.metrics.significance import bootstrap_spearman_difference, paired_difference
 
 # Scores that are points of a curve (written by the evaluate stage): drawn as pictures, not listed
 # as table rows.
@@ -139,24 +139,46 @@ FROM scores a JOIN scores b ON a.dataset = b.dataset AND a.split = b.split AND a
 WHERE a.metric = '{PER_SPLIT}' AND b.metric = '{PER_SPLIT}' AND a.value IS NOT NULL AND b.value IS NOT NULL
 GROUP BY ALL ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
 
+# The same for STS Spearman, on the pairs both were scored on: each pair's cosine under both models and its
+# gold score, kept only when both scored every pair of the same file (same count, same gold scores).
+STS_PAIRED_SQL = f"""
+SELECT a.dataset, b.model, a.model AS versus, list(pb.cosine ORDER BY pa.pair) AS scores,
+       list(pa.cosine ORDER BY pa.pair) AS versus_scores, list(pa.score ORDER BY pa.pair) AS gold
+FROM scores a JOIN scores b ON a.dataset = b.dataset AND a.split IS NOT DISTINCT FROM b.split AND a.ord < b.ord
+JOIN {STS_PAIRS} pa ON pa.key = a.score_key JOIN {STS_PAIRS} pb ON pb.key = b.score_key AND pb.pair = pa.pair
+WHERE a.metric = 'sts_spearman' AND b.metric = 'sts_spearman'
+GROUP BY ALL HAVING bool_and(pa.score = pb.score) AND count(*) = any_value(a.n) AND any_value(a.n) = any_value(b.n)
+ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
+
+PAIRED_COLUMNS = ["dataset", "metric", "model", "versus", "difference", "low", "high", "n", "interval", "significant"]
+
 
 def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
-    """kNN accuracy of each model minus each model before it, paired over the splits both were scored
-    on, with its 95% interval (tasks/metrics/significance.py)."""
-    rows = []
-    for r in _query(_load(catalog, entries), PAIRED_SQL).itertuples():
+    """Each model minus each model before it, with a 95% interval (tasks/metrics/significance.py):
+    kNN accuracy paired over the splits both were scored on (t interval), then STS Spearman over the
+    pairs both scored (bootstrap of the pairs)."""
+    catalog, rows = _load(catalog, entries), []
+    for r in _query(catalog, PAIRED_SQL).itertuples():
         if len(r.scores) >= 2:
             d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
-            rows.append(dict(dataset=r.dataset, model=r.model, versus=r.versus, difference=d.mean, low=d.low,
-                             high=d.high, splits=d.n, significant=d.significant))
-    return pd.DataFrame(rows, columns=["dataset", "model", "versus", "difference", "low", "high", "splits",
-                                       "significant"])
+            rows.append(dict(dataset=r.dataset, metric="knn_accuracy", model=r.model, versus=r.versus,
+                             difference=d.mean, low=d.low, high=d.high, n=d.n, interval="t", significant=d.significant))
+    for r in _query(catalog, STS_PAIRED_SQL).itertuples():
+        if len(r.gold) >= 3:
+            d = bootstrap_spearman_difference(np.array(r.scores), np.array(r.versus_scores), np.array(r.gold))
+            rows.append(dict(dataset=r.dataset, metric="sts_spearman", model=r.model, versus=r.versus,
+                             difference=d.mean, low=d.low, high=d.high, n=d.n, interval="bootstrap",
+                             significant=d.significant))
+    return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 
 def paired_lines(paired: pd.DataFrame) -> list[str]:
-    return [f"{r.dataset}: {r.model} − {r.versus}: {r.difference:+.3f} [{r.low:+.3f}, {r.high:+.3f}] over "
-            f"{r.splits} splits, {'significant' if r.significant else 'not significant'}"
-            for r in paired.itertuples()]
+    lines = []
+    for r in paired.itertuples():
+        over = f"{r.n} splits" if r.interval == "t" else f"{r.n:,} pairs (bootstrap)"
+        lines.append(f"{r.dataset}: {r.metric}: {r.model} − {r.versus}: {r.difference:+.3f} [{r.low:+.3f}, "
+                     f"{r.high:+.3f}] over {over}, {'significant' if r.significant else 'not significant'}")
+    return lines
 
 
 def skipped_notes(catalog: Catalog, entries: list[dict]) -> list[str]:
@@ -174,7 +196,8 @@ def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures
     lines += ["", *[f"- **{m}**: {text}" for m, text in LEGEND.items() if m in shown]]
     lines += [f"- {note}" for note in notes]
     if paired is not None and len(paired):
-        lines += ["", "Paired differences in kNN accuracy (the same splits; 95% t interval; significant when it "
-                  "leaves out 0):", "", *[f"- {line}" for line in paired_lines(paired)]]
+        lines += ["", "Paired differences (95% intervals, significant when the interval leaves out 0): kNN accuracy "
+                  "over the same splits (t interval), STS Spearman over the same pairs (bootstrap of the pairs):", "",
+                  *[f"- {line}" for line in paired_lines(paired)]]
     lines += [line for caption, path in pictures for line in ("", f"![{caption}]({path})")]
     return "\n".join(lines) + "\n"

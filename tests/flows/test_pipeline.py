@@ -63,9 +63,14 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     assert "ohsumed-tiny: knn_accuracy |" in markdown
     assert "| training: health |  | healthy | healthy |" in markdown  # the untrained encoder has no training
     paired = pd.read_parquet(store.root / "artifacts" / "report" / report / "paired.parquet")
-    assert [(r.model, r.versus, r.splits) for r in paired.itertuples()] == [
-        ("crops", "base (random init)", 3), ("dropout", "base (random init)", 3), ("dropout", "crops", 3)]
-    assert f"- ohsumed-tiny: crops − base (random init): {paired['difference'][0]:+.3f} [" in markdown
+    models = [("crops", "base (random init)"), ("dropout", "base (random init)"), ("dropout", "crops")]
+    assert [(r.metric, r.model, r.versus, r.n) for r in paired.itertuples()] == [  # STS: the 1,379 STS-B test pairs
+        *(("knn_accuracy", *m, 3) for m in models), *(("sts_spearman", *m, 1379) for m in models)]
+    sts = report_rows[report_rows["metric"] == "sts_spearman"].set_index("model")["value"]
+    assert paired["difference"][3] == pytest.approx(sts["crops"] - sts["base (random init)"])
+    assert f"- ohsumed-tiny: knn_accuracy: crops − base (random init): {paired['difference'][0]:+.3f} [" in markdown
+    assert f"- ohsumed-tiny: sts_spearman: crops − base (random init): {paired['difference'][3]:+.3f} [" in markdown
+    assert "] over 1,379 pairs (bootstrap), " in markdown
     train_keys = [r["key"] for r in catalog.query(
         "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])]
     model = SentenceTransformer(str(store.root / "artifacts" / "train" / train_keys[0] / "model"))

@@ -25,11 +25,13 @@ def ago(seconds: float) -> str:
 
 def test_views_exist_on_an_empty_store(tmp_path):
     catalog = Catalog(ArtifactStore(tmp_path))
-    for view in ("artifacts", "runs", "run_stages", "metrics", "run_metrics", "summaries"):
+    for view in ("artifacts", "runs", "run_stages", "metrics", "run_metrics", "summaries", "sts_pairs"):
         assert catalog.query(f"SELECT count(*) AS n FROM {view}") == [{"n": 0}]
     # Every metrics column exists before the first score, so reports can be queried on any store.
     assert catalog.query("SELECT count(*) AS n FROM metrics WHERE task_type = 'sts' AND layer = 0") == [{"n": 0}]
     assert catalog.query("SELECT count(*) AS n FROM summaries WHERE status = 'ok' AND prompt_id = 1") == [{"n": 0}]
+    assert catalog.query("SELECT count(*) AS n FROM sts_pairs WHERE key = 'k' AND pair = 0 AND cosine > score") == [
+        {"n": 0}]
 
 
 def test_catalog_joins_runs_to_metrics(tmp_path):

@@ -10,7 +10,10 @@ from tests.helpers import REPO
 
 
 def python(script: str) -> subprocess.CompletedProcess:
+    # Python's own Ctrl-C handler first, as under a terminal: a test session started in the background by a
+    # shell without job control (`(pytest &)`) inherits SIGINT ignored, and Python then installs none.
     return subprocess.run([sys.executable, "-c", "import os, signal, threading, time\n"
+                           "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                            "from tasks.core import stopping\nfrom tasks.core.stopping import StepBoundaryStop\n"
                            + script], cwd=REPO, capture_output=True, text=True, timeout=60)
 
