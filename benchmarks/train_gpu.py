@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -108,7 +109,7 @@ def main() -> None:
         params = sum(p.numel() for p in sentence_model(model, args.max_length).parameters())
         for batch in batches:
             n = (WARMUP + steps) * batch
-            rows = demo_rows("crops", n, store, epochs=-(-n // 1800))
+            rows = demo_rows("crops", n, store)
             tokens_per_pair = statistics.mean(tokens_per_row(rows, args.max_length))
             cfg = TrainConfig(batch_size=batch, lr=2e-5 if MODELS[name] is None else 1e-3,
                               max_length=args.max_length, checkpoint_every=10**9, temperature=0.05, device=device,
@@ -145,6 +146,7 @@ def main() -> None:
                       f"{r['tokens_per_s']:,}", "" if r["mfu"] is None else f"{r['mfu']:.1%}",
                       "" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']}")
     Console().print(table)
+    shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"device": device, "gpu": torch.cuda.get_device_name(device) if gpu else None,
                       "precision": "auto", "max_length": args.max_length, "steps": steps, "rounds": args.rounds,
                       "torch_threads": torch.get_num_threads(), "results": results}))

@@ -6,13 +6,14 @@ sentence-transformers' SentenceTransformerTrainer on the crops recipe.
    of the demo corpus built by the pipeline's own view code (2-sentence crops for every recipe, so
    the texts have the same length), same batch size, max length and lr. Rows/s = training
    examples (pairs, or texts for mlm/retromae/ct) per second; the ratio to crops shows a slow recipe.
-2. Crops again through SentenceTransformerTrainer with MultipleNegativesRankingLoss(scale=20),
-   the same loss as embforge's InfoNCE (τ = 0.05), same rows in the same order.
+2. Crops against SentenceTransformerTrainer with MultipleNegativesRankingLoss(scale=20), the same
+   loss as embforge's InfoNCE (τ = 0.05), same rows in the same order: the two sides alternate over
+   --rounds rounds, each first in every other round; the figures are the medians.
 The first step of each side is a warm-up and is not timed; the next --steps steps are timed from
 step end to step end.
 Usage:
     python benchmarks/train_step.py [--model NAME | --random-init] [--batch-size 64] [--steps 6]
-                                    [--max-length 128] [--recipes crops,tsdae,...] [--device auto]
+                                    [--max-length 128] [--recipes crops,tsdae,...] [--device auto] [--rounds 3]
 Prints a table, then ONE final line of JSON with every figure.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -63,14 +65,21 @@ DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_de
 WARMUP = 1  # untimed first step of each side
 
 
-def demo_rows(recipe: str, n: int, store: ArtifactStore, epochs: int = 1) -> pa.Table:
-    """The first n rows of `recipe`'s pairs (`epochs` passes) from the demo corpus, built by the pipeline's stages."""
+def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
+    """The first n rows of `recipe`'s pairs from the demo corpus, built by the pipeline's stages: as many
+    epochs (passes with fresh views) as n needs, counted from the rows one epoch really gives."""
     docs = INGEST.run(store, DataConfig(path=str(DATA)), NoInputs())
     sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
-    view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=epochs)
-    rows = store.read_table(PAIRS.run(store, view, PairsInputs.for_view(view, sentences, docs, None)), "pairs")
+
+    def passes(epochs: int) -> pa.Table:
+        view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=epochs)
+        return store.read_table(PAIRS.run(store, view, PairsInputs.for_view(view, sentences, docs, None)), "pairs")
+
+    rows = passes(1)
+    if 0 < rows.num_rows < n:
+        rows = passes(-(-n // rows.num_rows))
     if rows.num_rows < n:
-        raise SystemExit(f"the demo corpus has {rows.num_rows} rows, {n} are needed")
+        raise SystemExit(f"the demo corpus gives {rows.num_rows} rows of {recipe}, {n} are needed")
     return rows.slice(0, n)
 
 
@@ -140,6 +149,7 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipes to time")
     p.add_argument("--device", default="auto")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of crops against the Trainer")
     args = p.parse_args()
     recipes = args.recipes.split(",")
     device = pick_device(args.device)
@@ -157,15 +167,28 @@ def main() -> None:
     cfg = TrainConfig(batch_size=args.batch_size, lr=lr, max_length=args.max_length,
                       checkpoint_every=10**9, temperature=0.05, device=device)
 
-    # 2. embforge: every recipe through train_model, timestamps from on_step
+    # 2. embforge: every recipe but crops through train_model, timestamps from on_step
     per_recipe = {}
     for recipe in recipes:
-        rows = pairs if recipe == "crops" else demo_rows(recipe, total * args.batch_size, store)
-        per_recipe[recipe] = pairs_per_second(time_recipe(recipe, model_path, cfg, rows, work), args.batch_size)
-        print(f"{recipe}: {per_recipe[recipe]:.1f} rows/s", flush=True)
+        if recipe != "crops":
+            rows = demo_rows(recipe, total * args.batch_size, store)
+            per_recipe[recipe] = pairs_per_second(time_recipe(recipe, model_path, cfg, rows, work), args.batch_size)
+            print(f"{recipe}: {per_recipe[recipe]:.1f} rows/s", flush=True)
 
-    # 3. sentence-transformers: SentenceTransformerTrainer + MNRL(scale=20), timestamps from a callback
-    st = pairs_per_second(time_st_trainer(model_path, pairs, cfg, total, work), args.batch_size)
+    # 3. crops through train_model against SentenceTransformerTrainer + MNRL(scale=20) (timestamps from a
+    # callback), alternating over --rounds rounds, each side first in every other round, so that machine
+    # noise does not pick the winner; the figures are the medians
+    sides = {"crops": lambda: time_recipe("crops", model_path, cfg, pairs, work),
+             "st": lambda: time_st_trainer(model_path, pairs, cfg, total, work)}
+    if "crops" not in recipes:
+        del sides["crops"]
+    rounds: dict[str, list[float]] = {side: [] for side in sides}
+    for i in range(args.rounds):
+        for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
+            rounds[side].append(pairs_per_second(sides[side](), args.batch_size))
+    if "crops" in rounds:
+        per_recipe = {"crops": statistics.median(rounds["crops"]), **per_recipe}
+    st = statistics.median(rounds["st"])
     shutil.rmtree(work, ignore_errors=True)
 
     # 4. Figures
@@ -188,7 +211,9 @@ def main() -> None:
                       "embforge_pairs_per_s": round(ef, 2) if ef else None, "st_pairs_per_s": round(st, 2),
                       "ratio_embforge_over_st": round(ef / st, 3) if ef else None, "model": name,
                       "random_init": args.random_init, "batch_size": args.batch_size,
-                      "timed_steps": args.steps, "warmup_steps": WARMUP, "max_length": args.max_length,
+                      "timed_steps": args.steps, "warmup_steps": WARMUP, "rounds": args.rounds,
+                      "crops_rounds": [round(r, 2) for r in rounds.get("crops", [])],
+                      "st_rounds": [round(r, 2) for r in rounds["st"]], "max_length": args.max_length,
                       "device": device, "torch_threads": torch.get_num_threads()}))
 
 

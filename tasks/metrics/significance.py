@@ -42,11 +42,14 @@ def paired_difference(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) ->
     return PairedDifference(mean, mean - half, mean + half, len(d))
 
 
-def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Spearman's rho of each row of x with the same row of y (rows: bootstrap samples)."""
-    rx, ry = (stats.rankdata(v, axis=1) for v in (x, y))  # ties get their average rank, as spearmanr
-    rx -= rx.mean(axis=1, keepdims=True)
-    ry -= ry.mean(axis=1, keepdims=True)
+def _centred_ranks(x: np.ndarray) -> np.ndarray:
+    """Each row's ranks (ties get their average rank, as in spearmanr), minus the row's mean rank."""
+    ranks = stats.rankdata(x, axis=1)
+    return ranks - ranks.mean(axis=1, keepdims=True)
+
+
+def _pearson_rows(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:
+    """Pearson's r of centred rows: Spearman's rho when they are centred ranks (rows: bootstrap samples)."""
     return (rx * ry).sum(axis=1) / np.sqrt((rx * rx).sum(axis=1) * (ry * ry).sum(axis=1))
 
 
@@ -62,6 +65,7 @@ def bootstrap_spearman_difference(a: np.ndarray, b: np.ndarray, gold: np.ndarray
     rng, differences = np.random.default_rng(seed), []
     for start in range(0, resamples, 100):  # 100 samples at a time: ~3 x 100 x n floats of scratch
         draw = rng.integers(0, n, size=(min(100, resamples - start), n))  # (samples, n) item indices
-        differences.append(_spearman_rows(a[draw], gold[draw]) - _spearman_rows(b[draw], gold[draw]))
+        g = _centred_ranks(gold[draw])  # ranked once for both models
+        differences.append(_pearson_rows(_centred_ranks(a[draw]), g) - _pearson_rows(_centred_ranks(b[draw]), g))
     low, high = np.quantile(np.concatenate(differences), [(1 - confidence) / 2, (1 + confidence) / 2])
     return PairedDifference(observed, float(low), float(high), n)
