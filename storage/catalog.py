@@ -194,16 +194,17 @@ class Catalog:
             FROM read_parquet({files}, filename=true)""")
         self._view("metrics", _readable(store.artifact_files("metrics.parquet", manifests), metadata),
                    "SELECT * FROM read_parquet({files}, union_by_name=true)")
-        summaries = [f for f in store.artifact_files("summaries.parquet", manifests)
-                     if f.startswith(store.location("artifacts", "summarize", ""))]
-        self._view("summaries", _readable(summaries, metadata), r"""
-            SELECT regexp_extract(filename, '/artifacts/summarize/([^/]+)/', 1) AS key, * EXCLUDE (filename)
-            FROM read_parquet({files}, filename=true)""")
-        pairs = [f for f in store.artifact_files(f"{STS_PAIRS}.parquet", manifests)
-                 if f.startswith(store.location("artifacts", "evaluate", ""))]
-        self._view(STS_PAIRS, _readable(pairs, metadata), r"""
-            SELECT regexp_extract(filename, '/artifacts/evaluate/([^/]+)/', 1) AS key, * EXCLUDE (filename)
-            FROM read_parquet({files}, filename=true)""")
+
+        def per_artifact(view: str, stage: str) -> None:
+            """View `view` over the `<view>.parquet` of every `stage` artifact, with the artifact's key."""
+            files = [f for f in store.artifact_files(f"{view}.parquet", manifests)
+                     if f.startswith(store.location("artifacts", stage, ""))]
+            self._view(view, _readable(files, metadata), f"""
+                SELECT regexp_extract(filename, '/artifacts/{stage}/([^/]+)/', 1) AS key, * EXCLUDE (filename)
+                FROM read_parquet({{files}}, filename=true)""")
+
+        per_artifact("summaries", "summarize")
+        per_artifact(STS_PAIRS, "evaluate")
         self.con.execute("""
             CREATE VIEW run_stages AS
             SELECT r.run_id, r.started_at, t.i AS position, s->>'stage' AS stage, s->>'label' AS label,

@@ -129,7 +129,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
         # Each pair's cosine: the report bootstraps the pairs to compare two models' Spearman.
         out.write_table(STS_PAIRS, pa.table({"pair": np.arange(len(pairs), dtype=np.int32), "score": gold,
                                              "cosine": cosines}))
-        positive = (pairs["score"] >= 4).to_numpy()  # SimCSE's positives for alignment
+        positive = gold >= 4  # SimCSE's positives for alignment
         pos_a, pos_b = a[positive], b[positive]
     if job.geometry:
         rows += geometry.geometry_rows(x, pos_a, pos_b)

@@ -77,11 +77,12 @@ def tsne_png(emb: np.ndarray, labels: list[str], path: str | Path, title: str, *
         emb, labels = emb[keep], labels[keep]
     coords = tsne_coords(emb, seed)
     names, counts = np.unique(labels, return_counts=True)
-    colours = palette()[: len(names)]
-    if len(names) > len(palette()):
-        names = np.sort(names[np.argsort(-counts, kind="stable")[: len(palette()) - 1]])
+    every = palette()
+    colours = every[: len(names)]
+    if len(names) > len(every):
+        names = np.sort(names[np.argsort(-counts, kind="stable")[: len(every) - 1]])
         labels = np.where(np.isin(labels, names), labels, OTHER)
-        names, colours = [*names, OTHER], palette()[: len(names)] + ("0.6",)
+        names, colours = [*names, OTHER], every[: len(names)] + ("0.6",)
     fig = figure(TSNE_FIGSIZE)
     ax = fig.add_subplot()
     for name, colour in zip(names, colours):

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from storage.catalog import STS_PAIRS, Catalog
-from tasks.metrics.significance import bootstrap_spearman_difference, paired_difference
+from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 
 # Scores that are points of a curve (written by the evaluate stage): drawn as pictures, not listed
 # as table rows.
@@ -153,6 +153,11 @@ ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
 PAIRED_COLUMNS = ["dataset", "metric", "model", "versus", "difference", "low", "high", "n", "interval", "significant"]
 
 
+def _paired_row(r, metric: str, interval: str, d: PairedDifference) -> dict:
+    return dict(dataset=r.dataset, metric=metric, model=r.model, versus=r.versus, difference=d.mean, low=d.low,
+                high=d.high, n=d.n, interval=interval, significant=d.significant)
+
+
 def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     """Each model minus each model before it, with a 95% interval (tasks/metrics/significance.py):
     kNN accuracy paired over the splits both were scored on (t interval), then STS Spearman over the
@@ -161,14 +166,11 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     for r in _query(catalog, PAIRED_SQL).itertuples():
         if len(r.scores) >= 2:
             d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
-            rows.append(dict(dataset=r.dataset, metric="knn_accuracy", model=r.model, versus=r.versus,
-                             difference=d.mean, low=d.low, high=d.high, n=d.n, interval="t", significant=d.significant))
+            rows.append(_paired_row(r, "knn_accuracy", "t", d))
     for r in _query(catalog, STS_PAIRED_SQL).itertuples():
         if len(r.gold) >= 3:
             d = bootstrap_spearman_difference(np.array(r.scores), np.array(r.versus_scores), np.array(r.gold))
-            rows.append(dict(dataset=r.dataset, metric="sts_spearman", model=r.model, versus=r.versus,
-                             difference=d.mean, low=d.low, high=d.high, n=d.n, interval="bootstrap",
-                             significant=d.significant))
+            rows.append(_paired_row(r, "sts_spearman", "bootstrap", d))
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 
