@@ -25,7 +25,7 @@ from storage.stores import open_store
 from tasks.config.base import INPUT_ERRORS, ConfigError, OutsideFault
 from tasks.config.loading import load_config
 from tasks.core import stopping
-from tasks.reporting.tables import comparison_table, long_rows, paired_differences, paired_lines, to_markdown
+from tasks.reporting.tables import comparison_table, long_rows, notes, paired_differences, paired_lines, to_markdown
 
 # Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).
 # Warnings (a damaged file the catalog skipped) go to stderr through the root logger's handler, which
@@ -161,10 +161,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(json.dumps({k: (None if v != v else v) for k, v in row.items()}, default=str))
     elif args.markdown:
         paired = paired_differences(catalog, entries)
-        print(to_markdown(title, comparison_table(catalog, entries), paired=paired), end="")
+        print(to_markdown(title, comparison_table(catalog, entries), notes(catalog, entries), paired=paired), end="")
     else:
         _print_table(title, comparison_table(catalog, entries).to_dict("records"))
-        for line in paired_lines(paired_differences(catalog, entries)):
+        for line in notes(catalog, entries) + paired_lines(paired_differences(catalog, entries)):
             console.print(line, highlight=False)
     return 0
 

@@ -89,7 +89,7 @@ def metrics_table(rows: list[dict], **common) -> pa.Table:
 # Empty stand-ins keep every view queryable before the first run has written anything.
 _EMPTY = {
     "artifacts": "SELECT NULL::VARCHAR stage, NULL::VARCHAR key, NULL::VARCHAR[] inputs, NULL::JSON config,"
-    " NULL::VARCHAR code_version, NULL::JSON rows, NULL::TIMESTAMP created_at, NULL::DOUBLE wall_s,"
+    " NULL::VARCHAR code_version, NULL::JSON rows, NULL::JSON extra, NULL::TIMESTAMP created_at, NULL::DOUBLE wall_s,"
     " NULL::VARCHAR path WHERE false",
     "runs": "SELECT NULL::VARCHAR run_id, NULL::VARCHAR name, NULL::VARCHAR flow, NULL::VARCHAR status,"
     " NULL::VARCHAR config_path, NULL::JSON overrides, NULL::JSON config, NULL::TIMESTAMP started_at,"
@@ -175,10 +175,10 @@ class Catalog:
 
         manifests = _json_files(store, "artifacts", "*", "*", MANIFEST)
         self._view("artifacts", manifests, """
-            SELECT stage, key, inputs, config, code_version, rows, created_at, wall_s,
+            SELECT stage, key, inputs, config, code_version, rows, extra, created_at, wall_s,
                    'artifacts/' || stage || '/' || key AS path
             FROM read_json({files}, columns={stage: 'VARCHAR', key: 'VARCHAR', inputs: 'VARCHAR[]',
-                 config: 'JSON', code_version: 'VARCHAR', rows: 'JSON', created_at: 'TIMESTAMP',
+                 config: 'JSON', code_version: 'VARCHAR', rows: 'JSON', extra: 'JSON', created_at: 'TIMESTAMP',
                  wall_s: 'DOUBLE'})""")
         runs = {path: _crashed(record) for path, record in _json_files(store, "runs", "*.json").items()}
         self._view("runs", runs, """

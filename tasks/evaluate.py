@@ -139,6 +139,9 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
         row.setdefault("pooling", job.pooling)
     table = metrics_table(rows, key=ref.key, model=inputs.model_name(job.model), dataset=job.dataset, status="ok")
     out.write_table("metrics", table)
+    # Texts cut to the character budget before they were embedded (docs and STS pairs), for the report.
+    out.extra.update(cut=sum(store.manifest(e)["extra"].get("cut", 0)
+                             for e in (docs_emb, inputs.sts_embeddings) if e is not None))
     draw_pictures(job, x[labelled], labels, table.to_pandas(), out)
     for r in rows:
         if r["metric"] not in POINTS and r["value"] is not None:

@@ -35,8 +35,8 @@ from tasks.reporting.tables import (
     comparison_table,
     curve_rows,
     long_rows,
+    notes,
     paired_differences,
-    skipped_notes,
     to_markdown,
 )
 
@@ -122,7 +122,7 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
                 + tsne_pictures(store, entries, ref))
     paired = paired_differences(catalog, entries)
     out.write_table("paired", pa.Table.from_pandas(paired, preserve_index=False))
-    markdown = to_markdown(job.title, comparison_table(catalog, entries), skipped_notes(catalog, entries), pictures,
+    markdown = to_markdown(job.title, comparison_table(catalog, entries), notes(catalog, entries), pictures,
                            paired)
     out.write_text("report.md", markdown)
     log.info("\n%s", markdown)

@@ -36,7 +36,7 @@ from tasks import llm
 from tasks.config.summaries import SummaryConfig
 from tasks.core.progress import StageProgress
 from tasks.core.stage import Inputs, Stage
-from tasks.encoders.encode import char_budget
+from tasks.encoders.budget import char_budget
 from tasks.encoders.models import load_model
 from tasks.generation import generate
 
@@ -60,7 +60,7 @@ def build_prompt(prefix: str, title: str | None, text: str, prompt: str) -> str:
 
 def fitted_text(tokenizer, text: str, budget: int) -> tuple[str, bool]:
     """The first `budget` tokens of `text`, as text, and whether it was cut. Characters are cut first
-    (`encode.char_budget`), so that a huge document is never tokenized whole."""
+    (`budget.char_budget`), so that a huge document is never tokenized whole."""
     head = text[: char_budget(budget)]
     ids = tokenizer(head, add_special_tokens=False)["input_ids"]
     if len(ids) <= budget:

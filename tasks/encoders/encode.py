@@ -22,19 +22,11 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from tasks.core.progress import StageProgress
 from tasks.encoders import backends
+from tasks.encoders.budget import cut_texts
 from tasks.encoders.models import load_model, pick_device
 from tasks.methods import precision
 
 POOLINGS = ("mean", "cls", "sep")
-# A text is cut to max_length × this many characters before it is tokenized: the tokenizer would
-# read all of it and only then truncate (a 50 MB document took 7.5 GB and ~55 s per model). English
-# runs ~4-5 characters a token and a WordPiece word over 100 characters is one [UNK], so the first
-# max_length tokens come from the kept part unless the text is mostly whitespace or such words.
-CHARS_PER_TOKEN = 32
-
-
-def char_budget(max_length: int) -> int:
-    return max_length * CHARS_PER_TOKEN
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -97,7 +89,7 @@ class PooledEncoder:
 
     def _pooled(self, texts: list[str], max_length: int, layers: list[int]) -> np.ndarray:
         """One batch: (len(layers), len(POOLINGS), len(texts), dim)."""
-        texts = [text[: char_budget(max_length)] for text in texts]
+        texts, _ = cut_texts(texts, max_length)
         if self.backend != "torch":
             if layers != [self.n_layers]:
                 raise ValueError(f"the {self.backend} backend gives the last layer only, not layers {layers}")

@@ -16,6 +16,7 @@ from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
 from torch import nn
 
 from tasks.config.training import TrainConfig
+from tasks.encoders.budget import cut_texts
 from tasks.methods.cached import CachedLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
 from tasks.methods.distributed import Gather, gather_rows, no_gather
@@ -42,8 +43,13 @@ class Objective:
 ObjectiveFn = Callable[[Recipe, SentenceTransformer, TrainConfig, "float | None", "float | None", Gather], Objective]
 
 
+def features(model: SentenceTransformer, texts: list[str]) -> dict:
+    """The model's inputs for `texts`, each cut to the character budget of its max length first."""
+    return model.preprocess(cut_texts(texts, model.max_seq_length)[0])
+
+
 def tokens(model: SentenceTransformer, texts: list[str]) -> dict:
-    return to_device(model.preprocess(texts), model.device)
+    return to_device(features(model, texts), model.device)
 
 
 def anchors_and_positives(model: SentenceTransformer) -> Callable[[list[Pair]], list[dict]]:
@@ -87,7 +93,7 @@ def tsdae(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
 
 def masked_lm(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
     # The MLM and RetroMAE losses move their own inputs to the device.
-    return Objective(MaskedLMLoss(model, mask_ratio), lambda batch: [model.preprocess([a for a, _ in batch])])
+    return Objective(MaskedLMLoss(model, mask_ratio), lambda batch: [features(model, [a for a, _ in batch])])
 
 
 def retromae(with_infonce: bool) -> ObjectiveFn:

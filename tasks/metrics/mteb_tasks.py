@@ -50,6 +50,7 @@ from tasks.config.base import InputError
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
 from tasks.core.eval_sets import read_pairs, read_table, rows_of_split
 from tasks.core.rng import global_rng_kept
+from tasks.encoders.budget import char_budget, cut_texts
 from tasks.encoders.models import POOLING_MODES, load_model, pick_device
 
 with global_rng_kept():  # importing mteb seeds the process-wide generators with 42
@@ -227,10 +228,23 @@ def load_hub_data(task: AbsTask) -> None:
 # ---------------------------------------------------------------- evaluation
 
 
+class BoundedTransformer(models.Transformer):
+    """sentence-transformers' Transformer module that cuts each text to the character budget of its
+    max length before tokenizing (tasks/encoders/budget.py), and counts the texts it cut."""
+
+    cut = 0
+
+    def preprocess(self, inputs, prompt=None, **kwargs):
+        if all(isinstance(text, str) for text in inputs):
+            inputs, cut = cut_texts(list(inputs), self.max_seq_length)
+            self.cut += cut
+        return super().preprocess(inputs, prompt=prompt, **kwargs)
+
+
 def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name: str,
                  revision: str | None) -> SentenceTransformerEncoderWrapper:
     """The model as mteb evaluates it, under `name` and `revision` (what mteb files its results by)."""
-    transformer = load_model(model, lambda p: models.Transformer(p, max_seq_length=cfg.max_length))
+    transformer = load_model(model, lambda p: BoundedTransformer(p, max_seq_length=cfg.max_length))
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device))
     encoder.to(getattr(torch, cfg.dtype))
@@ -280,10 +294,11 @@ def row(cfg: MtebSettings, name: str, **fields) -> dict:
 
 
 def evaluate_mteb(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskConfig, device: str,
-                  results: Path, meta: tuple[str, str | None], log: logging.Logger) -> list[dict]:
+                  results: Path, meta: tuple[str, str | None], log: logging.Logger) -> tuple[list[dict], int]:
     """Score one model on one MTEB task (a Hub task name or a local task): one row per split and
-    subset, or one `skipped` row when the task cannot run here. mteb writes its result files
-    under `results` (a ResultCache folder), the model named and revised as `meta` says."""
+    subset, or one `skipped` row when the task cannot run here; and how many texts were cut to the
+    character budget before tokenizing. mteb writes its result files under `results` (a
+    ResultCache folder), the model named and revised as `meta` says."""
     with global_rng_kept():  # mteb seeds the process-wide generators (task objects, evaluation)
         return _scores(model, pooling, cfg, task, device, results, meta, log)
 
@@ -306,7 +321,7 @@ def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskCo
         known = {} if mteb_task is None else dict(
             task_type=task_type(mteb_task), main_score=mteb_task.metadata.main_score,
             revision=mteb_task.metadata.revision, split=",".join(mteb_task.eval_splits))
-        return [row(cfg, name, status="skipped", note=str(e), **known)]
+        return [row(cfg, name, status="skipped", note=str(e), **known)], 0
     encoder = mteb_encoder(model, pooling, cfg, device, *meta)
     result = mteb.evaluate(encoder, mteb_task, cache=mteb.ResultCache(results), overwrite_strategy="always",
                            encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": False},
@@ -319,4 +334,8 @@ def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskCo
     for r in rows:
         log.info("%s %s/%s %s = %.4f (n=%s)", name, r["split"], r["subset"], main_score,
                  r["value"], r["n"])
-    return rows
+    cut = encoder.model[0].cut
+    if cut:
+        log.warning("%s: %d text(s) over %s characters cut to that before tokenizing", name, cut,
+                    f"{char_budget(cfg.max_length):,}")
+    return rows, cut

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from storage.catalog import STS_PAIRS, Catalog
+from tasks.encoders.budget import CHARS_PER_TOKEN
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 
 # Scores that are points of a curve (written by the evaluate stage): drawn as pictures, not listed
@@ -183,10 +184,22 @@ def paired_lines(paired: pd.DataFrame) -> list[str]:
     return lines
 
 
-def skipped_notes(catalog: Catalog, entries: list[dict]) -> list[str]:
+# Score artifacts that embedded texts cut to the character budget first (tasks/encoders/budget.py).
+CUT_SQL = """
+SELECT DISTINCT e.ord, e.label, a.stage, (a.extra->>'cut')::BIGINT AS cut,
+       coalesce(a.config->>'dataset', a.config->'task'->>'name', a.config->>'task') AS scored
+FROM entries e JOIN artifacts a ON a.key = e.key
+WHERE (a.extra->>'cut')::BIGINT > 0 ORDER BY e.ord, scored"""
+
+
+def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
+    """What a reader of the table must know: the tasks skipped (and why) and the texts cut."""
     tasks = _query(_load(catalog, entries), TASK_SQL)
     skipped = tasks[~tasks["ok"].astype(bool)].drop_duplicates("task")
-    return [f"skipped: {r.task}: {r.note}" for r in skipped.itertuples()]
+    return ([f"skipped: {r.task}: {r.note}" for r in skipped.itertuples()]
+            + [f"cut: {r.label}: {r.cut} text(s) of {r.scored} ({r.stage}) were longer than max_length × "
+               f"{CHARS_PER_TOKEN} characters and were cut to that before tokenizing"
+               for r in _query(catalog, CUT_SQL).itertuples()])
 
 
 def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures: list[tuple[str, str]] = (),

@@ -5,15 +5,18 @@ import logging
 import pandas as pd
 
 from storage.base import ArtifactRef
+from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
 from tasks.config.evaluation import KnnConfig
 from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
+from tasks.encoders.budget import char_budget
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.report import tsne_pictures
 from tasks.reporting import plots
+from tasks.reporting.tables import notes
 from tests.helpers import DEMO_DOCS
 
 
@@ -66,3 +69,16 @@ def test_tsne_maps_a_sample_of_at_most_tsne_max_documents_and_says_so(tmp_path, 
 def test_tsne_of_every_document_is_not_called_a_sample():
     assert plots.tsne_name(40, 40) == "t-SNE"
     assert plots.tsne_name(12_000, 5000) == "t-SNE of 5,000 of 12,000 documents (sampled)"
+
+
+def test_the_report_says_how_many_texts_were_cut_before_tokenizing(tmp_path, tiny_dir):
+    store, ref = evaluated(tmp_path, tiny_dir, ["x", "y"], layerwise=False)  # max length 32
+    texts = pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(40)
+    over = int((texts.str.len() > char_budget(32)).sum())
+    assert 0 < over < 40
+    [embedded] = store.artifacts("embed")
+    assert store.manifest(embedded)["extra"]["cut"] == store.manifest(ref)["extra"]["cut"] == over
+    entries = [{"label": "tiny", "method": "m", "key": ref.key}]
+    assert notes(Catalog(store), entries) == [
+        f"cut: tiny: {over} text(s) of demo (evaluate) were longer than max_length × 32 characters and were cut "
+        "to that before tokenizing"]

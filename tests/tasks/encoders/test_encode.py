@@ -7,8 +7,9 @@ import sys
 import numpy as np
 import pandas as pd
 
-from tasks.encoders import encode
-from tasks.encoders.encode import PooledEncoder, char_budget
+from tasks.encoders import budget
+from tasks.encoders.budget import char_budget
+from tasks.encoders.encode import PooledEncoder
 from tests.helpers import DEMO_DOCS, REPO
 
 
@@ -22,7 +23,7 @@ def test_a_long_text_is_cut_before_tokenizing_and_keeps_its_vector(tiny_dir, mon
                         lambda self, texts, **kw: tokenized.extend(map(len, texts)) or tokenize(texts, **kw))
     cut = encoder.encode([long, "a short one"], max_length=64)
     assert max(tokenized) == char_budget(64)
-    monkeypatch.setattr(encode, "CHARS_PER_TOKEN", 10**9)  # no cut: the whole text tokenized, then truncated
+    monkeypatch.setattr(budget, "CHARS_PER_TOKEN", 10**9)  # no cut: the whole text tokenized, then truncated
     whole = encoder.encode([long, "a short one"], max_length=64)
     assert max(tokenized) == len(long)
     np.testing.assert_array_equal(cut, whole)

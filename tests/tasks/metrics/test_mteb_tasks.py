@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from tasks.config.base import InputError
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
+from tasks.encoders.budget import char_budget
 from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.models import resolve_model
 from tasks.metrics import mteb_tasks
@@ -39,7 +40,8 @@ def cache_dir(tmp_path_factory):
 
 
 def evaluate(task, cache_dir, cfg=SHORT, model=MODEL, pooling="mean"):
-    return mteb_tasks.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, ("local/test-model", None), LOG)
+    rows, _ = mteb_tasks.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, ("local/test-model", None), LOG)
+    return rows
 
 
 IMPORT_AND_DRAW = ("import random, sys; random.seed(int(sys.argv[1])); import tasks.metrics.mteb_tasks; "
@@ -100,6 +102,17 @@ def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir, m
     [row] = evaluate(task, cache_dir)
     assert (row["status"], row["main_score"], row["task_type"], row["n"]) == ("ok", "ndcg_at_10", "retrieval", 30)
     assert 0.5 < row["value"] <= 1.0
+
+
+def test_mteb_cuts_a_long_text_before_tokenizing_counts_it_and_keeps_its_tokens():
+    encoder = mteb_tasks.mteb_encoder(MODEL, "mean", SHORT, "cpu", "local/test-model", None).model
+    long = " ".join(pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(200))  # natural text
+    assert len(long) > 10 * char_budget(SHORT.max_length)
+    cut = encoder.preprocess([long, "a short one"])
+    assert encoder[0].cut == 1
+    whole = encoder[0].tokenizer([long, "a short one"], padding=True, truncation=True, max_length=SHORT.max_length,
+                                 return_tensors="pt")
+    assert cut["input_ids"].tolist() == whole["input_ids"].tolist()
 
 
 def test_local_pair_classification(cache_dir):

@@ -1,0 +1,22 @@
+"""tasks/methods/objectives.py: what a training step tokenizes."""
+
+import pandas as pd
+
+from tasks.encoders.budget import char_budget
+from tasks.encoders.models import sentence_model
+from tasks.methods.objectives import features
+from tests.helpers import DEMO_DOCS
+
+
+def test_a_long_training_text_is_cut_before_tokenizing_and_gives_the_same_tokens(tiny_dir, monkeypatch):
+    model = sentence_model(tiny_dir, max_length=32)
+    long = " ".join(pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(50))  # natural text
+    assert len(long) > 10 * char_budget(32)
+    seen, tokenize = [], model.tokenizer.__call__
+    monkeypatch.setattr(type(model.tokenizer), "__call__",
+                        lambda self, texts, *a, **kw: seen.extend(map(len, texts)) or tokenize(texts, *a, **kw))
+    cut = features(model, [long, "a short one"])
+    assert max(seen) == char_budget(32)
+    whole = model.preprocess([long, "a short one"])  # tokenized whole, then truncated
+    assert max(seen) == len(long)
+    assert cut["input_ids"].tolist() == whole["input_ids"].tolist()
