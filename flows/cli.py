@@ -156,8 +156,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not entries:
         console.print("no scores match")
         return 1
-    if args.json:
-        for row in long_rows(catalog, entries).drop(columns=["ord"]).assign(run_id=run_id).to_dict("records"):
+    if args.json:  # each line's `kind`: a score, or a paired difference of two models (as paired.parquet)
+        scores = long_rows(catalog, entries).drop(columns=["ord"]).assign(kind="score", run_id=run_id)
+        paired = paired_differences(catalog, entries).assign(kind="paired", run_id=run_id)
+        for row in scores.to_dict("records") + paired.to_dict("records"):
             print(json.dumps({k: (None if v != v else v) for k, v in row.items()}, default=str))
     elif args.markdown:
         paired = paired_differences(catalog, entries)

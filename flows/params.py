@@ -42,7 +42,7 @@ class RunParams(BaseModel):
 
 class TrainParams(RunParams):
     methods: list[str] = Field(default_factory=list, description="Train only these methods of the config "
-                               "(by name). Empty: all of them.")
+                               "(by name; a sweep's name: all its values). Empty: all of them.")
 
 
 class EvaluateParams(RunParams):

@@ -312,10 +312,12 @@ def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: 
 
 
 def selected_methods(cfg: PipelineConfig, names: list[str]) -> list[MethodConfig]:
-    unknown = sorted(set(names) - {m.name for m in cfg.methods})
+    """The config's methods named in `names` (all when empty); a sweep's name selects all its values."""
+    known = list(dict.fromkeys(n for m in cfg.methods for n in (m.sweep_of, m.name) if n))
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise ConfigError(f"methods {unknown} are not in the config; it has {[m.name for m in cfg.methods]}")
-    return [m for m in cfg.methods if not names or m.name in names]
+        raise ConfigError(f"methods {unknown} are not in the config; it has {known}")
+    return [m for m in cfg.methods if not names or {m.name, m.sweep_of} & set(names)]
 
 
 @flow(name="pipeline")

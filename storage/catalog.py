@@ -37,6 +37,7 @@ log = logging.getLogger("embforge.catalog")
 # The stages whose artifacts hold a metrics.parquet: a run's scores are their artifacts.
 SCORE_STAGES = ("evaluate", "semantic", "mteb")
 STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
+PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.
 METRICS_SCHEMA = pa.schema([
@@ -101,6 +102,9 @@ _EMPTY = {
     " NULL::VARCHAR text, NULL::VARCHAR status, NULL::VARCHAR continuation, NULL::VARCHAR finish, NULL::BIGINT tokens,"
     " NULL::VARCHAR model, NULL::VARCHAR backend, NULL::VARCHAR sampling, NULL::BIGINT seed WHERE false",
     STS_PAIRS: "SELECT NULL::VARCHAR key, NULL::INTEGER pair, NULL::DOUBLE score, NULL::FLOAT cosine WHERE false",
+    PAIRED: "SELECT NULL::VARCHAR key, NULL::VARCHAR dataset, NULL::VARCHAR metric, NULL::VARCHAR model,"
+    " NULL::VARCHAR versus, NULL::DOUBLE difference, NULL::DOUBLE low, NULL::DOUBLE high, NULL::BIGINT n,"
+    " NULL::VARCHAR interval, NULL::BOOLEAN significant WHERE false",
 }
 
 
@@ -205,6 +209,7 @@ class Catalog:
 
         per_artifact("summaries", "summarize")
         per_artifact(STS_PAIRS, "evaluate")
+        per_artifact(PAIRED, "report")
         self.con.execute("""
             CREATE VIEW run_stages AS
             SELECT r.run_id, r.started_at, t.i AS position, s->>'stage' AS stage, s->>'label' AS label,

@@ -23,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import model_validator
 
 from storage.base import ArtifactRef
-from storage.catalog import Catalog
+from storage.catalog import PAIRED, Catalog
 from storage.store import ArtifactStore, ArtifactWriter
 from storage.stores import store_at
 from tasks.config.base import Section
@@ -121,7 +121,7 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
     pictures = (draw_curves(catalog, entries, out, job.title) + sweep_pictures(long, job, out)
                 + tsne_pictures(store, entries, ref))
     paired = paired_differences(catalog, entries)
-    out.write_table("paired", pa.Table.from_pandas(paired, preserve_index=False))
+    out.write_table(PAIRED, pa.Table.from_pandas(paired, preserve_index=False))
     markdown = to_markdown(job.title, comparison_table(catalog, entries), notes(catalog, entries), pictures,
                            paired)
     out.write_text("report.md", markdown)

@@ -41,6 +41,8 @@ class MethodConfig(Section):
     swept: dict = Field(default_factory=dict, description="Set by a `sweep` (e.g. `sweep: {lr: [1.0e-5, "
                         "2.0e-5]}` gives one method per value, each with its value here); the report draws "
                         "kNN accuracy against it.")
+    sweep_of: str | None = Field(None, description="Set by a `sweep`: the name of the swept method, which "
+                                 "`--methods` takes for every value of its sweep.")
 
     @property
     def resolved_mask_ratio(self) -> float | None:
@@ -155,11 +157,12 @@ def expand_sweeps(methods: list) -> list:
             name = "-".join([str(base.get("name")), *(f"{f}-{v}" for f, v in combo.items())])
             train = {**base.get("train", {}), **{f: v for f, v in combo.items() if f in TrainConfig.model_fields}}
             expanded.append({**base, **{f: v for f, v in combo.items() if f in MethodConfig.model_fields},
-                             "name": name, "train": train, "swept": combo})
+                             "name": name, "train": train, "swept": combo, "sweep_of": base.get("name")})
     return expanded
 
 
-SWEEPABLE = (set(TrainConfig.model_fields) | set(MethodConfig.model_fields)) - {"name", "recipe", "train", "swept"}
+SWEEPABLE = (set(TrainConfig.model_fields) | set(MethodConfig.model_fields)) - {"name", "recipe", "train", "swept",
+                                                                                 "sweep_of"}
 
 
 def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainConfig:

@@ -95,12 +95,20 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
 
     # The JSON report has one line per model and metric, with the numbers the catalog holds.
     report = embforge("report", "--json", "--store", str(store.root), env=env)
-    rows = [json.loads(line) for line in report.stdout.splitlines()]
+    lines = [json.loads(line) for line in report.stdout.splitlines()]
+    rows = [r for r in lines if r["kind"] == "score"]
     assert {"run_id", "model", "method", "dataset", "metric", "value"} <= set(rows[0])
     sql = {(r["label"], r["metric"], r["split"]): r["value"]
            for r in catalog.query("SELECT * FROM run_metrics WHERE run_id = ?", [runs[1]["run_id"]])}
     assert {(r["model"], r["metric"], r["split"]): r["value"] for r in rows} == sql  # a split: one kNN split's score
     assert len(rows) == len(sql)
+    # Then the paired differences: those of the run's report artifact, as the catalog's `paired` view holds them.
+    paired = [{k: v for k, v in r.items() if k not in ("kind", "run_id")} for r in lines if r["kind"] == "paired"]
+    assert {r["metric"] for r in paired} == {"knn_accuracy", "sts_spearman"}
+    assert len(lines) == len(rows) + len(paired)
+    assert paired == catalog.query("SELECT p.* EXCLUDE (key) FROM paired p JOIN run_stages s ON s.key = p.key "
+                                   "WHERE s.run_id = ? AND s.stage = 'report' ORDER BY metric",
+                                   [runs[1]["run_id"]])  # kNN, then STS, as the report lists them
 
     # Filters pick the latest scores of the matching models; the table is Markdown on request.
     filtered = embforge("report", "--method", "crops", "--since", "2000-01-01", "--markdown",

@@ -333,3 +333,28 @@ def test_a_sweep_of_three_values_trains_three_models_cached_on_a_rerun_and_draws
         folder / "report.md").read_text()
     second, _ = run(config)
     assert {s["state"] for s in stages(Catalog(store), second)} == {"Cached"}
+
+    # The train flow takes the sweep's name for all its values, or one value's name.
+    from flows.params import TrainParams
+    from flows.pipeline import train
+    base = "base (random init)"  # the flow registers the start model too
+    assert [m["label"] for m in train(TrainParams(config=str(config), methods=["crops"]))] == [base, *trained]
+    assert [m["label"] for m in train(TrainParams(config=str(config), methods=["crops-lr-0.001"]))] == [
+        base, trained[1]]
+
+
+def test_methods_are_selected_by_name_or_by_their_sweeps_name(tmp_path):
+    from flows.pipeline import selected_methods
+    from tasks.config.base import ConfigError
+    from tasks.config.loading import load_config
+
+    config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops", "sweep": {"lr": [1e-4, 1e-3]}},
+                                            {"name": "dropout", "recipe": "dropout"}])
+    cfg = load_config(config)
+    names = lambda *picked: [m.name for m in selected_methods(cfg, list(picked))]  # noqa: E731
+    assert names() == names("crops", "dropout") == ["crops-lr-0.0001", "crops-lr-0.001", "dropout"]
+    assert names("crops") == ["crops-lr-0.0001", "crops-lr-0.001"]
+    assert names("crops-lr-0.001", "dropout") == ["crops-lr-0.001", "dropout"]
+    with pytest.raises(ConfigError, match=r"methods \['nope'\] are not in the config; it has \['crops', "
+                                          r"'crops-lr-0.0001', 'crops-lr-0.001', 'dropout'\]"):
+        selected_methods(cfg, ["nope"])

@@ -22,7 +22,7 @@ def command(capsys, *args: str) -> str:
 
 def scores(capsys, store: str) -> dict:
     lines = command(capsys, "report", "--json", "--store", store).splitlines()
-    return {(r["model"], r["metric"], r["split"]): r["value"] for r in map(json.loads, lines)}
+    return {(r["model"], r["metric"], r["split"]): r["value"] for r in map(json.loads, lines) if r["kind"] == "score"}
 
 
 def test_a_run_on_s3_scores_like_a_local_one_and_another_worker_finds_it_cached(s3_store, tmp_path, capsys):
