@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,6 +26,7 @@ import pyarrow.compute as pc
 import torch
 import torch.distributed as dist
 import transformers
+from prefect.runtime import deployment
 from pydantic import Field
 from sentence_transformers import SentenceTransformer
 
@@ -34,6 +36,7 @@ from storage.stores import store_at
 from tasks.config.base import InputError, Section
 from tasks.config.evaluation import KnnConfig
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
+from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
 from tasks.encoders import models
 from tasks.encoders.models import model_identity, model_path, pick_device, sentence_model
@@ -55,6 +58,14 @@ class TrainJob(Section):
                    knn: KnnConfig | None) -> TrainJob:
         return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.resolved_mask_ratio,
                    decoder_visible=method.resolved_decoder_visible, train=train, knn=knn if train.eval_every else None)
+
+
+def boundary_signals() -> tuple[int, ...]:
+    """The signals training takes at a step boundary. A deployment's run leaves SIGTERM to Prefect's
+    own handler: its runner or worker cancels it with SIGTERM only after that handler has taken the
+    cancellation (none other may be installed then), and only so is the run recorded Cancelled, not
+    Crashed. That SIGTERM stops training where it lands; the rerun resumes from the last checkpoint."""
+    return (signal.SIGINT,) if deployment.id else stopping.SIGNALS
 
 
 def frozen_objective(model: SentenceTransformer, job: TrainJob) -> objectives.Objective:
@@ -131,7 +142,8 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
         try:
             history = training.train_model(objective, batches, cfg, checkpoints, log, measure=measure,
-                                           probe=probe_cosine(model, probe_texts) if rank == 0 else None)
+                                           probe=probe_cosine(model, probe_texts) if rank == 0 else None,
+                                           stop_signals=boundary_signals() if size == 1 else ())
         except health.TrainingUnhealthy as e:
             raise health.TrainingUnhealthy(f"{job.recipe} recipe: {e}") from None
     if rank == 0:

@@ -56,13 +56,14 @@ class StepBoundaryStop:
     what the signal would have done (the handler that was there: KeyboardInterrupt, Prefect's
     TerminationSignal, the command's own). A second signal does that at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:
         self.signum: int | None = None
+        self.signals = signals  # the others keep their handler, and act where they land
         self._saved: dict[int, object] = {}
 
     def __enter__(self) -> StepBoundaryStop:
         if threading.current_thread() is threading.main_thread():
-            self._saved = {s: signal.signal(s, self._note) for s in SIGNALS}
+            self._saved = {s: signal.signal(s, self._note) for s in self.signals}
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -30,7 +30,7 @@ from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 from storage import leases
 from tasks.config.training import TrainConfig
 from tasks.core.progress import StageProgress
-from tasks.core.stopping import StepBoundaryStop
+from tasks.core.stopping import SIGNALS, StepBoundaryStop
 from tasks.methods import distributed, health, precision
 from tasks.methods.objectives import Objective
 from tasks.methods.recipes import Pair
@@ -163,7 +163,7 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                 checkpoints: Checkpoints, log: logging.Logger | None = None,
                 on_step: Callable[[StepLog], None] | None = None,
                 measure: Callable[[], float] | None = None,
-                probe: Callable[[], float] | None = None) -> list[StepLog]:
+                probe: Callable[[], float] | None = None, stop_signals: tuple[int, ...] = SIGNALS) -> list[StepLog]:
     """Train the objective's model in place; resume from `checkpoints` if a state is there.
 
     `measure` (e.g. kNN accuracy of the current model) is recorded every `cfg.eval_every` steps
@@ -173,7 +173,8 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     `cfg.on_unhealthy: warn` is logged once and training goes on.
     Under torchrun (tasks/methods/distributed.py) every process trains on its shard of each batch
     through DistributedDataParallel; process 0 measures and writes the checkpoints, which hold every
-    process's RNG state.
+    process's RNG state. A signal of `stop_signals` stops training at the next step boundary, the
+    others where they land (the last checkpoint stays).
     """
     log = log or logging.getLogger("embforge.train")
     rank, size = distributed.world()
@@ -219,9 +220,10 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                               "schedule": schedule.state_dict(), "scaler": amp.state_dict(),
                               "rng": rng, "cuda_rng": cuda_rng, "history": [vars(h) for h in history]})
 
-    # One process: a Ctrl-C or SIGTERM is taken between steps, after a checkpoint of the last one.
-    # Under torchrun each process gets its own signals and stops where it is (the last checkpoint stays).
-    stopping = StepBoundaryStop() if size == 1 else None
+    # One process: a Ctrl-C or SIGTERM (those of `stop_signals`) is taken between steps, after a
+    # checkpoint of the last one. Under torchrun each process gets its own signals and stops where it
+    # is (the last checkpoint stays).
+    stopping = StepBoundaryStop(stop_signals) if size == 1 else None
     with stopping or contextlib.nullcontext():
         for step, (epoch, batch) in enumerate(batches.from_step(len(history)), start=len(history)):
             optimizer.zero_grad(set_to_none=True)  # first: the forward pass's activations reuse the gradients' memory
