@@ -80,3 +80,27 @@ thread.join()
 print(seen)
 """)
     assert done.stdout.strip() == "[(True, False)]", done.stdout + done.stderr
+
+
+def test_a_signal_not_given_to_the_step_boundary_stop_raises_where_it_lands():
+    # Training in a deployment's run gives it SIGINT only: Prefect's own SIGTERM handler must stay.
+    done = python("""
+def prefect_handler(signum, frame):
+    raise SystemExit(f"raised by {signal.Signals(signum).name}, mid-step")
+signal.signal(signal.SIGTERM, prefect_handler)
+with StepBoundaryStop((signal.SIGINT,)) as stop:
+    print(signal.getsignal(signal.SIGTERM) is prefect_handler, signal.getsignal(signal.SIGINT) == stop._note)
+    os.kill(os.getpid(), signal.SIGINT)
+    print("noted", stop.requested)
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("not reached")
+""")
+    assert done.stdout.split("\n")[:2] == ["True True", "noted True"], done.stdout + done.stderr
+    assert "raised by SIGTERM, mid-step" in done.stderr and "not reached" not in done.stdout
+
+
+def test_training_outside_a_deployment_takes_both_signals_at_step_boundaries():
+    from tasks.core.stopping import SIGNALS
+    from tasks.train import boundary_signals
+
+    assert boundary_signals() == SIGNALS
