@@ -118,6 +118,9 @@ class TrainConfig(Section):
     mini_batch_size: int | None = Field(None, ge=1, description="Cached in-batch losses (GradCache): embed "
                                         "the batch this many rows at a time, so a large batch trains in the "
                                         "memory of a small one, with the full batch's gradients.")
+    padding_free: bool = Field(False, description="Compute the encoder's linear layers on the batch's real "
+                               "tokens only (BERT encoders; tasks/encoders/packed.py): the same model, faster by "
+                               "the batch's share of padding. Dropout draws other masks, so it is part of the key.")
     gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
                                          "backward pass instead of keeping them: less memory for long inputs, "
                                          "about a third more compute; the same numbers, so not part of the key.")

@@ -23,6 +23,7 @@ from tasks.config.base import InputError
 from tasks.config.model import RandomInitConfig
 from tasks.core.parallel import GLOBAL_RNG
 from tasks.core.stage import Inputs
+from tasks.encoders import packed
 
 T = TypeVar("T")
 
@@ -88,11 +89,12 @@ def transformer_blocks(encoder: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean",
-                   layer: int | None = None) -> SentenceTransformer:
+                   layer: int | None = None, padding_free: bool = False) -> SentenceTransformer:
     """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train.
 
     `layer` = L keeps only the first L transformer layers: its last hidden state is then
     hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
+    `padding_free`: its linear layers compute on real tokens only (tasks/encoders/packed.py).
     """
     # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
     transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
@@ -105,7 +107,10 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
         del blocks[layer:]
         encoder.config.num_hidden_layers = layer
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
-    return SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
+    model = SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
+    if padding_free:
+        packed.padding_free(model)
+    return model
 
 
 def checkpoint_activations(model: SentenceTransformer) -> None:

