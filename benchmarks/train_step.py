@@ -7,8 +7,10 @@ sentence-transformers' SentenceTransformerTrainer on the crops recipe.
    the texts have the same length), same batch size, max length and lr. Rows/s = training
    examples (pairs, or texts for mlm/retromae/ct) per second; the ratio to crops shows a slow recipe.
 2. Crops against SentenceTransformerTrainer with MultipleNegativesRankingLoss(scale=20), the same
-   loss as embforge's InfoNCE (τ = 0.05), same rows in the same order: the two sides alternate over
-   --rounds rounds, each first in every other round; the figures are the medians.
+   loss as embforge's InfoNCE (τ = 0.05), same rows in the same order: crops padded, crops with
+   `train.padding_free` and the Trainer alternate over --rounds rounds, in reversed order every
+   other round; the figures are the medians. The padding share is that of the timed batches (each
+   side padded to its longest row, as both trainers tokenize): what padding-free does not compute.
 The first step of each side is a warm-up and is not timed; the next --steps steps are timed from
 step end to step end.
 Usage:
@@ -38,7 +40,7 @@ from rich.table import Table
 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from sentence_transformers.base.sampler import DefaultBatchSampler
 from torch.utils.data import SequentialSampler
-from transformers import TrainerCallback
+from transformers import AutoTokenizer, TrainerCallback
 
 try:  # the new home of the losses; `sentence_transformers.losses` is deprecated
     from sentence_transformers.sentence_transformer.losses import (
@@ -53,7 +55,7 @@ from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.model import RandomInitConfig
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
-from tasks.encoders.models import pick_device, save_random_encoder, sentence_model
+from tasks.encoders.models import load_model, pick_device, save_random_encoder, sentence_model
 from tasks.ingest import INGEST
 from tasks.methods.objectives import build_objective
 from tasks.methods.recipes import RECIPES
@@ -85,7 +87,8 @@ def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
 
 def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, work: Path) -> list[float]:
     """End time of every training step of `recipe` through embforge's loop."""
-    model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg))
+    model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg),
+                           padding_free=cfg.padding_free)
     stamps: list[float] = []
     method = MethodConfig(name=recipe, recipe=recipe)
     pq.write_table(rows, work / f"pairs-{recipe}.parquet")  # read as the train stage reads its pairs
@@ -94,6 +97,19 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, 
                     PairBatches(pairs, cfg.batch_size), cfg, Checkpoints(work / f"ckpt-{recipe}"),
                     on_step=lambda _: stamps.append(time.perf_counter()))
     return stamps
+
+
+def padding_share(model_path: str, rows: pa.Table, batch_size: int, max_length: int) -> float:
+    """Share of the token slots of the batches of `rows` that are padding: anchors and positives are
+    tokenized apart, each padded to its batch's longest (as both trainers do)."""
+    tokenizer = load_model(model_path, AutoTokenizer.from_pretrained)
+    real = slots = 0
+    for start in range(0, rows.num_rows, batch_size):
+        for side in ("anchor", "positive"):
+            mask = tokenizer(rows[side][start : start + batch_size].to_pylist(), padding=True, truncation=True,
+                             max_length=max_length, return_tensors="np")["attention_mask"]
+            real, slots = real + int(mask.sum()), slots + mask.size
+    return 1 - real / slots
 
 
 def pairs_per_second(stamps: list[float], batch_size: int) -> float:
@@ -178,10 +194,12 @@ def main() -> None:
     # 3. crops through train_model against SentenceTransformerTrainer + MNRL(scale=20) (timestamps from a
     # callback), alternating over --rounds rounds, each side first in every other round, so that machine
     # noise does not pick the winner; the figures are the medians
+    unpadded = cfg.model_copy(update={"padding_free": True})
     sides = {"crops": lambda: time_recipe("crops", model_path, cfg, pairs, work),
+             "crops_padding_free": lambda: time_recipe("crops", model_path, unpadded, pairs, work),
              "st": lambda: time_st_trainer(model_path, pairs, cfg, total, work)}
     if "crops" not in recipes:
-        del sides["crops"]
+        del sides["crops"], sides["crops_padding_free"]
     rounds: dict[str, list[float]] = {side: [] for side in sides}
     for i in range(args.rounds):
         for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
@@ -189,6 +207,8 @@ def main() -> None:
     if "crops" in rounds:
         per_recipe = {"crops": statistics.median(rounds["crops"]), **per_recipe}
     st = statistics.median(rounds["st"])
+    free = statistics.median(rounds["crops_padding_free"]) if "crops" in recipes else None
+    padding = padding_share(model_path, pairs.slice(WARMUP * args.batch_size), args.batch_size, args.max_length)
     shutil.rmtree(work, ignore_errors=True)
 
     # 4. Figures
@@ -201,18 +221,26 @@ def main() -> None:
     for recipe, rate in per_recipe.items():
         table.add_row("embforge train_model", recipe, f"{rate:.1f}", f"{args.batch_size / rate:.2f}",
                       f"{rate / ef:.2f}" if ef else "")
+    if free:
+        table.add_row("embforge train_model", "crops, padding_free", f"{free:.1f}", f"{args.batch_size / free:.2f}",
+                      f"{free / ef:.2f}")
     table.add_row("sentence-transformers Trainer", "crops (MNRL)", f"{st:.1f}", f"{args.batch_size / st:.2f}",
                   f"{st / ef:.2f}" if ef else "")
     Console().print(table)
+    print(f"padding: {padding:.1%} of the timed batches' token slots")
     if ef:
-        print(f"embforge / sentence-transformers (crops) = {ef / st:.3f}")
+        print(f"embforge / sentence-transformers (crops) = {ef / st:.3f}; padding-free: {free / st:.3f}")
     print(json.dumps({"rows_per_s": {r: round(v, 2) for r, v in per_recipe.items()},
                       "ratio_to_crops": {r: round(v / ef, 3) for r, v in per_recipe.items()} if ef else None,
                       "embforge_pairs_per_s": round(ef, 2) if ef else None, "st_pairs_per_s": round(st, 2),
-                      "ratio_embforge_over_st": round(ef / st, 3) if ef else None, "model": name,
+                      "ratio_embforge_over_st": round(ef / st, 3) if ef else None,
+                      "padding_free_pairs_per_s": round(free, 2) if free else None,
+                      "ratio_padding_free_over_st": round(free / st, 3) if free else None,
+                      "padding_share": round(padding, 4), "model": name,
                       "random_init": args.random_init, "batch_size": args.batch_size,
                       "timed_steps": args.steps, "warmup_steps": WARMUP, "rounds": args.rounds,
                       "crops_rounds": [round(r, 2) for r in rounds.get("crops", [])],
+                      "padding_free_rounds": [round(r, 2) for r in rounds.get("crops_padding_free", [])],
                       "st_rounds": [round(r, 2) for r in rounds["st"]], "max_length": args.max_length,
                       "device": device, "torch_threads": torch.get_num_threads()}))
 
