@@ -27,9 +27,8 @@ from tasks.config.loading import load_config
 from tasks.core import stopping
 from tasks.reporting.tables import comparison_table, long_rows, notes, paired_differences, paired_lines, to_markdown
 
-# Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there).
-# Warnings (a damaged file the catalog skipped) go to stderr through the root logger's handler, which
-# importing Prefect sets up: stdout stays the report (`report --json`).
+# Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there). Warnings
+# go to stderr through the root logger's handler, which importing Prefect sets up: stdout stays the report.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
@@ -156,17 +155,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not entries:
         console.print("no scores match")
         return 1
+    paired = paired_differences(catalog, entries)
     if args.json:  # each line's `kind`: a score, or a paired difference of two models (as paired.parquet)
         scores = long_rows(catalog, entries).drop(columns=["ord"]).assign(kind="score", run_id=run_id)
-        paired = paired_differences(catalog, entries).assign(kind="paired", run_id=run_id)
-        for row in scores.to_dict("records") + paired.to_dict("records"):
+        for row in scores.to_dict("records") + paired.assign(kind="paired", run_id=run_id).to_dict("records"):
             print(json.dumps({k: (None if v != v else v) for k, v in row.items()}, default=str))
     elif args.markdown:
-        paired = paired_differences(catalog, entries)
         print(to_markdown(title, comparison_table(catalog, entries), notes(catalog, entries), paired=paired), end="")
     else:
         _print_table(title, comparison_table(catalog, entries).to_dict("records"))
-        for line in notes(catalog, entries) + paired_lines(paired_differences(catalog, entries)):
+        for line in notes(catalog, entries) + paired_lines(paired):
             console.print(line, highlight=False)
     return 0
 
