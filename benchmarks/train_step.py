@@ -16,6 +16,7 @@ step end to step end.
 Usage:
     python benchmarks/train_step.py [--model NAME | --random-init] [--batch-size 64] [--steps 6]
                                     [--max-length 128] [--recipes crops,tsdae,...] [--device auto] [--rounds 3]
+                                    [--profile]
 Prints a table, then ONE final line of JSON with every figure.
 """
 from __future__ import annotations
@@ -59,7 +60,7 @@ from tasks.encoders.models import load_model, pick_device, save_random_encoder, 
 from tasks.ingest import INGEST
 from tasks.methods.objectives import build_objective
 from tasks.methods.recipes import RECIPES
-from tasks.methods.training import Checkpoints, PairBatches, train_model
+from tasks.methods.training import Checkpoints, PairBatches, StepTimes, train_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
 
@@ -85,8 +86,9 @@ def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
     return rows.slice(0, n)
 
 
-def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, work: Path) -> list[float]:
-    """End time of every training step of `recipe` through embforge's loop."""
+def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, work: Path,
+                profile: StepTimes | None = None) -> list[float]:
+    """End time of every training step of `recipe` through embforge's loop (and its parts in `profile`)."""
     model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg),
                            padding_free=cfg.padding_free)
     stamps: list[float] = []
@@ -95,7 +97,7 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, 
     with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
         train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
                     PairBatches(pairs, cfg.batch_size), cfg, Checkpoints(work / f"ckpt-{recipe}"),
-                    on_step=lambda _: stamps.append(time.perf_counter()))
+                    on_step=lambda _: stamps.append(time.perf_counter()), profile=profile)
     return stamps
 
 
@@ -110,6 +112,13 @@ def padding_share(model_path: str, rows: pa.Table, batch_size: int, max_length: 
                              max_length=max_length, return_tensors="np")["attention_mask"]
             real, slots = real + int(mask.sum()), slots + mask.size
     return 1 - real / slots
+
+
+def step_split(profile: StepTimes) -> dict[str, float]:
+    """Mean seconds per timed step of each part of the step (the warm-up steps left out)."""
+    timed = profile.steps[WARMUP:]
+    timed = [t for t in timed if any(t.values())]  # the loop begins one more step than it runs
+    return {part: statistics.fmean(t[part] for t in timed) for part in StepTimes.PARTS}
 
 
 def pairs_per_second(stamps: list[float], batch_size: int) -> float:
@@ -166,6 +175,8 @@ def main() -> None:
     p.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipes to time")
     p.add_argument("--device", default="auto")
     p.add_argument("--rounds", type=int, default=3, help="rounds of crops against the Trainer")
+    p.add_argument("--profile", action="store_true", help="also split embforge's crops steps (padded and "
+                   "padding-free) into waiting for data, tokenizing, forward, backward, optimizer, other")
     args = p.parse_args()
     recipes = args.recipes.split(",")
     device = pick_device(args.device)
@@ -208,6 +219,12 @@ def main() -> None:
         per_recipe = {"crops": statistics.median(rounds["crops"]), **per_recipe}
     st = statistics.median(rounds["st"])
     free = statistics.median(rounds["crops_padding_free"]) if "crops" in recipes else None
+    split = {}
+    if args.profile and "crops" in recipes:  # runs of their own: the marks' synchronisation is not in the rounds
+        for side, side_cfg in (("crops", cfg), ("crops_padding_free", unpadded)):
+            profile = StepTimes(device)
+            time_recipe("crops", model_path, side_cfg, pairs, work, profile)
+            split[side] = step_split(profile)
     padding = padding_share(model_path, pairs.slice(WARMUP * args.batch_size), args.batch_size, args.max_length)
     shutil.rmtree(work, ignore_errors=True)
 
@@ -228,6 +245,10 @@ def main() -> None:
                   f"{st / ef:.2f}" if ef else "")
     Console().print(table)
     print(f"padding: {padding:.1%} of the timed batches' token slots")
+    for side, parts in split.items():
+        total = sum(parts.values())
+        print(f"step split, {side}: {total:.3f} s/step = " + ", ".join(
+            f"{part} {seconds:.3f} s ({seconds / total:.1%})" for part, seconds in parts.items()))
     if ef:
         print(f"embforge / sentence-transformers (crops) = {ef / st:.3f}; padding-free: {free / st:.3f}")
     print(json.dumps({"rows_per_s": {r: round(v, 2) for r, v in per_recipe.items()},
@@ -236,7 +257,10 @@ def main() -> None:
                       "ratio_embforge_over_st": round(ef / st, 3) if ef else None,
                       "padding_free_pairs_per_s": round(free, 2) if free else None,
                       "ratio_padding_free_over_st": round(free / st, 3) if free else None,
-                      "padding_share": round(padding, 4), "model": name,
+                      "padding_share": round(padding, 4),
+                      "step_split_s": {side: {k: round(v, 4) for k, v in parts.items()}
+                                       for side, parts in split.items()},
+                      "model": name,
                       "random_init": args.random_init, "batch_size": args.batch_size,
                       "timed_steps": args.steps, "warmup_steps": WARMUP, "rounds": args.rounds,
                       "crops_rounds": [round(r, 2) for r in rounds.get("crops", [])],

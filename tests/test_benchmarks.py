@@ -24,13 +24,17 @@ def benchmark(*argv: str) -> str:
 
 def test_train_step_times_recipes_and_alternates_crops_with_the_trainer():
     out = json.loads(benchmark("train_step.py", "--random-init", "--batch-size", "4", "--steps", "2",
-                               "--max-length", "64", "--recipes", "crops,tsdae", "--rounds", "2", "--device", "cpu"))
+                               "--max-length", "64", "--recipes", "crops,tsdae", "--rounds", "2", "--device", "cpu",
+                               "--profile"))
     assert set(out["rows_per_s"]) == {"crops", "tsdae"} and out["rounds"] == 2
     assert len(out["crops_rounds"]) == len(out["padding_free_rounds"]) == len(out["st_rounds"]) == 2
     assert out["embforge_pairs_per_s"] == pytest.approx(statistics.median(out["crops_rounds"]), abs=0.01)
     assert out["padding_free_pairs_per_s"] == pytest.approx(statistics.median(out["padding_free_rounds"]), abs=0.01)
     assert out["ratio_embforge_over_st"] > 0 and out["ratio_padding_free_over_st"] > 0
     assert 0 < out["padding_share"] < 1
+    for side in ("crops", "crops_padding_free"):  # --profile: every part of a step took some time
+        assert set(out["step_split_s"][side]) == {"data", "tokenize", "forward", "backward", "optimizer", "other"}
+        assert all(seconds > 0 for seconds in out["step_split_s"][side].values())
 
 
 def test_train_gpu_runs_on_the_cpu():

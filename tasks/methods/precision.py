@@ -52,13 +52,19 @@ class MixedPrecision:
                           max_grad_norm: float | None = None) -> float:
         """Backward, clip the gradients' total norm to `max_grad_norm` (None: no clipping), step;
         the norm before clipping is returned. Under the norm the gradients are multiplied by exactly 1."""
+        self.backward(loss)
+        return self.step(optimizer, max_grad_norm)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> float:
+        """`backward_and_step` after the backward pass."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if self.scaler is None:
-            loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf"))
             optimizer.step()
             return float(norm)
-        self.scaler.scale(loss).backward()
         self.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf"))
         self.scaler.step(optimizer)  # skipped when the scaled gradients overflowed

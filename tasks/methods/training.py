@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +46,31 @@ class StepLog:
     knn_accuracy: float | None = None  # the learning curve, every `eval_every` steps
     grad_norm: float | None = None  # before clipping
     probe_cosine: float | None = None  # the probe batch's mean cosine, every health.PROBE_EVERY steps
+
+
+class StepTimes:
+    """Wall seconds per part of each training step (`benchmarks/train_step.py --profile`): waiting for
+    the batch's rows, tokenizing them (with the copy to the device), forward, backward, the optimizer
+    (with clipping), and the rest (logging, checkpoints). On CUDA the device is synchronised at each
+    mark, so a kernel counts in the part that launched it."""
+
+    PARTS = ("data", "tokenize", "forward", "backward", "optimizer", "other")
+
+    def __init__(self, device: str | torch.device = "cpu"):
+        self.steps: list[dict[str, float]] = []
+        self._sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+        self._last = 0.0
+
+    def begin(self) -> None:
+        self._sync()
+        self.steps.append(dict.fromkeys(self.PARTS, 0.0))
+        self._last = time.perf_counter()
+
+    def mark(self, part: str) -> None:
+        self._sync()
+        now = time.perf_counter()
+        self.steps[-1][part] += now - self._last
+        self._last = now
 
 
 class BatchRows(NamedTuple):
@@ -163,7 +189,8 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                 checkpoints: Checkpoints, log: logging.Logger | None = None,
                 on_step: Callable[[StepLog], None] | None = None,
                 measure: Callable[[], float] | None = None,
-                probe: Callable[[], float] | None = None, stop_signals: tuple[int, ...] = SIGNALS) -> list[StepLog]:
+                probe: Callable[[], float] | None = None, stop_signals: tuple[int, ...] = SIGNALS,
+                profile: StepTimes | None = None) -> list[StepLog]:
     """Train the objective's model in place; resume from `checkpoints` if a state is there.
 
     `measure` (e.g. kNN accuracy of the current model) is recorded every `cfg.eval_every` steps
@@ -224,12 +251,22 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     # checkpoint of the last one. Under torchrun each process gets its own signals and stops where it
     # is (the last checkpoint stays).
     stopping = StepBoundaryStop(stop_signals) if size == 1 else None
+    lap = profile.mark if profile else lambda part: None
+    if profile:
+        profile.begin()
     with stopping or contextlib.nullcontext():
         for step, (epoch, batch) in enumerate(batches.from_step(len(history)), start=len(history)):
+            lap("data")
             optimizer.zero_grad(set_to_none=True)  # first: the forward pass's activations reuse the gradients' memory
+            features = objective.collate(distributed.shard(batch, rank, size))
+            lap("tokenize")
             with amp.autocast():
-                loss = forward(objective.collate(distributed.shard(batch, rank, size)), None)
-            norm = amp.backward_and_step(loss, optimizer, cfg.max_grad_norm)
+                loss = forward(features, None)
+            lap("forward")
+            amp.backward(loss)
+            lap("backward")
+            norm = amp.step(optimizer, cfg.max_grad_norm)
+            lap("optimizer")
             entry = StepLog(step + 1, epoch, distributed.mean_over_processes(loss), schedule.get_last_lr()[0],
                             grad_norm=norm)
             schedule.step()
@@ -260,6 +297,9 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                         save()
                     log.info("stopped after step %d of %d, its checkpoint saved", step + 1, len(batches))
                 stopping.now()
+            if profile:
+                profile.mark("other")
+                profile.begin()
     bar.close()
     if progress:
         progress.close()
