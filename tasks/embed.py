@@ -29,7 +29,7 @@ from tasks.config.evaluation import Backend, EvaluateConfig, StoreDtype
 from tasks.core import eval_sets
 from tasks.core.stage import Stage
 from tasks.encoders import encode
-from tasks.encoders.budget import char_budget
+from tasks.encoders.budget import char_budget, over_budget
 from tasks.encoders.models import ModelInputs, model_identity
 
 CHUNK_TEXTS = 4096  # texts encoded and written at once (all layers and poolings of them in memory)
@@ -84,9 +84,8 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
                                    backend=job.backend)
     layers = list(range(encoder.n_layers + 1)) if job.layers == "all" else [encoder.n_layers]
     log.info("%d texts, %d layer(s), max length %d", len(texts), len(layers), job.max_length)
-    budget = char_budget(job.max_length)  # the encoder cuts each batch's texts to it
-    if cut := sum(len(text) > budget for text in texts):
-        log.info("%d text(s) over %s characters cut to that before tokenizing", cut, f"{budget:,}")
+    if cut := over_budget(texts, job.max_length):  # the encoder cuts each batch's texts
+        log.info("%d text(s) over %s characters cut to that before tokenizing", cut, f"{char_budget(job.max_length):,}")
     chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
     schema = embeddings_schema(encoder.dim, job.store_dtype)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))

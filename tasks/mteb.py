@@ -39,8 +39,9 @@ def build_scores(store: ArtifactStore, job: MtebJob, inputs: ModelInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     from tasks.metrics import mteb_tasks  # mteb takes ~1.3 s to import: only where a task is scored
 
-    rows, cut = mteb_tasks.evaluate_mteb(inputs.model_location(store, job.model), job.pooling, job.settings, job.task,
-                                   job.device, out.folder / RESULTS, results_meta(store, job, inputs), log)
+    rows, cut = mteb_tasks.evaluate_mteb(inputs.model_location(store, job.model), job.pooling, job.settings,
+                                         job.task, job.device, out.folder / RESULTS, results_meta(store, job, inputs),
+                                         log)
     out.write_table("metrics", metrics_table(rows, key=ref.key, model=inputs.model_name(job.model), dataset="mteb",
                                              pooling=job.pooling))
     out.extra.update(cut=cut)

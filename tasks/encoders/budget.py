@@ -13,7 +13,13 @@ def char_budget(max_length: int) -> int:
     return max_length * CHARS_PER_TOKEN
 
 
-def cut_texts(texts: list[str], max_length: int) -> tuple[list[str], int]:
-    """`texts` cut to the budget of `max_length` tokens, and how many of them were cut."""
+def cut_texts(texts: list[str], max_length: int) -> list[str]:
+    """`texts` cut to the budget of `max_length` tokens (what fits is kept as it is)."""
     budget = char_budget(max_length)
-    return [text[:budget] for text in texts], sum(len(text) > budget for text in texts)
+    return [text[:budget] for text in texts]
+
+
+def over_budget(texts: list[str], max_length: int) -> int:
+    """How many of `texts` `cut_texts` cuts."""
+    budget = char_budget(max_length)
+    return sum(len(text) > budget for text in texts)

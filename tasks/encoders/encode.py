@@ -89,7 +89,7 @@ class PooledEncoder:
 
     def _pooled(self, texts: list[str], max_length: int, layers: list[int]) -> np.ndarray:
         """One batch: (len(layers), len(POOLINGS), len(texts), dim)."""
-        texts, _ = cut_texts(texts, max_length)
+        texts = cut_texts(texts, max_length)
         if self.backend != "torch":
             if layers != [self.n_layers]:
                 raise ValueError(f"the {self.backend} backend gives the last layer only, not layers {layers}")

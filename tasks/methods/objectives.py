@@ -45,7 +45,7 @@ ObjectiveFn = Callable[[Recipe, SentenceTransformer, TrainConfig, "float | None"
 
 def features(model: SentenceTransformer, texts: list[str]) -> dict:
     """The model's inputs for `texts`, each cut to the character budget of its max length first."""
-    return model.preprocess(cut_texts(texts, model.max_seq_length)[0])
+    return model.preprocess(cut_texts(texts, model.max_seq_length))
 
 
 def tokens(model: SentenceTransformer, texts: list[str]) -> dict:

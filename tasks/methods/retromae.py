@@ -38,7 +38,7 @@ def decoder_attention_mask(attention_mask: torch.Tensor, visible: float) -> torc
 
 def retromae_features(model: SentenceTransformer, texts: list[str]) -> dict:
     """Tokenised texts plus `word_ids` (-1 on special and padding tokens) for whole-word masking."""
-    texts, _ = cut_texts(texts, model.max_seq_length)
+    texts = cut_texts(texts, model.max_seq_length)
     batch = model.tokenizer(texts, padding=True, truncation=True, max_length=model.max_seq_length,
                             return_tensors="pt")
     words = [[-1 if w is None else w for w in batch.word_ids(i)] for i in range(len(texts))]

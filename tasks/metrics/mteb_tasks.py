@@ -50,7 +50,7 @@ from tasks.config.base import InputError
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
 from tasks.core.eval_sets import read_pairs, read_table, rows_of_split
 from tasks.core.rng import global_rng_kept
-from tasks.encoders.budget import char_budget, cut_texts
+from tasks.encoders.budget import char_budget, cut_texts, over_budget
 from tasks.encoders.models import POOLING_MODES, load_model, pick_device
 
 with global_rng_kept():  # importing mteb seeds the process-wide generators with 42
@@ -236,8 +236,8 @@ class BoundedTransformer(models.Transformer):
 
     def preprocess(self, inputs, prompt=None, **kwargs):
         if all(isinstance(text, str) for text in inputs):
-            inputs, cut = cut_texts(list(inputs), self.max_seq_length)
-            self.cut += cut
+            self.cut += over_budget(inputs, self.max_seq_length)
+            inputs = cut_texts(inputs, self.max_seq_length)
         return super().preprocess(inputs, prompt=prompt, **kwargs)
 
 
