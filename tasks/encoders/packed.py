@@ -5,7 +5,8 @@ when each row is padded to the batch's longest.
 The batch's rows are packed into one row of their real tokens, with positions restarting at each
 row's start, and run through the Hugging Face model itself; only attention needs the rows apart:
 `varlen_attention` (registered with transformers' AttentionInterface) lays the packed queries,
-keys and values out padded, runs SDPA with the key-padding mask, and packs the result again.
+keys and values out as the padded batch was, runs SDPA with its key-padding mask, and packs the
+result again.
 Attention is a few percent of a BERT layer's compute at these lengths, so its padding costs little.
 The token states come back padded, so pooling and every loss see what the padded forward gives:
 the same numbers in eval mode (tests/tasks/encoders/test_packed.py); in training, dropout draws its
@@ -29,26 +30,25 @@ ATTENTION = "embforge_varlen"
 SUPPORTED = ("bert",)
 
 
-def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                     cu_seq_lens_q=None, max_length_q=None, **kwargs):
-    """Attention over packed rows (`cu_seq_lens_q`: where each starts); without them, SDPA as usual
-    (the model called unpacked: MLM and RetroMAE call the encoder themselves)."""
-    if cu_seq_lens_q is None:
+def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, packed_keep=None,
+                     packed_at=None, **kwargs):
+    """Attention over packed rows laid out as the padded batch was (`packed_keep`: its (rows, length)
+    mask of real tokens, `packed_at`: each packed token's place in it, both computed once per batch by
+    `packed_token_states`); without them, SDPA as usual (MLM and RetroMAE call the encoder padded)."""
+    if packed_at is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    lengths = cu_seq_lens_q.diff()
-    rows, longest, heads, dim = len(lengths), int(max_length_q), query.shape[1], query.shape[3]
-    keep = torch.arange(longest, device=query.device) < lengths[:, None]  # (rows, longest)
-    at = keep.flatten().nonzero().squeeze(1)  # (tokens,): each packed token's place in the padded layout
+    (rows, length), heads, dim = packed_keep.shape, query.shape[1], query.shape[3]
 
-    def padded(packed: torch.Tensor) -> torch.Tensor:  # (1, heads, tokens, dim) -> (rows, heads, longest, dim)
+    def padded(packed: torch.Tensor) -> torch.Tensor:  # (1, heads, tokens, dim) -> (rows, heads, length, dim)
         tokens = packed[0].transpose(0, 1)  # (tokens, heads, dim)
-        out = tokens.new_zeros(rows * longest, heads, dim).index_copy(0, at, tokens)
-        return out.view(rows, longest, heads, dim).transpose(1, 2)
+        out = tokens.new_zeros(rows * length, heads, dim).index_copy(0, packed_at, tokens)
+        return out.view(rows, length, heads, dim).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value), attn_mask=keep[:, None, None, :],
-                                         dropout_p=dropout, scale=scaling)  # (rows, heads, longest, dim)
-    return out.transpose(1, 2).reshape(rows * longest, heads, dim)[at][None], None  # (1, tokens, heads, dim)
+    out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value),
+                                         attn_mask=packed_keep[:, None, None, :], dropout_p=dropout,
+                                         scale=scaling)  # (rows, heads, length, dim)
+    return out.transpose(1, 2).reshape(rows * length, heads, dim)[packed_at][None], None  # (1, tokens, heads, dim)
 
 
 AttentionInterface.register(ATTENTION, varlen_attention)
@@ -61,15 +61,12 @@ def packed_token_states(encoder, input_ids: torch.Tensor, attention_mask: torch.
     its real tokens only; zeros at the padding."""
     keep = attention_mask.bool()  # (rows, length)
     rows, length = keep.shape
-    at = keep.flatten().nonzero().squeeze(1)  # (tokens,)
-    lengths = keep.sum(1)
-    starts = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)  # (rows + 1,)
+    at = keep.flatten().nonzero().squeeze(1)  # (tokens,): once per batch (on CUDA, nonzero waits for the device)
     positions = torch.arange(length, device=input_ids.device).expand(rows, length).flatten()[at]
     types = torch.zeros_like(positions) if token_type_ids is None else token_type_ids.flatten()[at]
-    longest = int(lengths.max())
-    hidden = encoder(input_ids=input_ids.flatten()[at][None], position_ids=positions[None],
-                     token_type_ids=types[None], cu_seq_lens_q=starts, cu_seq_lens_k=starts,
-                     max_length_q=longest, max_length_k=longest).last_hidden_state[0]  # (tokens, hidden)
+    # Every attention layer gets the layout through the model's keyword arguments.
+    hidden = encoder(input_ids=input_ids.flatten()[at][None], position_ids=positions[None], token_type_ids=types[None],
+                     packed_keep=keep, packed_at=at).last_hidden_state[0]  # (tokens, hidden)
     return hidden.new_zeros(rows * length, hidden.shape[-1]).index_copy(0, at, hidden).view(rows, length, -1)
 
 
