@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     api = prefect_api()  # its server boots while the flows import
     from flows.logs import logged
-    from flows.pipeline import pipeline
+    from flows.pipeline import outcome, pipeline
 
     params = RunParams(config=args.config, overrides=changes, store=store.url,
                        rebuild_stale_versions=args.rebuild_stale_versions)
@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     store.upload(log_file)  # an object store keeps it too
     if state.is_failed():
         console.print(f"the full log, with tracebacks: {log_file}", highlight=False)
-    state.result()  # raises the run's own error, e.g. an InputError naming the bad row
+    outcome(state, None)  # raises the run's own error, e.g. an InputError naming the bad row
     run_id = str(state.state_details.flow_run_id)
     catalog = Catalog(store)
     _print_table(f"{cfg.name} (run {run_id})",

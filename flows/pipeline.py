@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from prefect import flow, get_client, get_run_logger
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import State, StateType
 from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
@@ -126,7 +126,7 @@ class Run:
         if self.runner is None:
             state = runner(**args, return_state=True)
             self.record.add_stage(ref, state.name, label, method, changes)
-            return state.result()  # raises the stage's own error if it failed
+            return outcome(state, ref)  # a stage's task returns the ref it was handed
         future = self.runner.submit(runner, args, wait_for=[self.submitted[i.key].future for i in inputs.refs()
                                                             if i.key in self.submitted])
         submitted = self.submitted[ref.key] = Submitted(ref, future, label, method, changes)
@@ -154,6 +154,16 @@ class Run:
 
     def register(self, models: list[ReportedModel]) -> None:
         self.record.register([m.registration() for m in models])
+
+
+def outcome(state: State, value: T) -> T:
+    """`value`, what the run returns (known to the caller), if `state` is completed; else the run's own error,
+    raised. A completed state is never asked for its data: when the server rejects a final state as one it
+    already has (a request retried after the server took it), Prefect hands back the server's copy, which
+    carries no result (MissingResult for a run that succeeded)."""
+    if not state.is_completed():
+        state.result()
+    return value
 
 
 def open_run(params: RunParams, flow_name: str) -> Run:

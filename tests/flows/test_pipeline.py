@@ -366,3 +366,31 @@ def test_methods_are_selected_by_name_or_by_their_sweeps_name(tmp_path):
     with pytest.raises(ConfigError, match=r"methods \['nope'\] are not in the config; it has \['crops', "
                                           r"'crops-lr-0.0001', 'crops-lr-0.001', 'dropout'\]"):
         selected_methods(cfg, ["nope"])
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_completed_state_read_back_from_the_api_gives_the_runs_value_and_a_failed_one_its_error():
+    """When the server rejects a final state as one it already has (a request retried after the server took
+    it), Prefect hands back the server's copy: it carries no result. CI once failed a finished run so."""
+    from prefect import flow, get_client
+    from prefect.exceptions import MissingResult
+
+    from flows.pipeline import outcome
+
+    @flow
+    def finishes() -> str:
+        return "ref"
+
+    @flow
+    def fails() -> str:
+        raise InputError("corpus.parquet, row 3: empty text")
+
+    finished = finishes(return_state=True)
+    with get_client(sync_client=True) as client:
+        read_back = client.read_flow_run(finished.state_details.flow_run_id).state
+    assert read_back.is_completed()
+    with pytest.raises(MissingResult):
+        read_back.result()
+    assert outcome(read_back, "ref") == outcome(finished, "ref") == "ref"
+    with pytest.raises(InputError, match="row 3"):
+        outcome(fails(return_state=True), "ref")
