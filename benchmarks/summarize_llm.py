@@ -67,8 +67,8 @@ def workload(model_dir: str, documents: int) -> tuple[list[str], list[str]]:
     import pandas as pd
 
     from tasks.config.summaries import SEMCSE_PROMPTS
+    from tasks.generation.pool import build_prompt
     from tasks.llm import prompt_prefix
-    from tasks.summarize import build_prompt
 
     docs = pd.read_parquet(DATA, columns=["title", "text"]).head(documents + 1).to_dict("records")
     if len(docs) <= documents:

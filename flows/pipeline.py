@@ -41,8 +41,11 @@ from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.init import INIT, InitConfig
 from tasks.llm import LLM, LlmJob, needs_conversion
+from tasks.methods.recipes import RECIPES
 from tasks.mteb import MTEB, MtebJob
+from tasks.negatives import NEGATIVES, NegativesInputs, NegativesJob
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
+from tasks.queries import QUERIES, QueriesInputs
 from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob, publish_report
 from tasks.semantic import SEMANTIC, SemanticInputs, SemanticJob
 from tasks.sentences import SENTENCES, SentencesInputs
@@ -225,11 +228,11 @@ def track(run: Run) -> None:
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
                  base_model: str | None, start: ArtifactRef | None,
-                 summaries: ArtifactRef | None = None) -> ReportedModel:
+                 summaries: ArtifactRef | None = None, negatives: ArtifactRef | None = None) -> ReportedModel:
     """Pairs, then training, for one method; `start` is the encoder artifact to start from, if any."""
     knn = run.cfg.evaluate.knn
     views = PairsConfig.for_method(method, train.epochs, knn)
-    pairs = run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries), method.name)
+    pairs = run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
     job = TrainJob.for_method(base_model, method, train, knn)
     trained = run.stage(TRAIN, job, TrainInputs(pairs=pairs, start=start, documents=docs if job.knn else None),
                         method.name, method.recipe)
@@ -284,6 +287,20 @@ def summarize_corpus(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
     return run.stage(SUMMARIZE, summaries, SummarizeInputs(documents=docs, llm=llm))
 
 
+def mine_queries(run: Run, methods: list[MethodConfig], docs: ArtifactRef, base: str | None,
+                 start: ArtifactRef | None) -> ArtifactRef | None:
+    """LLM-written queries and the hard negatives the start model ranks high for them (GPL's and
+    InPars' training data), if one of `methods` trains on them."""
+    queries = run.cfg.queries
+    if not any(RECIPES[m.recipe].needs_queries for m in methods):
+        return None
+    llm = run.stage(LLM, LlmJob(source=queries.llm), NoInputs()) if needs_conversion(queries.llm) else None
+    written = run.stage(QUERIES, queries, QueriesInputs(documents=docs, llm=llm))
+    job = NegativesJob(model=base, pooling=pooling_for("gpl", run.cfg.train), negatives=queries.negatives,
+                       device=run.cfg.evaluate.device)
+    return run.stage(NEGATIVES, job, NegativesInputs(documents=docs, queries=written, model=start))
+
+
 def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedModel], Corpus]:
     """The base encoder, stage 1 (if any) and every method's model; registered in the run record."""
     cfg = run.cfg
@@ -304,8 +321,10 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         stage1 = train_method(run, pre.method, pre.train_for(), generic, generic_sentences, base, start)
         models.append(replace(stage1, label=f"stage 1 ({pre.method.name})"))
         base, start = None, stage1.artifact
+    negatives = mine_queries(run, methods, docs, base, start)
     for method in methods:
-        models.append(train_method(run, method, cfg.train_for(method), docs, sentences, base, start, summaries))
+        models.append(train_method(run, method, cfg.train_for(method), docs, sentences, base, start, summaries,
+                                   negatives))
     run.register(models)
     return models, Corpus(docs, summaries)
 

@@ -6,17 +6,23 @@ same:  one crop used twice (dropout, simcse, ct: the model's dropout makes the v
        mlm and retromae read only the anchor and mask it themselves at each step);
 noise: anchor = the crop with words deleted, positive = the crop itself (tsdae's input, target);
 summaries: anchor = an LLM summary of the document, positive = another of its summaries, or its
-       title (title_rate) or a random sentence of it (sentence_rate) instead (semcse; docs/methods.md §5).
+       title (title_rate) or a random sentence of it (sentence_rate) instead (semcse; docs/methods.md §5);
+queries: anchor = an LLM-written query of the document (training split only), positive = the document's
+       passage, and with `hard_negatives` a passage the start model ranks high for the query, drawn from
+       the ones the negatives stage mined; `round_trip` keeps only queries whose passage the start model
+       ranked within that top (gpl, inpars; docs/gpl.md).
 A crop is n consecutive kept sentences; documents with fewer than 2 crops are dropped for every
 view, so that all recipes train on the same documents with the same budget. Each epoch has one
 row per document in a fresh random order, so no document appears twice in a batch.
 
 Inputs: `sentences`; `documents` when kNN's test split is held out (`held_out`: kNN accuracy is
 then measured on documents the model never trained on) or titles are needed (summaries);
-`summaries` (the summarize artifact) for the summaries view.
+`summaries` (the summarize artifact) for the summaries view; `negatives` (the negatives artifact,
+which carries the queries) for the queries view.
 
 Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order (the summaries view
-adds positive_kind: summary, title, sentence or same).
+adds positive_kind: summary, title, sentence or same; the queries view with hard negatives adds
+negative).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from tasks.config.evaluation import KnnConfig
 from tasks.config.training import MethodConfig
 from tasks.core import duck
 from tasks.core.stage import Inputs, Stage
+from tasks.core.texts import document_text
 from tasks.methods.recipes import RECIPES, View
 from tasks.methods.tsdae import deletion_mask, keep_words
 from tasks.metrics import knn
@@ -67,10 +74,12 @@ class PairsConfig(Section):
     deletion_ratio: float | None = None
     held_out: HeldOut | None = None
     replacement: Replacement | None = None  # the summaries view's
+    round_trip: int | None = None  # the queries view's
+    hard_negatives: bool = False  # the queries view's
 
     @property
     def needs_documents(self) -> bool:
-        return self.held_out is not None or self.view == "summaries"
+        return self.held_out is not None or self.view in ("summaries", "queries")
 
     @classmethod
     def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None) -> PairsConfig:
@@ -81,7 +90,8 @@ class PairsConfig(Section):
         replacement = Replacement(**method.model_dump(include={"title_rate", "sentence_rate", "same_input"}))
         return cls(view=view, n_sentences=method.n_sentences, seed=method.seed, epochs=epochs,
                    deletion_ratio=method.deletion_ratio if view == "noise" else None, held_out=held_out,
-                   replacement=replacement if view == "summaries" else None)
+                   replacement=replacement if view == "summaries" else None,
+                   round_trip=method.resolved_round_trip, hard_negatives=RECIPES[method.recipe].hard_negatives)
 
 
 def knn_test_documents(docs: pa.Table, held_out: HeldOut) -> set[str]:
@@ -211,6 +221,33 @@ def draw_summary_pairs(summaries: dict[str, list[str]], titles: dict[str, str | 
                                            ("positive", pa.string()), ("positive_kind", pa.string())]))
 
 
+def draw_query_pairs(mined: pa.Table, passages: dict[str, str], cfg: PairsConfig, test: set[str]) -> pa.Table:
+    """One row per document per epoch, in a fresh order: one of its training queries (that pass the
+    round trip) as anchor, its passage as positive and, with hard negatives, one of the query's mined
+    negatives drawn at random (GPL samples them per step from the retriever's top)."""
+    keep = pc.equal(mined["split"], "train")
+    if cfg.round_trip:
+        keep = pc.and_(keep, pc.less_equal(mined["positive_rank"], cfg.round_trip))
+    if cfg.hard_negatives:
+        keep = pc.and_(keep, pc.greater(pc.list_value_length(mined["negatives"]), 0))
+    by_doc: dict[str, list[tuple[str, list[str]]]] = {}
+    for row in mined.filter(keep).select(["doc_id", "query", "negatives"]).to_pylist():
+        if row["doc_id"] not in test:
+            by_doc.setdefault(row["doc_id"], []).append((row["query"], row["negatives"]))
+    rng = np.random.default_rng(cfg.seed)
+    docs = sorted(by_doc)
+    cols: dict[str, list] = {"epoch": [], "doc_id": [], "anchor": [], "positive": [], "negative": []}
+    for epoch in range(cfg.epochs):
+        for i in rng.permutation(len(docs)):
+            query, negatives = by_doc[docs[i]][rng.integers(len(by_doc[docs[i]]))]
+            negative = passages[negatives[rng.integers(len(negatives))]] if cfg.hard_negatives else None
+            for name, value in zip(cols, (epoch, docs[i], query, passages[docs[i]], negative)):
+                cols[name].append(value)
+    names = ["epoch", "doc_id", "anchor", "positive"] + (["negative"] if cfg.hard_negatives else [])
+    return pa.table({n: cols[n] for n in names}, schema=pa.schema([*PAIRS_SCHEMA, pa.field("negative", pa.string())]
+                                                              if cfg.hard_negatives else PAIRS_SCHEMA))
+
+
 def texts_by_document(rows: pa.Table) -> dict[str, list[str]]:
     """doc_id → its `text` values, in row order."""
     result: dict[str, list[str]] = {}
@@ -280,17 +317,19 @@ class PairsInputs(Inputs):
     sentences: ArtifactRef
     documents: ArtifactRef | None = None  # with held_out, and for the summaries view's titles
     summaries: ArtifactRef | None = None  # the summaries view's
+    negatives: ArtifactRef | None = None  # the queries view's: the queries and their mined negatives
 
     @classmethod
     def for_view(cls, cfg: PairsConfig, sentences: ArtifactRef, documents: ArtifactRef,
-                 summaries: ArtifactRef | None) -> PairsInputs:
+                 summaries: ArtifactRef | None, negatives: ArtifactRef | None = None) -> PairsInputs:
         return cls(sentences=sentences, documents=documents if cfg.needs_documents else None,
-                   summaries=summaries if cfg.view == "summaries" else None)
+                   summaries=summaries if cfg.view == "summaries" else None,
+                   negatives=negatives if cfg.view == "queries" else None)
 
 
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    columns = ["doc_id", "label"] + (["title"] if cfg.view == "summaries" else [])
+    columns = ["doc_id", "label"] + {"summaries": ["title"], "queries": ["title", "text"]}.get(cfg.view, [])
     docs = store.read_table(inputs.documents, "documents", columns) if cfg.needs_documents else None
     test = knn_test_documents(docs, cfg.held_out) if cfg.held_out else set()
     if test:
@@ -303,6 +342,15 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
                                    cfg.epochs, cfg.seed)
         if table.num_rows == 0:
             raise InputError("no document has 2 or more usable summaries: see the summarize artifact's stats")
+        rows = out.write_batches("pairs", table.schema, table.to_batches(ROWS_PER_GROUP))
+    elif cfg.view == "queries":
+        ids, titles, texts = (docs[c].to_pylist() for c in ("doc_id", "title", "text"))
+        passages = {d: document_text(t, x) for d, t, x in zip(ids, titles, texts)}
+        table = draw_query_pairs(store.read_table(inputs.negatives, "negatives"), passages, cfg, test)
+        if table.num_rows == 0:
+            raise InputError("no training query is left" + (f" whose passage the start model ranks within the top "
+                                                            f"{cfg.round_trip} (round_trip)" if cfg.round_trip else "")
+                             + ": see the queries and negatives artifacts")
         rows = out.write_batches("pairs", table.schema, table.to_batches(ROWS_PER_GROUP))
     else:
         sentences = store.table_path(inputs.sentences, "sentences")

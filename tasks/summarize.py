@@ -20,64 +20,27 @@ tokens, model, backend, sampling, seed; `stats.parquet`: prompt_id, status, coun
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from tqdm.auto import tqdm
-from transformers import AutoTokenizer
 
 from storage.base import ArtifactRef, stable_hash
-from storage.shards import ShardPool
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import llm
 from tasks.config.summaries import SummaryConfig
-from tasks.core.progress import StageProgress
 from tasks.core.stage import Inputs, Stage
-from tasks.encoders.budget import char_budget
-from tasks.encoders.models import load_model
-from tasks.generation import generate
+from tasks.core.texts import document_text
+from tasks.generation.pool import WORD, copies_source, generate_missing, read_documents, rows_key
 
 STATUSES = ("ok", "empty", "run_on", "repeat")
 SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
-WORD = re.compile(r"\w+")
 
 
 class SummarizeInputs(Inputs):
     documents: ArtifactRef
     llm: ArtifactRef | None = None  # the converted GGUF LLM
-
-
-def source_text(title: str | None, text: str) -> str:
-    return f"{title}\n{text}" if title else text
-
-
-def build_prompt(prefix: str, title: str | None, text: str, prompt: str) -> str:
-    return f"{prefix}{source_text(title, text)}\n{prompt}"
-
-
-def fitted_text(tokenizer, text: str, budget: int) -> tuple[str, bool]:
-    """The first `budget` tokens of `text`, as text, and whether it was cut. Characters are cut first
-    (`budget.char_budget`), so that a huge document is never tokenized whole."""
-    head = text[: char_budget(budget)]
-    ids = tokenizer(head, add_special_tokens=False)["input_ids"]
-    if len(ids) <= budget:
-        return head, len(head) < len(text)
-    return tokenizer.decode(ids[:budget]), True
-
-
-def fit_documents(tokenizer, docs: list[dict], prefix: str, prompts: list[str], max_tokens: int) -> int:
-    """Set each document's `fitted` text: cut so that every prompt built from it and its continuation
-    fit the LLM's context (generate.CONTEXT tokens); returns how many were cut."""
-    cut = 0
-    for d in docs:
-        around = max(len(tokenizer(build_prompt(prefix, d["title"], "", p))["input_ids"]) for p in prompts)
-        # 8 tokens of slack: tokens can merge differently where the text meets the rest of the prompt
-        d["fitted"], was_cut = fitted_text(tokenizer, d["text"], max(generate.CONTEXT - max_tokens - around - 8, 0))
-        cut += was_cut
-    return cut
 
 
 def first_sentence(continuation: str) -> tuple[str, bool]:
@@ -88,83 +51,31 @@ def first_sentence(continuation: str) -> tuple[str, bool]:
     return (line[: end.end()] if end else line).strip(), bool(end or newline)
 
 
-def _trigrams(text: str) -> list[tuple[str, ...]]:
-    words = WORD.findall(text.lower())
-    return [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
-
-
 def summary_status(summary: str, ended: bool, finish: str, source: str, copied: float = 0.8) -> str:
     """`ok`, or why the summary is useless: `empty`, `run_on` or `repeat` (copies the input)."""
     if len(WORD.findall(summary)) < 3:
         return "empty"
     if not ended and finish == "length":
         return "run_on"
-    grams, source_grams = _trigrams(summary), set(_trigrams(source))
-    if grams and sum(g in source_grams for g in grams) / len(grams) >= copied:
+    if copies_source(summary, source, copied):
         return "repeat"
     return "ok"
 
 
 def pool_key(job: SummaryConfig) -> str:
-    """Rows are interchangeable between jobs that share the LLM's weights and the sampling settings
-    (not the backend: both sample the same distribution)."""
-    return stable_hash(llm.identity(job.llm), job.sampling.model_dump(mode="json"))
-
-
-def _documents(store: ArtifactStore, job: SummaryConfig, docs_ref: ArtifactRef) -> list[dict]:
-    docs = store.read_table(docs_ref, "documents").select(["doc_id", "title", "text"]).to_pylist()
-    docs = docs[: job.limit] if job.limit else docs
-    for d in docs:
-        d["digest"] = stable_hash(d["title"], d["text"])
-    return docs
-
-
-def _generate_missing(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeInputs, docs: list[dict],
-                      pool: ShardPool, have: pa.Table | None, log: logging.Logger) -> tuple[list[pa.Table], int]:
-    """Generate what `have` (the pool as read) lacks; returns the new shards' tables and how many of the
-    documents were cut to fit the LLM's context."""
-    done = set(zip(have["doc_digest"].to_pylist(), have["prompt_digest"].to_pylist())) if have else set()
-    prompts = [(p, stable_hash(p)) for p in job.prompts]
-    todo = [(d, [(p, h) for p, h in prompts if (d["digest"], h) not in done]) for d in docs]
-    todo = [(d, missing) for d, missing in todo if missing]
-    log.info("%d of %d documents need summaries (%d pool shards)", len(todo), len(docs), len(pool.shards()))
-    if not todo:
-        return [], 0
-    model_dir = llm.llm_folder(store, inputs.llm, job.llm)
-    prefix, sampling = llm.prompt_prefix(model_dir), json.dumps(job.sampling.model_dump(mode="json"), sort_keys=True)
-    cut = fit_documents(load_model(model_dir, AutoTokenizer.from_pretrained), [d for d, _ in todo], prefix,
-                        job.prompts, job.sampling.max_tokens)
-    if cut:
-        log.warning("%d of %d documents cut to fit the LLM's context of %d tokens", cut, len(todo), generate.CONTEXT)
-    generator = generate.make_generator(job.backend, model_dir, job.sampling)
-    made = []
-    try:
-        with StageProgress(len(todo), "documents") as progress, \
-                tqdm(total=len(todo), desc=progress.label, unit="doc") as bar:
-            for start in range(0, len(todo), job.shard_size):
-                shard = todo[start : start + job.shard_size]
-                asked = [(d, p, h) for d, missing in shard for p, h in missing]
-                outputs = generator.generate([build_prompt(prefix, d["title"], d["fitted"], p) for d, p, _ in asked])
-                rows = [dict(doc_id=d["doc_id"], doc_digest=d["digest"], prompt=p, prompt_digest=h, sample=i,
-                             continuation=c.text, finish=c.finish, tokens=c.tokens, model=job.llm,
-                             backend=generator.name, sampling=sampling, seed=job.sampling.seed)
-                        for (d, p, h), completions in zip(asked, outputs) for i, c in enumerate(completions)]
-                made.append(pa.Table.from_pylist(rows))
-                pool.write(made[-1])
-                bar.update(len(shard))
-                progress.advance(len(shard))
-                log.info("shard of %d documents done (%d/%d)", len(shard), start + len(shard), len(todo))
-    finally:
-        generator.close()
-    return made, cut
+    """The summaries' pool: one per LLM and sampling settings (pool.rows_key)."""
+    return rows_key(llm.identity(job.llm), job.sampling)
 
 
 def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs = _documents(store, job, inputs.documents)
+    docs = read_documents(store, inputs.documents, job.limit)
     pool = store.pool("summaries", pool_key(job))
     have = pool.read()
-    new, cut = _generate_missing(store, job, inputs, docs, pool, have, log)
+    model_dir = llm.llm_folder(store, inputs.llm, job.llm)
+    new, cut = generate_missing(docs, pool, have, job.prompts, model=job.llm, model_dir=model_dir,
+                                prefix=llm.prompt_prefix(model_dir), backend=job.backend, sampling=job.sampling,
+                                shard_size=job.shard_size, log=log, what="summaries")
     pooled = pa.concat_tables(([have] if have is not None else []) + new, promote_options="default")
     made = sum(t.num_rows for t in new)
     by_digest = {d["digest"]: d for d in docs}
@@ -176,7 +87,7 @@ def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeI
             continue
         seen.add((r["doc_digest"], prompt_id, r["sample"]))
         text, ended = first_sentence(r["continuation"])
-        status = summary_status(text, ended, r["finish"], source_text(doc["title"], doc["text"]))
+        status = summary_status(text, ended, r["finish"], document_text(doc["title"], doc["text"]))
         rows.append(dict(doc_id=doc["doc_id"], prompt_id=prompt_id, sample=r["sample"], text=text, status=status,
                          **{k: r[k] for k in ("continuation", "finish", "tokens", "model", "backend", "sampling",
                                               "seed")}))

@@ -50,3 +50,16 @@ def test_rows_beyond_one_epoch_come_from_more_epochs(tmp_path):
     rows = benchmark("-c", "import sys; from train_step import demo_rows; from storage.store import ArtifactStore; "
                      f"print(demo_rows('crops', 2000, ArtifactStore({str(tmp_path)!r})).num_rows)")
     assert rows == "2000"
+
+
+def test_paper_configs_scale_every_paper_config_and_train_one_at_cpu_size(tmp_path):
+    checked = json.loads(benchmark("paper_configs.py", "--check-only", "--store", str(tmp_path / "a" / "store")))
+    assert set(checked) == {p.stem for p in (REPO / "configs" / "paper").glob("*.yaml")}  # each scales validly
+    out = json.loads(benchmark("paper_configs.py", "--configs", "crops_vs_dropout", "--docs", "64", "--steps", "6",
+                               "--store", str(tmp_path / "b" / "store")))
+    run = out["crops_vs_dropout"]
+    assert run["status"] == "completed" and set(run["methods"]) == {"crops", "dropout"}
+    for method in run["methods"].values():
+        assert method["health"] == "healthy" and method["chance"] == pytest.approx(4.159, abs=1e-3)  # ln 64
+        assert 0 < method["loss_last"] and 0 <= method["knn"] <= 1
+    assert 0 <= run["untrained_knn"] <= 1

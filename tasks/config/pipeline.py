@@ -9,6 +9,7 @@ from tasks.config.base import Section
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import EvaluateConfig
 from tasks.config.model import ModelConfig
+from tasks.config.queries import QueriesConfig
 from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
 from tasks.config.summaries import SummaryConfig
 from tasks.config.training import MethodConfig, TrainConfig, expand_sweeps, merged_train
@@ -28,6 +29,9 @@ class PipelineConfig(Section):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     summaries: SummaryConfig | None = Field(None, description="LLM summaries of the documents (SemCSE's "
                                             "positives); `summaries: {}` takes every default.")
+    queries: QueriesConfig | None = Field(None, description="LLM-written queries per document and hard "
+                                          "negatives mined for them (GPL's and InPars' training data); "
+                                          "`queries: {}` takes every default.")
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Task-level retries with back-off.")
     run: RunConfig = Field(default_factory=RunConfig, description="How the run uses this machine.")
     tracking: TrackingConfig | None = Field(None, description="Log every run to an experiment tracker too.")
@@ -49,13 +53,17 @@ class PipelineConfig(Section):
             if RECIPES[method.recipe].needs_summaries and self.summaries is None:
                 raise ValueError(f"methods.{i}: recipe {method.recipe} trains on LLM summaries, add a "
                                  "`summaries` section (`summaries: {}` for the defaults)")
+            if RECIPES[method.recipe].needs_queries and self.queries is None:
+                raise ValueError(f"methods.{i}: recipe {method.recipe} trains on LLM-written queries, add a "
+                                 "`queries` section (`queries: {}` for the defaults)")
             if method.knn_holdout and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.knn_holdout: holds out kNN's test split, set `evaluate.knn`")
         if self.model.pretrain:
             self.model.pretrain.train_for()
-            if RECIPES[self.model.pretrain.method.recipe].needs_summaries:
-                raise ValueError("model.pretrain.method: stage 1 runs on a generic corpus without summaries, "
-                                 f"{self.model.pretrain.method.recipe} cannot be its recipe")
+            recipe = RECIPES[self.model.pretrain.method.recipe]
+            if recipe.needs_summaries or recipe.needs_queries:
+                raise ValueError("model.pretrain.method: stage 1 runs on a generic corpus without summaries or "
+                                 f"queries, {recipe.name} cannot be its recipe")
         return self
 
     def train_for(self, method: MethodConfig, where: str = "train") -> TrainConfig:

@@ -33,6 +33,10 @@ class MethodConfig(Section):
                                  "by a random sentence of the abstract (anchors are always summaries).")
     same_input: bool = Field(False, description="SemCSE ablation: the positive is the anchor summary "
                              "itself, so only dropout makes the two views differ.")
+    round_trip: int | None = Field(None, ge=1, description="Generated queries: train only on those whose "
+                                   "passage the start model ranks within this top (default: the recipe's "
+                                   "own: " + ", ".join(f"{r.round_trip} for {r.name}" for r in RECIPES.values()
+                                                       if r.round_trip) + "; none for the others).")
     knn_holdout: bool = Field(False, description="Train on the documents of the kNN train split only "
                               "(evaluate.knn's test_size and seed), so the documents kNN accuracy is "
                               "measured on are never seen in training.")
@@ -49,6 +53,11 @@ class MethodConfig(Section):
         """The masking ratio the recipe trains with: the configured one, else the recipe's own
         (None for recipes that do not mask)."""
         return (self.mask_ratio or RECIPES[self.recipe].mask_ratio) if RECIPES[self.recipe].mask_ratio else None
+
+    @property
+    def resolved_round_trip(self) -> int | None:
+        """The round-trip filter of a recipe that reads generated queries (None: every query)."""
+        return (self.round_trip or RECIPES[self.recipe].round_trip) if RECIPES[self.recipe].needs_queries else None
 
     @property
     def resolved_decoder_visible(self) -> float | None:

@@ -1,8 +1,9 @@
 """InfoNCE / NT-Xent, one direction, in-batch negatives (docs/methods.md §1, §2).
 
-For anchor i the logits are cos(a_i, p_j) / τ over every positive j in the batch and the target
-is j = i. With τ = 0.05 this is sentence-transformers' MultipleNegativesRankingLoss(scale=20)
-(the tests check that). We keep our own module because the recipes need two things MNRL lacks:
+For anchor i the logits are cos(a_i, p_j) / τ over every positive j in the batch (and every hard
+negative, when the rows carry one) and the target is j = i. With τ = 0.05 this is
+sentence-transformers' MultipleNegativesRankingLoss(scale=20), with or without negatives (the
+tests check both). We keep our own module because the recipes need two things MNRL lacks:
 SimCSE's single forward pass over both views, and a projection head used only in training.
 """
 
@@ -16,8 +17,9 @@ from torch import nn
 from tasks.methods.distributed import Gather, no_gather
 
 
-def info_nce(anchors: torch.Tensor, positives: torch.Tensor, temperature: float) -> torch.Tensor:
-    logits = F.normalize(anchors, dim=-1) @ F.normalize(positives, dim=-1).T / temperature
+def info_nce(anchors: torch.Tensor, candidates: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`candidates`: anchor i's positive in row i, then any negatives (B' >= B rows)."""
+    logits = F.normalize(anchors, dim=-1) @ F.normalize(candidates, dim=-1).T / temperature  # (B, B')
     return F.cross_entropy(logits, torch.arange(len(anchors), device=anchors.device))
 
 
@@ -48,9 +50,12 @@ class InfoNCELoss(nn.Module):
     def score(self, embeddings: list[torch.Tensor]) -> torch.Tensor:
         if self.one_pass:
             anchors, positives = embeddings[0].chunk(2)  # (2B, D) -> 2 x (B, D)
+            candidates = [positives]
         else:
-            anchors, positives = embeddings
-        return info_nce(self.gather(anchors), self.gather(positives), self.temperature)
+            anchors, *candidates = embeddings  # positives, then any hard negatives: (B, D) each
+        # Each column gathered on its own, so the positives stay first and in the anchors' order.
+        candidates = torch.cat([self.gather(c) for c in candidates])  # (B * columns, D)
+        return info_nce(self.gather(anchors), candidates, self.temperature)
 
     def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
         return self.score(self.embed(sentence_features))

@@ -53,15 +53,17 @@ def tokens(model: SentenceTransformer, texts: list[str]) -> dict:
 
 
 def anchors_and_positives(model: SentenceTransformer) -> Callable[[list[Pair]], list[dict]]:
-    # Two passes, as sentence-transformers does: one pass over 2B rows was 25% slower on CPU.
-    return lambda batch: [tokens(model, [a for a, _ in batch]), tokens(model, [p for _, p in batch])]
+    """One input per column: anchors, positives, and hard negatives when the rows carry them.
+    A pass per column, as sentence-transformers does: one pass over 2B rows was 25% slower on CPU."""
+    return lambda batch: [tokens(model, list(column)) for column in zip(*batch)]
 
 
 def info_nce(one_pass: bool) -> ObjectiveFn:
     def objective(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
         loss = InfoNCELoss(model, cfg.temperature, cfg.head or recipe.head, one_pass, gather)
         terms = max(1, len(cfg.matryoshka_dims))  # Matryoshka sums one InfoNCE per dimension
-        chance = lambda rows: terms * math.log(rows)  # noqa: E731
+        columns = 2 if recipe.hard_negatives else 1  # candidates per row: its positive, and its hard negative
+        chance = lambda rows: terms * math.log(columns * rows)  # noqa: E731
         if cfg.matryoshka_dims:
             loss = MatryoshkaLoss(model, loss, sorted(cfg.matryoshka_dims, reverse=True))
         if one_pass:  # 2B rows: anchors, then positives; each row gets its own dropout mask
@@ -107,7 +109,7 @@ def retromae(with_infonce: bool) -> ObjectiveFn:
 OBJECTIVES: dict[str, ObjectiveFn] = {
     "crops": info_nce(False), "dropout": info_nce(False), "simcse": info_nce(True), "tsdae": tsdae,
     "ct": contrastive_tension, "mlm": masked_lm, "retromae": retromae(False), "retromae_infonce": retromae(True),
-    "semcse": semcse_triplet, "semcse_infonce": semcse_info_nce,
+    "semcse": semcse_triplet, "semcse_infonce": semcse_info_nce, "gpl": info_nce(False), "inpars": info_nce(False),
 }
 if set(OBJECTIVES) != set(RECIPES):
     raise RuntimeError(f"objectives and recipe registry disagree: {sorted(set(OBJECTIVES) ^ set(RECIPES))}")

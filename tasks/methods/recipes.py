@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Pair = tuple[str, str]
-View = Literal["crops", "same", "noise", "summaries"]
+Pair = tuple[str, ...]  # (anchor, positive), or (anchor, positive, hard negative) for recipes that mine them
+View = Literal["crops", "same", "noise", "summaries", "queries"]
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,18 @@ class Recipe:
     # The loss is a function of the sentence vectors alone, so it can run cached in mini-batches
     # (GradCache, `train.mini_batch_size`): its encoder passes split from the loss over the batch.
     mini_batches: bool = False
+    # Each row also carries a passage the start model ranks high for the anchor query (GPL's mined negative).
+    hard_negatives: bool = False
+    # Keep a generated query only if the start model ranks its passage within this top (InPars, Promptagator).
+    round_trip: int | None = None
 
     @property
     def needs_summaries(self) -> bool:
         return self.view == "summaries"
+
+    @property
+    def needs_queries(self) -> bool:
+        return self.view == "queries"
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in [
@@ -61,6 +69,12 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
            pooling="cls", in_batch_negatives=True, mini_batches=True),
     Recipe("semcse_infonce", "the same pairs with cosine InfoNCE (set `train.temperature: 0.07`, the paper's)",
            "summaries", pooling="cls", in_batch_negatives=True, mini_batches=True),
+    Recipe("gpl", "InfoNCE between an LLM-written query and its passage, against the other passages and a hard "
+           "negative mined with the start model (GPL without a cross-encoder; needs `queries`)", "queries",
+           in_batch_negatives=True, sentence_head=True, mini_batches=True, hard_negatives=True),
+    Recipe("inpars", "InfoNCE between an LLM-written query and its passage, keeping only queries whose passage the "
+           "start model ranks first (InPars / Promptagator's round-trip filter; needs `queries`)", "queries",
+           in_batch_negatives=True, sentence_head=True, mini_batches=True, round_trip=1),
 ]}
 
 

@@ -92,12 +92,14 @@ def plan_batches(epoch_rows: list[int], batch_size: int) -> list[BatchRows]:
 
 
 class PairBatches:
-    """The batches of a pairs file (columns epoch, anchor, positive; epoch-major), read a row group
+    """The batches of a pairs file (columns epoch, anchor, positive[, negative]; epoch-major), read a row group
     at a time: the plan comes from the `epoch` column alone, so the texts held at any moment are
     those of the row groups the current batch spans, whatever the file's size."""
 
     def __init__(self, source: pq.ParquetFile, batch_size: int):
         self.source = source
+        # (anchor, positive) rows, or (anchor, positive, negative) where the view mined hard negatives
+        self.columns = [c for c in ("anchor", "positive", "negative") if c in source.schema_arrow.names]
         epochs = source.read(columns=["epoch"])["epoch"].to_numpy()
         if (np.diff(epochs) < 0).any():  # rows are read in file order, never regrouped
             raise ValueError("pairs are not in training order: the epoch column goes down")
@@ -123,11 +125,11 @@ class PairBatches:
                 group = int(np.searchsorted(group_ends, batch.start, side="right"))
                 held_start = held_end = int(group_ends[group - 1]) if group else 0
             while held_end < batch.start + batch.size:
-                held.append(self.source.read_row_group(group, columns=["anchor", "positive"]))
+                held.append(self.source.read_row_group(group, columns=self.columns))
                 held_end += held[-1].num_rows
                 group += 1
             rows = pa.concat_tables(held).slice(batch.start - held_start, batch.size)
-            yield batch.epoch, list(zip(rows["anchor"].to_pylist(), rows["positive"].to_pylist()))
+            yield batch.epoch, list(zip(*(rows[c].to_pylist() for c in self.columns)))
 
 
 class Checkpoints:

@@ -394,3 +394,38 @@ def test_a_completed_state_read_back_from_the_api_gives_the_runs_value_and_a_fai
     assert outcome(read_back, "ref") == outcome(finished, "ref") == "ref"
     with pytest.raises(InputError, match="row 3"):
         outcome(fails(return_state=True), "ref")
+
+
+@pytest.mark.slow  # the LLM writes queries for 30 documents (transformers generate on the CPU), two trainings
+@pytest.mark.usefixtures("prefect_harness")
+def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alone(tmp_path, llm_dir):
+    queries = {"llm": llm_dir, "backend": "transformers", "limit": 30, "shard_size": 10, "held_out": 0.2,
+               "sampling": {"n": 2, "max_tokens": 24},
+               "negatives": {"k": 3, "duplicate_similarity": 0.99999}}  # a random encoder finds every text alike
+    methods = [{"name": "gpl", "recipe": "gpl"}, {"name": "inpars", "recipe": "inpars", "round_trip": 10}]
+    config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries,
+                         train={"epochs": 2, "batch_size": 4, "max_length": 32})
+    first, state = run(config)
+    assert state.is_completed()
+    store = ArtifactStore(tmp_path / "store")
+    catalog = Catalog(store)
+    keys = {(r["stage"], r["label"]): r["key"] for r in catalog.query(
+        "SELECT stage, label, key FROM run_stages WHERE run_id = ?", [first])}
+    written = pd.read_parquet(store.root / "artifacts" / "queries" / keys["queries", ""] / "queries.parquet")
+    mined = pd.read_parquet(store.root / "artifacts" / "negatives" / keys["negatives", ""] / "negatives.parquet")
+    assert len(written) == 30 * 2 and set(mined["query_id"]) == set(written.loc[written["status"] == "ok", "query_id"])
+    assert not any(doc in negatives for doc, negatives in zip(mined["doc_id"], mined["negatives"]))
+    held_out = set(written.loc[written["split"] == "held_out", "doc_id"])
+    assert held_out  # ~20% of the 30 documents: their queries are never trained on
+    for label, negative in [("gpl", True), ("inpars", False)]:
+        pairs = pd.read_parquet(store.root / "artifacts" / "pairs" / keys["pairs", label] / "pairs.parquet")
+        assert not set(pairs["doc_id"]) & held_out and ("negative" in pairs) == negative
+        assert set(pairs["anchor"]) <= set(mined["query"])
+    kept = mined[(mined["split"] == "train") & (mined["positive_rank"] <= 10)]
+    inpars = pd.read_parquet(store.root / "artifacts" / "pairs" / keys["pairs", "inpars"] / "pairs.parquet")
+    assert set(inpars["anchor"]) <= set(kept["query"])  # the round trip: passages ranked within the top 10
+    assert {r["label"] for r in catalog.query("SELECT label FROM run_metrics WHERE run_id = ?", [first])} >= {
+        "gpl", "inpars"}
+
+    second, _ = run(config)  # everything cached, the queries included
+    assert {s["state"] for s in stages(Catalog(store), second)} == {"Cached"}

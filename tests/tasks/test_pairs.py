@@ -10,7 +10,7 @@ from tasks.config.data import DataConfig, SentenceConfig
 from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
 from tasks.methods.tsdae import deletion_mask, keep_words
-from tasks.pairs import PAIRS, HeldOut, PairsConfig, PairsInputs, Replacement, draw_summary_pairs
+from tasks.pairs import PAIRS, HeldOut, PairsConfig, PairsInputs, Replacement, draw_query_pairs, draw_summary_pairs
 from tasks.sentences import SENTENCES, SentencesInputs
 from tests.tasks.test_sentences import DEMO_CORPUS
 
@@ -187,3 +187,37 @@ def test_semcse_documents_need_two_usable_summaries():
     pairs = draw_summary_pairs({"a": ["one"], "b": ["x", "y"]}, {}, {}, Replacement(
         title_rate=0, sentence_rate=0, same_input=False), epochs=2, seed=0)
     assert set(pairs["doc_id"].to_pylist()) == {"b"}
+
+
+def mined_queries() -> pa.Table:
+    """A negatives artifact's table: d0 has two training queries, d1 one that its passage fails the
+    round trip for, d2 only held-out queries, d3 one without negatives."""
+    rows = [("q0", "d0", "train", "what is d0", 1, ["d1", "d2"]), ("q1", "d0", "train", "d0 again", 2, ["d3"]),
+            ("q2", "d1", "train", "about d1", 5, ["d0"]), ("q3", "d2", "held_out", "held d2", 1, ["d0"]),
+            ("q4", "d3", "train", "of d3", 1, [])]
+    return pa.table({name: list(col) for name, col in zip(
+        ["query_id", "doc_id", "split", "query", "positive_rank", "negatives"], zip(*rows))})
+
+
+PASSAGES = {f"d{i}": f"passage of d{i}" for i in range(4)}
+
+
+def test_query_pairs_train_on_training_queries_against_their_passage_and_a_mined_negative():
+    cfg = PairsConfig(view="queries", epochs=40, seed=0, hard_negatives=True)
+    table = draw_query_pairs(mined_queries(), PASSAGES, cfg, test=set()).to_pylist()
+    assert len(table) == 40 * 2  # d0 and d1: d2's queries are held out, d3 has no negative to train with
+    for epoch in range(40):
+        assert sorted(r["doc_id"] for r in table if r["epoch"] == epoch) == ["d0", "d1"]  # once each per epoch
+    for r in table:
+        assert r["positive"] == PASSAGES[r["doc_id"]] and r["negative"] != r["positive"]
+    d0 = [r for r in table if r["doc_id"] == "d0"]
+    assert {r["anchor"] for r in d0} == {"what is d0", "d0 again"}  # a query drawn per epoch
+    assert {r["negative"] for r in d0} == {PASSAGES["d1"], PASSAGES["d2"], PASSAGES["d3"]}  # each query's own
+    assert all(r["negative"] == PASSAGES["d3"] for r in d0 if r["anchor"] == "d0 again")
+
+
+def test_query_pairs_round_trip_keeps_queries_whose_passage_ranked_within_the_top_and_the_knn_test_set_out():
+    cfg = PairsConfig(view="queries", epochs=3, seed=1, round_trip=1)
+    table = draw_query_pairs(mined_queries(), PASSAGES, cfg, test={"d3"})
+    assert "negative" not in table.column_names
+    assert set(table["anchor"].to_pylist()) == {"what is d0"} and table.num_rows == 3

@@ -18,15 +18,13 @@ from tasks.config.summaries import SEMCSE_PROMPTS, Sampling, SummaryConfig
 from tasks.core.stage import NoInputs
 from tasks.encoders.models import load_model
 from tasks.generation import generate
+from tasks.generation.pool import build_prompt, fit_documents, fitted_text
 from tasks.ingest import INGEST
 from tasks.llm import prompt_prefix
 from tasks.summarize import (
     SUMMARIZE,
     SummarizeInputs,
-    build_prompt,
     first_sentence,
-    fit_documents,
-    fitted_text,
     pool_key,
     summary_status,
 )

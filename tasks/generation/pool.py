@@ -1,0 +1,123 @@
+"""What the stages that write with an LLM share (summaries, queries): the documents, cut to fit the
+LLM's context, the prompt built from each, the copy test of the quality guards, and the generation
+of the rows a shard pool (storage/shards.py) lacks, a shard of documents at a time.
+
+Pool rows: doc_id, doc_digest, prompt, prompt_digest, sample, continuation, finish, tokens, model,
+backend, sampling, seed. Imports no stage: the caller resolves the LLM's folder and prompt prefix
+(tasks/llm.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pyarrow as pa
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
+from storage.base import ArtifactRef, stable_hash
+from storage.shards import ShardPool
+from storage.store import ArtifactStore
+from tasks.config.summaries import Sampling
+from tasks.core.progress import StageProgress
+from tasks.core.texts import document_text
+from tasks.encoders.budget import char_budget
+from tasks.encoders.models import load_model
+from tasks.generation import generate
+
+WORD = re.compile(r"\w+")
+
+
+def read_documents(store: ArtifactStore, docs_ref: ArtifactRef, limit: int | None) -> list[dict]:
+    """The first `limit` documents (all without one), each with the `digest` its pool rows are found by."""
+    docs = store.read_table(docs_ref, "documents").select(["doc_id", "title", "text"]).to_pylist()
+    docs = docs[:limit] if limit else docs
+    for d in docs:
+        d["digest"] = stable_hash(d["title"], d["text"])
+    return docs
+
+
+def build_prompt(prefix: str, title: str | None, text: str, prompt: str) -> str:
+    return f"{prefix}{document_text(title, text)}\n{prompt}"
+
+
+def fitted_text(tokenizer, text: str, budget: int) -> tuple[str, bool]:
+    """The first `budget` tokens of `text`, as text, and whether it was cut. Characters are cut first
+    (`budget.char_budget`), so that a huge document is never tokenized whole."""
+    head = text[: char_budget(budget)]
+    ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+    if len(ids) <= budget:
+        return head, len(head) < len(text)
+    return tokenizer.decode(ids[:budget]), True
+
+
+def fit_documents(tokenizer, docs: list[dict], prefix: str, prompts: list[str], max_tokens: int) -> int:
+    """Set each document's `fitted` text: cut so that every prompt built from it and its continuation
+    fit the LLM's context (generate.CONTEXT tokens); returns how many were cut."""
+    cut = 0
+    for d in docs:
+        around = max(len(tokenizer(build_prompt(prefix, d["title"], "", p))["input_ids"]) for p in prompts)
+        # 8 tokens of slack: tokens can merge differently where the text meets the rest of the prompt
+        d["fitted"], was_cut = fitted_text(tokenizer, d["text"], max(generate.CONTEXT - max_tokens - around - 8, 0))
+        cut += was_cut
+    return cut
+
+
+def trigrams(text: str) -> list[tuple[str, ...]]:
+    words = WORD.findall(text.lower())
+    return [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+
+
+def copies_source(text: str, source: str, copied: float = 0.8) -> bool:
+    """Whether at least a share `copied` of `text`'s word trigrams are in `source` (False without trigrams)."""
+    grams, source_grams = trigrams(text), set(trigrams(source))
+    return bool(grams) and sum(g in source_grams for g in grams) / len(grams) >= copied
+
+
+def rows_key(llm_identity: str, sampling: Sampling) -> str:
+    """A pool's key: rows are interchangeable between jobs that share the LLM's weights and the sampling
+    settings (not the backend: both sample the same distribution)."""
+    return stable_hash(llm_identity, sampling.model_dump(mode="json"))
+
+
+def generate_missing(docs: list[dict], pool: ShardPool, have: pa.Table | None, prompts: list[str], *, model: str,
+                     model_dir: str, prefix: str, backend: str, sampling: Sampling, shard_size: int,
+                     log: logging.Logger, what: str = "rows") -> tuple[list[pa.Table], int]:
+    """Generate the (document, prompt) rows that `have` (the pool as read) lacks with the LLM `model`
+    (loaded from `model_dir`; every prompt starts with `prefix`), `shard_size` documents per pool shard;
+    returns the new shards' tables and how many of the documents were cut to fit the LLM's context."""
+    done = set(zip(have["doc_digest"].to_pylist(), have["prompt_digest"].to_pylist())) if have else set()
+    hashed = [(p, stable_hash(p)) for p in prompts]
+    todo = [(d, [(p, h) for p, h in hashed if (d["digest"], h) not in done]) for d in docs]
+    todo = [(d, missing) for d, missing in todo if missing]
+    log.info("%d of %d documents need %s (%d pool shards)", len(todo), len(docs), what, len(pool.shards()))
+    if not todo:
+        return [], 0
+    settings = json.dumps(sampling.model_dump(mode="json"), sort_keys=True)
+    cut = fit_documents(load_model(model_dir, AutoTokenizer.from_pretrained), [d for d, _ in todo], prefix,
+                        prompts, sampling.max_tokens)
+    if cut:
+        log.warning("%d of %d documents cut to fit the LLM's context of %d tokens", cut, len(todo), generate.CONTEXT)
+    generator = generate.make_generator(backend, model_dir, sampling)
+    made = []
+    try:
+        with StageProgress(len(todo), "documents") as progress, \
+                tqdm(total=len(todo), desc=progress.label, unit="doc") as bar:
+            for start in range(0, len(todo), shard_size):
+                shard = todo[start : start + shard_size]
+                asked = [(d, p, h) for d, missing in shard for p, h in missing]
+                outputs = generator.generate([build_prompt(prefix, d["title"], d["fitted"], p) for d, p, _ in asked])
+                rows = [dict(doc_id=d["doc_id"], doc_digest=d["digest"], prompt=p, prompt_digest=h, sample=i,
+                             continuation=c.text, finish=c.finish, tokens=c.tokens, model=model,
+                             backend=generator.name, sampling=settings, seed=sampling.seed)
+                        for (d, p, h), completions in zip(asked, outputs) for i, c in enumerate(completions)]
+                made.append(pa.Table.from_pylist(rows))
+                pool.write(made[-1])
+                bar.update(len(shard))
+                progress.advance(len(shard))
+                log.info("shard of %d documents done (%d/%d)", len(shard), start + len(shard), len(todo))
+    finally:
+        generator.close()
+    return made, cut

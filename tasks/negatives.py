@@ -1,0 +1,186 @@
+"""Negatives: hard negatives and round-trip ranks of the generated queries, mined with the start model.
+
+GPL (Wang et al. 2022) trains on (query, its passage, hard negative) triples whose negatives a dense
+retriever mines: the passages it ranks highest for the query that are not the query's own. InPars and
+Promptagator keep a generated query only if the retriever ranks its own passage near the top
+(round-trip consistency). One pass gives both: every ok query is scored (cosine, normalised vectors
+of the job's pooling) against every passage. Passages whose cosine with the query's own passage is
+at least `duplicate_similarity` are near-copies of it (a corpus's duplicates), not negatives.
+
+Inputs: `documents` (passage = title + "\\n" + text, or text when there is no title: what the pairs
+train on), `queries` (its rows with status "ok"), `model`, the train or init artifact holding the start
+model, if any. The passages' vectors are held (float32, passages × dim); queries are encoded CHUNK_TEXTS
+at a time and scored a block at a time within BLOCK_BYTES. Output `negatives.parquet`, in the queries'
+order: query_id, doc_id, split, query, positive_score, positive_rank (1 = no passage scores higher than
+its own), negatives (doc ids, best first, at most k), negative_scores.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.config.base import InputError, Precision, Section
+from tasks.config.evaluation import EvaluateConfig
+from tasks.config.queries import NegativesConfig
+from tasks.core.stage import Stage
+from tasks.core.texts import document_text
+from tasks.encoders import encode
+from tasks.encoders.budget import char_budget, over_budget
+from tasks.encoders.models import ModelInputs, model_identity
+from tasks.metrics import BLOCK_BYTES, block_rows
+
+CHUNK_TEXTS = 4096  # texts encoded at once; a chunk of queries is mined before the next is encoded
+WRITE_ROWS = 65_536  # output rows per row group
+
+SCHEMA = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), ("split", pa.string()),
+                    ("query", pa.string()), ("positive_score", pa.float32()), ("positive_rank", pa.int32()),
+                    ("negatives", pa.list_(pa.string())), ("negative_scores", pa.list_(pa.float32()))])
+
+
+class NegativesJob(Section):
+    model: str | None = Field(None, description="External start model (name or path); None when the inputs "
+                              "carry a train or init artifact.")
+    pooling: Literal["mean", "cls", "sep"] = "mean"
+    negatives: NegativesConfig = Field(default_factory=NegativesConfig)
+    device: str = "auto"
+    dtype: Precision = EvaluateConfig.model_fields["dtype"].default
+
+
+class NegativesInputs(ModelInputs):
+    """`model` (from ModelInputs): the train or init artifact holding the start model, or None."""
+
+    documents: ArtifactRef
+    queries: ArtifactRef
+
+
+def mine(query_vecs: np.ndarray, passage_vecs: np.ndarray, positives_idx: np.ndarray, k: int,
+         duplicate_similarity: float, block_bytes: int = BLOCK_BYTES,
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Hard negatives and the rank of each query's own passage.
+
+    query_vecs (q × dim) and passage_vecs (p × dim): unit-length vectors; positives_idx (q,): the row of
+    each query's passage. Returns neg_idx (q × k') int64 and neg_scores (q × k') float32, best first,
+    k' = min(k, p − 1), padded with -1 / NaN where near-duplicates leave fewer candidates; positive_rank
+    (q,) int32 = 1 + passages scoring strictly higher than its own; positive_score (q,) float32.
+    """
+    q, p = len(query_vecs), len(passage_vecs)
+    kk = max(0, min(k, p - 1))
+    positives_idx = np.asarray(positives_idx, dtype=np.int64)
+    neg_idx = np.full((q, kk), -1, dtype=np.int64)
+    neg_scores = np.full((q, kk), np.nan, dtype=np.float32)
+    positive_rank = np.empty(q, dtype=np.int32)
+    positive_score = np.empty(q, dtype=np.float32)
+    # Per score cell at most: float32 scores + float32 duplicate cosines + a bool mask, then
+    # float32 scores + argpartition's int64 positions.
+    rows = block_rows(p, 16, block_bytes)
+    for start in range(0, q, rows):
+        stop = min(q, start + rows)
+        pos = positives_idx[start:stop]  # (b,)
+        b = np.arange(stop - start)  # (b,) row index, paired with pos for one cell per row
+        scores = np.asarray(query_vecs[start:stop], np.float32) @ passage_vecs.T  # (b × p)
+        own = scores[b, pos]  # (b,)
+        positive_score[start:stop] = own
+        positive_rank[start:stop] = 1 + (scores > own[:, None]).sum(1)  # (b × p) > (b × 1)
+        if kk == 0:
+            continue
+        duplicates = passage_vecs[pos] @ passage_vecs.T  # (b × p): cosine of each own passage with all
+        scores[duplicates >= duplicate_similarity] = -np.inf
+        del duplicates
+        scores[b, pos] = -np.inf  # its own passage, even where rounding puts its self-cosine under 1
+        np.negative(scores, out=scores)  # in place: smallest first for argpartition, no copy
+        top = (np.argpartition(scores, kk - 1, axis=1)[:, :kk] if kk < p
+               else np.argsort(scores, axis=1))  # (b × kk), unordered
+        top_scores = -np.take_along_axis(scores, top, axis=1)  # (b × kk)
+        order = np.argsort(-top_scores, axis=1, kind="stable")  # (b × kk): best first
+        top, top_scores = np.take_along_axis(top, order, 1), np.take_along_axis(top_scores, order, 1)
+        skipped = np.isneginf(top_scores)  # (b × kk): fewer than kk candidates left
+        neg_idx[start:stop] = np.where(skipped, -1, top)
+        neg_scores[start:stop] = np.where(skipped, np.nan, top_scores)
+    return neg_idx, neg_scores, positive_rank, positive_score
+
+
+def unit_vectors(encoder: encode.PooledEncoder, texts: list[str], pooling: str, cfg: NegativesConfig,
+                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(positions in `texts`, their unit-length float32 vectors (positions × dim)), a chunk at a time."""
+    j = encode.POOLINGS.index(pooling)
+    for positions, emb in encoder.encode_chunks(texts, cfg.max_length, cfg.batch_size, chunk=CHUNK_TEXTS):
+        vecs = emb[0, j]  # (1 layer × poolings × n × dim) → (n × dim)
+        vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)  # (n × 1): cosine = dot
+        yield positions, vecs
+
+
+def negatives_tables(queries: pa.Table, doc_ids: pa.Array, neg_idx: np.ndarray, neg_scores: np.ndarray,
+                     positive_rank: np.ndarray, positive_score: np.ndarray) -> Iterator[pa.Table]:
+    for start in range(0, queries.num_rows, WRITE_ROWS):
+        part = slice(start, start + WRITE_ROWS)
+        valid = neg_idx[part] >= 0  # (n × k'): padding dropped; rows stay best first
+        offsets = pa.array(np.concatenate([[0], np.cumsum(valid.sum(1))]).astype(np.int32))  # (n + 1,)
+        lists = {"negatives": pa.ListArray.from_arrays(offsets, doc_ids.take(pa.array(neg_idx[part][valid]))),
+                 "negative_scores": pa.ListArray.from_arrays(offsets, pa.array(neg_scores[part][valid]))}
+        rows = queries.slice(start, WRITE_ROWS)
+        yield pa.table({**{c: rows[c] for c in ("query_id", "doc_id", "split", "query")},
+                        "positive_score": positive_score[part], "positive_rank": positive_rank[part], **lists},
+                       schema=SCHEMA)
+
+
+def build_negatives(store: ArtifactStore, job: NegativesJob, inputs: NegativesInputs,
+                    out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
+    cfg = job.negatives
+    docs = store.read_table(inputs.documents, "documents", columns=["doc_id", "title", "text"])
+    queries = store.read_table(inputs.queries, "queries", columns=["query_id", "doc_id", "query", "split"],
+                               filters=[("status", "=", "ok")])
+    doc_ids = docs["doc_id"].combine_chunks()
+    row_of = {doc: i for i, doc in enumerate(doc_ids.to_pylist())}
+    if missing := sorted({d for d in queries["doc_id"].to_pylist() if d not in row_of}):
+        raise InputError(f"{len(missing)} query passage(s) not among the documents, e.g. doc_id {missing[0]!r}: "
+                         "the queries were written for another corpus")
+    positives = np.array([row_of[d] for d in queries["doc_id"].to_pylist()], dtype=np.int64)  # (q,)
+    passages = [document_text(t, x) for t, x in zip(docs["title"].to_pylist(), docs["text"].to_pylist())]
+    texts = queries["query"].to_pylist()
+    del docs
+    log.info("%d ok queries against %d passages, k %d, max length %d", len(texts), len(passages), cfg.k,
+             cfg.max_length)
+    if cut := over_budget(passages, cfg.max_length):
+        log.info("%d passage(s) over %s characters cut to that before tokenizing", cut,
+                 f"{char_budget(cfg.max_length):,}")
+
+    encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, dtype=job.dtype)
+    passage_vecs = np.empty((len(passages), encoder.dim), dtype=np.float32)  # (p × dim), held
+    for positions, vecs in unit_vectors(encoder, passages, job.pooling, cfg):
+        passage_vecs[positions] = vecs
+    del passages
+    kk = max(0, min(cfg.k, len(passage_vecs) - 1))
+    neg_idx = np.full((len(texts), kk), -1, dtype=np.int64)  # (q × k'): k' ints per query, not dim floats
+    neg_scores = np.full((len(texts), kk), np.nan, dtype=np.float32)
+    positive_rank = np.empty(len(texts), dtype=np.int32)
+    positive_score = np.empty(len(texts), dtype=np.float32)
+    # Each chunk is mined as soon as it is encoded (the encoder's progress counts both), so only
+    # one chunk's query vectors are held; results land at the queries' own positions.
+    for positions, vecs in unit_vectors(encoder, texts, job.pooling, cfg):
+        found = mine(vecs, passage_vecs, positives[positions], cfg.k, cfg.duplicate_similarity)
+        neg_idx[positions], neg_scores[positions], positive_rank[positions], positive_score[positions] = found
+
+    out.write_batches("negatives", SCHEMA, negatives_tables(queries, doc_ids, neg_idx, neg_scores,
+                                                            positive_rank, positive_score))
+    median = float(np.median(positive_rank)) if len(texts) else None
+    first = float((positive_rank == 1).mean()) if len(texts) else None
+    out.extra.update(queries=len(texts), passages=len(passage_vecs), median_positive_rank=median,
+                     rank1_share=first, negatives=int((neg_idx >= 0).sum()))
+    log.info("%d queries mined: own passage ranked first for %s, median rank %s, %.1f negatives a query",
+             len(texts), f"{first:.1%}" if first is not None else "-", median,
+             (neg_idx >= 0).sum() / max(1, len(texts)))
+
+
+def _key_material(job: NegativesJob) -> str | None:
+    return model_identity(job.model) if job.model else None
+
+
+NEGATIVES = Stage("negatives", build_negatives, extra_key=_key_material, gpu=True)

@@ -1,0 +1,112 @@
+"""Queries: GPL's and InPars' training queries, written by an LLM for each passage, cached per passage and prompt.
+
+Each document's "title + passage" is followed by the query prompt and the LLM samples `n`
+continuations; the first line of each is a query. Generation is summarize's (tasks/generation/pool.py):
+the rows live in a shard pool of their own per (LLM, sampling settings), a run makes only the
+documents the pool lacks, a shard at a time (a killed run loses at most the shard in flight), and
+then publishes this job's rows. More documents or another prompt therefore make only the new rows.
+
+A quality guard labels every query: `empty` (under 2 words), `run_on` (no line end within
+`max_tokens`), `repeat` (most of its word trigrams are in the title and passage: a copied sentence,
+not a question) or `ok`. A share `held_out` of the documents, drawn by a hash of (seed, doc_id), is
+`held_out`: their queries are the in-domain retrieval evaluation's and never trained on; the rest are
+`train`. The draw depends on the document alone, so its split is the same in every run and
+whatever else the corpus holds. A document too long for the LLM's context is cut to fit (`extra.cut`).
+
+Inputs: `documents`, and `llm` when the LLM was converted from GGUF.
+Output `queries.parquet`: query_id, doc_id, sample, query, status, split, continuation, finish,
+tokens, model, backend, sampling, seed (the sampler's); `stats.parquet`: status, split, count.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storage.base import ArtifactRef, stable_hash
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks import llm
+from tasks.config.queries import QueriesConfig
+from tasks.core.stage import Inputs, Stage
+from tasks.core.texts import document_text
+from tasks.generation.pool import WORD, copies_source, generate_missing, read_documents, rows_key
+
+STATUSES = ("ok", "empty", "run_on", "repeat")
+SPLITS = ("train", "held_out")
+
+
+class QueriesInputs(Inputs):
+    documents: ArtifactRef
+    llm: ArtifactRef | None = None  # the converted GGUF LLM
+
+
+def first_line(continuation: str) -> tuple[str, bool]:
+    """The continuation's first line, stripped, and whether the line ended (a line break was generated)."""
+    line, newline, _ = continuation.partition("\n")
+    return line.strip(), bool(newline)
+
+
+def query_status(query: str, ended: bool, finish: str, source: str, copied: float = 0.8) -> str:
+    """`ok`, or why the query is useless: `empty`, `run_on` or `repeat` (copies the passage)."""
+    if len(WORD.findall(query)) < 2:
+        return "empty"
+    if not ended and finish == "length":
+        return "run_on"
+    if copies_source(query, source, copied):
+        return "repeat"
+    return "ok"
+
+
+def split_of(doc_id: str, seed: int, held_out: float) -> str:
+    """`held_out` for a share `held_out` of the documents, `train` for the others: a hash of the
+    document alone, so that adding documents or rerunning moves none between splits."""
+    return "held_out" if int(stable_hash(seed, doc_id), 16) % 10_000 < held_out * 10_000 else "train"
+
+
+def pool_key(job: QueriesConfig) -> str:
+    """The queries' pool: one per LLM and sampling settings (pool.rows_key), apart from the summaries'."""
+    return rows_key(llm.identity(job.llm), job.sampling)
+
+
+def build_queries(store: ArtifactStore, job: QueriesConfig, inputs: QueriesInputs,
+                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
+    docs = read_documents(store, inputs.documents, job.limit)
+    pool = store.pool("queries", pool_key(job))
+    have = pool.read()
+    model_dir = llm.llm_folder(store, inputs.llm, job.llm)
+    new, cut = generate_missing(docs, pool, have, [job.prompt], model=job.llm, model_dir=model_dir,
+                                prefix=llm.prompt_prefix(model_dir), backend=job.backend, sampling=job.sampling,
+                                shard_size=job.shard_size, log=log, what="queries")
+    pooled = pa.concat_tables(([have] if have is not None else []) + new, promote_options="default")
+    made = sum(t.num_rows for t in new)
+    by_digest, prompt_digest = {d["digest"]: d for d in docs}, stable_hash(job.prompt)
+    rows, seen = [], set()
+    for r in pooled.to_pylist():  # oldest shard first: a row made twice (two runs at once) keeps the first
+        doc = by_digest.get(r["doc_digest"])
+        if doc is None or r["prompt_digest"] != prompt_digest or (r["doc_digest"], r["sample"]) in seen:
+            continue
+        seen.add((r["doc_digest"], r["sample"]))
+        query, ended = first_line(r["continuation"])
+        rows.append(dict(query_id=stable_hash(r["doc_digest"], prompt_digest, r["sample"]), doc_id=doc["doc_id"],
+                         sample=r["sample"], query=query,
+                         status=query_status(query, ended, r["finish"], document_text(doc["title"], doc["text"])),
+                         split=split_of(doc["doc_id"], job.seed, job.held_out),
+                         **{k: r[k] for k in ("continuation", "finish", "tokens", "model", "backend", "sampling",
+                                              "seed")}))
+    table = pa.Table.from_pylist(rows).sort_by([("doc_id", "ascending"), ("sample", "ascending")])
+    stats = table.group_by(["status", "split"]).aggregate([("sample", "count")]).rename_columns(
+        ["status", "split", "count"])
+    out.write_table("queries", table)
+    out.write_table("stats", stats.sort_by([("status", "ascending"), ("split", "ascending")]))
+    counts = {s: int(pc.sum(pc.equal(table["status"], s)).as_py() or 0) for s in STATUSES}
+    held = sum(split_of(d["doc_id"], job.seed, job.held_out) == "held_out" for d in docs)
+    out.extra.update(documents=len(docs), generated=made, reused=table.num_rows - made, status=counts, cut=cut,
+                     held_out=held)
+    log.info("%d queries (%d generated now, %d from the pool), %d of %d documents held out: %s", table.num_rows,
+             made, table.num_rows - made, held, len(docs), ", ".join(f"{s} {n}" for s, n in counts.items()))
+
+
+QUERIES = Stage("queries", build_queries, extra_key=lambda job: llm.identity(job.llm), gpu=True,
+                seeds_global_rng=True)

@@ -1,0 +1,187 @@
+"""The queries stage: the quality guard, the held-out draw, its keys, the artifact from a scripted
+generator (fast), and real generation with the LLM in a run killed mid-way that resumes with only what
+is missing (slow)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from storage.store import ArtifactStore
+from tasks.config.base import DEFAULT_MODEL
+from tasks.config.data import DataConfig
+from tasks.config.queries import QueriesConfig, query_sampling
+from tasks.core.stage import NoInputs
+from tasks.encoders.models import resolve_model
+from tasks.generation import generate
+from tasks.generation.generate import Completion
+from tasks.ingest import INGEST
+from tasks.queries import QUERIES, STATUSES, QueriesInputs, first_line, pool_key, query_status, split_of
+from tests.helpers import DEMO_DOCS, REPO
+
+PASSAGE = "Aspirin lowers the risk of stroke in older adults.\nWe followed 900 patients for ten years."
+COLUMNS = ["query_id", "doc_id", "sample", "query", "status", "split", "continuation", "finish", "tokens", "model",
+           "backend", "sampling", "seed"]
+
+
+@pytest.mark.parametrize("continuation, expected", [
+    (" does aspirin prevent stroke\n", ("does aspirin prevent stroke", True)),
+    ("  aspirin stroke risk  \nmore text\n", ("aspirin stroke risk", True)),
+    (" a query cut off at the tok", ("a query cut off at the tok", False)),
+    ("\nnothing on the first line", ("", True)),
+    ("", ("", False)),
+])
+def test_a_query_is_the_first_line_stripped(continuation, expected):
+    assert first_line(continuation) == expected
+
+
+@pytest.mark.parametrize("query, ended, finish, expected", [
+    ("does aspirin prevent stroke", True, "stop", "ok"),
+    ("aspirin dose", True, "stop", "ok"),  # two words are a query
+    ("aspirin", True, "stop", "empty"),
+    ("?", True, "stop", "empty"),
+    ("", False, "stop", "empty"),
+    ("what is the effect of aspirin on the risk of strokes in", False, "length", "run_on"),
+    ("aspirin stroke risk", False, "stop", "ok"),  # the end token before max_tokens: not a run-on
+    ("lowers the risk of stroke in older adults", True, "stop", "repeat"),
+    ("aspirin lowers the risk of heart attacks in children", True, "stop", "ok"),  # 3 of 7 trigrams copied
+])
+def test_quality_guard(query, ended, finish, expected):
+    assert query_status(query, ended, finish, PASSAGE) == expected
+
+
+def test_held_out_split_is_a_stable_share_of_the_documents():
+    ids = [f"doc-{i}" for i in range(600)]
+    splits = [split_of(d, 0, 0.1) for d in ids]
+    assert set(splits) == {"train", "held_out"}
+    assert 0.06 <= splits.count("held_out") / len(ids) <= 0.14
+    assert splits == [split_of(d, 0, 0.1) for d in ids]  # the same draw every time
+    assert [split_of(d, 1, 0.1) for d in ids] != splits  # another seed, another draw
+    assert {split_of(d, 0, 0.0) for d in ids} == {"train"}
+    # A larger share holds out a superset: the draw ranks each document once.
+    wider = {d for d in ids if split_of(d, 0, 0.3) == "held_out"}
+    assert {d for d, s in zip(ids, splits) if s == "held_out"} <= wider and 0.25 <= len(wider) / len(ids) <= 0.35
+
+
+def test_keys():
+    """The stage's key hashes the whole config (as summarize's): prompt, sampling and LLM change it. The
+    pool's key is the LLM and sampling only: another prompt, shard size, limit, backend or held-out draw
+    reuses the pool's rows."""
+    inputs = QueriesInputs(documents=INGEST.ref(DataConfig(path=str(DEMO_DOCS)), NoInputs()))
+    job = QueriesConfig(llm="org/llm-a")  # a Hub name: its identity is the name, nothing is loaded
+    key = QUERIES.ref(job, inputs).key
+    for changed in (dict(prompt="Question:"), dict(sampling=query_sampling().model_copy(update=dict(n=5))),
+                    dict(llm="org/llm-b")):
+        assert QUERIES.ref(job.model_copy(update=changed), inputs).key != key, changed
+    assert pool_key(job.model_copy(update=dict(llm="org/llm-b"))) != pool_key(job)
+    assert pool_key(job.model_copy(update=dict(sampling=query_sampling().model_copy(update=dict(top_k=50))))) \
+        != pool_key(job)
+    for same in (dict(prompt="Question:"), dict(shard_size=3), dict(limit=10), dict(backend="vllm"),
+                 dict(held_out=0.5), dict(seed=7)):
+        assert pool_key(job.model_copy(update=same)) == pool_key(job), same
+
+
+class ScriptedGenerator:
+    """Per prompt: an ok query, the title copied (repeat), one word (empty), a run-on; counts the prompts."""
+
+    name = "scripted"
+    asked: list[str] = []
+
+    def __init__(self, backend, model_dir, sampling):
+        assert sampling.n == 4
+
+    def generate(self, prompts):
+        type(self).asked += prompts
+        return [[Completion(" which scan finds appendicitis in women\n", "stop", 8),
+                 Completion(f" {p.split(chr(10))[0]}\n", "stop", 12),
+                 Completion(" appendicitis\n", "stop", 3),
+                 Completion(" what is the best way to find out whether the", "length", 12)] for p in prompts]
+
+    def close(self):
+        pass
+
+
+def _docs(store, n):
+    return INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=n), NoInputs())
+
+
+def test_artifact_has_n_queries_per_document_labelled_and_split(tmp_path, monkeypatch):
+    monkeypatch.setattr(generate, "make_generator", ScriptedGenerator)
+    monkeypatch.setattr(ScriptedGenerator, "asked", [])
+    store = ArtifactStore(tmp_path / "store")
+    docs = _docs(store, 12)
+    # A local folder with a tokenizer stands in for the LLM: the documents are fitted to its context.
+    job = QueriesConfig(llm=resolve_model(DEFAULT_MODEL), backend="transformers", limit=8, shard_size=3,
+                        held_out=0.4, sampling=query_sampling().model_copy(update=dict(n=4)))
+    ref = QUERIES.run(store, job, QueriesInputs(documents=docs))
+    table = store.read_table(ref, "queries").to_pandas()
+    assert list(table.columns) == COLUMNS and len(table) == 8 * 4 and table["query_id"].is_unique
+    assert table.groupby("doc_id")["sample"].apply(list).tolist() == [[0, 1, 2, 3]] * 8
+    assert table["status"].tolist() == ["ok", "repeat", "empty", "run_on"] * 8
+    assert set(table["status"]) <= set(STATUSES)
+    assert table.loc[0, "query"] == "which scan finds appendicitis in women"
+    assert (table.groupby("doc_id")["split"].nunique() == 1).all()  # a document's queries share its split
+    assert table["split"].tolist() == [split_of(d, 0, 0.4) for d in table["doc_id"]]
+    assert set(table["split"]) == {"train", "held_out"}
+    stats = store.read_table(ref, "stats").to_pandas()
+    assert list(stats.columns) == ["status", "split", "count"] and stats["count"].sum() == len(table)
+    extra = store.manifest(ref)["extra"]
+    assert extra["generated"] == 32 and extra["reused"] == 0 and extra["cut"] == 0
+    assert extra["status"] == dict(ok=8, empty=8, run_on=8, repeat=8)
+    assert extra["held_out"] == table.drop_duplicates("doc_id")["split"].eq("held_out").sum()
+    assert len(ScriptedGenerator.asked) == 8 and ScriptedGenerator.asked[0].endswith("\n" + job.prompt)
+    assert len(store.pool("queries", pool_key(job)).shards()) == 3  # 3 + 3 + 2 documents
+    assert store.pool("summaries", pool_key(job)).shards() == []  # a pool of their own
+
+    # More documents: only the new ones are generated; the first eight keep their queries, ids and splits.
+    more = store.read_table(QUERIES.run(store, job.model_copy(update=dict(limit=12)),
+                                        QueriesInputs(documents=docs)), "queries").to_pandas()
+    assert len(ScriptedGenerator.asked) == 12 and len(more) == 12 * 4
+    assert more.merge(table, on=COLUMNS).shape[0] == len(table)
+
+
+KILLABLE = """
+import sys
+from storage.store import ArtifactStore
+from tasks.config.queries import QueriesConfig
+from tasks.queries import QUERIES, QueriesInputs
+from storage.base import ArtifactRef
+store = ArtifactStore(sys.argv[1])
+job = QueriesConfig.model_validate_json(sys.argv[2])
+QUERIES.run(store, job, QueriesInputs(documents=ArtifactRef("ingest", sys.argv[3])))
+"""
+
+
+@pytest.mark.slow  # the LLM (transformers) in a subprocess killed mid-run, then again
+def test_killed_run_resumes_with_only_the_missing_documents(tmp_path, llm_dir):
+    store = ArtifactStore(tmp_path / "store")
+    docs = _docs(store, 6)
+    job = QueriesConfig(llm=llm_dir, backend="transformers", shard_size=1,
+                        sampling=query_sampling().model_copy(update=dict(n=2, max_tokens=12)))
+    pool = store.pool("queries", pool_key(job))
+    child = subprocess.Popen([sys.executable, "-c", KILLABLE, str(store.root), job.model_dump_json(), docs.key],
+                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while len(pool.shards()) < 2 and child.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    finished = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in pool.shards()}
+    assert 2 <= len(finished) < 6, "the run should have been killed between shards"
+    before = sum(pq.read_metadata(p).num_rows for p in finished)
+    assert before == 2 * len(finished)
+    assert not store.exists(QUERIES.ref(job, QueriesInputs(documents=docs)))  # no half artifact
+
+    ref = QUERIES.run(store, job, QueriesInputs(documents=docs))
+    extra = store.manifest(ref)["extra"]
+    assert extra["generated"] == 6 * 2 - before and extra["reused"] == before
+    assert all((p.stat().st_mtime_ns, p.read_bytes()) == finished[p] for p in finished)  # never rewritten
+    assert len(pool.shards()) == 6  # one shard per document
+    table = store.read_table(ref, "queries").to_pandas()
+    assert list(table.columns) == COLUMNS and len(table) == 6 * 2 and set(table["backend"]) == {"transformers"}
+    assert set(table["status"]) <= set(STATUSES) and (table["status"] == "ok").any(), table[["status", "continuation"]]
+    assert [first_line(c)[0] for c in table["continuation"]] == table["query"].tolist()
