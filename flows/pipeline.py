@@ -241,7 +241,7 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
 
 
 def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries: ArtifactRef | None = None,
-                   force: bool = False) -> list[ArtifactRef]:
+                   force: bool = False, negatives: ArtifactRef | None = None) -> list[ArtifactRef]:
     """Embed (cached per model and text set), then score: the evaluate artifact, the semantic
     benchmark's, then one per MTEB task."""
     ev, dataset = run.cfg.evaluate, run.cfg.data.display_name
@@ -255,10 +255,14 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
                      EmbedInputs(documents=docs, model=model.artifact))
     sts_emb = stage(EMBED, EmbedJob(pairs_path=ev.sts.path, split=ev.sts.split, store_dtype=ev.store_dtype, **embed),
                     EmbedInputs(model=model.artifact)) if ev.sts else None
+    held_out = negatives if negatives and run.cfg.queries.held_out else None  # the generated queries never trained on
+    query_emb = stage(EMBED, EmbedJob(store_dtype=ev.store_dtype, **embed),
+                      EmbedInputs(held_out_queries=held_out, model=model.artifact)) if held_out else None
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
     scores = [stage(EVALUATE, job, EvaluateInputs(documents=docs, embeddings=docs_emb, sts_embeddings=sts_emb,
+                                                  negatives=held_out, query_embeddings=query_emb,
                                                   model=model.artifact), force)]
     if ev.semantic:
         job = SemanticJob(label=model.label, dataset=dataset, pooling=model.pooling, semantic=ev.semantic, **embed)
@@ -276,6 +280,7 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
 class Corpus:
     docs: ArtifactRef  # the config's documents: kNN's labels, the semantic benchmark's papers
     summaries: ArtifactRef | None
+    negatives: ArtifactRef | None = None  # the generated queries (their held-out ones are scored)
 
 
 def summarize_corpus(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
@@ -326,12 +331,13 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         models.append(train_method(run, method, cfg.train_for(method), docs, sentences, base, start, summaries,
                                    negatives))
     run.register(models)
-    return models, Corpus(docs, summaries)
+    return models, Corpus(docs, summaries, negatives)
 
 
 def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: bool = False) -> ArtifactRef:
     """Score every model (cached per model and task), then the report, shown in the Prefect UI."""
-    scores = {m.label: evaluate_model(run, m, corpus.docs, corpus.summaries, force) for m in models}
+    scores = {m.label: evaluate_model(run, m, corpus.docs, corpus.summaries, force, corpus.negatives)
+              for m in models}
     job = ReportJob(title=f"{run.cfg.name}: {run.cfg.data.display_name}",
                     entries=[ReportEntry(label=m.label, method=m.method, swept=m.swept) for m in models])
     report = run.stage(REPORT, job, ReportInputs(scores=scores))

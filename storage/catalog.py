@@ -9,6 +9,7 @@ Every report is a query over these views, so users can re-derive any number with
     metrics      every score of the evaluate, semantic and mteb stages (one schema: METRICS_SCHEMA)
     summaries    every LLM summary of every summarize artifact (key = the artifact), with its status
     sts_pairs    each STS pair's gold score and cosine per evaluate artifact (key): what the report bootstraps
+    query_scores each held-out generated query's rank and nDCG@10 per evaluate artifact (key): paired over queries
     run_metrics  metrics joined to the runs that produced or reused them
     score_changes  per evaluate run: each score new, changed (with the previous value) or unchanged
 
@@ -37,6 +38,7 @@ log = logging.getLogger("embforge.catalog")
 # The stages whose artifacts hold a metrics.parquet: a run's scores are their artifacts.
 SCORE_STAGES = ("evaluate", "semantic", "mteb")
 STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
+QUERY_SCORES = "query_scores"  # the evaluate stage's table of each held-out generated query's rank and nDCG@10
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.
@@ -102,6 +104,7 @@ _EMPTY = {
     " NULL::VARCHAR text, NULL::VARCHAR status, NULL::VARCHAR continuation, NULL::VARCHAR finish, NULL::BIGINT tokens,"
     " NULL::VARCHAR model, NULL::VARCHAR backend, NULL::VARCHAR sampling, NULL::BIGINT seed WHERE false",
     STS_PAIRS: "SELECT NULL::VARCHAR key, NULL::INTEGER pair, NULL::DOUBLE score, NULL::FLOAT cosine WHERE false",
+    QUERY_SCORES: "SELECT NULL::VARCHAR key, NULL::VARCHAR query_id, NULL::BIGINT rank, NULL::DOUBLE ndcg WHERE false",
     PAIRED: "SELECT NULL::VARCHAR key, NULL::VARCHAR dataset, NULL::VARCHAR metric, NULL::VARCHAR model,"
     " NULL::VARCHAR versus, NULL::DOUBLE difference, NULL::DOUBLE low, NULL::DOUBLE high, NULL::BIGINT n,"
     " NULL::VARCHAR interval, NULL::BOOLEAN significant WHERE false",
@@ -209,6 +212,7 @@ class Catalog:
 
         per_artifact("summaries", "summarize")
         per_artifact(STS_PAIRS, "evaluate")
+        per_artifact(QUERY_SCORES, "evaluate")
         per_artifact(PAIRED, "report")
         self.con.execute("""
             CREATE VIEW run_stages AS

@@ -6,7 +6,8 @@ layer and all three poolings (mean, CLS, SEP), so the layer-wise curves and a re
 come from the same artifact.
 
 Inputs: `documents` (text set = its `text` column), or none with `pairs_path` (text set =
-sentence1 rows then sentence2 rows of that file); `model`, the train or init artifact holding the
+sentence1 rows then sentence2 rows of that file), or `held_out_queries` (a negatives artifact: text
+set = its held-out queries, docs/gpl.md); `model`, the train or init artifact holding the
 model, if any. Output `embeddings.parquet`: row, layer, mean, cls, sep, vectors stored as
 `store_dtype`. It is encoded and written CHUNK_TEXTS texts at a time, one row group per chunk
 and layer, so neither encoding nor a reader of one layer holds more than it needs.
@@ -20,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field
 
 from storage.base import ArtifactRef, file_digest
@@ -70,7 +72,8 @@ def embedding_tables(chunks: Iterator[tuple[np.ndarray, np.ndarray]], layers: li
 
 
 class EmbedInputs(ModelInputs):
-    documents: ArtifactRef | None = None  # None: the texts of job.pairs_path
+    documents: ArtifactRef | None = None  # None: the texts of job.pairs_path, or of the held-out queries
+    held_out_queries: ArtifactRef | None = None  # a negatives artifact: its held-out queries are the text set
 
 
 def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
@@ -78,6 +81,8 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     if job.pairs_path:
         pairs = eval_sets.read_pairs(job.pairs_path, job.split)
         texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
+    elif inputs.held_out_queries:
+        texts = held_out_queries(store, inputs.held_out_queries)["query"].to_pylist()
     else:
         texts = store.read_table(inputs.documents, "documents", columns=["text"])["text"].to_pylist()
     encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, dtype=job.dtype,
@@ -90,6 +95,13 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     schema = embeddings_schema(encoder.dim, job.store_dtype)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
     out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut)
+
+
+def held_out_queries(store: ArtifactStore, ref: ArtifactRef) -> pa.Table:
+    """The held-out queries (never trained on) of a negatives artifact, in its order: the in-domain
+    retrieval evaluation's queries (query) and their one relevant document (doc_id)."""
+    table = store.read_table(ref, "negatives", columns=["query_id", "doc_id", "split", "query"])
+    return table.filter(pc.equal(table["split"], "held_out"))
 
 
 class EmbeddedDocumentsInputs(ModelInputs):

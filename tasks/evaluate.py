@@ -19,7 +19,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from storage.base import ArtifactRef
-from storage.catalog import STS_PAIRS, metrics_table
+from storage.catalog import QUERY_SCORES, STS_PAIRS, metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
@@ -28,7 +28,7 @@ from tasks.core import eval_sets
 from tasks.core.stage import Stage
 from tasks.encoders.encode import POOLINGS
 from tasks.methods import health
-from tasks.metrics import geometry, knn, sts
+from tasks.metrics import geometry, knn, retrieval, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import PER_SPLIT, POINTS
@@ -100,6 +100,21 @@ def training_health_rows(store: ArtifactStore, model_ref: ArtifactRef | None) ->
 
 class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     sts_embeddings: ArtifactRef | None = None
+    negatives: ArtifactRef | None = None  # with query_embeddings: the held-out generated queries (docs/gpl.md)
+    query_embeddings: ArtifactRef | None = None
+
+
+def held_out_query_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, doc_ids: list[str],
+                        pooling: str, out: ArtifactWriter) -> list[dict]:
+    """Retrieval of the held-out generated queries: each one's own document among all the corpus's, by
+    cosine. Each query's rank and nDCG@10 are kept too: the report pairs two models over the queries."""
+    held = embed.held_out_queries(store, inputs.negatives)
+    position = {d: i for i, d in enumerate(doc_ids)}
+    queries = embed.read_embeddings(store, inputs.query_embeddings, pooling)
+    ranks = retrieval.relevant_ranks(queries, x, np.array([position[d] for d in held["doc_id"].to_pylist()]))
+    out.write_table(QUERY_SCORES, pa.table({"query_id": held["query_id"], "rank": ranks,
+                                            "ndcg": retrieval.ndcg_at(ranks)}))
+    return [dict(row, split="held_out") for row in retrieval.retrieval_rows(ranks, prefix="query_")]
 
 
 def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
@@ -133,6 +148,8 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
         pos_a, pos_b = a[positive], b[positive]
     if job.geometry:
         rows += geometry.geometry_rows(x, pos_a, pos_b)
+    if inputs.query_embeddings:
+        rows += held_out_query_rows(store, inputs, x, docs["doc_id"].tolist(), job.pooling, out)
     rows += learning_curve_rows(store, inputs.model) + training_health_rows(store, inputs.model)
     for row in rows:  # the headline rows are the model's own pooling on its last layer
         row.setdefault("layer", last)
@@ -141,7 +158,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     out.write_table("metrics", table)
     # Texts cut to the character budget before they were embedded (docs and STS pairs), for the report.
     out.extra.update(cut=sum(store.manifest(e)["extra"].get("cut", 0)
-                             for e in (docs_emb, inputs.sts_embeddings) if e is not None))
+                             for e in (docs_emb, inputs.sts_embeddings, inputs.query_embeddings) if e is not None))
     draw_pictures(job, x[labelled], labels, table.to_pandas(), out)
     for r in rows:
         if r["metric"] not in POINTS and r["value"] is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from storage.catalog import STS_PAIRS, Catalog
+from storage.catalog import QUERY_SCORES, STS_PAIRS, Catalog
 from tasks.encoders.budget import CHARS_PER_TOKEN
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 
@@ -37,6 +37,10 @@ LEGEND = {
     "semantic_rank_summary_paper": "the same for the paper's abstract given one of its LLM summaries (only "
     "papers that have summaries are candidates)",
     "semantic_same_label_5nn": "share of a labelled document's 5 nearest other documents (cosine) with its label",
+    "query_ndcg_at_10": "retrieval of the held-out LLM-written queries (never trained on): nDCG@10 of each "
+    "query's own document among all documents, by cosine (docs/gpl.md)",
+    "query_recall_at_10": "the same: share of those queries whose document is in the top 10",
+    "query_mrr_at_10": "the same: mean reciprocal rank of the document, 0 beyond the top 10",
     "health": "how training went: healthy, collapsed (one vector for every text), diverged, or trivial (a view too "
     "easy to teach much), with the first step it showed (docs/health.md)",
     "final_loss": "the training loss at the last step",
@@ -151,6 +155,16 @@ WHERE a.metric = 'sts_spearman' AND b.metric = 'sts_spearman'
 GROUP BY ALL HAVING bool_and(pa.score = pb.score) AND count(*) = any_value(a.n) AND any_value(a.n) = any_value(b.n)
 ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
 
+# The same for the held-out queries' nDCG@10, over the queries both models were scored on.
+QUERY_PAIRED_SQL = f"""
+SELECT a.dataset, b.model, a.model AS versus, list(qb.ndcg ORDER BY qa.query_id) AS scores,
+       list(qa.ndcg ORDER BY qa.query_id) AS versus_scores
+FROM scores a JOIN scores b ON a.dataset = b.dataset AND a.ord < b.ord
+JOIN {QUERY_SCORES} qa ON qa.key = a.score_key JOIN {QUERY_SCORES} qb ON qb.key = b.score_key
+     AND qb.query_id = qa.query_id
+WHERE a.metric = 'query_ndcg_at_10' AND b.metric = 'query_ndcg_at_10'
+GROUP BY ALL ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
+
 PAIRED_COLUMNS = ["dataset", "metric", "model", "versus", "difference", "low", "high", "n", "interval", "significant"]
 
 
@@ -162,7 +176,8 @@ def _paired_row(r, metric: str, interval: str, d: PairedDifference) -> dict:
 def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     """Each model minus each model before it, with a 95% interval (tasks/metrics/significance.py):
     kNN accuracy paired over the splits both were scored on (t interval), then STS Spearman over the
-    pairs both scored (bootstrap of the pairs)."""
+    pairs both scored (bootstrap of the pairs), then the held-out queries' nDCG@10 over the queries
+    both were scored on (t interval)."""
     catalog, rows = _load(catalog, entries), []
     for r in _query(catalog, PAIRED_SQL).itertuples():
         if len(r.scores) >= 2:
@@ -172,13 +187,18 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
         if len(r.gold) >= 3:
             d = bootstrap_spearman_difference(np.array(r.scores), np.array(r.versus_scores), np.array(r.gold))
             rows.append(_paired_row(r, "sts_spearman", "bootstrap", d))
+    for r in _query(catalog, QUERY_PAIRED_SQL).itertuples():
+        if len(r.scores) >= 2:
+            d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
+            rows.append(_paired_row(r, "query_ndcg_at_10", "t", d))
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 
 def paired_lines(paired: pd.DataFrame) -> list[str]:
     lines = []
     for r in paired.itertuples():
-        over = f"{r.n} splits" if r.interval == "t" else f"{r.n:,} pairs (bootstrap)"
+        over = (f"{r.n:,} pairs (bootstrap)" if r.interval == "bootstrap" else
+                f"{r.n:,} queries" if r.metric == "query_ndcg_at_10" else f"{r.n} splits")
         lines.append(f"{r.dataset}: {r.metric}: {r.model} − {r.versus}: {r.difference:+.3f} [{r.low:+.3f}, "
                      f"{r.high:+.3f}] over {over}, {'significant' if r.significant else 'not significant'}")
     return lines
@@ -212,7 +232,8 @@ def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures
     lines += [f"- {note}" for note in notes]
     if paired is not None and len(paired):
         lines += ["", "Paired differences (95% intervals, significant when the interval leaves out 0): kNN accuracy "
-                  "over the same splits (t interval), STS Spearman over the same pairs (bootstrap of the pairs):", "",
+                  "over the same splits (t interval), STS Spearman over the same pairs (bootstrap of the pairs), "
+                  "held-out queries' nDCG@10 over the same queries (t interval):", "",
                   *[f"- {line}" for line in paired_lines(paired)]]
     lines += [line for caption, path in pictures for line in ("", f"![{caption}]({path})")]
     return "\n".join(lines) + "\n"

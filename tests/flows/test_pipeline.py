@@ -424,8 +424,15 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
     kept = mined[(mined["split"] == "train") & (mined["positive_rank"] <= 10)]
     inpars = pd.read_parquet(store.root / "artifacts" / "pairs" / keys["pairs", "inpars"] / "pairs.parquet")
     assert set(inpars["anchor"]) <= set(kept["query"])  # the round trip: passages ranked within the top 10
-    assert {r["label"] for r in catalog.query("SELECT label FROM run_metrics WHERE run_id = ?", [first])} >= {
-        "gpl", "inpars"}
+    # Every model retrieves the held-out queries' own documents: nDCG@10, paired over the same queries.
+    ndcg = {r["label"]: r["value"] for r in catalog.query(
+        "SELECT label, value FROM run_metrics WHERE run_id = ? AND metric = 'query_ndcg_at_10'", [first])}
+    assert set(ndcg) == {"base (random init)", "gpl", "inpars"} and all(0 <= v <= 1 for v in ndcg.values())
+    per_query = catalog.query("SELECT key, count(*) AS n FROM query_scores GROUP BY key")
+    assert {r["n"] for r in per_query} == {len(mined[mined["split"] == "held_out"])}
+    paired = catalog.query("SELECT model, versus, n FROM paired WHERE metric = 'query_ndcg_at_10'")
+    assert {(r["model"], r["versus"]) for r in paired} == {("gpl", "base (random init)"),
+                                                           ("inpars", "base (random init)"), ("inpars", "gpl")}
 
     second, _ = run(config)  # everything cached, the queries included
     assert {s["state"] for s in stages(Catalog(store), second)} == {"Cached"}

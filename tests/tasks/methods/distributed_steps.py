@@ -13,14 +13,21 @@ from tasks.encoders.models import sentence_model
 from tasks.methods import distributed
 from tasks.methods.distributed import no_gather
 from tasks.methods.objectives import build_objective
+from tasks.methods.recipes import RECIPES as REGISTRY
 from tasks.methods.training import Checkpoints, PairBatches, train_model
 
-RECIPES = ("crops", "simcse", "semcse")
+RECIPES = ("crops", "simcse", "semcse", "gpl")
 CFG = TrainConfig(batch_size=16, lr=1e-3, max_length=32, checkpoint_every=1000)
+
+
+def with_negatives(pairs: str) -> str:
+    """The pairs file with a hard negative per row, beside `pairs`: what GPL trains on."""
+    return str(Path(pairs).with_name("pairs-negatives.parquet"))
 
 
 def three_steps(init_dir: str, pairs: str, recipe: str, gather: bool, scratch: Path) -> dict:
     """The loss at each step (the global batch's) and the weights after the last."""
+    pairs = with_negatives(pairs) if REGISTRY[recipe].hard_negatives else pairs
     torch.manual_seed(0)  # the same projection head (SimCSE's MLP) everywhere
     # Mean pooling for all: a 1-layer random encoder gives nearly the same CLS vector for every text,
     # and Adam turns the tiny gradients of such a batch into full steps of noise.

@@ -13,7 +13,7 @@ from tasks.methods.distributed import gather_rows, shard
 from tasks.methods.recipes import RECIPES
 from tests.helpers import REPO, tiny_encoder
 from tests.tasks.methods.distributed_steps import RECIPES as COMPARED
-from tests.tasks.methods.distributed_steps import three_steps
+from tests.tasks.methods.distributed_steps import three_steps, with_negatives
 
 
 def test_shards_cover_the_batch_once_in_order():
@@ -31,7 +31,7 @@ def test_one_process_gathers_nothing():
 def test_the_compared_recipes_are_the_registry_s_in_batch_ones():
     assert set(COMPARED) <= {name for name, r in RECIPES.items() if r.in_batch_negatives}
     assert {name for name, r in RECIPES.items() if r.in_batch_negatives} == {
-        "crops", "dropout", "simcse", "ct", "semcse", "semcse_infonce", "retromae_infonce"}
+        "crops", "dropout", "simcse", "ct", "semcse", "semcse_infonce", "retromae_infonce", "gpl", "inpars"}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,11 @@ def two_processes(tmp_path_factory):
     tiny_encoder(init, dropout=0.0)  # dropout off: the processes draw their own masks
     texts = [f"document {i} about topic {i % 5}, with words {i * 7 % 13} and {i * 3 % 11}" for i in range(48)]
     pairs = tmp / "pairs.parquet"
-    pq.write_table(pa.table({"epoch": pa.array([0] * 48, pa.int32()), "anchor": texts,
-                             "positive": [t.upper() for t in texts]}), pairs, row_group_size=10)
+    rows = {"epoch": pa.array([0] * 48, pa.int32()), "anchor": texts, "positive": [t.upper() for t in texts]}
+    pq.write_table(pa.table(rows), pairs, row_group_size=10)
+    # Each row's hard negative (gpl) is another row's positive: gathered per column, it stays that row's.
+    pq.write_table(pa.table({**rows, "negative": [texts[(i + 7) % 48].upper() for i in range(48)]}),
+                   with_negatives(str(pairs)), row_group_size=10)
     out = tmp / "two.pt"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                     str(REPO / "tests/tasks/methods/distributed_steps.py"), str(init), str(pairs), str(out)],
