@@ -231,7 +231,7 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
                  summaries: ArtifactRef | None = None, negatives: ArtifactRef | None = None) -> ReportedModel:
     """Pairs, then training, for one method; `start` is the encoder artifact to start from, if any."""
     knn = run.cfg.evaluate.knn
-    views = PairsConfig.for_method(method, train.epochs, knn)
+    views = PairsConfig.for_method(method, train.epochs, knn, train.batch_size)
     pairs = run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
     job = TrainJob.for_method(base_model, method, train, knn)
     trained = run.stage(TRAIN, job, TrainInputs(pairs=pairs, start=start, documents=docs if job.knn else None),
@@ -241,7 +241,7 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
 
 
 def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries: ArtifactRef | None = None,
-                   force: bool = False, negatives: ArtifactRef | None = None) -> list[ArtifactRef]:
+                   force: bool = False, queries: ArtifactRef | None = None) -> list[ArtifactRef]:
     """Embed (cached per model and text set), then score: the evaluate artifact, the semantic
     benchmark's, then one per MTEB task."""
     ev, dataset = run.cfg.evaluate, run.cfg.data.display_name
@@ -255,14 +255,14 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
                      EmbedInputs(documents=docs, model=model.artifact))
     sts_emb = stage(EMBED, EmbedJob(pairs_path=ev.sts.path, split=ev.sts.split, store_dtype=ev.store_dtype, **embed),
                     EmbedInputs(model=model.artifact)) if ev.sts else None
-    held_out = negatives if negatives and run.cfg.queries.held_out else None  # the generated queries never trained on
+    held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
     query_emb = stage(EMBED, EmbedJob(store_dtype=ev.store_dtype, **embed),
                       EmbedInputs(held_out_queries=held_out, model=model.artifact)) if held_out else None
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
     scores = [stage(EVALUATE, job, EvaluateInputs(documents=docs, embeddings=docs_emb, sts_embeddings=sts_emb,
-                                                  negatives=held_out, query_embeddings=query_emb,
+                                                  queries=held_out, query_embeddings=query_emb,
                                                   model=model.artifact), force)]
     if ev.semantic:
         job = SemanticJob(label=model.label, dataset=dataset, pooling=model.pooling, semantic=ev.semantic, **embed)
@@ -280,7 +280,7 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
 class Corpus:
     docs: ArtifactRef  # the config's documents: kNN's labels, the semantic benchmark's papers
     summaries: ArtifactRef | None
-    negatives: ArtifactRef | None = None  # the generated queries (their held-out ones are scored)
+    queries: ArtifactRef | None = None  # the generated queries (their held-out ones are scored)
 
 
 def summarize_corpus(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
@@ -292,18 +292,18 @@ def summarize_corpus(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
     return run.stage(SUMMARIZE, summaries, SummarizeInputs(documents=docs, llm=llm))
 
 
-def mine_queries(run: Run, methods: list[MethodConfig], docs: ArtifactRef, base: str | None,
-                 start: ArtifactRef | None) -> ArtifactRef | None:
+def mine_queries(run: Run, methods: list[MethodConfig], docs: ArtifactRef,
+                 start: ReportedModel) -> tuple[ArtifactRef | None, ArtifactRef | None]:
     """LLM-written queries and the hard negatives the start model ranks high for them (GPL's and
-    InPars' training data), if one of `methods` trains on them."""
+    InPars' training data), if one of `methods` trains on them: (queries, negatives)."""
     queries = run.cfg.queries
     if not any(RECIPES[m.recipe].needs_queries for m in methods):
-        return None
+        return None, None
     llm = run.stage(LLM, LlmJob(source=queries.llm), NoInputs()) if needs_conversion(queries.llm) else None
     written = run.stage(QUERIES, queries, QueriesInputs(documents=docs, llm=llm))
-    job = NegativesJob(model=base, pooling=pooling_for("gpl", run.cfg.train), negatives=queries.negatives,
-                       device=run.cfg.evaluate.device)
-    return run.stage(NEGATIVES, job, NegativesInputs(documents=docs, queries=written, model=start))
+    job = NegativesJob(model=start.external, pooling=start.pooling, negatives=run.cfg.negatives,
+                       device=run.cfg.evaluate.device, dtype=run.cfg.evaluate.dtype)
+    return written, run.stage(NEGATIVES, job, NegativesInputs(documents=docs, queries=written, model=start.artifact))
 
 
 def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedModel], Corpus]:
@@ -326,17 +326,17 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         stage1 = train_method(run, pre.method, pre.train_for(), generic, generic_sentences, base, start)
         models.append(replace(stage1, label=f"stage 1 ({pre.method.name})"))
         base, start = None, stage1.artifact
-    negatives = mine_queries(run, methods, docs, base, start)
+    queries, negatives = mine_queries(run, methods, docs, models[-1])  # the base, or stage 1's model
     for method in methods:
         models.append(train_method(run, method, cfg.train_for(method), docs, sentences, base, start, summaries,
                                    negatives))
     run.register(models)
-    return models, Corpus(docs, summaries, negatives)
+    return models, Corpus(docs, summaries, queries)
 
 
 def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: bool = False) -> ArtifactRef:
     """Score every model (cached per model and task), then the report, shown in the Prefect UI."""
-    scores = {m.label: evaluate_model(run, m, corpus.docs, corpus.summaries, force, corpus.negatives)
+    scores = {m.label: evaluate_model(run, m, corpus.docs, corpus.summaries, force, corpus.queries)
               for m in models}
     job = ReportJob(title=f"{run.cfg.name}: {run.cfg.data.display_name}",
                     entries=[ReportEntry(label=m.label, method=m.method, swept=m.swept) for m in models])

@@ -6,8 +6,8 @@ layer and all three poolings (mean, CLS, SEP), so the layer-wise curves and a re
 come from the same artifact.
 
 Inputs: `documents` (text set = its `text` column), or none with `pairs_path` (text set =
-sentence1 rows then sentence2 rows of that file), or `held_out_queries` (a negatives artifact: text
-set = its held-out queries, docs/gpl.md); `model`, the train or init artifact holding the
+sentence1 rows then sentence2 rows of that file), or `held_out_queries` (a queries artifact: text
+set = its usable held-out queries, docs/gpl.md); `model`, the train or init artifact holding the
 model, if any. Output `embeddings.parquet`: row, layer, mean, cls, sep, vectors stored as
 `store_dtype`. It is encoded and written CHUNK_TEXTS texts at a time, one row group per chunk
 and layer, so neither encoding nor a reader of one layer holds more than it needs.
@@ -28,6 +28,7 @@ from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Precision, Section
 from tasks.config.evaluation import Backend, EvaluateConfig, StoreDtype
+from tasks.config.queries import HELD_OUT
 from tasks.core import eval_sets
 from tasks.core.stage import Stage
 from tasks.encoders import encode
@@ -73,7 +74,7 @@ def embedding_tables(chunks: Iterator[tuple[np.ndarray, np.ndarray]], layers: li
 
 class EmbedInputs(ModelInputs):
     documents: ArtifactRef | None = None  # None: the texts of job.pairs_path, or of the held-out queries
-    held_out_queries: ArtifactRef | None = None  # a negatives artifact: its held-out queries are the text set
+    held_out_queries: ArtifactRef | None = None  # a queries artifact: its held-out ok queries are the text set
 
 
 def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
@@ -98,10 +99,10 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
 
 
 def held_out_queries(store: ArtifactStore, ref: ArtifactRef) -> pa.Table:
-    """The held-out queries (never trained on) of a negatives artifact, in its order: the in-domain
+    """The usable held-out queries (never trained on) of a queries artifact, in its order: the in-domain
     retrieval evaluation's queries (query) and their one relevant document (doc_id)."""
-    table = store.read_table(ref, "negatives", columns=["query_id", "doc_id", "split", "query"])
-    return table.filter(pc.equal(table["split"], "held_out"))
+    table = store.read_table(ref, "queries", columns=["query_id", "doc_id", "split", "query", "status"])
+    return table.filter(pc.and_(pc.equal(table["split"], HELD_OUT), pc.equal(table["status"], "ok")))
 
 
 class EmbeddedDocumentsInputs(ModelInputs):

@@ -24,6 +24,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
 from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
+from tasks.config.queries import HELD_OUT
 from tasks.core import eval_sets
 from tasks.core.stage import Stage
 from tasks.encoders.encode import POOLINGS
@@ -100,7 +101,7 @@ def training_health_rows(store: ArtifactStore, model_ref: ArtifactRef | None) ->
 
 class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     sts_embeddings: ArtifactRef | None = None
-    negatives: ArtifactRef | None = None  # with query_embeddings: the held-out generated queries (docs/gpl.md)
+    queries: ArtifactRef | None = None  # with query_embeddings: the held-out generated queries (docs/gpl.md)
     query_embeddings: ArtifactRef | None = None
 
 
@@ -108,13 +109,15 @@ def held_out_query_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndar
                         pooling: str, out: ArtifactWriter) -> list[dict]:
     """Retrieval of the held-out generated queries: each one's own document among all the corpus's, by
     cosine. Each query's rank and nDCG@10 are kept too: the report pairs two models over the queries."""
-    held = embed.held_out_queries(store, inputs.negatives)
+    held = embed.held_out_queries(store, inputs.queries)
+    if held.num_rows == 0:  # a small corpus can draw no held-out document: nothing to score
+        return []
     position = {d: i for i, d in enumerate(doc_ids)}
     queries = embed.read_embeddings(store, inputs.query_embeddings, pooling)
     ranks = retrieval.relevant_ranks(queries, x, np.array([position[d] for d in held["doc_id"].to_pylist()]))
     out.write_table(QUERY_SCORES, pa.table({"query_id": held["query_id"], "rank": ranks,
                                             "ndcg": retrieval.ndcg_at(ranks)}))
-    return [dict(row, split="held_out") for row in retrieval.retrieval_rows(ranks, prefix="query_")]
+    return [dict(row, split=HELD_OUT) for row in retrieval.retrieval_rows(ranks, prefix="query_")]
 
 
 def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,

@@ -7,8 +7,8 @@ Promptagator keep a generated query only if the retriever ranks its own passage 
 of the job's pooling) against every passage. Passages whose cosine with the query's own passage is
 at least `duplicate_similarity` are near-copies of it (a corpus's duplicates), not negatives.
 
-Inputs: `documents` (passage = title + "\\n" + text, or text when there is no title: what the pairs
-train on), `queries` (its rows with status "ok"), `model`, the train or init artifact holding the start
+Inputs: `documents` (passage = its `text`: what the pairs train on and what the embed stage encodes
+for evaluation), `queries` (its rows with status "ok"), `model`, the train or init artifact holding the start
 model, if any. The passages' vectors are held (float32, passages × dim); queries are encoded CHUNK_TEXTS
 at a time and scored a block at a time within BLOCK_BYTES. Output `negatives.parquet`, in the queries'
 order: query_id, doc_id, split, query, positive_score, positive_rank (1 = no passage scores higher than
@@ -31,11 +31,10 @@ from tasks.config.base import InputError, Precision, Section
 from tasks.config.evaluation import EvaluateConfig
 from tasks.config.queries import NegativesConfig
 from tasks.core.stage import Stage
-from tasks.core.texts import document_text
 from tasks.encoders import encode
 from tasks.encoders.budget import char_budget, over_budget
 from tasks.encoders.models import ModelInputs, model_identity
-from tasks.metrics import BLOCK_BYTES, block_rows
+from tasks.metrics import BLOCK_BYTES, block_rows, ranks_of_own, unit_rows
 
 CHUNK_TEXTS = 4096  # texts encoded at once; a chunk of queries is mined before the next is encoded
 WRITE_ROWS = 65_536  # output rows per row group
@@ -69,7 +68,7 @@ def mine(query_vecs: np.ndarray, passage_vecs: np.ndarray, positives_idx: np.nda
     query_vecs (q × dim) and passage_vecs (p × dim): unit-length vectors; positives_idx (q,): the row of
     each query's passage. Returns neg_idx (q × k') int64 and neg_scores (q × k') float32, best first,
     k' = min(k, p − 1), padded with -1 / NaN where near-duplicates leave fewer candidates; positive_rank
-    (q,) int32 = 1 + passages scoring strictly higher than its own; positive_score (q,) float32.
+    (q,) int32 = its passage's rank (ties against it: metrics.ranks_of_own); positive_score (q,) float32.
     """
     q, p = len(query_vecs), len(passage_vecs)
     kk = max(0, min(k, p - 1))
@@ -88,7 +87,7 @@ def mine(query_vecs: np.ndarray, passage_vecs: np.ndarray, positives_idx: np.nda
         scores = np.asarray(query_vecs[start:stop], np.float32) @ passage_vecs.T  # (b × p)
         own = scores[b, pos]  # (b,)
         positive_score[start:stop] = own
-        positive_rank[start:stop] = 1 + (scores > own[:, None]).sum(1)  # (b × p) > (b × 1)
+        positive_rank[start:stop] = ranks_of_own(scores, own)
         if kk == 0:
             continue
         duplicates = passage_vecs[pos] @ passage_vecs.T  # (b × p): cosine of each own passage with all
@@ -96,8 +95,7 @@ def mine(query_vecs: np.ndarray, passage_vecs: np.ndarray, positives_idx: np.nda
         del duplicates
         scores[b, pos] = -np.inf  # its own passage, even where rounding puts its self-cosine under 1
         np.negative(scores, out=scores)  # in place: smallest first for argpartition, no copy
-        top = (np.argpartition(scores, kk - 1, axis=1)[:, :kk] if kk < p
-               else np.argsort(scores, axis=1))  # (b × kk), unordered
+        top = np.argpartition(scores, kk - 1, axis=1)[:, :kk]  # (b × kk), unordered; kk < p always
         top_scores = -np.take_along_axis(scores, top, axis=1)  # (b × kk)
         order = np.argsort(-top_scores, axis=1, kind="stable")  # (b × kk): best first
         top, top_scores = np.take_along_axis(top, order, 1), np.take_along_axis(top_scores, order, 1)
@@ -112,9 +110,7 @@ def unit_vectors(encoder: encode.PooledEncoder, texts: list[str], pooling: str, 
     """(positions in `texts`, their unit-length float32 vectors (positions × dim)), a chunk at a time."""
     j = encode.POOLINGS.index(pooling)
     for positions, emb in encoder.encode_chunks(texts, cfg.max_length, cfg.batch_size, chunk=CHUNK_TEXTS):
-        vecs = emb[0, j]  # (1 layer × poolings × n × dim) → (n × dim)
-        vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)  # (n × 1): cosine = dot
-        yield positions, vecs
+        yield positions, unit_rows(emb[0, j], np.float32)  # (1 layer × poolings × n × dim) → (n × dim)
 
 
 def negatives_tables(queries: pa.Table, doc_ids: pa.Array, neg_idx: np.ndarray, neg_scores: np.ndarray,
@@ -134,7 +130,7 @@ def negatives_tables(queries: pa.Table, doc_ids: pa.Array, neg_idx: np.ndarray, 
 def build_negatives(store: ArtifactStore, job: NegativesJob, inputs: NegativesInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     cfg = job.negatives
-    docs = store.read_table(inputs.documents, "documents", columns=["doc_id", "title", "text"])
+    docs = store.read_table(inputs.documents, "documents", columns=["doc_id", "text"])
     queries = store.read_table(inputs.queries, "queries", columns=["query_id", "doc_id", "query", "split"],
                                filters=[("status", "=", "ok")])
     doc_ids = docs["doc_id"].combine_chunks()
@@ -143,7 +139,7 @@ def build_negatives(store: ArtifactStore, job: NegativesJob, inputs: NegativesIn
         raise InputError(f"{len(missing)} query passage(s) not among the documents, e.g. doc_id {missing[0]!r}: "
                          "the queries were written for another corpus")
     positives = np.array([row_of[d] for d in queries["doc_id"].to_pylist()], dtype=np.int64)  # (q,)
-    passages = [document_text(t, x) for t, x in zip(docs["title"].to_pylist(), docs["text"].to_pylist())]
+    passages = docs["text"].to_pylist()
     texts = queries["query"].to_pylist()
     del docs
     log.info("%d ok queries against %d passages, k %d, max length %d", len(texts), len(passages), cfg.k,

@@ -42,10 +42,10 @@ from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Section
 from tasks.config.evaluation import KnnConfig
+from tasks.config.queries import TRAIN
 from tasks.config.training import MethodConfig
 from tasks.core import duck
 from tasks.core.stage import Inputs, Stage
-from tasks.core.texts import document_text
 from tasks.methods.recipes import RECIPES, View
 from tasks.methods.tsdae import deletion_mask, keep_words
 from tasks.metrics import knn
@@ -76,22 +76,26 @@ class PairsConfig(Section):
     replacement: Replacement | None = None  # the summaries view's
     round_trip: int | None = None  # the queries view's
     hard_negatives: bool = False  # the queries view's
+    batch_size: int | None = None  # the queries view's with hard negatives: none of a batch's documents is one
 
     @property
     def needs_documents(self) -> bool:
         return self.held_out is not None or self.view in ("summaries", "queries")
 
     @classmethod
-    def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None) -> PairsConfig:
+    def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None,
+                   batch_size: int | None = None) -> PairsConfig:
         # Only what shapes the rows is part of the identity: recipes that read the same view (and
         # renamed methods) share one artifact.
-        view = RECIPES[method.recipe].view
+        view, hard_negatives = RECIPES[method.recipe].view, RECIPES[method.recipe].hard_negatives
         held_out = HeldOut(test_size=knn.test_size, seed=knn.seed) if method.knn_holdout else None
         replacement = Replacement(**method.model_dump(include={"title_rate", "sentence_rate", "same_input"}))
-        return cls(view=view, n_sentences=method.n_sentences, seed=method.seed, epochs=epochs,
-                   deletion_ratio=method.deletion_ratio if view == "noise" else None, held_out=held_out,
-                   replacement=replacement if view == "summaries" else None,
-                   round_trip=method.resolved_round_trip, hard_negatives=RECIPES[method.recipe].hard_negatives)
+        crops = view != "queries"  # the queries view reads no sentences
+        return cls(view=view, n_sentences=method.n_sentences if crops else cls.model_fields["n_sentences"].default,
+                   seed=method.seed, epochs=epochs, deletion_ratio=method.deletion_ratio if view == "noise" else None,
+                   held_out=held_out, replacement=replacement if view == "summaries" else None,
+                   round_trip=method.resolved_round_trip, hard_negatives=hard_negatives,
+                   batch_size=batch_size if hard_negatives else None)
 
 
 def knn_test_documents(docs: pa.Table, held_out: HeldOut) -> set[str]:
@@ -224,25 +228,33 @@ def draw_summary_pairs(summaries: dict[str, list[str]], titles: dict[str, str | 
 def draw_query_pairs(mined: pa.Table, passages: dict[str, str], cfg: PairsConfig, test: set[str]) -> pa.Table:
     """One row per document per epoch, in a fresh order: one of its training queries (that pass the
     round trip) as anchor, its passage as positive and, with hard negatives, one of the query's mined
-    negatives drawn at random (GPL samples them per step from the retriever's top)."""
-    keep = pc.equal(mined["split"], "train")
+    negatives drawn at random (GPL samples them per step from the retriever's top). A negative is never
+    a document of the same batch (`cfg.batch_size` consecutive rows), whose passage is a positive there,
+    nor one of kNN's held-out test documents."""
+    keep = pc.equal(mined["split"], TRAIN)
     if cfg.round_trip:
         keep = pc.and_(keep, pc.less_equal(mined["positive_rank"], cfg.round_trip))
-    if cfg.hard_negatives:
-        keep = pc.and_(keep, pc.greater(pc.list_value_length(mined["negatives"]), 0))
     by_doc: dict[str, list[tuple[str, list[str]]]] = {}
     for row in mined.filter(keep).select(["doc_id", "query", "negatives"]).to_pylist():
-        if row["doc_id"] not in test:
-            by_doc.setdefault(row["doc_id"], []).append((row["query"], row["negatives"]))
+        negatives = [n for n in row["negatives"] if n not in test]
+        if row["doc_id"] not in test and (negatives or not cfg.hard_negatives):
+            by_doc.setdefault(row["doc_id"], []).append((row["query"], negatives))
     rng = np.random.default_rng(cfg.seed)
     docs = sorted(by_doc)
     cols: dict[str, list] = {"epoch": [], "doc_id": [], "anchor": [], "positive": [], "negative": []}
     for epoch in range(cfg.epochs):
-        for i in rng.permutation(len(docs)):
-            query, negatives = by_doc[docs[i]][rng.integers(len(by_doc[docs[i]]))]
-            negative = passages[negatives[rng.integers(len(negatives))]] if cfg.hard_negatives else None
-            for name, value in zip(cols, (epoch, docs[i], query, passages[docs[i]], negative)):
-                cols[name].append(value)
+        order = [docs[i] for i in rng.permutation(len(docs))]
+        for start in range(0, len(order), cfg.batch_size or len(order) or 1):
+            batch = order[start : start + (cfg.batch_size or len(order))]
+            members = set(batch)
+            for doc in batch:
+                query, negatives = by_doc[doc][rng.integers(len(by_doc[doc]))]
+                negative = None
+                if cfg.hard_negatives:  # one outside the batch, where the query has any
+                    outside = [n for n in negatives if n not in members] or negatives
+                    negative = passages[outside[rng.integers(len(outside))]]
+                for name, value in zip(cols, (epoch, doc, query, passages[doc], negative)):
+                    cols[name].append(value)
     names = ["epoch", "doc_id", "anchor", "positive"] + (["negative"] if cfg.hard_negatives else [])
     return pa.table({n: cols[n] for n in names}, schema=pa.schema([*PAIRS_SCHEMA, pa.field("negative", pa.string())]
                                                               if cfg.hard_negatives else PAIRS_SCHEMA))
@@ -314,7 +326,7 @@ def _pairs(texts: list[str], width: int, n: int, draws: Draws, counts: CropCount
 
 
 class PairsInputs(Inputs):
-    sentences: ArtifactRef
+    sentences: ArtifactRef | None = None  # every view's but the queries view's
     documents: ArtifactRef | None = None  # with held_out, and for the summaries view's titles
     summaries: ArtifactRef | None = None  # the summaries view's
     negatives: ArtifactRef | None = None  # the queries view's: the queries and their mined negatives
@@ -322,14 +334,15 @@ class PairsInputs(Inputs):
     @classmethod
     def for_view(cls, cfg: PairsConfig, sentences: ArtifactRef, documents: ArtifactRef,
                  summaries: ArtifactRef | None, negatives: ArtifactRef | None = None) -> PairsInputs:
-        return cls(sentences=sentences, documents=documents if cfg.needs_documents else None,
+        return cls(sentences=sentences if cfg.view != "queries" else None,
+                   documents=documents if cfg.needs_documents else None,
                    summaries=summaries if cfg.view == "summaries" else None,
                    negatives=negatives if cfg.view == "queries" else None)
 
 
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    columns = ["doc_id", "label"] + {"summaries": ["title"], "queries": ["title", "text"]}.get(cfg.view, [])
+    columns = ["doc_id", "label"] + {"summaries": ["title"], "queries": ["text"]}.get(cfg.view, [])
     docs = store.read_table(inputs.documents, "documents", columns) if cfg.needs_documents else None
     test = knn_test_documents(docs, cfg.held_out) if cfg.held_out else set()
     if test:
@@ -344,8 +357,7 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
             raise InputError("no document has 2 or more usable summaries: see the summarize artifact's stats")
         rows = out.write_batches("pairs", table.schema, table.to_batches(ROWS_PER_GROUP))
     elif cfg.view == "queries":
-        ids, titles, texts = (docs[c].to_pylist() for c in ("doc_id", "title", "text"))
-        passages = {d: document_text(t, x) for d, t, x in zip(ids, titles, texts)}
+        passages = dict(zip(docs["doc_id"].to_pylist(), docs["text"].to_pylist()))
         table = draw_query_pairs(store.read_table(inputs.negatives, "negatives"), passages, cfg, test)
         if table.num_rows == 0:
             raise InputError("no training query is left" + (f" whose passage the start model ranks within the top "

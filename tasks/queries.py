@@ -28,13 +28,17 @@ import pyarrow.compute as pc
 from storage.base import ArtifactRef, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import llm
-from tasks.config.queries import QueriesConfig
+from tasks.config.queries import HELD_OUT, TRAIN, QueriesConfig
 from tasks.core.stage import Inputs, Stage
-from tasks.core.texts import document_text
-from tasks.generation.pool import WORD, copies_source, generate_missing, read_documents, rows_key
-
-STATUSES = ("ok", "empty", "run_on", "repeat")
-SPLITS = ("train", "held_out")
+from tasks.generation.pool import (
+    STATUSES,
+    WORD,
+    copies_source,
+    document_text,
+    generate_missing,
+    read_documents,
+    rows_key,
+)
 
 
 class QueriesInputs(Inputs):
@@ -62,7 +66,7 @@ def query_status(query: str, ended: bool, finish: str, source: str, copied: floa
 def split_of(doc_id: str, seed: int, held_out: float) -> str:
     """`held_out` for a share `held_out` of the documents, `train` for the others: a hash of the
     document alone, so that adding documents or rerunning moves none between splits."""
-    return "held_out" if int(stable_hash(seed, doc_id), 16) % 10_000 < held_out * 10_000 else "train"
+    return HELD_OUT if int(stable_hash(seed, doc_id), 16) % 10_000 < held_out * 10_000 else TRAIN
 
 
 def pool_key(job: QueriesConfig) -> str:
@@ -101,7 +105,7 @@ def build_queries(store: ArtifactStore, job: QueriesConfig, inputs: QueriesInput
     out.write_table("queries", table)
     out.write_table("stats", stats.sort_by([("status", "ascending"), ("split", "ascending")]))
     counts = {s: int(pc.sum(pc.equal(table["status"], s)).as_py() or 0) for s in STATUSES}
-    held = sum(split_of(d["doc_id"], job.seed, job.held_out) == "held_out" for d in docs)
+    held = sum(split_of(d["doc_id"], job.seed, job.held_out) == HELD_OUT for d in docs)
     out.extra.update(documents=len(docs), generated=made, reused=table.num_rows - made, status=counts, cut=cut,
                      held_out=held)
     log.info("%d queries (%d generated now, %d from the pool), %d of %d documents held out: %s", table.num_rows,

@@ -31,10 +31,16 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks import llm
 from tasks.config.summaries import SummaryConfig
 from tasks.core.stage import Inputs, Stage
-from tasks.core.texts import document_text
-from tasks.generation.pool import WORD, copies_source, generate_missing, read_documents, rows_key
+from tasks.generation.pool import (
+    STATUSES,
+    WORD,
+    copies_source,
+    document_text,
+    generate_missing,
+    read_documents,
+    rows_key,
+)
 
-STATUSES = ("ok", "empty", "run_on", "repeat")
 SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
 

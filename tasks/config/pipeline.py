@@ -9,7 +9,7 @@ from tasks.config.base import Section
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import EvaluateConfig
 from tasks.config.model import ModelConfig
-from tasks.config.queries import QueriesConfig
+from tasks.config.queries import NegativesConfig, QueriesConfig
 from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
 from tasks.config.summaries import SummaryConfig
 from tasks.config.training import MethodConfig, TrainConfig, expand_sweeps, merged_train
@@ -32,6 +32,8 @@ class PipelineConfig(Section):
     queries: QueriesConfig | None = Field(None, description="LLM-written queries per document and hard "
                                           "negatives mined for them (GPL's and InPars' training data); "
                                           "`queries: {}` takes every default.")
+    negatives: NegativesConfig = Field(default_factory=NegativesConfig, description="How the hard negatives "
+                                       "of the generated queries are mined (with `queries`).")
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Task-level retries with back-off.")
     run: RunConfig = Field(default_factory=RunConfig, description="How the run uses this machine.")
     tracking: TrackingConfig | None = Field(None, description="Log every run to an experiment tracker too.")

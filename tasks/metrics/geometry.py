@@ -21,15 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tasks.metrics import unit_rows
+
 UNIFORMITY_PAIRS = 250_000  # exact up to n = 707 documents; sampling error of the log ≈ 1e-3 beyond
 PAIR_CHUNK = 16_384  # sampled pairs per block: each gathered block is ~100 MB at d = 768
-
-
-def unit_rows(x: np.ndarray) -> np.ndarray:
-    # The same guard as torch's F.normalize: a zero row stays zero instead of becoming NaN.
-    x = np.array(x, dtype=np.float64)  # one float64 copy, divided in place
-    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    return x
 
 
 def alignment(x: np.ndarray, y: np.ndarray) -> float:

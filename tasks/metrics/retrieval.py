@@ -5,24 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.metrics import BLOCK_BYTES, block_rows
-
-
-def unit(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+from tasks.metrics import BLOCK_BYTES, block_rows, ranks_of_own, unit_rows
 
 
 def relevant_ranks(queries: np.ndarray, docs: np.ndarray, relevant: np.ndarray,
                    block_bytes: int = BLOCK_BYTES) -> np.ndarray:
-    """1 + the number of documents scoring strictly higher (cosine) than each query's relevant one,
-    queries scored in blocks so the score matrix stays under `block_bytes`."""
-    q, d = unit(queries.astype(np.float32)), unit(docs.astype(np.float32))
+    """The rank (cosine, ties against it) of each query's relevant document among all `docs`,
+    queries scored in blocks so the scores and their comparison stay under `block_bytes`."""
+    q, d = unit_rows(queries, np.float32), unit_rows(docs, np.float32)
     ranks = np.empty(len(q), dtype=np.int64)
-    step = block_rows(len(d), 4, block_bytes)
+    step = block_rows(len(d), 5, block_bytes)  # float32 scores + the bool comparison
     for start in range(0, len(q), step):
         scores = q[start : start + step] @ d.T  # (block, docs)
         own = scores[np.arange(len(scores)), relevant[start : start + step]]  # (block,)
-        ranks[start : start + step] = 1 + (scores > own[:, None]).sum(1)
+        ranks[start : start + step] = ranks_of_own(scores, own)
     return ranks
 
 

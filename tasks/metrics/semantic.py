@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.metrics import BLOCK_BYTES, block_rows
-from tasks.metrics.geometry import unit_rows
+from tasks.metrics import BLOCK_BYTES, block_rows, unit_rows
 
 
 def average_rank(queries: np.ndarray, candidates: np.ndarray, match: np.ndarray | None = None,

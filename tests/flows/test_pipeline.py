@@ -400,10 +400,10 @@ def test_a_completed_state_read_back_from_the_api_gives_the_runs_value_and_a_fai
 @pytest.mark.usefixtures("prefect_harness")
 def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alone(tmp_path, llm_dir):
     queries = {"llm": llm_dir, "backend": "transformers", "limit": 30, "shard_size": 10, "held_out": 0.2,
-               "sampling": {"n": 2, "max_tokens": 24},
-               "negatives": {"k": 3, "duplicate_similarity": 0.99999}}  # a random encoder finds every text alike
+               "sampling": {"n": 2, "max_tokens": 24}}
+    negatives = {"k": 3, "duplicate_similarity": 0.99999}  # a random encoder finds every text alike
     methods = [{"name": "gpl", "recipe": "gpl"}, {"name": "inpars", "recipe": "inpars", "round_trip": 10}]
-    config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries,
+    config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries, negatives=negatives,
                          train={"epochs": 2, "batch_size": 4, "max_length": 32})
     first, state = run(config)
     assert state.is_completed()

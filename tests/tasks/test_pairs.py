@@ -212,8 +212,15 @@ def test_query_pairs_train_on_training_queries_against_their_passage_and_a_mined
         assert r["positive"] == PASSAGES[r["doc_id"]] and r["negative"] != r["positive"]
     d0 = [r for r in table if r["doc_id"] == "d0"]
     assert {r["anchor"] for r in d0} == {"what is d0", "d0 again"}  # a query drawn per epoch
-    assert {r["negative"] for r in d0} == {PASSAGES["d1"], PASSAGES["d2"], PASSAGES["d3"]}  # each query's own
+    # Each query's own negatives, never d1: it is in the batch (the whole epoch here), its passage a positive.
+    assert {r["negative"] for r in d0} == {PASSAGES["d2"], PASSAGES["d3"]}
     assert all(r["negative"] == PASSAGES["d3"] for r in d0 if r["anchor"] == "d0 again")
+    # Batches of one row: d1 is then never in d0's batch.
+    alone = draw_query_pairs(mined_queries(), PASSAGES, cfg.model_copy(update={"batch_size": 1}), test=set())
+    assert PASSAGES["d1"] in {r["negative"] for r in alone.to_pylist() if r["doc_id"] == "d0"}
+    # kNN's held-out test documents are never drawn as negatives either.
+    held = draw_query_pairs(mined_queries(), PASSAGES, cfg.model_copy(update={"batch_size": 1}), test={"d2"})
+    assert {r["negative"] for r in held.to_pylist() if r["doc_id"] == "d0"} == {PASSAGES["d1"], PASSAGES["d3"]}
 
 
 def test_query_pairs_round_trip_keeps_queries_whose_passage_ranked_within_the_top_and_the_knn_test_set_out():

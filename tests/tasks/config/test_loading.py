@@ -49,7 +49,8 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "methods.0: recipe gpl trains on LLM-written queries, add a `queries` section"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: i, recipe: inpars, round_trip: 0}]\nqueries: {}\n",
      "methods.0.round_trip"),
-    ("name: x\ndata: {path: a.csv}\nqueries: {held_out: 1.0, negatives: {k: 0}}\n", "queries.held_out"),
+    ("name: x\ndata: {path: a.csv}\nqueries: {held_out: 1.0}\n", "queries.held_out"),
+    ("name: x\ndata: {path: a.csv}\nnegatives: {k: 0}\n", "negatives.k"),
     ("name: x\ndata: {path: a.csv}\nmodel: {pretrain: {data: {path: b.csv}, method: {name: g, recipe: gpl}}}\n",
      "model.pretrain.method: stage 1 runs on a generic corpus without summaries or queries, gpl cannot"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: s, recipe: semcse, title_rate: 0.7, sentence_rate: 0.4}]\n"
