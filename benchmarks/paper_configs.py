@@ -11,7 +11,8 @@ own methods and hyper-parameters, through the real pipeline flow on one shared s
     pre-training section); the LLM (summaries, queries) is SmolLM2-135M for --summarised documents;
   - kNN: 10 splits of 20% test documents; no STS, MTEB or layer-wise scores.
 For each method: its health verdict, the mean loss of its first and last 10 steps against its chance
-level (ln of the batch for InfoNCE recipes), and its kNN accuracy against the untrained encoder's.
+level (the recipe's: ln of the batch for InfoNCE, ln of twice the batch with gpl's hard negatives;
+none for reconstruction losses), and its kNN accuracy against the untrained encoder's.
 What a random 32-wide stand-in cannot show: a collapse that only comes with scale, and what a
 pretrained start brings (recipes that pool with CLS start from a CLS vector that carries nothing).
 
