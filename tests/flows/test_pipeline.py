@@ -140,8 +140,8 @@ def test_tiny_config_helper_overrides(tmp_path):
     assert cfg["train"]["epochs"] == 2 and cfg["train"]["batch_size"] == 16
 
 
-# Every recipe that trains without LLM summaries (those are tested below, with vLLM).
-RECIPES = [name for name, recipe in REGISTRY.items() if not recipe.needs_summaries]
+# Every recipe that trains without an LLM: the SemCSE and GPL/InPars tests below run the others with one.
+RECIPES = [name for name, recipe in REGISTRY.items() if not (recipe.needs_summaries or recipe.needs_queries)]
 
 
 @pytest.mark.usefixtures("prefect_harness")
