@@ -23,22 +23,13 @@ from __future__ import annotations
 import logging
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from storage.base import ArtifactRef, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import llm
 from tasks.config.queries import HELD_OUT, TRAIN, QueriesConfig
 from tasks.core.stage import Inputs, Stage
-from tasks.generation.pool import (
-    STATUSES,
-    WORD,
-    copies_source,
-    document_text,
-    generate_missing,
-    read_documents,
-    rows_key,
-)
+from tasks.generation.pool import GENERATION_COLUMNS, document_text, pooled_rows, quality, rows_key, status_counts
 
 
 class QueriesInputs(Inputs):
@@ -53,14 +44,8 @@ def first_line(continuation: str) -> tuple[str, bool]:
 
 
 def query_status(query: str, ended: bool, finish: str, source: str, copied: float = 0.8) -> str:
-    """`ok`, or why the query is useless: `empty`, `run_on` or `repeat` (copies the passage)."""
-    if len(WORD.findall(query)) < 2:
-        return "empty"
-    if not ended and finish == "length":
-        return "run_on"
-    if copies_source(query, source, copied):
-        return "repeat"
-    return "ok"
+    """`ok`, or why the query is useless: `empty` (under 2 words), `run_on` or `repeat` (copies the passage)."""
+    return quality(query, ended, finish, source, min_words=2, copied=copied)
 
 
 def split_of(doc_id: str, seed: int, held_out: float) -> str:
@@ -76,35 +61,23 @@ def pool_key(job: QueriesConfig) -> str:
 
 def build_queries(store: ArtifactStore, job: QueriesConfig, inputs: QueriesInputs,
                   out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs = read_documents(store, inputs.documents, job.limit)
-    pool = store.pool("queries", pool_key(job))
-    have = pool.read()
     model_dir = llm.llm_folder(store, inputs.llm, job.llm)
-    new, cut = generate_missing(docs, pool, have, [job.prompt], model=job.llm, model_dir=model_dir,
-                                prefix=llm.prompt_prefix(model_dir), backend=job.backend, sampling=job.sampling,
-                                shard_size=job.shard_size, log=log, what="queries")
-    pooled = pa.concat_tables(([have] if have is not None else []) + new, promote_options="default")
-    made = sum(t.num_rows for t in new)
-    by_digest, prompt_digest = {d["digest"]: d for d in docs}, stable_hash(job.prompt)
-    rows, seen = [], set()
-    for r in pooled.to_pylist():  # oldest shard first: a row made twice (two runs at once) keeps the first
-        doc = by_digest.get(r["doc_digest"])
-        if doc is None or r["prompt_digest"] != prompt_digest or (r["doc_digest"], r["sample"]) in seen:
-            continue
-        seen.add((r["doc_digest"], r["sample"]))
+    docs, pooled, made, cut = pooled_rows(store, job, inputs.documents, store.pool("queries", pool_key(job)),
+                                          [job.prompt], model_dir, llm.prompt_prefix(model_dir), log, "queries")
+    rows = []
+    for doc, r in pooled:
         query, ended = first_line(r["continuation"])
-        rows.append(dict(query_id=stable_hash(r["doc_digest"], prompt_digest, r["sample"]), doc_id=doc["doc_id"],
+        rows.append(dict(query_id=stable_hash(r["doc_digest"], r["prompt_digest"], r["sample"]), doc_id=doc["doc_id"],
                          sample=r["sample"], query=query,
                          status=query_status(query, ended, r["finish"], document_text(doc["title"], doc["text"])),
                          split=split_of(doc["doc_id"], job.seed, job.held_out),
-                         **{k: r[k] for k in ("continuation", "finish", "tokens", "model", "backend", "sampling",
-                                              "seed")}))
+                         **{k: r[k] for k in GENERATION_COLUMNS}))
     table = pa.Table.from_pylist(rows).sort_by([("doc_id", "ascending"), ("sample", "ascending")])
     stats = table.group_by(["status", "split"]).aggregate([("sample", "count")]).rename_columns(
         ["status", "split", "count"])
     out.write_table("queries", table)
     out.write_table("stats", stats.sort_by([("status", "ascending"), ("split", "ascending")]))
-    counts = {s: int(pc.sum(pc.equal(table["status"], s)).as_py() or 0) for s in STATUSES}
+    counts = status_counts(table)
     held = sum(split_of(d["doc_id"], job.seed, job.held_out) == HELD_OUT for d in docs)
     out.extra.update(documents=len(docs), generated=made, reused=table.num_rows - made, status=counts, cut=cut,
                      held_out=held)

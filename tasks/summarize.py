@@ -24,22 +24,13 @@ import logging
 import re
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from storage.base import ArtifactRef, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import llm
 from tasks.config.summaries import SummaryConfig
 from tasks.core.stage import Inputs, Stage
-from tasks.generation.pool import (
-    STATUSES,
-    WORD,
-    copies_source,
-    document_text,
-    generate_missing,
-    read_documents,
-    rows_key,
-)
+from tasks.generation.pool import GENERATION_COLUMNS, document_text, pooled_rows, quality, rows_key, status_counts
 
 SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
@@ -58,14 +49,8 @@ def first_sentence(continuation: str) -> tuple[str, bool]:
 
 
 def summary_status(summary: str, ended: bool, finish: str, source: str, copied: float = 0.8) -> str:
-    """`ok`, or why the summary is useless: `empty`, `run_on` or `repeat` (copies the input)."""
-    if len(WORD.findall(summary)) < 3:
-        return "empty"
-    if not ended and finish == "length":
-        return "run_on"
-    if copies_source(summary, source, copied):
-        return "repeat"
-    return "ok"
+    """`ok`, or why the summary is useless: `empty` (under 3 words), `run_on` or `repeat` (copies the input)."""
+    return quality(summary, ended, finish, source, min_words=3, copied=copied)
 
 
 def pool_key(job: SummaryConfig) -> str:
@@ -75,35 +60,23 @@ def pool_key(job: SummaryConfig) -> str:
 
 def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs = read_documents(store, inputs.documents, job.limit)
-    pool = store.pool("summaries", pool_key(job))
-    have = pool.read()
     model_dir = llm.llm_folder(store, inputs.llm, job.llm)
-    new, cut = generate_missing(docs, pool, have, job.prompts, model=job.llm, model_dir=model_dir,
-                                prefix=llm.prompt_prefix(model_dir), backend=job.backend, sampling=job.sampling,
-                                shard_size=job.shard_size, log=log, what="summaries")
-    pooled = pa.concat_tables(([have] if have is not None else []) + new, promote_options="default")
-    made = sum(t.num_rows for t in new)
-    by_digest = {d["digest"]: d for d in docs}
+    docs, pooled, made, cut = pooled_rows(store, job, inputs.documents, store.pool("summaries", pool_key(job)),
+                                          job.prompts, model_dir, llm.prompt_prefix(model_dir), log, "summaries")
     prompt_ids = {stable_hash(p): i for i, p in enumerate(job.prompts, 1)}
-    rows, seen = [], set()
-    for r in pooled.to_pylist():  # oldest shard first: a row made twice (two runs at once) keeps the first
-        doc, prompt_id = by_digest.get(r["doc_digest"]), prompt_ids.get(r["prompt_digest"])
-        if doc is None or prompt_id is None or (r["doc_digest"], prompt_id, r["sample"]) in seen:
-            continue
-        seen.add((r["doc_digest"], prompt_id, r["sample"]))
+    rows = []
+    for doc, r in pooled:
         text, ended = first_sentence(r["continuation"])
         status = summary_status(text, ended, r["finish"], document_text(doc["title"], doc["text"]))
-        rows.append(dict(doc_id=doc["doc_id"], prompt_id=prompt_id, sample=r["sample"], text=text, status=status,
-                         **{k: r[k] for k in ("continuation", "finish", "tokens", "model", "backend", "sampling",
-                                              "seed")}))
+        rows.append(dict(doc_id=doc["doc_id"], prompt_id=prompt_ids[r["prompt_digest"]], sample=r["sample"],
+                         text=text, status=status, **{k: r[k] for k in GENERATION_COLUMNS}))
     table = pa.Table.from_pylist(rows).sort_by([("doc_id", "ascending"), ("prompt_id", "ascending"),
                                                 ("sample", "ascending")])
     stats = table.group_by(["prompt_id", "status"]).aggregate([("sample", "count")]).rename_columns(
         ["prompt_id", "status", "count"])
     out.write_table("summaries", table)
     out.write_table("stats", stats.sort_by([("prompt_id", "ascending"), ("status", "ascending")]))
-    counts = {s: int(pc.sum(pc.equal(table["status"], s)).as_py() or 0) for s in STATUSES}
+    counts = status_counts(table)
     out.extra.update(documents=len(docs), generated=made, reused=table.num_rows - made, status=counts, cut=cut)
     log.info("%d rows (%d generated now, %d from the pool): %s", table.num_rows, made,
              table.num_rows - made, ", ".join(f"{s} {n}" for s, n in counts.items()))

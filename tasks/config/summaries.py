@@ -49,9 +49,9 @@ class GenerationConfig(Section):
                               "trains on those).")
     shard_size: int = Field(16, ge=1, description="Documents per shard: a killed run loses at most the "
                             "shard in flight.")
+    sampling: Sampling = Field(default_factory=Sampling)
 
 
 class SummaryConfig(GenerationConfig):
     prompts: list[str] = Field(default_factory=lambda: list(SEMCSE_PROMPTS), min_length=1,
                                description="Continuation prompts (default: SemCSE's five).")
-    sampling: Sampling = Field(default_factory=Sampling)

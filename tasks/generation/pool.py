@@ -14,19 +14,22 @@ import logging
 import re
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from storage.base import ArtifactRef, stable_hash
 from storage.shards import ShardPool
 from storage.store import ArtifactStore
-from tasks.config.summaries import Sampling
+from tasks.config.summaries import GenerationConfig, Sampling
 from tasks.core.progress import StageProgress
 from tasks.encoders.budget import char_budget
 from tasks.encoders.models import load_model
 from tasks.generation import generate
 
 STATUSES = ("ok", "empty", "run_on", "repeat")  # the quality guard's labels of a generated row (ok: usable)
+# The pool row's columns a stage's artifact keeps as they are: how each text was generated.
+GENERATION_COLUMNS = ("continuation", "finish", "tokens", "model", "backend", "sampling", "seed")
 WORD = re.compile(r"\w+")
 
 
@@ -81,6 +84,23 @@ def copies_source(text: str, source: str, copied: float = 0.8) -> bool:
     return bool(grams) and sum(g in source_grams for g in grams) / len(grams) >= copied
 
 
+def quality(text: str, ended: bool, finish: str, source: str, min_words: int, copied: float = 0.8) -> str:
+    """`ok`, or why a generated text is useless: `empty` (under `min_words` words), `run_on` (cut at
+    max_tokens before it ended) or `repeat` (it copies its source: copies_source)."""
+    if len(WORD.findall(text)) < min_words:
+        return "empty"
+    if not ended and finish == "length":
+        return "run_on"
+    if copies_source(text, source, copied):
+        return "repeat"
+    return "ok"
+
+
+def status_counts(table: pa.Table) -> dict[str, int]:
+    """Rows per quality status (every status, 0 included), for the manifest and the log."""
+    return {s: int(pc.sum(pc.equal(table["status"], s)).as_py() or 0) for s in STATUSES}
+
+
 def rows_key(llm_identity: str, sampling: Sampling) -> str:
     """A pool's key: rows are interchangeable between jobs that share the LLM's weights and the sampling
     settings (not the backend: both sample the same distribution)."""
@@ -126,3 +146,26 @@ def generate_missing(docs: list[dict], pool: ShardPool, have: pa.Table | None, p
     finally:
         generator.close()
     return made, cut
+
+
+def pooled_rows(store: ArtifactStore, job: GenerationConfig, documents: ArtifactRef, pool: ShardPool,
+                prompts: list[str], model_dir: str, prefix: str, log: logging.Logger,
+                what: str) -> tuple[list[dict], list[tuple[dict, dict]], int, int]:
+    """Generate what `pool` lacks for the job's documents and `prompts`, then read them back: the
+    documents, each (document, pool row) once per (document, prompt, sample), oldest shard first (a row
+    made twice, by two runs at once, keeps the first), the rows generated now, and the documents cut."""
+    docs = read_documents(store, documents, job.limit)
+    have = pool.read()
+    new, cut = generate_missing(docs, pool, have, prompts, model=job.llm, model_dir=model_dir, prefix=prefix,
+                                backend=job.backend, sampling=job.sampling, shard_size=job.shard_size, log=log,
+                                what=what)
+    pooled = pa.concat_tables(([have] if have is not None else []) + new, promote_options="default")
+    by_digest, wanted = {d["digest"]: d for d in docs}, {stable_hash(p) for p in prompts}
+    rows, seen = [], set()
+    for r in pooled.to_pylist():
+        doc, key = by_digest.get(r["doc_digest"]), (r["doc_digest"], r["prompt_digest"], r["sample"])
+        if doc is None or r["prompt_digest"] not in wanted or key in seen:
+            continue
+        seen.add(key)
+        rows.append((doc, r))
+    return docs, rows, sum(t.num_rows for t in new), cut

@@ -19,11 +19,12 @@ from tasks.core.stage import NoInputs
 from tasks.encoders.models import resolve_model
 from tasks.generation import generate
 from tasks.generation.generate import Completion
+from tasks.generation.pool import STATUSES
 from tasks.ingest import INGEST
-from tasks.queries import QUERIES, STATUSES, QueriesInputs, first_line, pool_key, query_status, split_of
+from tasks.queries import QUERIES, QueriesInputs, first_line, pool_key, query_status, split_of
 from tests.helpers import DEMO_DOCS, REPO
+from tests.tasks.test_summarize import SOURCE  # the same abstract the summaries' guard is tested on
 
-PASSAGE = "Aspirin lowers the risk of stroke in older adults.\nWe followed 900 patients for ten years."
 COLUMNS = ["query_id", "doc_id", "sample", "query", "status", "split", "continuation", "finish", "tokens", "model",
            "backend", "sampling", "seed"]
 
@@ -51,7 +52,7 @@ def test_a_query_is_the_first_line_stripped(continuation, expected):
     ("aspirin lowers the risk of heart attacks in children", True, "stop", "ok"),  # 3 of 7 trigrams copied
 ])
 def test_quality_guard(query, ended, finish, expected):
-    assert query_status(query, ended, finish, PASSAGE) == expected
+    assert query_status(query, ended, finish, SOURCE) == expected
 
 
 def test_held_out_split_is_a_stable_share_of_the_documents():
