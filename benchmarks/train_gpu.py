@@ -12,10 +12,14 @@ Models: `bert-base` (12 layers, 768 wide, random init with MiniLM's tokenizer; t
 GPU), `minilm` (all-MiniLM-L6-v2) and `random-small` (random 2 x 256; these two are the default
 on a CPU). Reported: tokens/s (non-padding tokens of both sides of the pairs), model FLOP
 utilisation = 6 x parameters x tokens/s / the GPU's peak dense bf16 FLOP/s (none on a CPU), peak
-GPU memory, and embforge / Trainer.
+GPU memory, and embforge / Trainer, for embforge padded, padding-free (`train.padding_free`) and,
+with --compile, compiled (`train.compile`). Each side runs once untimed first (a GPU's first run
+pays for library set-up, kernel tuning and compiling). --profile splits each embforge side's step
+and, on CUDA, gives the share of a step the GPU is busy (kernels and copies, torch's profiler).
 
 Usage: python benchmarks/train_gpu.py [--models bert-base,minilm] [--batches 64,512] [--steps N]
-                                      [--rounds N] [--mini-batch-size 64] [--device auto]
+                                      [--rounds N] [--mini-batch-size 64] [--device auto] [--profile]
+                                      [--compile]
 Prints a table, then ONE final line of JSON.
 """
 
@@ -32,7 +36,15 @@ import pyarrow as pa
 import torch
 from rich.console import Console
 from rich.table import Table
-from train_step import WARMUP, demo_rows, pairs_per_second, time_recipe, time_st_trainer
+from train_step import (
+    WARMUP,
+    demo_rows,
+    pairs_per_second,
+    prepared_ahead,
+    step_split,
+    time_recipe,
+    time_st_trainer,
+)
 from transformers import AutoTokenizer
 
 from storage.store import ArtifactStore
@@ -40,6 +52,7 @@ from tasks.config.base import DEFAULT_MODEL
 from tasks.config.model import RandomInitConfig
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import load_model, pick_device, save_random_encoder, sentence_model
+from tasks.methods.training import StepTimes
 
 PEAK_BF16_TFLOPS = {"H100": 989, "H200": 989, "A100": 312}  # dense, SXM
 MODELS = {"bert-base": RandomInitConfig(layers=12, hidden=768, heads=12, intermediate=3072),
@@ -70,18 +83,49 @@ def model_folder(name: str, work: Path) -> str:
     return str(folder)
 
 
-def measure(side: str, model: str, rows: pa.Table, cfg: TrainConfig, steps: int,
+def measure(side: dict | None, model: str, rows: pa.Table, cfg: TrainConfig, steps: int,
             work: Path) -> tuple[float, float | None]:
-    """(pairs/s over the timed steps, peak GPU memory in GB; None on a CPU)."""
+    """(pairs/s over the timed steps, peak GPU memory in GB; None on a CPU) of embforge with the
+    train settings `side`, or of the Trainer (None)."""
     if cfg.device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    if side == "embforge":
-        stamps = time_recipe("crops", model, cfg, rows, work)
+    if side is not None:
+        stamps = time_recipe("crops", model, cfg.model_copy(update=side), rows, work)
     else:
         stamps = time_st_trainer(model, rows, cfg, steps, work, bf16=cfg.device.startswith("cuda"))
     memory = torch.cuda.max_memory_allocated() / 1e9 if cfg.device.startswith("cuda") else None
     return pairs_per_second(stamps, cfg.batch_size), memory
+
+
+def kernel_seconds_per_step(model: str, rows: pa.Table, cfg: TrainConfig, steps: int, work: Path) -> float:
+    """Seconds per timed step of embforge's crops during which the GPU runs a kernel or a copy
+    (torch's profiler; overlapping ones counted once)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 schedule=schedule(wait=0, warmup=WARMUP, active=steps)) as prof:
+        time_recipe("crops", model, cfg, rows, work, after_step=prof.step)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type != torch.autograd.DeviceType.CPU)
+    busy, reach = 0.0, float("-inf")
+    for start, end in spans:  # the union of the intervals, in µs
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return busy / 1e6 / steps
+
+
+def profile_split(model: str, rows: pa.Table, cfg: TrainConfig, steps: int, work: Path,
+                  step_seconds: float) -> dict:
+    """Where a step goes (the loop's marks; CUDA synchronised at each) and, on a GPU, the share of an
+    unprofiled step (`step_seconds`, from the rounds) that the GPU is busy."""
+    profile = StepTimes(cfg.device)
+    time_recipe("crops", model, cfg, rows, work, profile)
+    split = {part: round(s, 4) for part, s in step_split(profile).items()}
+    busy = (kernel_seconds_per_step(model, rows, cfg, steps, work) / step_seconds
+            if cfg.device.startswith("cuda") else None)
+    return {"step_split_s": split, "prepared_ahead_s": round(prepared_ahead(profile), 4),
+            "gpu_busy": None if busy is None else round(busy, 3)}
 
 
 def main() -> None:
@@ -93,6 +137,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--mini-batch-size", type=int, default=64, help="GradCache mini-batch of batches above it")
     p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--profile", action="store_true", help="also split each embforge side's steps into waiting for "
+                   "data, forward, backward, optimizer, other (and the batches prepared ahead); on CUDA the "
+                   "GPU-busy share")
+    p.add_argument("--compile", action="store_true", help="also time embforge with `train.compile`")
     args = p.parse_args()
     device = pick_device(args.device)
     gpu = device.startswith("cuda")
@@ -115,37 +163,53 @@ def main() -> None:
                               max_length=args.max_length, checkpoint_every=10**9, temperature=0.05, device=device,
                               precision="auto", mini_batch_size=args.mini_batch_size if batch > args.mini_batch_size
                               else None)
-            rates = {"embforge": [], "st_trainer": []}
-            memory = {"embforge": [], "st_trainer": []}
+            sides = {"embforge": {}, "padding_free": {"padding_free": True},
+                     **({"compiled": {"compile": True}} if args.compile else {}), "st_trainer": None}
+            rates = {side: [] for side in sides}
+            memory = {side: [] for side in sides}
+            for side, settings in sides.items():  # untimed: a first run pays for set-up, tuning and compiling
+                measure(settings, model, rows.slice(0, (WARMUP + 2) * batch), cfg, WARMUP + 2, work)
             for i in range(args.rounds):  # interleaved, each side first in every other round
-                for side in list(rates)[:: 1 if i % 2 == 0 else -1]:
-                    rate, mem = measure(side, model, rows, cfg, WARMUP + steps, work)
+                for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
+                    rate, mem = measure(sides[side], model, rows, cfg, WARMUP + steps, work)
                     rates[side].append(rate)
                     memory[side].append(mem)
-            ef, st = (statistics.median(rates[s]) for s in ("embforge", "st_trainer"))
-            tokens_s = ef * tokens_per_pair
-            results.append(dict(
-                model=name, parameters=params, batch=batch, mini_batch_size=cfg.mini_batch_size,
-                embforge_pairs_per_s=round(ef, 2), st_pairs_per_s=round(st, 2),
-                ratio_embforge_over_st=round(ef / st, 3),
-                embforge_rounds=[round(r, 2) for r in rates["embforge"]],
-                st_rounds=[round(r, 2) for r in rates["st_trainer"]],
-                tokens_per_s=round(tokens_s), mfu=round(6 * params * tokens_s / peak, 3) if peak else None,
-                peak_memory_gb=round(max(memory["embforge"]), 2) if gpu else None,
-                st_peak_memory_gb=round(max(memory["st_trainer"]), 2) if gpu else None))
-            print(json.dumps(results[-1]), flush=True)
+            st = statistics.median(rates["st_trainer"])
+            result = {"model": name, "parameters": params, "batch": batch, "mini_batch_size": cfg.mini_batch_size}
+            for side in sides:
+                rate = statistics.median(rates[side])
+                result[side] = {"pairs_per_s": round(rate, 2), "over_st": round(rate / st, 3),
+                                "rounds": [round(r, 2) for r in rates[side]],
+                                "tokens_per_s": round(rate * tokens_per_pair),
+                                "mfu": round(6 * params * rate * tokens_per_pair / peak, 3) if peak else None,
+                                "peak_memory_gb": round(max(memory[side]), 2) if gpu else None}
+            if args.profile:
+                result["profile"] = {side: profile_split(model, rows, cfg.model_copy(update=sides[side]), steps,
+                                                         work, batch / result[side]["pairs_per_s"])
+                                     for side in sides if sides[side] is not None}
+            results.append(result)
+            print(json.dumps(result), flush=True)
 
     table = Table(title=f"crops training, length {args.max_length}, {device}"
                         f"{' (' + torch.cuda.get_device_name(device) + ')' if gpu else ''}, {steps} timed steps x "
                         f"{args.rounds} rounds per side")
-    for col in ("model", "batch", "embforge pairs/s", "Trainer pairs/s", "ratio", "tokens/s", "MFU", "peak GB"):
-        table.add_column(col, justify="left" if col == "model" else "right")
+    for col in ("model", "batch", "side", "pairs/s", "vs Trainer", "tokens/s", "MFU", "peak GB"):
+        table.add_column(col, justify="left" if col in ("model", "side") else "right")
     for r in results:
-        table.add_row(r["model"], f"{r['batch']}" + (f" ({r['mini_batch_size']})" if r["mini_batch_size"] else ""),
-                      f"{r['embforge_pairs_per_s']}", f"{r['st_pairs_per_s']}", f"{r['ratio_embforge_over_st']}",
-                      f"{r['tokens_per_s']:,}", "" if r["mfu"] is None else f"{r['mfu']:.1%}",
-                      "" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']}")
+        batch = f"{r['batch']}" + (f" ({r['mini_batch_size']})" if r["mini_batch_size"] else "")
+        for side in (k for k, v in r.items() if isinstance(v, dict) and "pairs_per_s" in v):
+            f = r[side]
+            table.add_row(r["model"], batch, side, f"{f['pairs_per_s']}", f"{f['over_st']}", f"{f['tokens_per_s']:,}",
+                          "" if f["mfu"] is None else f"{f['mfu']:.1%}",
+                          "" if f["peak_memory_gb"] is None else f"{f['peak_memory_gb']}")
     Console().print(table)
+    for r in results:
+        for side, prof in r.get("profile", {}).items():
+            total = sum(prof["step_split_s"].values())
+            print(f"step split, {r['model']} batch {r['batch']} {side}: {total:.4f} s/step = " + ", ".join(
+                f"{part} {s:.4f} s ({s / total:.1%})" for part, s in prof["step_split_s"].items())
+                + f"; prepared ahead {prof['prepared_ahead_s']:.4f} s/batch"
+                + ("" if prof["gpu_busy"] is None else f"; GPU busy {prof['gpu_busy']:.1%} of an unprofiled step"))
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"device": device, "gpu": torch.cuda.get_device_name(device) if gpu else None,
                       "precision": "auto", "max_length": args.max_length, "steps": steps, "rounds": args.rounds,

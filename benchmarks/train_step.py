@@ -87,17 +87,18 @@ def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
 
 
 def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, work: Path,
-                profile: StepTimes | None = None) -> list[float]:
-    """End time of every training step of `recipe` through embforge's loop (and its parts in `profile`)."""
+                profile: StepTimes | None = None, after_step=lambda: None) -> list[float]:
+    """End time of every training step of `recipe` through embforge's loop (and its parts in `profile`);
+    `after_step` is called after each step (a torch profiler's `step`)."""
     model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg),
-                           padding_free=cfg.padding_free)
+                           padding_free=cfg.padding_free, compile=cfg.compile)
     stamps: list[float] = []
     method = MethodConfig(name=recipe, recipe=recipe)
     pq.write_table(rows, work / f"pairs-{recipe}.parquet")  # read as the train stage reads its pairs
     with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
         train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
                     PairBatches(pairs, cfg.batch_size), cfg, Checkpoints(work / f"ckpt-{recipe}"),
-                    on_step=lambda _: stamps.append(time.perf_counter()), profile=profile)
+                    on_step=lambda _: (stamps.append(time.perf_counter()), after_step()), profile=profile)
     return stamps
 
 
@@ -119,6 +120,11 @@ def step_split(profile: StepTimes) -> dict[str, float]:
     timed = profile.steps[WARMUP:]
     timed = [t for t in timed if any(t.values())]  # the loop begins one more step than it runs
     return {part: statistics.fmean(t[part] for t in timed) for part in StepTimes.PARTS}
+
+
+def prepared_ahead(profile: StepTimes) -> float:
+    """Mean seconds the background thread took to read and tokenize a batch (off the step)."""
+    return statistics.fmean(profile.prepared[WARMUP:])
 
 
 def pairs_per_second(stamps: list[float], batch_size: int) -> float:
@@ -219,12 +225,13 @@ def main() -> None:
         per_recipe = {"crops": statistics.median(rounds["crops"]), **per_recipe}
     st = statistics.median(rounds["st"])
     free = statistics.median(rounds["crops_padding_free"]) if "crops" in recipes else None
-    split = {}
+    split, ahead = {}, {}
     if args.profile and "crops" in recipes:  # runs of their own: the marks' synchronisation is not in the rounds
         for side, side_cfg in (("crops", cfg), ("crops_padding_free", unpadded)):
             profile = StepTimes(device)
             time_recipe("crops", model_path, side_cfg, pairs, work, profile)
             split[side] = step_split(profile)
+            ahead[side] = prepared_ahead(profile)
     padding = padding_share(model_path, pairs.slice(WARMUP * args.batch_size), args.batch_size, args.max_length)
     shutil.rmtree(work, ignore_errors=True)
 
@@ -248,7 +255,8 @@ def main() -> None:
     for side, parts in split.items():
         total = sum(parts.values())
         print(f"step split, {side}: {total:.3f} s/step = " + ", ".join(
-            f"{part} {seconds:.3f} s ({seconds / total:.1%})" for part, seconds in parts.items()))
+            f"{part} {seconds:.3f} s ({seconds / total:.1%})" for part, seconds in parts.items())
+            + f"; read and tokenized ahead on a background thread: {ahead[side]:.3f} s/batch")
     if ef:
         print(f"embforge / sentence-transformers (crops) = {ef / st:.3f}; padding-free: {free / st:.3f}")
     print(json.dumps({"rows_per_s": {r: round(v, 2) for r, v in per_recipe.items()},
@@ -260,6 +268,7 @@ def main() -> None:
                       "padding_share": round(padding, 4),
                       "step_split_s": {side: {k: round(v, 4) for k, v in parts.items()}
                                        for side, parts in split.items()},
+                      "prepared_ahead_s": {side: round(v, 4) for side, v in ahead.items()},
                       "model": name,
                       "random_init": args.random_init, "batch_size": args.batch_size,
                       "timed_steps": args.steps, "warmup_steps": WARMUP, "rounds": args.rounds,

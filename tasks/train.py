@@ -124,7 +124,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     rank, size = distributed.world()
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
                            distributed.process_device(pick_device(cfg.device)), pooling_for(job.recipe, cfg),
-                           cfg.layer, cfg.padding_free)
+                           cfg.layer, cfg.padding_free, cfg.compile)
     if cfg.gradient_checkpointing:
         models.checkpoint_activations(model)
     objective = frozen_objective(model, job)

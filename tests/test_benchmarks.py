@@ -33,17 +33,25 @@ def test_train_step_times_recipes_and_alternates_crops_with_the_trainer():
     assert out["ratio_embforge_over_st"] > 0 and out["ratio_padding_free_over_st"] > 0
     assert 0 < out["padding_share"] < 1
     for side in ("crops", "crops_padding_free"):  # --profile: every part of a step took some time
-        assert set(out["step_split_s"][side]) == {"data", "tokenize", "forward", "backward", "optimizer", "other"}
+        assert set(out["step_split_s"][side]) == {"data", "forward", "backward", "optimizer", "other"}
         assert all(seconds > 0 for seconds in out["step_split_s"][side].values())
+        assert out["prepared_ahead_s"][side] > 0  # read and tokenized on the background thread
 
 
 def test_train_gpu_runs_on_the_cpu():
     out = json.loads(benchmark("train_gpu.py", "--models", "random-small", "--batches", "4", "--steps", "2",
-                               "--rounds", "2", "--max-length", "32", "--device", "cpu"))
+                               "--rounds", "2", "--max-length", "32", "--device", "cpu", "--profile"))
     (result,) = out["results"]
     assert (result["model"], result["batch"], out["steps"], out["gpu"]) == ("random-small", 4, 2, None)
-    assert len(result["embforge_rounds"]) == len(result["st_rounds"]) == 2 and result["ratio_embforge_over_st"] > 0
-    assert result["mfu"] is None and result["tokens_per_s"] > 0  # no peak FLOP/s on a CPU
+    for side in ("embforge", "padding_free", "st_trainer"):
+        assert len(result[side]["rounds"]) == 2 and result[side]["over_st"] > 0
+        assert result[side]["pairs_per_s"] == pytest.approx(statistics.median(result[side]["rounds"]), abs=0.01)
+        assert result[side]["mfu"] is None and result[side]["tokens_per_s"] > 0  # no peak FLOP/s on a CPU
+    assert result["st_trainer"]["over_st"] == 1
+    for side in ("embforge", "padding_free"):  # --profile: the step's parts, and what was prepared ahead
+        profile = result["profile"][side]
+        assert set(profile["step_split_s"]) == {"data", "forward", "backward", "optimizer", "other"}
+        assert profile["prepared_ahead_s"] > 0 and profile["gpu_busy"] is None
 
 
 def test_rows_beyond_one_epoch_come_from_more_epochs(tmp_path):

@@ -130,6 +130,9 @@ class TrainConfig(Section):
     padding_free: bool = Field(False, description="Compute the encoder's linear layers on the batch's real "
                                "tokens only (BERT encoders; tasks/encoders/packed.py): the same model, faster by "
                                "the batch's share of padding. Dropout draws other masks, so it is part of the key.")
+    compile: bool = Field(False, description="torch.compile the encoder, with the sequence length dynamic: "
+                          "fewer, fused kernels, which a GPU runs launch-bound at these sizes otherwise. The first "
+                          "steps pay for compiling; dropout draws other masks, so it is part of the key.")
     gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
                                          "backward pass instead of keeping them: less memory for long inputs, "
                                          "about a third more compute; the same numbers, so not part of the key.")

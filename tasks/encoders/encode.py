@@ -11,6 +11,7 @@ chunk of texts at a time, so a corpus of any size is encoded in bounded memory.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +21,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
 from tasks.encoders import backends
 from tasks.encoders.budget import cut_texts
-from tasks.encoders.models import load_model, pick_device
+from tasks.encoders.models import load_model, pick_device, to_device
 from tasks.methods import precision
 
 POOLINGS = ("mean", "cls", "sep")
@@ -52,6 +54,8 @@ class PooledEncoder:
             self.model = load_model(model, lambda p: AutoModel.from_pretrained(p, dtype=torch.float32))
             self.model = self.model.to(pick_device(device)).eval()
             self.dtype = precision.autocast_dtype(dtype, self.model.device)
+            if self.model.device.type == "cuda":  # weights held in the dtype, not re-cast by autocast every batch
+                self.model.to(self.dtype)
         else:
             with tempfile.TemporaryDirectory() as export:  # the runtime has read the file once built
                 file = load_model(model, lambda p: backends.backend_file(p, backend, Path(export), quantized))
@@ -75,30 +79,41 @@ class PooledEncoder:
         # is computed. A chunk is whole batches: chunking changes no batch, hence no vector.
         order = np.argsort([-len(t) for t in texts], kind="stable")
         chunk = batch_size * max(1, -(-(chunk or len(texts)) // batch_size))
-        with StageProgress(len(texts), "texts") as progress, \
-                tqdm(total=-(-len(texts) // batch_size), desc=progress.label, unit="batch", mininterval=5) as bar:
-            for first in range(0, len(texts), chunk):
-                positions = order[first : first + chunk]
-                out = np.empty((len(layers), len(POOLINGS), len(positions), self.dim), dtype=np.float32)
-                for start in range(0, len(positions), batch_size):
-                    idx = positions[start : start + batch_size]
-                    out[:, :, start : start + len(idx)] = self._pooled([texts[i] for i in idx], max_length, layers)
-                    progress.advance(len(idx))
-                    bar.update()
-                yield positions, out
 
-    def _pooled(self, texts: list[str], max_length: int, layers: list[int]) -> np.ndarray:
-        """One batch: (len(layers), len(POOLINGS), len(texts), dim)."""
+        def tokenized() -> Iterator[tuple[int, dict]]:  # on a background thread, ahead of the model
+            for first in range(0, len(texts), batch_size):
+                yield first, self._inputs([texts[i] for i in order[first : first + batch_size]], max_length)
+
+        with StageProgress(len(texts), "texts") as progress, \
+                tqdm(total=-(-len(texts) // batch_size), desc=progress.label, unit="batch", mininterval=5) as bar, \
+                contextlib.closing(prefetched(tokenized())) as batches:
+            for first, inputs in batches:
+                start, end = first - first % chunk, min(first - first % chunk + chunk, len(texts))
+                if first == start:
+                    out = np.empty((len(layers), len(POOLINGS), end - start, self.dim), dtype=np.float32)
+                size = len(inputs["attention_mask"])
+                out[:, :, first - start : first - start + size] = self._pooled(inputs, layers)
+                progress.advance(size)
+                bar.update()
+                if first + size == end:
+                    yield order[start:end], out
+
+    def _inputs(self, texts: list[str], max_length: int) -> dict:
+        """One batch's tokens: NumPy for an exported backend, on the model's device for torch."""
         texts = cut_texts(texts, max_length)
+        if self.backend != "torch":
+            return self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        return to_device(self.tokenizer(texts, padding=True, truncation=True, max_length=max_length,
+                                        return_tensors="pt"), self.model.device)
+
+    def _pooled(self, batch: dict, layers: list[int]) -> np.ndarray:
+        """One batch: (len(layers), len(POOLINGS), len(texts), dim)."""
         if self.backend != "torch":
             if layers != [self.n_layers]:
                 raise ValueError(f"the {self.backend} backend gives the last layer only, not layers {layers}")
-            batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
             hidden = torch.from_numpy(self.runtime(batch))  # (texts, tokens, dim)
             mask = torch.from_numpy(batch["attention_mask"])
             return torch.stack([pool(hidden, mask, pooling) for pooling in POOLINGS])[None].numpy()
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length,
-                               return_tensors="pt").to(self.model.device)
         with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
             hidden = self.model(**batch, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
             states = (hidden.hidden_states if hidden.hidden_states is not None

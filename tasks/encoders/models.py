@@ -83,18 +83,30 @@ def pick_device(device: str) -> str:
 POOLING_MODES = {"mean": "mean", "cls": "cls", "sep": "lasttoken"}
 
 
+def to_device(features: dict, device: torch.device) -> dict:
+    """Tokenised features on `device`; entries that are not tensors (sentence-transformers'
+    'modality') are kept as they are. To a GPU through pinned memory, without waiting for the copy:
+    it is queued before any kernel that reads it."""
+    if torch.device(device).type != "cuda":
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in features.items()}
+
+
 def transformer_blocks(encoder: torch.nn.Module) -> torch.nn.ModuleList:
     """The stack of transformer layers of a Hugging Face encoder (BERT, MPNet, ...)."""
     return next(m for _, m in encoder.named_modules() if isinstance(m, torch.nn.ModuleList))
 
 
 def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean",
-                   layer: int | None = None, padding_free: bool = False) -> SentenceTransformer:
+                   layer: int | None = None, padding_free: bool = False, compile: bool = False,
+                   ) -> SentenceTransformer:
     """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train.
 
     `layer` = L keeps only the first L transformer layers: its last hidden state is then
     hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
     `padding_free`: its linear layers compute on real tokens only (tasks/encoders/packed.py).
+    `compile`: the transformer module is compiled in place (its weights keep their names).
     """
     # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
     transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
@@ -110,6 +122,8 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     model = SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
     if padding_free:
         packed.padding_free(model)
+    if compile:
+        model[0].compile(dynamic=True)
     return model
 
 

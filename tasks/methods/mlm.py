@@ -13,7 +13,7 @@ from sentence_transformers import SentenceTransformer
 from torch import nn
 from transformers import AutoModelForMaskedLM
 
-from tasks.encoders.models import MODEL_LOADING
+from tasks.encoders.models import MODEL_LOADING, to_device
 from tasks.methods.masking import mask_tokens
 
 
@@ -47,12 +47,6 @@ def maskable_positions(model: SentenceTransformer, input_ids: torch.Tensor,
     """Real tokens that are not special ([CLS], [SEP], [PAD], ...)."""
     special = torch.tensor(model.tokenizer.all_special_ids, device=input_ids.device)
     return attention_mask.bool() & ~torch.isin(input_ids, special)
-
-
-def to_device(features: dict, device: torch.device) -> dict:
-    """Tokenised features on `device`; entries that are not tensors (sentence-transformers'
-    'modality') are kept as they are."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
 
 def encoder_inputs(features: dict) -> dict:

@@ -17,11 +17,12 @@ from torch import nn
 
 from tasks.config.training import TrainConfig
 from tasks.encoders.budget import cut_texts
+from tasks.encoders.models import to_device
 from tasks.methods.cached import CachedLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
 from tasks.methods.distributed import Gather, gather_rows, no_gather
 from tasks.methods.infonce import InfoNCELoss
-from tasks.methods.mlm import MaskedLMLoss, to_device
+from tasks.methods.mlm import MaskedLMLoss
 from tasks.methods.recipes import RECIPES, Pair, Recipe
 from tasks.methods.retromae import RetroMAELoss, retromae_features
 from tasks.methods.triplet import TripletInBatchLoss

@@ -17,10 +17,11 @@ from sentence_transformers import SentenceTransformer
 from torch import nn
 
 from tasks.encoders.budget import cut_texts
+from tasks.encoders.models import to_device
 from tasks.methods.distributed import Gather, no_gather
 from tasks.methods.infonce import info_nce
 from tasks.methods.masking import mask_tokens
-from tasks.methods.mlm import encoder_inputs, maskable_positions, masked_lm_head, selected_ce, to_device
+from tasks.methods.mlm import encoder_inputs, maskable_positions, masked_lm_head, selected_ce
 
 
 def decoder_attention_mask(attention_mask: torch.Tensor, visible: float) -> torch.Tensor:

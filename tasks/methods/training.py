@@ -12,8 +12,10 @@ trainers do (`max_grad_norm`); every step is checked for collapse and divergence
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -30,6 +32,7 @@ from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 
 from storage import leases
 from tasks.config.training import TrainConfig
+from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
 from tasks.core.stopping import SIGNALS, StepBoundaryStop
 from tasks.methods import distributed, health, precision
@@ -50,14 +53,16 @@ class StepLog:
 
 class StepTimes:
     """Wall seconds per part of each training step (`benchmarks/train_step.py --profile`): waiting for
-    the batch's rows, tokenizing them (with the copy to the device), forward, backward, the optimizer
-    (with clipping), and the rest (logging, checkpoints). On CUDA the device is synchronised at each
-    mark, so a kernel counts in the part that launched it."""
+    the batch (read and tokenized ahead on a background thread, tasks/core/prefetch.py), forward,
+    backward, the optimizer (with clipping), and the rest (logging, checkpoints); and apart, the
+    seconds the background thread took to prepare each batch. On CUDA the device is synchronised at
+    each mark, so a kernel counts in the part that launched it."""
 
-    PARTS = ("data", "tokenize", "forward", "backward", "optimizer", "other")
+    PARTS = ("data", "forward", "backward", "optimizer", "other")
 
     def __init__(self, device: str | torch.device = "cpu"):
         self.steps: list[dict[str, float]] = []
+        self.prepared: list[float] = []  # appended by the background thread
         self._sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
         self._last = 0.0
 
@@ -256,12 +261,20 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     lap = profile.mark if profile else lambda part: None
     if profile:
         profile.begin()
-    with stopping or contextlib.nullcontext():
-        for step, (epoch, batch) in enumerate(batches.from_step(len(history)), start=len(history)):
+    # The next batches are read and tokenized on a background thread while this one trains; the
+    # tokenizer is shared with `measure` and `probe`, which therefore wait for it to be free.
+    tokenizer_free = threading.Lock()
+
+    def prepared(epoch: int, batch: list[Pair]) -> tuple[int, list[dict]]:
+        with tokenizer_free:
+            return epoch, objective.collate(distributed.shard(batch, rank, size))
+
+    inputs = prefetched(itertools.starmap(prepared, batches.from_step(len(history))),
+                        on_prepared=profile.prepared.append if profile else None)
+    with stopping or contextlib.nullcontext(), contextlib.closing(inputs):
+        for step, (epoch, features) in enumerate(inputs, start=len(history)):
             lap("data")
             optimizer.zero_grad(set_to_none=True)  # first: the forward pass's activations reuse the gradients' memory
-            features = objective.collate(distributed.shard(batch, rank, size))
-            lap("tokenize")
             with amp.autocast():
                 loss = forward(features, None)
             lap("forward")
@@ -275,9 +288,11 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             history.append(entry)
             last = step + 1 == len(batches)
             if rank == 0 and measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
-                entry.knn_accuracy = measure()
+                with tokenizer_free:
+                    entry.knn_accuracy = measure()
             if rank == 0 and probe and ((step + 1) % health.PROBE_EVERY == 0 or last):
-                entry.probe_cosine = probe()
+                with tokenizer_free:
+                    entry.probe_cosine = probe()
             if rank == 0 and (problem := health.check(history, chance, warmup)) and problem.kind not in warned:
                 if problem.fatal and cfg.on_unhealthy == "stop":
                     raise health.TrainingUnhealthy(health.advice(problem, cfg.lr, cfg.max_grad_norm))
