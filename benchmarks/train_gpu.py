@@ -13,8 +13,9 @@ GPU), `minilm` (all-MiniLM-L6-v2) and `random-small` (random 2 x 256; these two 
 on a CPU). Reported: tokens/s (non-padding tokens of both sides of the pairs), model FLOP
 utilisation = 6 x parameters x tokens/s / the GPU's peak dense bf16 FLOP/s (none on a CPU), peak
 GPU memory, and embforge / Trainer, for embforge padded, padding-free (`train.padding_free`) and,
-with --compile, compiled (`train.compile`). Each side runs once untimed first (a GPU's first run
-pays for library set-up, kernel tuning and compiling). --profile splits each embforge side's step
+with --compile, compiled (`train.compile`). Each side runs once untimed first, over the same rows
+(a GPU's first run pays for library set-up, and each sequence length's first batch for choosing
+its kernels). --profile splits each embforge side's step
 and, on CUDA, gives the share of a step the GPU is busy (kernels and copies, torch's profiler).
 
 Usage: python benchmarks/train_gpu.py [--models bert-base,minilm] [--batches 64,512] [--steps N]
@@ -103,8 +104,8 @@ def kernel_seconds_per_step(model: str, rows: pa.Table, cfg: TrainConfig, steps:
     (torch's profiler; overlapping ones counted once)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 schedule=schedule(wait=0, warmup=WARMUP, active=steps)) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True,
+                 schedule=schedule(wait=0, warmup=WARMUP, active=steps)) as prof:  # acc: kept past the cycle
         time_recipe("crops", model, cfg, rows, work, after_step=prof.step)
     spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
                    if e.device_type != torch.autograd.DeviceType.CPU)
@@ -167,8 +168,10 @@ def main() -> None:
                      **({"compiled": {"compile": True}} if args.compile else {}), "st_trainer": None}
             rates = {side: [] for side in sides}
             memory = {side: [] for side in sides}
-            for side, settings in sides.items():  # untimed: a first run pays for set-up, tuning and compiling
-                measure(settings, model, rows.slice(0, (WARMUP + 2) * batch), cfg, WARMUP + 2, work)
+            # Untimed, over every batch: a GPU's first run pays for set-up, and every sequence length's first
+            # batch for choosing its kernels (measured on an H200: a side's first run went at a quarter of the speed).
+            for settings in sides.values():
+                measure(settings, model, rows, cfg, WARMUP + steps, work)
             for i in range(args.rounds):  # interleaved, each side first in every other round
                 for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
                     rate, mem = measure(sides[side], model, rows, cfg, WARMUP + steps, work)
