@@ -39,6 +39,8 @@ class Recipe:
     hard_negatives: bool = False
     # Keep a generated query only if the start model ranks its passage within this top (InPars, Promptagator).
     round_trip: int | None = None
+    # Each row also carries a cross-encoder's margin, score(query, passage) - score(query, negative): GPL's teacher.
+    margins: bool = False
 
     @property
     def needs_summaries(self) -> bool:
@@ -72,6 +74,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("gpl", "InfoNCE between an LLM-written query and its passage, against the other passages and a hard "
            "negative mined with the start model (GPL without a cross-encoder; needs `queries`)", "queries",
            in_batch_negatives=True, sentence_head=True, mini_batches=True, hard_negatives=True),
+    Recipe("gpl_margin", "GPL as published: MarginMSE between the dot-product margin of (query, passage, mined "
+           "negative) and a cross-encoder's (needs `queries` and `negatives.cross_encoder`)", "queries",
+           hard_negatives=True, margins=True),
     Recipe("inpars", "InfoNCE between an LLM-written query and its passage, keeping only queries whose passage the "
            "start model ranks first (InPars / Promptagator's round-trip filter; needs `queries`)", "queries",
            in_batch_negatives=True, sentence_head=True, mini_batches=True, round_trip=1),

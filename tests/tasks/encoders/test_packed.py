@@ -1,4 +1,5 @@
-"""tasks/encoders/packed.py: padding-free training computes what the padded forward computes."""
+"""tasks/encoders/packed.py: padding-free training computes what the padded forward computes (and so
+does a compiled encoder, `train.compile`)."""
 
 import json
 
@@ -59,20 +60,24 @@ def no_dropout(model: SentenceTransformer) -> SentenceTransformer:
     return model
 
 
-def test_without_dropout_training_takes_the_padded_steps(tiny_dir, tmp_path):
+# train.compile (torch.compile of the transformer) is checked here too: like padding_free it changes how,
+# not what, the encoder computes. Compiling takes about half a minute on 2 cores, hence slow.
+@pytest.mark.parametrize("setting", ["padding_free", pytest.param("compile", marks=pytest.mark.slow)])
+def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_path):
     cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100)
     rows = texts(32)
     pq.write_table(pa.table({"epoch": pa.array([0] * 32, pa.int32()), "doc_id": [str(i) for i in range(32)],
                              "anchor": rows, "positive": rows[1:] + rows[:1]}), tmp_path / "pairs.parquet")
     runs = []
-    for padding_free in (False, True):
-        model = no_dropout(sentence_model(tiny_dir, cfg.max_length, padding_free=padding_free))
+    for on in (False, True):
+        model = no_dropout(sentence_model(tiny_dir, cfg.max_length, **{setting: on}))
         with pq.ParquetFile(tmp_path / "pairs.parquet") as pairs:
             history = train_model(build_objective(model, "crops", cfg, None, None), PairBatches(pairs, cfg.batch_size),
-                                  cfg, Checkpoints(tmp_path / f"ckpt-{padding_free}"))
+                                  cfg, Checkpoints(tmp_path / f"ckpt-{on}"))
         runs.append(([h.loss for h in history], model.state_dict()))
     (losses, weights), (packed_losses, packed_weights) = runs
     assert len(losses) == 4 and packed_losses == pytest.approx(losses, rel=1e-5)
+    assert packed_weights.keys() == weights.keys()  # saved under the same names
     assert all(torch.allclose(packed_weights[k], weights[k], atol=1e-5) for k in weights)
 
 
