@@ -12,7 +12,9 @@ for evaluation), `queries` (its rows with status "ok"), `model`, the train or in
 model, if any. The passages' vectors are held (float32, passages × dim); queries are encoded CHUNK_TEXTS
 at a time and scored a block at a time within BLOCK_BYTES. Output `negatives.parquet`, in the queries'
 order: query_id, doc_id, split, query, positive_score, positive_rank (1 = no passage scores higher than
-its own), negatives (doc ids, best first, at most k), negative_scores.
+its own), negatives (doc ids, best first, at most k), negative_scores, and with `cross_encoder` the
+teacher's raw scores of the query with its passage (positive_teacher) and with each negative
+(negative_teacher; null without one): GPL's MarginMSE labels are their differences.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import torch
 from pydantic import Field
+from sentence_transformers.cross_encoder import CrossEncoder
 
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
@@ -33,7 +37,7 @@ from tasks.config.queries import NegativesConfig
 from tasks.core.stage import Stage
 from tasks.encoders import encode
 from tasks.encoders.budget import char_budget, over_budget
-from tasks.encoders.models import ModelInputs, model_identity
+from tasks.encoders.models import ModelInputs, load_model, model_identity, pick_device
 from tasks.metrics import BLOCK_BYTES, block_rows, ranks_of_own, unit_rows
 
 CHUNK_TEXTS = 4096  # texts encoded at once; a chunk of queries is mined before the next is encoded
@@ -41,7 +45,8 @@ WRITE_ROWS = 65_536  # output rows per row group
 
 SCHEMA = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), ("split", pa.string()),
                     ("query", pa.string()), ("positive_score", pa.float32()), ("positive_rank", pa.int32()),
-                    ("negatives", pa.list_(pa.string())), ("negative_scores", pa.list_(pa.float32()))])
+                    ("negatives", pa.list_(pa.string())), ("negative_scores", pa.list_(pa.float32())),
+                    ("positive_teacher", pa.float32()), ("negative_teacher", pa.list_(pa.float32()))])
 
 
 class NegativesJob(Section):
@@ -113,8 +118,30 @@ def unit_vectors(encoder: encode.PooledEncoder, texts: list[str], pooling: str, 
         yield positions, unit_rows(emb[0, j], np.float32)  # (1 layer × poolings × n × dim) → (n × dim)
 
 
+def teacher_scores(cross_encoder, queries: list[str], passages: list[str], positives: np.ndarray,
+                   neg_idx: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The cross-encoder's raw scores (logits, as GPL's margins use them) of each query with its own
+    passage, (q,), and with each of its negatives, (q × k') with NaN where neg_idx pads; CHUNK_TEXTS
+    queries' pairs at a time."""
+    positive = np.empty(len(queries), dtype=np.float32)
+    negative = np.full(neg_idx.shape, np.nan, dtype=np.float32)
+    for start in range(0, len(queries), CHUNK_TEXTS):
+        rows = range(start, min(start + CHUNK_TEXTS, len(queries)))
+        cells = [(i, j) for i in rows for j in np.flatnonzero(neg_idx[i] >= 0)]
+        pairs = [(queries[i], passages[positives[i]]) for i in rows] + [
+            (queries[i], passages[neg_idx[i, j]]) for i, j in cells]
+        scores = cross_encoder.predict(pairs, batch_size=batch_size, activation_fn=torch.nn.Identity(),
+                                       show_progress_bar=False)
+        positive[rows.start : rows.stop] = scores[: len(rows)]
+        if cells:
+            i, j = np.array(cells).T
+            negative[i, j] = scores[len(rows) :]
+    return positive, negative
+
+
 def negatives_tables(queries: pa.Table, doc_ids: pa.Array, neg_idx: np.ndarray, neg_scores: np.ndarray,
-                     positive_rank: np.ndarray, positive_score: np.ndarray) -> Iterator[pa.Table]:
+                     positive_rank: np.ndarray, positive_score: np.ndarray,
+                     teacher: tuple[np.ndarray, np.ndarray] | None) -> Iterator[pa.Table]:
     for start in range(0, queries.num_rows, WRITE_ROWS):
         part = slice(start, start + WRITE_ROWS)
         valid = neg_idx[part] >= 0  # (n × k'): padding dropped; rows stay best first
@@ -122,6 +149,12 @@ def negatives_tables(queries: pa.Table, doc_ids: pa.Array, neg_idx: np.ndarray, 
         lists = {"negatives": pa.ListArray.from_arrays(offsets, doc_ids.take(pa.array(neg_idx[part][valid]))),
                  "negative_scores": pa.ListArray.from_arrays(offsets, pa.array(neg_scores[part][valid]))}
         rows = queries.slice(start, WRITE_ROWS)
+        if teacher:  # in the negatives' order, like their scores
+            lists |= {"positive_teacher": teacher[0][part],
+                      "negative_teacher": pa.ListArray.from_arrays(offsets, pa.array(teacher[1][part][valid]))}
+        else:
+            lists |= {c: pa.nulls(rows.num_rows, SCHEMA.field(c).type)
+                      for c in ("positive_teacher", "negative_teacher")}
         yield pa.table({**{c: rows[c] for c in ("query_id", "doc_id", "split", "query")},
                         "positive_score": positive_score[part], "positive_rank": positive_rank[part], **lists},
                        schema=SCHEMA)
@@ -152,7 +185,8 @@ def build_negatives(store: ArtifactStore, job: NegativesJob, inputs: NegativesIn
     passage_vecs = np.empty((len(passages), encoder.dim), dtype=np.float32)  # (p × dim), held
     for positions, vecs in unit_vectors(encoder, passages, job.pooling, cfg):
         passage_vecs[positions] = vecs
-    del passages
+    if not cfg.cross_encoder:  # the teacher reads them again
+        del passages
     kk = max(0, min(cfg.k, len(passage_vecs) - 1))
     neg_idx = np.full((len(texts), kk), -1, dtype=np.int64)  # (q × k'): k' ints per query, not dim floats
     neg_scores = np.full((len(texts), kk), np.nan, dtype=np.float32)
@@ -164,8 +198,16 @@ def build_negatives(store: ArtifactStore, job: NegativesJob, inputs: NegativesIn
         found = mine(vecs, passage_vecs, positives[positions], cfg.k, cfg.duplicate_similarity)
         neg_idx[positions], neg_scores[positions], positive_rank[positions], positive_score[positions] = found
 
+    teacher = None
+    if cfg.cross_encoder:
+        del encoder  # its memory, before the cross-encoder's
+        log.info("scoring %d queries with their passage and %d negatives with the cross-encoder %s", len(texts),
+                 int((neg_idx >= 0).sum()), cfg.cross_encoder)
+        cross_encoder = load_model(cfg.cross_encoder, lambda p: CrossEncoder(p, max_length=cfg.max_length,
+                                                                            device=pick_device(job.device)))
+        teacher = teacher_scores(cross_encoder, texts, passages, positives, neg_idx, cfg.batch_size)
     out.write_batches("negatives", SCHEMA, negatives_tables(queries, doc_ids, neg_idx, neg_scores,
-                                                            positive_rank, positive_score))
+                                                            positive_rank, positive_score, teacher))
     median = float(np.median(positive_rank)) if len(texts) else None
     first = float((positive_rank == 1).mean()) if len(texts) else None
     out.extra.update(queries=len(texts), passages=len(passage_vecs), median_positive_rank=median,
@@ -175,8 +217,8 @@ def build_negatives(store: ArtifactStore, job: NegativesJob, inputs: NegativesIn
              (neg_idx >= 0).sum() / max(1, len(texts)))
 
 
-def _key_material(job: NegativesJob) -> str | None:
-    return model_identity(job.model) if job.model else None
+def _key_material(job: NegativesJob) -> list[str | None]:
+    return [model_identity(m) if m else None for m in (job.model, job.negatives.cross_encoder)]
 
 
 NEGATIVES = Stage("negatives", build_negatives, extra_key=_key_material, gpu=True)

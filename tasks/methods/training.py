@@ -35,6 +35,7 @@ from tasks.config.training import TrainConfig
 from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
 from tasks.core.stopping import SIGNALS, StepBoundaryStop
+from tasks.encoders.models import to_device
 from tasks.methods import distributed, health, precision
 from tasks.methods.objectives import Objective
 from tasks.methods.recipes import Pair
@@ -97,14 +98,15 @@ def plan_batches(epoch_rows: list[int], batch_size: int) -> list[BatchRows]:
 
 
 class PairBatches:
-    """The batches of a pairs file (columns epoch, anchor, positive[, negative]; epoch-major), read a row group
-    at a time: the plan comes from the `epoch` column alone, so the texts held at any moment are
+    """The batches of a pairs file (columns epoch, anchor, positive[, negative[, margin]]; epoch-major), read a
+    row group at a time: the plan comes from the `epoch` column alone, so the texts held at any moment are
     those of the row groups the current batch spans, whatever the file's size."""
 
     def __init__(self, source: pq.ParquetFile, batch_size: int):
         self.source = source
-        # (anchor, positive) rows, or (anchor, positive, negative) where the view mined hard negatives
-        self.columns = [c for c in ("anchor", "positive", "negative") if c in source.schema_arrow.names]
+        # (anchor, positive) rows, or (anchor, positive, negative) where the view mined hard negatives, and
+        # a cross-encoder's margin after them where the recipe learns it
+        self.columns = [c for c in ("anchor", "positive", "negative", "margin") if c in source.schema_arrow.names]
         epochs = source.read(columns=["epoch"])["epoch"].to_numpy()
         if (np.diff(epochs) < 0).any():  # rows are read in file order, never regrouped
             raise ValueError("pairs are not in training order: the epoch column goes down")
@@ -265,18 +267,22 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     # tokenizer is shared with `measure` and `probe`, which therefore wait for it to be free.
     tokenizer_free = threading.Lock()
 
-    def prepared(epoch: int, batch: list[Pair]) -> tuple[int, list[dict]]:
+    device = next(loss_fn.parameters()).device
+
+    def prepared(epoch: int, batch: list[Pair]) -> tuple[int, list[dict], torch.Tensor | None]:
+        rows = distributed.shard(batch, rank, size)
+        labels = to_device({"labels": objective.labels(rows)}, device)["labels"] if objective.labels else None
         with tokenizer_free:
-            return epoch, objective.collate(distributed.shard(batch, rank, size))
+            return epoch, objective.collate(rows), labels
 
     inputs = prefetched(itertools.starmap(prepared, batches.from_step(len(history))),
                         on_prepared=profile.prepared.append if profile else None)
     with stopping or contextlib.nullcontext(), contextlib.closing(inputs):
-        for step, (epoch, features) in enumerate(inputs, start=len(history)):
+        for step, (epoch, features, labels) in enumerate(inputs, start=len(history)):
             lap("data")
             optimizer.zero_grad(set_to_none=True)  # first: the forward pass's activations reuse the gradients' memory
             with amp.autocast():
-                loss = forward(features, None)
+                loss = forward(features, labels)
             lap("forward")
             amp.backward(loss)
             lap("backward")

@@ -398,11 +398,14 @@ def test_a_completed_state_read_back_from_the_api_gives_the_runs_value_and_a_fai
 
 @pytest.mark.slow  # the LLM writes queries for 30 documents (transformers generate on the CPU), two trainings
 @pytest.mark.usefixtures("prefect_harness")
-def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alone(tmp_path, llm_dir):
+def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alone(tmp_path, llm_dir,
+                                                                                   tiny_cross_encoder_dir):
     queries = {"llm": llm_dir, "backend": "transformers", "limit": 30, "shard_size": 10, "held_out": 0.2,
                "sampling": {"n": 2, "max_tokens": 24}}
-    negatives = {"k": 3, "duplicate_similarity": 0.99999}  # a random encoder finds every text alike
-    methods = [{"name": "gpl", "recipe": "gpl"}, {"name": "inpars", "recipe": "inpars", "round_trip": 10}]
+    # A random encoder finds every text alike; the random cross-encoder is gpl_margin's teacher.
+    negatives = {"k": 3, "duplicate_similarity": 0.99999, "cross_encoder": tiny_cross_encoder_dir}
+    methods = [{"name": "gpl", "recipe": "gpl"}, {"name": "inpars", "recipe": "inpars", "round_trip": 10},
+               {"name": "gpl_margin", "recipe": "gpl_margin"}]
     config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries, negatives=negatives,
                          train={"epochs": 2, "batch_size": 4, "max_length": 32})
     first, state = run(config)
@@ -417,22 +420,23 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
     assert not any(doc in negatives for doc, negatives in zip(mined["doc_id"], mined["negatives"]))
     held_out = set(written.loc[written["split"] == "held_out", "doc_id"])
     assert held_out  # ~20% of the 30 documents: their queries are never trained on
-    for label, negative in [("gpl", True), ("inpars", False)]:
+    assert mined["positive_teacher"].notna().all()
+    for label, negative in [("gpl", True), ("inpars", False), ("gpl_margin", True)]:
         pairs = pd.read_parquet(store.root / "artifacts" / "pairs" / keys["pairs", label] / "pairs.parquet")
         assert not set(pairs["doc_id"]) & held_out and ("negative" in pairs) == negative
-        assert set(pairs["anchor"]) <= set(mined["query"])
+        assert set(pairs["anchor"]) <= set(mined["query"]) and ("margin" in pairs) == (label == "gpl_margin")
     kept = mined[(mined["split"] == "train") & (mined["positive_rank"] <= 10)]
     inpars = pd.read_parquet(store.root / "artifacts" / "pairs" / keys["pairs", "inpars"] / "pairs.parquet")
     assert set(inpars["anchor"]) <= set(kept["query"])  # the round trip: passages ranked within the top 10
     # Every model retrieves the held-out queries' own documents: nDCG@10, paired over the same queries.
     ndcg = {r["label"]: r["value"] for r in catalog.query(
         "SELECT label, value FROM run_metrics WHERE run_id = ? AND metric = 'query_ndcg_at_10'", [first])}
-    assert set(ndcg) == {"base (random init)", "gpl", "inpars"} and all(0 <= v <= 1 for v in ndcg.values())
+    models = ["base (random init)", "gpl", "inpars", "gpl_margin"]  # in the report's order
+    assert set(ndcg) == set(models) and all(0 <= v <= 1 for v in ndcg.values())
     per_query = catalog.query("SELECT key, count(*) AS n FROM query_scores GROUP BY key")
     assert {r["n"] for r in per_query} == {len(mined[mined["split"] == "held_out"])}
     paired = catalog.query("SELECT model, versus, n FROM paired WHERE metric = 'query_ndcg_at_10'")
-    assert {(r["model"], r["versus"]) for r in paired} == {("gpl", "base (random init)"),
-                                                           ("inpars", "base (random init)"), ("inpars", "gpl")}
+    assert {(r["model"], r["versus"]) for r in paired} == {(m, v) for i, m in enumerate(models) for v in models[:i]}
 
     second, _ = run(config)  # everything cached, the queries included
     assert {s["state"] for s in stages(Catalog(store), second)} == {"Cached"}

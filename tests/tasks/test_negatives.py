@@ -4,6 +4,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+import torch
+from sentence_transformers.cross_encoder import CrossEncoder
 
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore
@@ -146,6 +148,33 @@ def test_scores_are_the_cosines_of_the_encoders_vectors(mined, tiny_dir):
     first = table.iloc[0]
     np.testing.assert_allclose(first["negative_scores"], passages[[row_of[d] for d in first["negatives"]]]
                                @ queries[0], atol=1e-5)
+
+
+def test_without_a_cross_encoder_the_teacher_columns_are_null(mined):
+    store, ref, *_ = mined
+    table = store.read_table(ref, "negatives")
+    assert table["positive_teacher"].null_count == table["negative_teacher"].null_count == table.num_rows
+
+
+def test_a_cross_encoder_scores_each_query_with_its_passage_and_each_negative(mined, tiny_cross_encoder_dir):
+    store, _, job, inputs, docs, _ = mined
+    taught = job.model_copy(update={"negatives": job.negatives.model_copy(
+        update={"cross_encoder": tiny_cross_encoder_dir})})
+    ref = NEGATIVES.run(store, taught, inputs)
+    table = store.read_table(ref, "negatives").to_pandas()
+    plain = store.read_table(NEGATIVES.ref(job, inputs), "negatives").to_pandas()
+    assert table["negatives"].map(list).tolist() == plain["negatives"].map(list).tolist()  # the same mining
+    passage = dict(zip(docs["doc_id"], docs["text"]))
+    teacher = CrossEncoder(tiny_cross_encoder_dir, max_length=64, device="cpu")
+    raw = lambda pairs: teacher.predict(pairs, activation_fn=torch.nn.Identity())  # noqa: E731  (logits, as GPL)
+    np.testing.assert_allclose(table["positive_teacher"], raw(list(zip(table["query"], table["doc_id"].map(passage)))),
+                               atol=1e-5)
+    for _, row in table.iterrows():
+        assert len(row["negative_teacher"]) == len(row["negatives"])
+        if len(row["negatives"]):
+            np.testing.assert_allclose(row["negative_teacher"],
+                                       raw([(row["query"], passage[d]) for d in row["negatives"]]), atol=1e-5)
+    assert ref != NEGATIVES.ref(job, inputs)  # the teacher is part of the key
 
 
 def test_the_key_changes_with_k_and_with_the_model(mined):

@@ -189,14 +189,21 @@ def test_semcse_documents_need_two_usable_summaries():
     assert set(pairs["doc_id"].to_pylist()) == {"b"}
 
 
-def mined_queries() -> pa.Table:
+def mined_queries(teacher: bool = False) -> pa.Table:
     """A negatives artifact's table: d0 has two training queries, d1 one that its passage fails the
-    round trip for, d2 only held-out queries, d3 one without negatives."""
-    rows = [("q0", "d0", "train", "what is d0", 1, ["d1", "d2"]), ("q1", "d0", "train", "d0 again", 2, ["d3"]),
-            ("q2", "d1", "train", "about d1", 5, ["d0"]), ("q3", "d2", "held_out", "held d2", 1, ["d0"]),
-            ("q4", "d3", "train", "of d3", 1, [])]
-    return pa.table({name: list(col) for name, col in zip(
-        ["query_id", "doc_id", "split", "query", "positive_rank", "negatives"], zip(*rows))})
+    round trip for, d2 only held-out queries, d3 one without negatives; with `teacher`, a cross-encoder's
+    scores of each query with its passage and with each negative."""
+    rows = [("q0", "d0", "train", "what is d0", 1, ["d1", "d2"], 9.0, [4.0, 7.5]),
+            ("q1", "d0", "train", "d0 again", 2, ["d3"], 8.0, [2.0]),
+            ("q2", "d1", "train", "about d1", 5, ["d0"], 1.0, [3.0]),
+            ("q3", "d2", "held_out", "held d2", 1, ["d0"], 5.0, [5.0]), ("q4", "d3", "train", "of d3", 1, [], 2.0, [])]
+    names = ["query_id", "doc_id", "split", "query", "positive_rank", "negatives", "positive_teacher",
+             "negative_teacher"]
+    table = pa.table({name: list(col) for name, col in zip(names, zip(*rows))})
+    if not teacher:
+        for name in ("positive_teacher", "negative_teacher"):
+            table = table.set_column(names.index(name), name, pa.nulls(len(rows), table[name].type))
+    return table
 
 
 PASSAGES = {f"d{i}": f"passage of d{i}" for i in range(4)}
@@ -221,6 +228,19 @@ def test_query_pairs_train_on_training_queries_against_their_passage_and_a_mined
     # kNN's held-out test documents are never drawn as negatives either.
     held = draw_query_pairs(mined_queries(), PASSAGES, cfg.model_copy(update={"batch_size": 1}), test={"d2"})
     assert {r["negative"] for r in held.to_pylist() if r["doc_id"] == "d0"} == {PASSAGES["d1"], PASSAGES["d3"]}
+
+
+def test_query_pairs_with_margins_carry_the_teachers_margin_for_the_drawn_negative():
+    cfg = PairsConfig(view="queries", epochs=20, seed=0, hard_negatives=True, margins=True, batch_size=1)
+    table = draw_query_pairs(mined_queries(teacher=True), PASSAGES, cfg, test=set()).to_pylist()
+    margins = {("what is d0", "d1"): 9.0 - 4.0, ("what is d0", "d2"): 9.0 - 7.5, ("d0 again", "d3"): 8.0 - 2.0,
+               ("about d1", "d0"): 1.0 - 3.0}
+    drawn = {(r["anchor"], r["negative"].removeprefix("passage of ")): r["margin"] for r in table}
+    assert drawn == margins  # every (query, negative) drawn at least once over 20 epochs, each its own margin
+    assert draw_query_pairs(mined_queries(teacher=True), PASSAGES, cfg.model_copy(update={"margins": False}),
+                            test=set()).column_names == ["epoch", "doc_id", "anchor", "positive", "negative"]
+    with pytest.raises(InputError, match="negatives.cross_encoder"):  # margins need the teacher's scores
+        draw_query_pairs(mined_queries(), PASSAGES, cfg, test=set())
 
 
 def test_query_pairs_round_trip_keeps_queries_whose_passage_ranked_within_the_top_and_the_knn_test_set_out():

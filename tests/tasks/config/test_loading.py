@@ -47,6 +47,10 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "methods.0: recipe semcse trains on LLM summaries, add a `summaries` section"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: g, recipe: gpl}]\n",
      "methods.0: recipe gpl trains on LLM-written queries, add a `queries` section"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: g, recipe: gpl_margin}]\nqueries: {}\n",
+     "methods.0: recipe gpl_margin learns a cross-encoder's margins, set `negatives.cross_encoder`"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: g, recipe: gpl_margin, train: {mini_batch_size: 8}}]\n"
+     "queries: {}\nnegatives: {cross_encoder: ce}\n", "methods.0.train: mini_batch_size applies to the recipes"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: i, recipe: inpars, round_trip: 0}]\nqueries: {}\n",
      "methods.0.round_trip"),
     ("name: x\ndata: {path: a.csv}\nqueries: {held_out: 1.0}\n", "queries.held_out"),
