@@ -1,5 +1,6 @@
 """The `evaluate` flow (also the `nightly` deployment): score every registered model on the
-config's benchmark set, and say what was new, what changed and by how much.
+config's benchmark set (with the held-out generated queries where the config trains on queries),
+and say what was new, what changed and by how much.
 
 Registered models are those a run recorded (the catalog's `models` view: trained, base and
 reference models) whose artifacts are still in the store. Every score is a content-addressed
@@ -14,7 +15,15 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.params import EvaluateParams
-from flows.pipeline import Corpus, ReportedModel, open_run, recorded, report_models, summarize_corpus
+from flows.pipeline import (
+    Corpus,
+    ReportedModel,
+    open_run,
+    recorded,
+    report_models,
+    summarize_corpus,
+    write_queries,
+)
 from storage.base import ArtifactRef
 from storage.catalog import CHANGES_SCHEMA, SCORE_STAGES, Catalog
 from storage.store import ArtifactStore
@@ -124,7 +133,8 @@ def evaluate(params: EvaluateParams) -> dict:
             raise ConfigError(f"no registered models in {store.url}: run the `pipeline` or `train` flow first")
         docs = run.stage(INGEST, cfg.data, NoInputs())
         summaries = summarize_corpus(run, docs) if cfg.evaluate.semantic else None
-        report_models(run, models, Corpus(docs, summaries), params.force)
+        queries = write_queries(run, cfg.methods, docs)  # as the pipeline: held-out queries scored when trained on
+        report_models(run, models, Corpus(docs, summaries, queries), params.force)
         return publish_changes(store, run.record.run_id, earlier,
                                f"{cfg.name}: scores of {len(models)} registered models")
 

@@ -292,15 +292,22 @@ def summarize_corpus(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
     return run.stage(SUMMARIZE, summaries, SummarizeInputs(documents=docs, llm=llm))
 
 
+def write_queries(run: Run, methods: list[MethodConfig], docs: ArtifactRef) -> ArtifactRef | None:
+    """The LLM-written queries, if one of `methods` trains on them (their held-out ones are then scored)."""
+    queries = run.cfg.queries
+    if not any(RECIPES[m.recipe].needs_queries for m in methods):
+        return None
+    llm = run.stage(LLM, LlmJob(source=queries.llm), NoInputs()) if needs_conversion(queries.llm) else None
+    return run.stage(QUERIES, queries, QueriesInputs(documents=docs, llm=llm))
+
+
 def mine_queries(run: Run, methods: list[MethodConfig], docs: ArtifactRef,
                  start: ReportedModel) -> tuple[ArtifactRef | None, ArtifactRef | None]:
     """LLM-written queries and the hard negatives the start model ranks high for them (GPL's and
     InPars' training data), if one of `methods` trains on them: (queries, negatives)."""
-    queries = run.cfg.queries
-    if not any(RECIPES[m.recipe].needs_queries for m in methods):
+    written = write_queries(run, methods, docs)
+    if written is None:
         return None, None
-    llm = run.stage(LLM, LlmJob(source=queries.llm), NoInputs()) if needs_conversion(queries.llm) else None
-    written = run.stage(QUERIES, queries, QueriesInputs(documents=docs, llm=llm))
     job = NegativesJob(model=start.external, pooling=start.pooling, negatives=run.cfg.negatives,
                        device=run.cfg.evaluate.device, dtype=run.cfg.evaluate.dtype)
     return written, run.stage(NEGATIVES, job, NegativesInputs(documents=docs, queries=written, model=start.artifact))

@@ -440,3 +440,14 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
 
     second, _ = run(config)  # everything cached, the queries included
     assert {s["state"] for s in stages(Catalog(store), second)} == {"Cached"}
+
+    # The evaluate flow (the nightly deployment) scores the registered models on the held-out queries too.
+    from flows.evaluate_registered import evaluate
+    from flows.params import EvaluateParams
+
+    state = evaluate(EvaluateParams(config=str(config)), return_state=True)
+    assert state.is_completed() and state.result()["new"] == 0  # every score already there
+    nightly = {r["label"]: r["value"] for r in Catalog(store).query(
+        "SELECT label, value FROM run_metrics WHERE run_id = ? AND metric = 'query_ndcg_at_10'",
+        [str(state.state_details.flow_run_id)])}
+    assert nightly == ndcg
