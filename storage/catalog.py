@@ -9,7 +9,8 @@ Every report is a query over these views, so users can re-derive any number with
     metrics      every score of the evaluate, semantic and mteb stages (one schema: METRICS_SCHEMA)
     summaries    every LLM summary of every summarize artifact (key = the artifact), with its status
     sts_pairs    each STS pair's gold score and cosine per evaluate artifact (key): what the report bootstraps
-    query_scores each held-out generated query's rank and nDCG@10 per evaluate artifact (key): paired over queries
+    query_scores each query's nDCG@10 (and rank) per evaluate artifact (the held-out generated queries) and mteb
+                 artifact (a local retrieval task's queries), by key: paired over queries
     run_metrics  metrics joined to the runs that produced or reused them
     score_changes  per evaluate run: each score new, changed (with the previous value) or unchanged
 
@@ -38,7 +39,7 @@ log = logging.getLogger("embforge.catalog")
 # The stages whose artifacts hold a metrics.parquet: a run's scores are their artifacts.
 SCORE_STAGES = ("evaluate", "semantic", "mteb")
 STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
-QUERY_SCORES = "query_scores"  # the evaluate stage's table of each held-out generated query's rank and nDCG@10
+QUERY_SCORES = "query_scores"  # each query's nDCG@10: the held-out generated ones (evaluate), local retrieval (mteb)
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.
@@ -202,17 +203,18 @@ class Catalog:
         self._view("metrics", _readable(store.artifact_files("metrics.parquet", manifests), metadata),
                    "SELECT * FROM read_parquet({files}, union_by_name=true)")
 
-        def per_artifact(view: str, stage: str) -> None:
-            """View `view` over the `<view>.parquet` of every `stage` artifact, with the artifact's key."""
+        def per_artifact(view: str, *stages: str) -> None:
+            """View `view` over the `<view>.parquet` of every artifact of `stages`, with the artifact's key."""
             files = [f for f in store.artifact_files(f"{view}.parquet", manifests)
-                     if f.startswith(store.location("artifacts", stage, ""))]
+                     if f.startswith(tuple(store.location("artifacts", stage, "") for stage in stages))]
             self._view(view, _readable(files, metadata), f"""
-                SELECT regexp_extract(filename, '/artifacts/{stage}/([^/]+)/', 1) AS key, * EXCLUDE (filename)
+                SELECT regexp_extract(filename, '/artifacts/(?:{"|".join(stages)})/([^/]+)/', 1) AS key,
+                       * EXCLUDE (filename)
                 FROM read_parquet({{files}}, filename=true)""")
 
         per_artifact("summaries", "summarize")
         per_artifact(STS_PAIRS, "evaluate")
-        per_artifact(QUERY_SCORES, "evaluate")
+        per_artifact(QUERY_SCORES, "evaluate", "mteb")
         per_artifact(PAIRED, "report")
         self.con.execute("""
             CREATE VIEW run_stages AS

@@ -3,7 +3,9 @@
 Inputs: `model`, the train or init artifact holding the model, if any. Output `metrics.parquet` in
 storage.METRICS_SCHEMA with the task's main score and what is needed to reproduce it (task
 revision, mteb version, split, dtype, batch size, max length); a task whose data is not reachable
-gets a `skipped` row that says why instead of failing the run. mteb's own result files, in the
+gets a `skipped` row that says why instead of failing the run. A local retrieval task also writes
+`query_scores.parquet`, each query's nDCG@10 from mteb's own scoring (rank null: a query may have
+several relevant documents), which the report pairs across models. mteb's own result files, in the
 layout of its ResultCache (`mteb/results/<model>/<revision>/<task>.json` and `model_meta.json`),
 go into the artifact too: a model embforge made is named `embforge/<recipe>-<pooling>` with its
 artifact's key as the revision, so `embforge mteb-results` hands mteb every score to compare.
@@ -16,10 +18,11 @@ import shutil
 from importlib.metadata import version
 from pathlib import Path
 
+import pyarrow as pa
 from pydantic import Field
 
 from storage.base import ArtifactRef, file_digest
-from storage.catalog import metrics_table
+from storage.catalog import QUERY_SCORES, metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
@@ -39,12 +42,15 @@ def build_scores(store: ArtifactStore, job: MtebJob, inputs: ModelInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     from tasks.metrics import mteb_tasks  # mteb takes ~1.3 s to import: only where a task is scored
 
-    rows, cut = mteb_tasks.evaluate_mteb(inputs.model_location(store, job.model), job.pooling, job.settings,
-                                         job.task, job.device, out.folder / RESULTS, results_meta(store, job, inputs),
-                                         log)
-    out.write_table("metrics", metrics_table(rows, key=ref.key, model=inputs.model_name(job.model), dataset="mteb",
-                                             pooling=job.pooling))
-    out.extra.update(cut=cut)
+    scored = mteb_tasks.evaluate_mteb(inputs.model_location(store, job.model), job.pooling, job.settings,
+                                      job.task, job.device, out.folder / RESULTS, results_meta(store, job, inputs), log)
+    out.write_table("metrics", metrics_table(scored.rows, key=ref.key, model=inputs.model_name(job.model),
+                                             dataset="mteb", pooling=job.pooling))
+    if scored.per_query is not None:  # a local retrieval task: paired over its queries in the report
+        queries = sorted(scored.per_query)
+        out.write_table(QUERY_SCORES, pa.table({"query_id": queries, "rank": pa.nulls(len(queries), pa.int64()),
+                                                "ndcg": [scored.per_query[q] for q in queries]}))
+    out.extra.update(cut=scored.cut)
 
 
 RESULTS = "mteb"  # the ResultCache folder inside the artifact

@@ -36,6 +36,7 @@ import re
 import socket
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 import datasets
@@ -153,6 +154,15 @@ class LocalPairClassification(LocalTask, AbsTaskPairClassification):
 
 
 class LocalRetrieval(LocalTask, AbsTaskRetrieval):
+    """Keeps each query's nDCG@10 from mteb's own scoring (`per_query`), so that two models can be
+    compared query by query, with an interval, and not only by the mean."""
+
+    per_query: dict[str, float] | None = None
+
+    def task_specific_scores(self, scores, qrels, results, hf_split, hf_subset) -> dict[str, float]:
+        self.per_query = {query: s["ndcg_cut_10"] for query, s in scores.items()}  # mteb's ndcg_at_10 is their mean
+        return super().task_specific_scores(scores, qrels, results, hf_split, hf_subset)
+
     def read(self) -> dict:
         cfg = self.cfg
         corpus = read_table(cfg.path, ["doc_id", "text"]).astype({"doc_id": str})
@@ -293,18 +303,22 @@ def row(cfg: MtebSettings, name: str, **fields) -> dict:
     return base | fields
 
 
+class Scored(NamedTuple):
+    rows: list[dict]  # one per split and subset, or one `skipped` row
+    cut: int  # texts cut to the character budget before tokenizing
+    per_query: dict[str, float] | None = None  # a local retrieval task's nDCG@10 of each query
+
+
 def evaluate_mteb(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskConfig, device: str,
-                  results: Path, meta: tuple[str, str | None], log: logging.Logger) -> tuple[list[dict], int]:
-    """Score one model on one MTEB task (a Hub task name or a local task): one row per split and
-    subset, or one `skipped` row when the task cannot run here; and how many texts were cut to the
-    character budget before tokenizing. mteb writes its result files under `results` (a
-    ResultCache folder), the model named and revised as `meta` says."""
+                  results: Path, meta: tuple[str, str | None], log: logging.Logger) -> Scored:
+    """Score one model on one MTEB task (a Hub task name or a local task). mteb writes its result
+    files under `results` (a ResultCache folder), the model named and revised as `meta` says."""
     with global_rng_kept():  # mteb seeds the process-wide generators (task objects, evaluation)
         return _scores(model, pooling, cfg, task, device, results, meta, log)
 
 
 def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskConfig, device: str,
-            results: Path, meta: tuple[str, str | None], log: logging.Logger) -> list[dict]:
+            results: Path, meta: tuple[str, str | None], log: logging.Logger) -> Scored:
     name = task if isinstance(task, str) else task.name
     mteb_task = None
     try:
@@ -321,7 +335,7 @@ def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskCo
         known = {} if mteb_task is None else dict(
             task_type=task_type(mteb_task), main_score=mteb_task.metadata.main_score,
             revision=mteb_task.metadata.revision, split=",".join(mteb_task.eval_splits))
-        return [row(cfg, name, status="skipped", note=str(e), **known)], 0
+        return Scored([row(cfg, name, status="skipped", note=str(e), **known)], 0)
     encoder = mteb_encoder(model, pooling, cfg, device, *meta)
     result = mteb.evaluate(encoder, mteb_task, cache=mteb.ResultCache(results), overwrite_strategy="always",
                            encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": False},
@@ -338,4 +352,4 @@ def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskCo
     if cut:
         log.warning("%s: %d text(s) over %s characters cut to that before tokenizing", name, cut,
                     f"{char_budget(cfg.max_length):,}")
-    return rows, cut
+    return Scored(rows, cut, getattr(mteb_task, "per_query", None))

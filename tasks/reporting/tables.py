@@ -155,15 +155,17 @@ WHERE a.metric = 'sts_spearman' AND b.metric = 'sts_spearman'
 GROUP BY ALL HAVING bool_and(pa.score = pb.score) AND count(*) = any_value(a.n) AND any_value(a.n) = any_value(b.n)
 ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
 
-# The same for the held-out queries' nDCG@10, over the queries both models were scored on.
+# The same for nDCG@10 over the queries both models were scored on: the held-out generated queries
+# (evaluate) and each local retrieval task (mteb: metric = the task, main score nDCG@10).
 QUERY_PAIRED_SQL = f"""
-SELECT a.dataset, b.model, a.model AS versus, list(qb.ndcg ORDER BY qa.query_id) AS scores,
+SELECT a.dataset, a.metric, b.model, a.model AS versus, list(qb.ndcg ORDER BY qa.query_id) AS scores,
        list(qa.ndcg ORDER BY qa.query_id) AS versus_scores
-FROM scores a JOIN scores b ON a.dataset = b.dataset AND a.ord < b.ord
+FROM scores a JOIN scores b ON a.dataset = b.dataset AND a.metric = b.metric
+     AND a.split IS NOT DISTINCT FROM b.split AND a.ord < b.ord
 JOIN {QUERY_SCORES} qa ON qa.key = a.score_key JOIN {QUERY_SCORES} qb ON qb.key = b.score_key
      AND qb.query_id = qa.query_id
-WHERE a.metric = 'query_ndcg_at_10' AND b.metric = 'query_ndcg_at_10'
-GROUP BY ALL ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
+WHERE a.metric = 'query_ndcg_at_10' OR (a.dataset = 'mteb' AND a.main_score = 'ndcg_at_10')
+GROUP BY ALL ORDER BY any_value(b.ord), any_value(a.ord), a.dataset, a.metric"""
 
 PAIRED_COLUMNS = ["dataset", "metric", "model", "versus", "difference", "low", "high", "n", "interval", "significant"]
 
@@ -176,8 +178,8 @@ def _paired_row(r, metric: str, interval: str, d: PairedDifference) -> dict:
 def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     """Each model minus each model before it, with a 95% interval (tasks/metrics/significance.py):
     kNN accuracy paired over the splits both were scored on (t interval), then STS Spearman over the
-    pairs both scored (bootstrap of the pairs), then the held-out queries' nDCG@10 over the queries
-    both were scored on (t interval)."""
+    pairs both scored (bootstrap of the pairs), then nDCG@10 over the queries both were scored on (t
+    interval): the held-out generated queries, and each local retrieval task (its metric: the task)."""
     catalog, rows = _load(catalog, entries), []
     for r in _query(catalog, PAIRED_SQL).itertuples():
         if len(r.scores) >= 2:
@@ -190,7 +192,7 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     for r in _query(catalog, QUERY_PAIRED_SQL).itertuples():
         if len(r.scores) >= 2:
             d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
-            rows.append(_paired_row(r, "query_ndcg_at_10", "t", d))
+            rows.append(_paired_row(r, r.metric, "t", d))
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 
@@ -198,7 +200,7 @@ def paired_lines(paired: pd.DataFrame) -> list[str]:
     lines = []
     for r in paired.itertuples():
         over = (f"{r.n:,} pairs (bootstrap)" if r.interval == "bootstrap" else
-                f"{r.n:,} queries" if r.metric == "query_ndcg_at_10" else f"{r.n} splits")
+                f"{r.n} splits" if r.metric == "knn_accuracy" else f"{r.n:,} queries")
         lines.append(f"{r.dataset}: {r.metric}: {r.model} − {r.versus}: {r.difference:+.3f} [{r.low:+.3f}, "
                      f"{r.high:+.3f}] over {over}, {'significant' if r.significant else 'not significant'}")
     return lines
@@ -233,7 +235,8 @@ def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures
     if paired is not None and len(paired):
         lines += ["", "Paired differences (95% intervals, significant when the interval leaves out 0): kNN accuracy "
                   "over the same splits (t interval), STS Spearman over the same pairs (bootstrap of the pairs), "
-                  "held-out queries' nDCG@10 over the same queries (t interval):", "",
+                  "nDCG@10 over the same queries (held-out generated queries, local retrieval tasks; t interval):",
+                  "",
                   *[f"- {line}" for line in paired_lines(paired)]]
     lines += [line for caption, path in pictures for line in ("", f"![{caption}]({path})")]
     return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.methods.health import HEALTH_METRICS
 from tasks.methods.recipes import RECIPES as REGISTRY
-from tests.helpers import DEMO_DOCS, STSB, tiny_config
+from tests.helpers import DEMO_DOCS, REPO, STSB, tiny_config
 
 SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores
 STAGES = ["ingest", "sentences", "init", "pairs", "train", "pairs", "train", *SCORE_STAGES * 3, "report"]
@@ -406,8 +406,13 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
     negatives = {"k": 3, "duplicate_similarity": 0.99999, "cross_encoder": tiny_cross_encoder_dir}
     methods = [{"name": "gpl", "recipe": "gpl"}, {"name": "inpars", "recipe": "inpars", "round_trip": 10},
                {"name": "gpl_margin", "recipe": "gpl_margin"}]
+    data = REPO / "configs" / "data"
+    scifact = {"name": "SciFact", "type": "retrieval", "path": str(data / "scifact_test.parquet"),
+               "queries": str(data / "scifact_test_queries.parquet"), "limit": 12}
     config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries, negatives=negatives,
-                         train={"epochs": 2, "batch_size": 4, "max_length": 32})
+                         train={"epochs": 2, "batch_size": 4, "max_length": 32},
+                         evaluate={"max_length": 64, "knn": {"repeats": 3}, "sts": {"path": str(STSB)},
+                                   "mteb": {"tasks": [], "max_length": 32, "local": [scifact]}})
     first, state = run(config)
     assert state.is_completed()
     store = ArtifactStore(tmp_path / "store")
@@ -437,6 +442,10 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
     assert {r["n"] for r in per_query} == {len(mined[mined["split"] == "held_out"])}
     paired = catalog.query("SELECT model, versus, n FROM paired WHERE metric = 'query_ndcg_at_10'")
     assert {(r["model"], r["versus"]) for r in paired} == {(m, v) for i, m in enumerate(models) for v in models[:i]}
+    # SciFact too (a local retrieval task scored by mteb): paired over its queries, each one's nDCG@10 from mteb.
+    scifact_paired = catalog.query("SELECT model, versus, n FROM paired WHERE dataset = 'mteb' AND metric = 'SciFact'")
+    assert {(r["model"], r["versus"], r["n"]) for r in scifact_paired} == {
+        (m, v, 12) for i, m in enumerate(models) for v in models[:i]}
 
     second, _ = run(config)  # everything cached, the queries included
     assert {s["state"] for s in stages(Catalog(store), second)} == {"Cached"}

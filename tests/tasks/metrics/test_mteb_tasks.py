@@ -40,8 +40,7 @@ def cache_dir(tmp_path_factory):
 
 
 def evaluate(task, cache_dir, cfg=SHORT, model=MODEL, pooling="mean"):
-    rows, _ = mteb_tasks.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, ("local/test-model", None), LOG)
-    return rows
+    return mteb_tasks.evaluate_mteb(model, pooling, cfg, task, "cpu", cache_dir, ("local/test-model", None), LOG).rows
 
 
 IMPORT_AND_DRAW = ("import random, sys; random.seed(int(sys.argv[1])); import tasks.metrics.mteb_tasks; "
@@ -99,9 +98,13 @@ def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir, m
     assert len(data["queries"]) == 30 and len(data["corpus"]) == 300
     assert {d for docs in data["relevant_docs"].values() for d in docs} <= set(data["corpus"]["id"])
 
-    [row] = evaluate(task, cache_dir)
+    scored = mteb_tasks.evaluate_mteb(MODEL, "mean", SHORT, task, "cpu", cache_dir, ("local/test-model", None), LOG)
+    [row] = scored.rows
     assert (row["status"], row["main_score"], row["task_type"], row["n"]) == ("ok", "ndcg_at_10", "retrieval", 30)
     assert 0.5 < row["value"] <= 1.0
+    # Each query's nDCG@10 from mteb's own scoring: what the report pairs two models over.
+    assert set(scored.per_query) == set(data["queries"]["id"])
+    assert np.mean(list(scored.per_query.values())) == pytest.approx(row["value"], abs=1e-5)
 
 
 def test_mteb_cuts_a_long_text_before_tokenizing_counts_it_and_keeps_its_tokens():
