@@ -151,12 +151,16 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     return start + [vars(h) for h in history], training.health_of(objective, batches, cfg, history)
 
 
+UNHEALTHY = "unhealthy.txt"  # under torchrun: the health check's error, for the launcher to raise
+
+
 def launch(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactRef, folder: Path, work: Path,
            processes: int, log: logging.Logger) -> tuple[list[dict], dict]:
     """`fit` in `processes` processes started by torchrun (this module's `__main__`); the learning
     curve and the health come back through `work`."""
     spec = work / "train.pickle"
     spec.write_bytes(pickle.dumps((store.url, job, inputs, ref, folder, work)))
+    (work / UNHEALTHY).unlink(missing_ok=True)
     log.info("training in %d processes (torchrun, %s)", processes,
              "NCCL" if distributed.process_device(pick_device(job.train.device)).startswith("cuda") else "gloo")
     # The machine's threads shared out (torchrun's default is one per process).
@@ -167,6 +171,8 @@ def launch(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: Artifa
         for line in torchrun.stdout:  # text mode splits progress bars' \r updates into lines too
             if line.strip():
                 log.info("%s", line.rstrip())
+    if (work / UNHEALTHY).is_file():  # the health check stopped it: the one clear error, not retried
+        raise health.TrainingUnhealthy((work / UNHEALTHY).read_text())
     if torchrun.returncode:
         raise RuntimeError(f"distributed training failed (torchrun exit code {torchrun.returncode}); see the "
                            "processes' output above")
@@ -210,7 +216,12 @@ def main(spec: str) -> None:
         log = logging.getLogger("embforge.train")
         logging.basicConfig(level=logging.INFO if dist.get_rank() == 0 else logging.WARNING,
                             format="%(message)s", force=True)  # the launcher logs each line through Prefect
-        found = fit(store_at(store_url), job, inputs, ref, folder, log)
+        try:
+            found = fit(store_at(store_url), job, inputs, ref, folder, log)
+        except health.TrainingUnhealthy as e:  # every process stops at the same step, without a traceback
+            if dist.get_rank() == 0:
+                (work / UNHEALTHY).write_text(str(e))  # for the launcher to raise
+            return
         if dist.get_rank() == 0:
             (work / "curve.json").write_text(json.dumps(found))
     finally:

@@ -120,6 +120,16 @@ def mean_over_processes(value: torch.Tensor) -> float:
     return total.item() / world()[1]
 
 
+def from_process_0(flag: bool) -> bool:
+    """Process 0's `flag`, in every process (a decision only process 0 can take, such as a health stop)."""
+    if world()[1] == 1:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([int(flag)], device=device)
+    dist.broadcast(value, src=0)
+    return bool(value.item())
+
+
 def from_every_process(state: torch.Tensor) -> list[torch.Tensor]:
     """One tensor per process, in rank order (each process's RNG state, for the checkpoint)."""
     if world()[1] == 1:

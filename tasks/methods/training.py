@@ -299,9 +299,12 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             if rank == 0 and probe and ((step + 1) % health.PROBE_EVERY == 0 or last):
                 with tokenizer_free:
                     entry.probe_cosine = probe()
-            if rank == 0 and (problem := health.check(history, chance, warmup)) and problem.kind not in warned:
-                if problem.fatal and cfg.on_unhealthy == "stop":
-                    raise health.TrainingUnhealthy(health.advice(problem, cfg.lr, cfg.max_grad_norm))
+            problem = health.check(history, chance, warmup) if rank == 0 else None  # the probe is process 0's
+            stop = bool(problem and problem.fatal and cfg.on_unhealthy == "stop")
+            if distributed.from_process_0(stop):  # every process stops together: a clean end under torchrun
+                raise health.TrainingUnhealthy(health.advice(problem, cfg.lr, cfg.max_grad_norm) if problem
+                                               else "stopped with process 0, whose health check failed")
+            if problem and problem.kind not in warned:
                 warned.add(problem.kind)  # once per kind: a collapsed run stays collapsed
                 said = health.advice(problem, cfg.lr, cfg.max_grad_norm) if problem.fatal else problem.why
                 log.warning("%s; going on%s", said, " (train.on_unhealthy: warn)" if problem.fatal else "")

@@ -67,13 +67,16 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
     ("empty-corpus", "bad.csv: 0 rows, no documents to ingest"),
     ("unknown-model", "model 'no-such-org/no-such-model': not a local folder"),
     ("collapse", "error: crops recipe: training collapsed at step"),  # an absurd lr (docs/health.md)
+    ("collapse-in-2-processes", "error: crops recipe: training collapsed at step"),  # the same under torchrun
 ])
 def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_in_the_log(tmp_path, case, message):
     data = {"missing-columns": "text,label\nhello world,a\n", "empty-corpus": "doc_id,title,text,label\n"}
     (tmp_path / "bad.csv").write_text(data.get(case, ""))
     change = {"unknown-model": {"model": {"name_or_path": "no-such-org/no-such-model"}},
               "collapse": {"train": {"lr": 30.0, "batch_size": 8, "epochs": 2},
-                           "methods": [{"name": "crops", "recipe": "crops"}]}
+                           "methods": [{"name": "crops", "recipe": "crops"}]},
+              "collapse-in-2-processes": {"train": {"lr": 30.0, "batch_size": 8, "epochs": 2, "devices": 2},
+                                          "methods": [{"name": "crops", "recipe": "crops"}]},
               }.get(case, {"data": {"path": str(tmp_path / "bad.csv")}})
     config = tiny_config(tmp_path, **change)
     result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,

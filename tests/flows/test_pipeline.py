@@ -438,8 +438,10 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
         "SELECT label, value FROM run_metrics WHERE run_id = ? AND metric = 'query_ndcg_at_10'", [first])}
     models = ["base (random init)", "gpl", "inpars", "gpl_margin"]  # in the report's order
     assert set(ndcg) == set(models) and all(0 <= v <= 1 for v in ndcg.values())
-    per_query = catalog.query("SELECT key, count(*) AS n FROM query_scores GROUP BY key")
-    assert {r["n"] for r in per_query} == {len(mined[mined["split"] == "held_out"])}
+    per_query = catalog.query("SELECT a.stage, count(*) AS n FROM query_scores q JOIN artifacts a ON a.key = q.key "
+                              "GROUP BY a.stage, q.key")
+    assert {(r["stage"], r["n"]) for r in per_query} == {("evaluate", len(mined[mined["split"] == "held_out"])),
+                                                         ("mteb", 12)}  # and SciFact's queries (below)
     paired = catalog.query("SELECT model, versus, n FROM paired WHERE metric = 'query_ndcg_at_10'")
     assert {(r["model"], r["versus"]) for r in paired} == {(m, v) for i, m in enumerate(models) for v in models[:i]}
     # SciFact too (a local retrieval task scored by mteb): paired over its queries, each one's nDCG@10 from mteb.
