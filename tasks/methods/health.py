@@ -7,7 +7,9 @@ of a fixed probe batch's embeddings), so a resumed run judges exactly as an unin
   such a model is ln(batch) exactly; the check needs that loss for PATIENCE steps after warm-up AND
   the probe's mean cosine ≥ PROBE_COLLAPSED. Either alone misleads: healthy TSDAE and SimCSE runs end
   at a mean cosine of 0.90 and 0.58, and a loss can sit near chance while a model still learns.
-  For the other losses, the probe alone with a stricter bound (PROBE_DEAD).
+  For the other losses, the probe alone with a stricter bound (PROBE_DEAD), and only when the run's
+  first probe (after step 1) was under it: a model that starts with one vector for every text (a
+  deep random encoder's CLS vector) has not collapsed, it has yet to spread, and its loss still falls.
 - divergence: a loss that is NaN or infinite, or jumps above SPIKE × the median of the PATIENCE
   steps before it (plus 1, so a loss near 0 may wobble).
 - trivial task: the loss under TRIVIAL_LOSS for PATIENCE steps while the probe's spread shrinks;
@@ -60,10 +62,15 @@ def probe_mean_cosine(encode: Callable[[list[str]], torch.Tensor], texts: list[s
     return float(((x @ x.T).sum() - n) / (n * (n - 1)))
 
 
-def check(history: Sequence, chance: float | None, warmup: int) -> Problem | None:
+def first_probe(history: Sequence) -> float | None:
+    """The probe taken after step 1: how far apart the run's texts started (None: not taken)."""
+    return history[0].probe_cosine if history else None
+
+
+def check(history: Sequence, chance: float | None, warmup: int, start: float | None = None) -> Problem | None:
     """The problem the log shows at its last step, if any; it reads the last steps only. `history`:
     StepLog-like entries (step, loss, probe_cosine); `chance`: the loss of a model that tells no two
-    texts apart, if the loss has one."""
+    texts apart, if the loss has one; `start`: the run's first probe (`first_probe` of the whole log)."""
     last = history[-1]
     if not math.isfinite(last.loss):
         return Problem("diverged", last.step, f"the loss is {last.loss}")
@@ -83,7 +90,7 @@ def check(history: Sequence, chance: float | None, warmup: int) -> Problem | Non
             return Problem("collapsed", last.step, f"the loss has been {last.loss:.3f}, chance level (ln of the "
                                                    f"batch = {chance:.3f}), for {PATIENCE} steps and the probe "
                                                    f"texts' mean cosine is {probes[-1]:.4f}: one vector for every text")
-    elif min(probes[-2:]) >= PROBE_DEAD:
+    elif min(probes[-2:]) >= PROBE_DEAD and (start is None or start < PROBE_DEAD):
         return Problem("collapsed", last.step, f"the probe texts' mean cosine is {probes[-1]:.5f}: one vector for "
                                                "every text")
     if probes[-1] > probes[0] and all(h.loss < TRIVIAL_LOSS for h in recent):
@@ -105,8 +112,9 @@ def summary(history: Sequence, chance: float | None, warmup: int) -> dict:
     """The report's health of one trained model: its verdict (the first problem found, step by step,
     as during training), the last loss against chance, the last probe and the gradient-norm range."""
     found: list[Problem] = []
+    start = first_probe(history)
     for end in range(1, len(history) + 1):
-        problem = check(history[max(0, end - LOOKBACK):end], chance, warmup)  # the steps `check` reads
+        problem = check(history[max(0, end - LOOKBACK):end], chance, warmup, start)  # the steps `check` reads
         if problem and not any(p.kind == problem.kind for p in found):
             found.append(problem)
     norms = [h.grad_norm for h in history if h.grad_norm is not None and math.isfinite(h.grad_norm)]

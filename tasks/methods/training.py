@@ -49,7 +49,7 @@ class StepLog:
     lr: float
     knn_accuracy: float | None = None  # the learning curve, every `eval_every` steps
     grad_norm: float | None = None  # before clipping
-    probe_cosine: float | None = None  # the probe batch's mean cosine, every health.PROBE_EVERY steps
+    probe_cosine: float | None = None  # the probe batch's mean cosine: after step 1, every health.PROBE_EVERY steps
 
 
 class StepTimes:
@@ -203,9 +203,9 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     """Train the objective's model in place; resume from `checkpoints` if a state is there.
 
     `measure` (e.g. kNN accuracy of the current model) is recorded every `cfg.eval_every` steps
-    and after the last one; `probe` (the probe batch's mean cosine, tasks/methods/health.py) every
-    health.PROBE_EVERY steps and after the last. Both must leave the model in training mode and not
-    draw from torch's RNG. A collapse or divergence raises health.TrainingUnhealthy, or with
+    and after the last one; `probe` (the probe batch's mean cosine, tasks/methods/health.py) after
+    the first step, every health.PROBE_EVERY steps and after the last. Both must leave the model in
+    training mode and not draw from torch's RNG. A collapse or divergence raises health.TrainingUnhealthy, or with
     `cfg.on_unhealthy: warn` is logged once and training goes on.
     Under torchrun (tasks/methods/distributed.py) every process trains on its shard of each batch
     through DistributedDataParallel; process 0 measures and writes the checkpoints, which hold every
@@ -296,10 +296,11 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             if rank == 0 and measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
                 with tokenizer_free:
                     entry.knn_accuracy = measure()
-            if rank == 0 and probe and ((step + 1) % health.PROBE_EVERY == 0 or last):
+            if rank == 0 and probe and (step == 0 or (step + 1) % health.PROBE_EVERY == 0 or last):
                 with tokenizer_free:
                     entry.probe_cosine = probe()
-            problem = health.check(history, chance, warmup) if rank == 0 else None  # the probe is process 0's
+            # the probe is process 0's
+            problem = health.check(history, chance, warmup, health.first_probe(history)) if rank == 0 else None
             stop = bool(problem and problem.fatal and cfg.on_unhealthy == "stop")
             if distributed.from_process_0(stop):  # every process stops together: a clean end under torchrun
                 raise health.TrainingUnhealthy(health.advice(problem, cfg.lr, cfg.max_grad_norm) if problem

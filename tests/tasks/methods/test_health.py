@@ -10,7 +10,7 @@ import torch
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import sentence_model
 from tasks.methods import health
-from tasks.methods.health import PATIENCE, PROBE_EVERY, Problem, TrainingUnhealthy, check, summary
+from tasks.methods.health import PATIENCE, PROBE_EVERY, Problem, TrainingUnhealthy, check, first_probe, summary
 from tasks.methods.objectives import build_objective
 from tasks.methods.precision import MixedPrecision
 from tasks.methods.training import Checkpoints, PairBatches, StepLog, health_of, train_model, warmup_steps
@@ -56,7 +56,7 @@ def test_a_healthy_run_is_not_flagged(tiny_dir, tmp_path, recipe):
     history, found, _ = trained(tiny_dir, tmp_path, recipe)
     assert found["verdict"] == "healthy"
     assert found["grad_norm_min"] > 0 and found["grad_norm_max"] >= found["grad_norm_min"]
-    assert [h.step for h in history if h.probe_cosine is not None] == [10, 20, 30, 40]
+    assert [h.step for h in history if h.probe_cosine is not None] == [1, 10, 20, 30, 40]  # after step 1, then every 10
     assert found["probe_mean_cosine"] < health.PROBE_COLLAPSED
     if recipe == "crops":
         assert found["final_loss"] < 0.5 * CHANCE  # it learned: far under chance
@@ -83,9 +83,12 @@ def test_the_symptoms_and_what_is_not_one():
     easy = log([0.001] * 40, {20: 0.3, 30: 0.5, 40: 0.6})
     assert check(easy, CHANCE, warmup) == Problem("trivial", 40, check(easy, CHANCE, warmup).why)
     assert not check(easy, CHANCE, warmup).fatal
-    reconstruction_dead = log([5.0] * 40, {30: 0.99999, 40: 0.99999})
-    assert check(reconstruction_dead, None, warmup).kind == "collapsed"
+    reconstruction_dead = log([5.0] * 40, {1: 0.6, 30: 0.99999, 40: 0.99999})
+    assert check(reconstruction_dead, None, warmup, first_probe(reconstruction_dead)).kind == "collapsed"
     assert check(log([5.0] * 40, {30: 0.95, 40: 0.95}), None, warmup) is None  # TSDAE ends near 0.90
+    # A deep random encoder starts with one vector for every text: it has yet to spread, not collapsed.
+    spreading = log([10.0 - 0.01 * i for i in range(40)], {1: 0.99999, 30: 0.99999, 40: 0.99999})
+    assert check(spreading, None, warmup, first_probe(spreading)) is None
 
 
 def test_the_summary_names_the_first_step_of_each_problem_and_becomes_catalog_rows():
