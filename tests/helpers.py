@@ -82,3 +82,13 @@ def write_scores(store, stage: str, key: str, rows: list[dict], tables: dict | N
         for name, table in (tables or {}).items():
             out.write_table(name, table)
     return dict(label=common["model"], method="m", key=key)
+
+
+def no_dropout(model):
+    """`model` with every dropout at 0: training steps then compare exactly."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model

@@ -100,11 +100,10 @@ class PooledEncoder:
 
     def _inputs(self, texts: list[str], max_length: int) -> dict:
         """One batch's tokens: NumPy for an exported backend, on the model's device for torch."""
-        texts = cut_texts(texts, max_length)
-        if self.backend != "torch":
-            return self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
-        return to_device(self.tokenizer(texts, padding=True, truncation=True, max_length=max_length,
-                                        return_tensors="pt"), self.model.device)
+        torch_backend = self.backend == "torch"
+        batch = self.tokenizer(cut_texts(texts, max_length), padding=True, truncation=True, max_length=max_length,
+                               return_tensors="pt" if torch_backend else "np")
+        return to_device(batch, self.model.device) if torch_backend else batch
 
     def _pooled(self, batch: dict, layers: list[int]) -> np.ndarray:
         """One batch: (len(layers), len(POOLINGS), len(texts), dim)."""

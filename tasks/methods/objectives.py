@@ -89,7 +89,8 @@ def semcse_info_nce(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> 
 def margin_mse(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
     # (query, passage, negative, margin) rows: the student's dot-product margin learns the cross-encoder's
     # (GPL). No chance level: a model with one vector for every text predicts margin 0.
-    return Objective(MarginMSELoss(model), lambda batch: [tokens(model, list(c)) for c in list(zip(*batch))[:3]],
+    texts = anchors_and_positives(model)
+    return Objective(MarginMSELoss(model), lambda batch: texts([row[:3] for row in batch]),
                      labels=lambda batch: torch.tensor([row[3] for row in batch], dtype=torch.float32))
 
 

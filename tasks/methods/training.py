@@ -266,7 +266,6 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     # The next batches are read and tokenized on a background thread while this one trains; the
     # tokenizer is shared with `measure` and `probe`, which therefore wait for it to be free.
     tokenizer_free = threading.Lock()
-
     device = next(loss_fn.parameters()).device
 
     def prepared(epoch: int, batch: list[Pair]) -> tuple[int, list[dict], torch.Tensor | None]:

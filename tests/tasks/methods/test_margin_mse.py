@@ -10,18 +10,12 @@ from tasks.config.training import TrainConfig
 from tasks.encoders.models import sentence_model
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, PairBatches, train_model
+from tests.helpers import no_dropout
 
 ROWS = [("what causes fever", "Fever is caused by infection.", "Bones heal in weeks.", 6.5),
         ("bone healing time", "Fractures heal in six weeks.", "Fever follows infection.", 4.0),
         ("insulin role", "Insulin lowers blood glucose.", "The heart pumps blood.", -1.5),
         ("heart function", "The heart pumps blood around the body.", "Insulin acts on the liver.", 0.25)]
-
-
-def without_dropout(model):
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return model
 
 
 def by_hand(model, rows) -> torch.Tensor:
@@ -33,7 +27,7 @@ def by_hand(model, rows) -> torch.Tensor:
 
 
 def test_the_loss_is_the_mean_squared_error_of_the_dot_product_margins(tiny_dir):
-    model = without_dropout(sentence_model(tiny_dir, 64))
+    model = no_dropout(sentence_model(tiny_dir, 64))
     objective = build_objective(model, "gpl_margin", TrainConfig(), None, None)
     assert objective.chance is None  # a model with one vector for every text predicts margin 0: no chance level
     labels = objective.labels(ROWS)
@@ -48,7 +42,7 @@ def test_the_training_loop_hands_the_loss_its_margins(tiny_dir, tmp_path):
                              "anchor": [r[0] for r in rows], "positive": [r[1] for r in rows],
                              "negative": [r[2] for r in rows], "margin": pa.array([r[3] for r in rows], pa.float32())}),
                    tmp_path / "pairs.parquet")
-    model = without_dropout(sentence_model(tiny_dir, 64))
+    model = no_dropout(sentence_model(tiny_dir, 64))
     expected = by_hand(model, ROWS).item()  # the first batch's loss, before any step
     cfg = TrainConfig(batch_size=4, lr=1e-3, schedule="constant", checkpoint_every=100)
     with pq.ParquetFile(tmp_path / "pairs.parquet") as pairs:
