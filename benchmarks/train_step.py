@@ -11,12 +11,16 @@ sentence-transformers' SentenceTransformerTrainer on the crops recipe.
    `train.padding_free` and the Trainer alternate over --rounds rounds, in reversed order every
    other round; the figures are the medians. The padding share is that of the timed batches (each
    side padded to its longest row, as both trainers tokenize): what padding-free does not compute.
+3. With --group-by-length, each recipe whose loss is per row (tsdae, mlm, retromae) also trains with
+   `train.group_by_length`, alternating with its plain side over --rounds rounds; both sides' padding
+   shares are printed. Their rows are a whole window of the grouping (50 batches, or the demo's epoch
+   where it is shorter), of which both sides train the first 1 + --steps batches.
 The first step of each side is a warm-up and is not timed; the next --steps steps are timed from
 step end to step end.
 Usage:
     python benchmarks/train_step.py [--model NAME | --random-init] [--batch-size 64] [--steps 6]
                                     [--max-length 128] [--recipes crops,tsdae,...] [--device auto] [--rounds 3]
-                                    [--profile]
+                                    [--group-by-length] [--profile]
 Prints a table, then ONE final line of JSON with every figure.
 """
 from __future__ import annotations
@@ -58,9 +62,10 @@ from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
 from tasks.encoders.models import load_model, pick_device, save_random_encoder, sentence_model
 from tasks.ingest import INGEST
+from tasks.methods.batches import GROUP_WINDOW, PairBatches
 from tasks.methods.objectives import build_objective
 from tasks.methods.recipes import RECIPES
-from tasks.methods.training import Checkpoints, PairBatches, StepTimes, train_model
+from tasks.methods.training import Checkpoints, StepTimes, train_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
 
@@ -86,10 +91,18 @@ def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
     return rows.slice(0, n)
 
 
+def first_batches(pairs: pq.ParquetFile, cfg: TrainConfig, steps: int | None) -> PairBatches:
+    """The batches of `pairs` as the train stage plans them, the first `steps` of them (None: all)."""
+    batches = PairBatches(pairs, cfg.batch_size, cfg.group_by_length, cfg.seed)
+    batches.plan = batches.plan[:steps]
+    return batches
+
+
 def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, work: Path,
-                profile: StepTimes | None = None, after_step=lambda: None) -> list[float]:
-    """End time of every training step of `recipe` through embforge's loop (and its parts in `profile`);
-    `after_step` is called after each step (a torch profiler's `step`)."""
+                profile: StepTimes | None = None, after_step=lambda: None, steps: int | None = None) -> list[float]:
+    """End time of every training step of `recipe` through embforge's loop (and its parts in `profile`),
+    over the first `steps` batches of `rows` (None: all); `after_step` is called after each step (a torch
+    profiler's `step`)."""
     model = sentence_model(model_path, cfg.max_length, cfg.device, pooling_for(recipe, cfg),
                            padding_free=cfg.padding_free, compile=cfg.compile)
     stamps: list[float] = []
@@ -97,21 +110,23 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, 
     pq.write_table(rows, work / f"pairs-{recipe}.parquet")  # read as the train stage reads its pairs
     with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
         train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
-                    PairBatches(pairs, cfg.batch_size), cfg, Checkpoints(work / f"ckpt-{recipe}"),
+                    first_batches(pairs, cfg, steps), cfg, Checkpoints(work / f"ckpt-{recipe}"),
                     on_step=lambda _: (stamps.append(time.perf_counter()), after_step()), profile=profile)
     return stamps
 
 
-def padding_share(model_path: str, rows: pa.Table, batch_size: int, max_length: int) -> float:
-    """Share of the token slots of the batches of `rows` that are padding: anchors and positives are
-    tokenized apart, each padded to its batch's longest (as both trainers do)."""
+def padding_share(model_path: str, recipe: str, cfg: TrainConfig, work: Path, steps: int | None = None) -> float:
+    """Share of the token slots of the timed batches of `recipe` (as time_recipe last trained them, over `steps`
+    batches) that are padding: anchors and positives are tokenized apart, each padded to its batch's longest (as
+    both trainers do)."""
     tokenizer = load_model(model_path, AutoTokenizer.from_pretrained)
     real = slots = 0
-    for start in range(0, rows.num_rows, batch_size):
-        for side in ("anchor", "positive"):
-            mask = tokenizer(rows[side][start : start + batch_size].to_pylist(), padding=True, truncation=True,
-                             max_length=max_length, return_tensors="np")["attention_mask"]
-            real, slots = real + int(mask.sum()), slots + mask.size
+    with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
+        for _, batch in first_batches(pairs, cfg, steps).from_step(WARMUP):
+            for side in list(zip(*batch))[:2]:  # anchors, positives
+                mask = tokenizer(list(side), padding=True, truncation=True, max_length=cfg.max_length,
+                                 return_tensors="np")["attention_mask"]
+                real, slots = real + int(mask.sum()), slots + mask.size
     return 1 - real / slots
 
 
@@ -181,6 +196,8 @@ def main() -> None:
     p.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipes to time")
     p.add_argument("--device", default="auto")
     p.add_argument("--rounds", type=int, default=3, help="rounds of crops against the Trainer")
+    p.add_argument("--group-by-length", action="store_true", help="also time the recipes whose loss is per row "
+                   "with `train.group_by_length` (rounds of plain and grouped, alternating)")
     p.add_argument("--profile", action="store_true", help="also split embforge's crops steps (padded and "
                    "padding-free) into waiting for data, tokenizing, forward, backward, optimizer, other")
     args = p.parse_args()
@@ -201,11 +218,24 @@ def main() -> None:
                       checkpoint_every=10**9, temperature=0.05, device=device)
 
     # 2. embforge: every recipe but crops through train_model, timestamps from on_step
-    per_recipe = {}
+    # (with --group-by-length the per-row recipes also grouped by length, in alternating rounds)
+    per_recipe, grouped, padding_of = {}, {}, {}
+    by_length = cfg.model_copy(update={"group_by_length": True})
     for recipe in recipes:
         if recipe != "crops":
-            rows = demo_rows(recipe, total * args.batch_size, store)
-            per_recipe[recipe] = pairs_per_second(time_recipe(recipe, model_path, cfg, rows, work), args.batch_size)
+            configs = {recipe: cfg}
+            if args.group_by_length and not RECIPES[recipe].in_batch_negatives:
+                configs[f"{recipe}, group_by_length"] = by_length
+            # grouped: the rows of a whole window, of which both sides train the first `total` batches
+            rows = demo_rows(recipe, (GROUP_WINDOW if len(configs) > 1 else total) * args.batch_size, store)
+            rates: dict[str, list[float]] = {side: [] for side in configs}
+            for i in range(args.rounds if len(configs) > 1 else 1):
+                for side in list(configs)[:: 1 if i % 2 == 0 else -1]:
+                    stamps = time_recipe(recipe, model_path, configs[side], rows, work, steps=total)
+                    rates[side].append(pairs_per_second(stamps, args.batch_size))
+                    padding_of[side] = padding_share(model_path, recipe, configs[side], work, total)
+            per_recipe[recipe] = statistics.median(rates.pop(recipe))
+            grouped.update({side: statistics.median(r) for side, r in rates.items()})
             print(f"{recipe}: {per_recipe[recipe]:.1f} rows/s", flush=True)
 
     # 3. crops through train_model against SentenceTransformerTrainer + MNRL(scale=20) (timestamps from a
@@ -232,7 +262,7 @@ def main() -> None:
             time_recipe("crops", model_path, side_cfg, pairs, work, profile)
             split[side] = step_split(profile)
             ahead[side] = prepared_ahead(profile)
-    padding = padding_share(model_path, pairs.slice(WARMUP * args.batch_size), args.batch_size, args.max_length)
+    padding = padding_share(model_path, "crops", cfg, work) if "crops" in recipes else None
     shutil.rmtree(work, ignore_errors=True)
 
     # 4. Figures
@@ -245,13 +275,19 @@ def main() -> None:
     for recipe, rate in per_recipe.items():
         table.add_row("embforge train_model", recipe, f"{rate:.1f}", f"{args.batch_size / rate:.2f}",
                       f"{rate / ef:.2f}" if ef else "")
+    for side, rate in grouped.items():
+        table.add_row("embforge train_model", side, f"{rate:.1f}", f"{args.batch_size / rate:.2f}",
+                      f"{rate / ef:.2f}" if ef else "")
     if free:
         table.add_row("embforge train_model", "crops, padding_free", f"{free:.1f}", f"{args.batch_size / free:.2f}",
                       f"{free / ef:.2f}")
     table.add_row("sentence-transformers Trainer", "crops (MNRL)", f"{st:.1f}", f"{args.batch_size / st:.2f}",
                   f"{st / ef:.2f}" if ef else "")
     Console().print(table)
-    print(f"padding: {padding:.1%} of the timed batches' token slots")
+    if padding is not None:
+        print(f"padding: {padding:.1%} of the timed crops batches' token slots")
+    for side, share in padding_of.items():
+        print(f"padding, {side}: {share:.1%} of the timed batches' token slots")
     for side, parts in split.items():
         total = sum(parts.values())
         print(f"step split, {side}: {total:.3f} s/step = " + ", ".join(
@@ -265,7 +301,9 @@ def main() -> None:
                       "ratio_embforge_over_st": round(ef / st, 3) if ef else None,
                       "padding_free_pairs_per_s": round(free, 2) if free else None,
                       "ratio_padding_free_over_st": round(free / st, 3) if free else None,
-                      "padding_share": round(padding, 4),
+                      "padding_share": round(padding, 4) if padding is not None else None,
+                      "grouped_rows_per_s": {side: round(v, 2) for side, v in grouped.items()},
+                      "padding_share_by_side": {side: round(v, 4) for side, v in padding_of.items()},
                       "step_split_s": {side: {k: round(v, 4) for k, v in parts.items()}
                                        for side, parts in split.items()},
                       "prepared_ahead_s": {side: round(v, 4) for side, v in ahead.items()},

@@ -41,6 +41,7 @@ from tasks.core.stage import Inputs, Stage
 from tasks.encoders import models
 from tasks.encoders.models import model_identity, model_path, pick_device, sentence_model
 from tasks.methods import distributed, health, objectives, training
+from tasks.methods.batches import PairBatches
 from tasks.metrics import knn
 
 
@@ -131,7 +132,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
                if inputs.documents and rank == 0 else None)
     with store.open_table(inputs.pairs, "pairs") as pairs:
-        batches = training.PairBatches(pairs, cfg.batch_size)
+        batches = PairBatches(pairs, cfg.batch_size, cfg.group_by_length, cfg.seed)
         log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s", job.recipe, batches.epoch_rows[0],
                  len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
                  f" and {size - 1} more process(es)" if size > 1 else "")

@@ -8,6 +8,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,3 +94,33 @@ def no_dropout(model):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     return model
+
+
+class RecordedReads(pq.ParquetFile):
+    """A pairs file that notes what is read of it."""
+
+    def __init__(self, source):
+        super().__init__(source)
+        self.columns_read, self.groups_read = [], []
+
+    def read(self, columns=None, **kwargs):
+        self.columns_read.append(columns)
+        return super().read(columns=columns, **kwargs)
+
+    def read_row_group(self, i, columns=None, **kwargs):
+        self.groups_read.append(i)
+        return super().read_row_group(i, columns=columns, **kwargs)
+
+
+def parquet_file(columns: dict, row_group_size: int) -> RecordedReads:
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table(columns), sink, row_group_size=row_group_size)
+    return RecordedReads(pa.BufferReader(sink.getvalue()))
+
+
+def pairs_file(pairs_per_epoch, row_group_size=3) -> RecordedReads:
+    """What the pairs stage writes (epoch-major rows), in row groups of `row_group_size` rows."""
+    rows = [(epoch, anchor, positive) for epoch, pairs in enumerate(pairs_per_epoch) for anchor, positive in pairs]
+    return parquet_file({"epoch": pa.array([r[0] for r in rows], pa.int32()),
+                         "doc_id": [f"d{i}" for i in range(len(rows))],
+                         "anchor": [r[1] for r in rows], "positive": [r[2] for r in rows]}, row_group_size)

@@ -25,8 +25,10 @@ def benchmark(*argv: str) -> str:
 def test_train_step_times_recipes_and_alternates_crops_with_the_trainer():
     out = json.loads(benchmark("train_step.py", "--random-init", "--batch-size", "4", "--steps", "2",
                                "--max-length", "64", "--recipes", "crops,tsdae", "--rounds", "2", "--device", "cpu",
-                               "--profile"))
+                               "--profile", "--group-by-length"))
     assert set(out["rows_per_s"]) == {"crops", "tsdae"} and out["rounds"] == 2
+    assert set(out["grouped_rows_per_s"]) == {"tsdae, group_by_length"}  # crops' batches are its negatives
+    assert set(out["padding_share_by_side"]) == {"tsdae", "tsdae, group_by_length"}
     assert len(out["crops_rounds"]) == len(out["padding_free_rounds"]) == len(out["st_rounds"]) == 2
     assert out["embforge_pairs_per_s"] == pytest.approx(statistics.median(out["crops_rounds"]), abs=0.01)
     assert out["padding_free_pairs_per_s"] == pytest.approx(statistics.median(out["padding_free_rounds"]), abs=0.01)

@@ -130,6 +130,10 @@ class TrainConfig(Section):
     padding_free: bool = Field(False, description="Compute the encoder's linear layers on the batch's real "
                                "tokens only (BERT encoders; tasks/encoders/packed.py): the same model, faster by "
                                "the batch's share of padding. Dropout draws other masks, so it is part of the key.")
+    group_by_length: bool = Field(False, description="Recipes whose loss is per row (" + ", ".join(
+        r.name for r in RECIPES.values() if not r.in_batch_negatives) + "): sort each window of 50 batches "
+        "by length before cutting it into batches, which then come in a seeded random order, so a batch pads "
+        "little (the Hugging Face Trainer's rule). Other recipes' batches are their negatives: refused there.")
     compile: bool = Field(False, description="torch.compile the encoder, with the sequence length dynamic: "
                           "fewer, fused kernels, which a GPU runs launch-bound at these sizes otherwise. The first "
                           "steps pay for compiling; dropout draws other masks, so it is part of the key.")
@@ -190,6 +194,10 @@ def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainCo
         with_head = tuple(r.name for r in RECIPES.values() if r.sentence_head)
         raise ValueError(f"{where}: head and matryoshka_dims apply to the recipes {with_head}, "
                          f"not to {method.recipe!r}")
+    if cfg.group_by_length and RECIPES[method.recipe].in_batch_negatives:
+        per_row = tuple(r.name for r in RECIPES.values() if not r.in_batch_negatives)
+        raise ValueError(f"{where}: group_by_length applies to the recipes whose loss is per row {per_row}, not to "
+                         f"{method.recipe!r}, which learns from the other rows of its batch")
     if cfg.cached_rows:
         if not RECIPES[method.recipe].mini_batches:
             with_cache = tuple(r.name for r in RECIPES.values() if r.mini_batches)

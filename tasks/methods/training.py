@@ -17,15 +17,10 @@ import logging
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 from transformers import get_constant_schedule, get_linear_schedule_with_warmup
@@ -37,6 +32,7 @@ from tasks.core.progress import StageProgress
 from tasks.core.stopping import SIGNALS, StepBoundaryStop
 from tasks.encoders.models import to_device
 from tasks.methods import distributed, health, precision
+from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import Objective
 from tasks.methods.recipes import Pair
 
@@ -77,66 +73,6 @@ class StepTimes:
         now = time.perf_counter()
         self.steps[-1][part] += now - self._last
         self._last = now
-
-
-class BatchRows(NamedTuple):
-    epoch: int
-    start: int  # its first row in the pairs file
-    size: int
-
-
-def plan_batches(epoch_rows: list[int], batch_size: int) -> list[BatchRows]:
-    """Every batch in training order: `batch_size` consecutive rows of one epoch, never across two;
-    an epoch's trailing batch of one pair has no negatives: dropped."""
-    plan: list[BatchRows] = []
-    first = 0
-    for epoch, rows in enumerate(epoch_rows):
-        plan += [BatchRows(epoch, first + i, min(batch_size, rows - i)) for i in range(0, rows, batch_size)
-                 if rows - i >= 2]
-        first += rows
-    return plan
-
-
-class PairBatches:
-    """The batches of a pairs file (columns epoch, anchor, positive[, negative[, margin]]; epoch-major), read a
-    row group at a time: the plan comes from the `epoch` column alone, so the texts held at any moment are
-    those of the row groups the current batch spans, whatever the file's size."""
-
-    def __init__(self, source: pq.ParquetFile, batch_size: int):
-        self.source = source
-        # (anchor, positive) rows, or (anchor, positive, negative) where the view mined hard negatives, and
-        # a cross-encoder's margin after them where the recipe learns it
-        self.columns = [c for c in ("anchor", "positive", "negative", "margin") if c in source.schema_arrow.names]
-        epochs = source.read(columns=["epoch"])["epoch"].to_numpy()
-        if (np.diff(epochs) < 0).any():  # rows are read in file order, never regrouped
-            raise ValueError("pairs are not in training order: the epoch column goes down")
-        self.epoch_rows: list[int] = np.bincount(epochs).tolist()
-        self.plan = plan_batches(self.epoch_rows, batch_size)
-
-    def __len__(self) -> int:
-        return len(self.plan)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return len(self.plan) // len(self.epoch_rows)
-
-    def from_step(self, step: int) -> Iterator[tuple[int, list[Pair]]]:
-        """(epoch, pairs) of every batch from `step` (0-based) on; row groups wholly before it are not read."""
-        group_ends = np.cumsum([self.source.metadata.row_group(g).num_rows for g in range(self.source.num_row_groups)])
-        held: deque[pa.Table] = deque()  # the row groups read and still needed, in file order
-        held_start = held_end = 0  # rows [held_start, held_end) of the file
-        for batch in self.plan[step:]:
-            while held and held_start + held[0].num_rows <= batch.start:
-                held_start += held.popleft().num_rows
-            if not held:  # skip to the group holding the batch's first row, by row counts alone
-                group = int(np.searchsorted(group_ends, batch.start, side="right"))
-                held_start = held_end = int(group_ends[group - 1]) if group else 0
-            while held_end < batch.start + batch.size:
-                held.append(self.source.read_row_group(group, columns=self.columns))
-                held_end += held[-1].num_rows
-                group += 1
-            rows = pa.concat_tables(held).slice(batch.start - held_start, batch.size)
-            yield batch.epoch, list(zip(*(rows[c].to_pylist() for c in self.columns)))
 
 
 class Checkpoints:

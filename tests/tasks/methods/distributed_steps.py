@@ -11,10 +11,11 @@ import torch.distributed as dist
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import sentence_model
 from tasks.methods import distributed
+from tasks.methods.batches import PairBatches
 from tasks.methods.distributed import no_gather
 from tasks.methods.objectives import build_objective
 from tasks.methods.recipes import RECIPES as REGISTRY
-from tasks.methods.training import Checkpoints, PairBatches, train_model
+from tasks.methods.training import Checkpoints, train_model
 
 RECIPES = ("crops", "simcse", "semcse", "gpl")
 CFG = TrainConfig(batch_size=16, lr=1e-3, max_length=32, checkpoint_every=1000)

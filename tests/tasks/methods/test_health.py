@@ -10,12 +10,13 @@ import torch
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import sentence_model
 from tasks.methods import health
+from tasks.methods.batches import PairBatches
 from tasks.methods.health import PATIENCE, PROBE_EVERY, Problem, TrainingUnhealthy, check, first_probe, summary
 from tasks.methods.objectives import build_objective
 from tasks.methods.precision import MixedPrecision
-from tasks.methods.training import Checkpoints, PairBatches, StepLog, health_of, train_model, warmup_steps
+from tasks.methods.training import Checkpoints, StepLog, health_of, train_model, warmup_steps
 from tasks.train import probe_cosine
-from tests.tasks.test_train import pairs_file
+from tests.helpers import pairs_file
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 PAIRS = [[(f"doc {i} about {WORDS[i % 12]} and {WORDS[i * 7 % 12]}", f"doc {i} more on {WORDS[i % 12]} "

@@ -8,8 +8,9 @@ import torch
 
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import sentence_model
+from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
-from tasks.methods.training import Checkpoints, PairBatches, train_model
+from tasks.methods.training import Checkpoints, train_model
 from tests.helpers import no_dropout
 
 ROWS = [("what causes fever", "Fever is caused by infection.", "Bones heal in weeks.", 6.5),

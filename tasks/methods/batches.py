@@ -1,0 +1,110 @@
+"""The batches of a pairs file, in training order, streamed a row group at a time.
+
+A batch is `batch_size` consecutive rows of one epoch (in-batch negatives are the other rows the
+pairs stage put beside it). With `group_by_length`, for recipes whose loss is per row, each window
+of GROUP_WINDOW batches is sorted by length before it is cut, so a batch pads little; the window's
+batches then come in a seeded random order (the Hugging Face Trainer's `group_by_length` rule).
+Either way the plan is a pure function of the file and the config, so a resume finds the same batches.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tasks.methods.recipes import Pair
+
+GROUP_WINDOW = 50  # batches sorted by length together: the Trainer's megabatch
+TEXT_COLUMNS = ("anchor", "positive", "negative")
+
+
+class BatchRows(NamedTuple):
+    epoch: int
+    start: int  # the first row of the file the batch draws from
+    size: int  # rows of the file from `start` on that hold the batch's rows
+    take: np.ndarray | None = None  # the batch's rows among them, in batch order; None: all `size`, in order
+
+
+def plan_batches(epoch_rows: list[int], batch_size: int, lengths: np.ndarray | None = None,
+                 seed: int = 0) -> list[BatchRows]:
+    """Every batch in training order: `batch_size` rows of one epoch, never across two; an epoch's
+    trailing batch of one row has no negatives: dropped. With `lengths` (one per row of the file)
+    batches are cut from windows sorted by length; the number and sizes of batches are the same."""
+    plan: list[BatchRows] = []
+    rng = np.random.default_rng(seed)
+    window = batch_size * (GROUP_WINDOW if lengths is not None else 1)
+    first = 0
+    for epoch, rows in enumerate(epoch_rows):
+        for w in range(0, rows, window):
+            span = min(window, rows - w)
+            if lengths is None:
+                if span >= 2:
+                    plan.append(BatchRows(epoch, first + w, span))
+                continue
+            # longest first; a stable sort keeps equal lengths in file order
+            by_length = np.argsort(-lengths[first + w : first + w + span], kind="stable")
+            cut = [by_length[i : i + batch_size] for i in range(0, span, batch_size)]
+            plan += [BatchRows(epoch, first + w, span, cut[i]) for i in rng.permutation(len(cut))
+                     if len(cut[i]) >= 2]
+        first += rows
+    return plan
+
+
+def text_lengths(source: pq.ParquetFile, columns: list[str]) -> np.ndarray:
+    """(rows,) the characters of each row's texts, a row group at a time."""
+    per_group = []
+    for g in range(source.num_row_groups):
+        group = source.read_row_group(g, columns=columns)
+        per_group.append(sum(pc.utf8_length(group[c]).to_numpy(zero_copy_only=False) for c in columns))
+    return np.concatenate(per_group) if per_group else np.zeros(0, np.int64)
+
+
+class PairBatches:
+    """The batches of a pairs file (columns epoch, anchor, positive[, negative[, margin]]; epoch-major), read a
+    row group at a time: the plan comes from the `epoch` column (and with grouping the texts' lengths) alone,
+    so the texts held at any moment are those of the row groups the current batch spans, whatever the file's size."""
+
+    def __init__(self, source: pq.ParquetFile, batch_size: int, group_by_length: bool = False, seed: int = 0):
+        self.source = source
+        # (anchor, positive) rows, or (anchor, positive, negative) where the view mined hard negatives, and
+        # a cross-encoder's margin after them where the recipe learns it
+        self.columns = [c for c in (*TEXT_COLUMNS, "margin") if c in source.schema_arrow.names]
+        epochs = source.read(columns=["epoch"])["epoch"].to_numpy()
+        if (np.diff(epochs) < 0).any():  # rows are read in file order, never regrouped
+            raise ValueError("pairs are not in training order: the epoch column goes down")
+        self.epoch_rows: list[int] = np.bincount(epochs).tolist()
+        lengths = text_lengths(source, [c for c in self.columns if c in TEXT_COLUMNS]) if group_by_length else None
+        self.plan = plan_batches(self.epoch_rows, batch_size, lengths, seed)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.plan) // len(self.epoch_rows)
+
+    def from_step(self, step: int) -> Iterator[tuple[int, list[Pair]]]:
+        """(epoch, pairs) of every batch from `step` (0-based) on; row groups wholly before it are not read."""
+        group_ends = np.cumsum([self.source.metadata.row_group(g).num_rows for g in range(self.source.num_row_groups)])
+        held: deque[pa.Table] = deque()  # the row groups read and still needed, in file order
+        held_start = held_end = 0  # rows [held_start, held_end) of the file
+        for batch in self.plan[step:]:
+            while held and held_start + held[0].num_rows <= batch.start:
+                held_start += held.popleft().num_rows
+            if not held:  # skip to the group holding the batch's first row, by row counts alone
+                group = int(np.searchsorted(group_ends, batch.start, side="right"))
+                held_start = held_end = int(group_ends[group - 1]) if group else 0
+            while held_end < batch.start + batch.size:
+                held.append(self.source.read_row_group(group, columns=self.columns))
+                held_end += held[-1].num_rows
+                group += 1
+            rows = pa.concat_tables(held).slice(batch.start - held_start, batch.size)
+            if batch.take is not None:
+                rows = rows.take(pa.array(batch.take))
+            yield batch.epoch, list(zip(*(rows[c].to_pylist() for c in self.columns)))

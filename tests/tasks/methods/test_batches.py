@@ -1,0 +1,97 @@
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tasks.methods import batches as batching
+from tasks.methods.batches import PairBatches, plan_batches
+from tests.helpers import pairs_file, parquet_file
+
+
+def test_a_lone_trailing_pair_is_not_a_batch():
+    assert [b.size for b in plan_batches([9, 10], batch_size=4)] == [4, 4, 4, 4, 2]
+
+
+def batches_in_memory(pairs_per_epoch, batch_size):
+    """The batching rules on lists (what training did before it streamed): the reference."""
+    return [(epoch, pairs[i : i + batch_size]) for epoch, pairs in enumerate(pairs_per_epoch)
+            for i in range(0, len(pairs), batch_size) if len(pairs[i : i + batch_size]) >= 2]
+
+
+@pytest.mark.parametrize("batch_size", [4, 5, 13])
+@pytest.mark.parametrize("row_group_size", [1, 3, 7, 100])
+def test_streamed_batches_are_the_in_memory_ones_from_every_step(batch_size, row_group_size):
+    per_epoch = [[(f"a{e}.{i}", f"p{e}.{i}") for i in range(13)] for e in range(3)]  # 13 = 3 x 4 + 1 = 2 x 5 + 3
+    expected = batches_in_memory(per_epoch, batch_size)
+    batches = PairBatches(pairs_file(per_epoch, row_group_size), batch_size)
+    assert len(batches) == len(expected) and batches.steps_per_epoch == len(expected) // 3
+    assert list(batches.from_step(0)) == expected
+    for step in range(len(expected)):
+        assert list(batches.from_step(step)) == expected[step:]
+
+
+def test_steps_come_from_the_epoch_column_and_a_resume_skips_the_row_groups_before_it():
+    per_epoch = [[(f"a{e}.{i}", f"p{e}.{i}") for i in range(20)] for e in range(2)]
+    source = pairs_file(per_epoch, row_group_size=3)
+    batches = PairBatches(source, batch_size=4)
+    assert len(batches) == 10 and source.columns_read == [["epoch"]] and source.groups_read == []
+    assert next(batches.from_step(7))[1] == per_epoch[1][8:12]  # rows 28-31 of the file
+    assert source.groups_read == [9, 10]  # rows 27-29 and 30-32
+
+
+def test_pairs_out_of_training_order_are_refused():
+    source = parquet_file({"epoch": pa.array([0, 1, 0, 1], pa.int32()), "anchor": list("abcd"),
+                           "positive": list("efgh")}, row_group_size=3)
+    with pytest.raises(ValueError, match="not in training order"):
+        PairBatches(source, batch_size=2)
+
+
+
+
+def varied_pairs(epochs: int, rows: int, seed: int = 0) -> list[list[tuple[str, str]]]:
+    """Rows of 1 to 40 words at random, the positive about as long as its anchor (tsdae's, mlm's)."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(1, 40, size=(epochs, rows))
+    return [[(f"a{e}.{i} " + "w " * int(n), f"p{e}.{i} " + "w " * int(n + rng.integers(3)))
+             for i, n in enumerate(words[e])] for e in range(epochs)]
+
+
+def padding(batches: list[tuple[int, list]]) -> int:
+    """Padding slots (words) of the batches, each column padded to its batch's longest text."""
+    return sum(len(rows) * max(map(len, words)) - sum(map(len, words))
+               for _, rows in batches for words in ([text.split() for text in column] for column in zip(*rows)))
+
+
+@pytest.mark.parametrize("row_group_size", [3, 100])
+def test_grouped_batches_hold_the_same_rows_in_the_same_sizes_and_pad_less(monkeypatch, row_group_size):
+    monkeypatch.setattr(batching, "GROUP_WINDOW", 3)  # windows of 3 batches: several per epoch
+    per_epoch = varied_pairs(epochs=2, rows=29)  # 29 = 7 x 4 + 1: the lone trailing row is dropped either way
+    plain = list(PairBatches(pairs_file(per_epoch, row_group_size), 4).from_step(0))
+    grouped = PairBatches(pairs_file(per_epoch, row_group_size), 4, group_by_length=True)
+    batches = list(grouped.from_step(0))
+    assert len(batches) == len(plain) == len(grouped) and grouped.steps_per_epoch == 7
+    assert [(e, len(rows)) for e, rows in batches] == [(e, len(rows)) for e, rows in plain]
+    for epoch in range(2):
+        rows = [row for e, rows in batches if e == epoch for row in rows]
+        assert len(rows) == len(set(rows)) == 28 and set(rows) <= set(per_epoch[epoch])
+    # an epoch's windows are its rows 0-11, 12-23 and 24-28: batches 0-2, 3-5 and 6, never mixed
+    for i, (epoch, rows) in enumerate(batches):
+        assert {per_epoch[epoch].index(row) // 12 for row in rows} == {(i % 7) // 3}
+    assert padding(batches) < 0.5 * padding(plain)
+
+
+def test_grouped_batches_are_the_same_from_every_step_and_follow_the_seed():
+    per_epoch = varied_pairs(epochs=2, rows=40)
+    grouped = PairBatches(pairs_file(per_epoch, 3), 4, group_by_length=True, seed=1)
+    expected = list(grouped.from_step(0))
+    for step in range(len(expected)):
+        assert list(grouped.from_step(step)) == expected[step:]
+    assert list(PairBatches(pairs_file(per_epoch, 7), 4, group_by_length=True, seed=1).from_step(0)) == expected
+    assert list(PairBatches(pairs_file(per_epoch, 3), 4, group_by_length=True, seed=2).from_step(0)) != expected
+
+
+def test_a_window_is_cut_longest_first_into_batches_of_neighbouring_lengths():
+    lengths = np.array([5, 1, 9, 3, 7, 2, 8, 4, 6, 0])
+    plan = plan_batches([10], batch_size=3, lengths=lengths, seed=0)
+    assert all(b.start == 0 and b.size == 10 for b in plan)
+    # the shortest row is the lone trailing one, dropped as a plain plan drops row 9
+    assert sorted(sorted(lengths[b.take], reverse=True) for b in plan) == [[3, 2, 1], [6, 5, 4], [9, 8, 7]]
