@@ -164,7 +164,7 @@ def main() -> None:
                               max_length=args.max_length, checkpoint_every=10**9, temperature=0.05, device=device,
                               precision="auto", mini_batch_size=args.mini_batch_size if batch > args.mini_batch_size
                               else None)
-            sides = {"embforge": {}, "padding_free": {"padding_free": True},
+            sides = {"embforge": {"padding_free": False}, "padding_free": {"padding_free": True},
                      **({"compiled": {"compile": True}} if args.compile else {}), "st_trainer": None}
             rates = {side: [] for side in sides}
             memory = {side: [] for side in sides}

@@ -32,6 +32,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -63,7 +64,7 @@ from tasks.core.stage import NoInputs
 from tasks.encoders.models import load_model, pick_device, save_random_encoder, sentence_model
 from tasks.ingest import INGEST
 from tasks.methods.batches import GROUP_WINDOW, PairBatches
-from tasks.methods.objectives import build_objective
+from tasks.methods.objectives import build_objective, token_counts
 from tasks.methods.recipes import RECIPES
 from tasks.methods.training import Checkpoints, StepTimes, train_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
@@ -91,9 +92,10 @@ def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
     return rows.slice(0, n)
 
 
-def first_batches(pairs: pq.ParquetFile, cfg: TrainConfig, steps: int | None) -> PairBatches:
+def first_batches(pairs: pq.ParquetFile, cfg: TrainConfig, steps: int | None, tokenizer) -> PairBatches:
     """The batches of `pairs` as the train stage plans them, the first `steps` of them (None: all)."""
-    batches = PairBatches(pairs, cfg.batch_size, cfg.group_by_length, cfg.seed)
+    length = partial(token_counts, tokenizer, cfg.max_length) if cfg.group_by_length else None
+    batches = PairBatches(pairs, cfg.batch_size, length, cfg.seed)
     batches.plan = batches.plan[:steps]
     return batches
 
@@ -110,7 +112,7 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, 
     pq.write_table(rows, work / f"pairs-{recipe}.parquet")  # read as the train stage reads its pairs
     with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
         train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
-                    first_batches(pairs, cfg, steps), cfg, Checkpoints(work / f"ckpt-{recipe}"),
+                    first_batches(pairs, cfg, steps, model.tokenizer), cfg, Checkpoints(work / f"ckpt-{recipe}"),
                     on_step=lambda _: (stamps.append(time.perf_counter()), after_step()), profile=profile)
     return stamps
 
@@ -122,7 +124,7 @@ def padding_share(model_path: str, recipe: str, cfg: TrainConfig, work: Path, st
     tokenizer = load_model(model_path, AutoTokenizer.from_pretrained)
     real = slots = 0
     with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
-        for _, batch in first_batches(pairs, cfg, steps).from_step(WARMUP):
+        for _, batch in first_batches(pairs, cfg, steps, tokenizer).from_step(WARMUP):
             for side in list(zip(*batch))[:2]:  # anchors, positives
                 mask = tokenizer(list(side), padding=True, truncation=True, max_length=cfg.max_length,
                                  return_tensors="np")["attention_mask"]
@@ -215,7 +217,7 @@ def main() -> None:
         model_path = str(work / "init")
         save_random_encoder(args.model, RandomInitConfig(), Path(model_path))
     cfg = TrainConfig(batch_size=args.batch_size, lr=lr, max_length=args.max_length,
-                      checkpoint_every=10**9, temperature=0.05, device=device)
+                      checkpoint_every=10**9, temperature=0.05, device=device, padding_free=False)
 
     # 2. embforge: every recipe but crops through train_model, timestamps from on_step
     # (with --group-by-length the per-row recipes also grouped by length, in alternating rounds)

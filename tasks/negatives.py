@@ -65,6 +65,11 @@ class NegativesInputs(ModelInputs):
     queries: ArtifactRef
 
 
+def negatives_per_query(k: int, passages: int) -> int:
+    """k' = min(k, p − 1): every passage but the query's own can be a negative."""
+    return max(0, min(k, passages - 1))
+
+
 def mine(query_vecs: np.ndarray, passage_vecs: np.ndarray, positives_idx: np.ndarray, k: int,
          duplicate_similarity: float, block_bytes: int = BLOCK_BYTES,
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -76,7 +81,7 @@ def mine(query_vecs: np.ndarray, passage_vecs: np.ndarray, positives_idx: np.nda
     (q,) int32 = its passage's rank (ties against it: metrics.ranks_of_own); positive_score (q,) float32.
     """
     q, p = len(query_vecs), len(passage_vecs)
-    kk = max(0, min(k, p - 1))
+    kk = negatives_per_query(k, p)
     positives_idx = np.asarray(positives_idx, dtype=np.int64)
     neg_idx = np.full((q, kk), -1, dtype=np.int64)
     neg_scores = np.full((q, kk), np.nan, dtype=np.float32)
@@ -187,7 +192,7 @@ def build_negatives(store: ArtifactStore, job: NegativesJob, inputs: NegativesIn
         passage_vecs[positions] = vecs
     if not cfg.cross_encoder:  # the teacher reads them again
         del passages
-    kk = max(0, min(cfg.k, len(passage_vecs) - 1))
+    kk = negatives_per_query(cfg.k, len(passage_vecs))
     neg_idx = np.full((len(texts), kk), -1, dtype=np.int64)  # (q × k'): k' ints per query, not dim floats
     neg_scores = np.full((len(texts), kk), np.nan, dtype=np.float32)
     positive_rank = np.empty(len(texts), dtype=np.int32)

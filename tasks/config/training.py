@@ -12,6 +12,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
 from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
 
+GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (the HF Trainer's megabatch)
+
 
 class MethodConfig(Section):
     name: str = Field(description="Name shown in reports, e.g. `crops`.")
@@ -127,12 +129,15 @@ class TrainConfig(Section):
     mini_batch_size: int | None = Field(None, ge=1, description="Cached in-batch losses (GradCache): embed "
                                         "the batch this many rows at a time, so a large batch trains in the "
                                         "memory of a small one, with the full batch's gradients.")
-    padding_free: bool = Field(False, description="Compute the encoder's linear layers on the batch's real "
-                               "tokens only (BERT encoders; tasks/encoders/packed.py): the same model, faster by "
-                               "the batch's share of padding. Dropout draws other masks, so it is part of the key.")
+    padding_free: bool | Literal["auto"] = Field(
+        "auto", description="Compute the encoder's linear layers on the batch's real tokens only (BERT encoders; "
+        "tasks/encoders/packed.py): the same model, faster by the batch's share of padding. `auto`: on a CPU with a "
+        "BERT encoder, where that is the step's arithmetic; off on a GPU, where the packing's extra kernels made a "
+        "step slower, and for other encoders. `true` refuses other encoders. Dropout draws other masks, so it is part "
+        "of the key.")
     group_by_length: bool = Field(False, description="Recipes whose loss is per row (" + ", ".join(
-        r.name for r in RECIPES.values() if not r.in_batch_negatives) + "): sort each window of 50 batches "
-        "by length before cutting it into batches, which then come in a seeded random order, so a batch pads "
+        r.name for r in RECIPES.values() if not r.in_batch_negatives) + f"): sort each window of {GROUP_WINDOW} "
+        "batches by length before cutting it into batches, which then come in a seeded random order, so a batch pads "
         "little (the Hugging Face Trainer's rule). Other recipes' batches are their negatives: refused there.")
     compile: bool = Field(False, description="torch.compile the encoder, with the sequence length dynamic: "
                           "fewer, fused kernels, which a GPU runs launch-bound at these sizes otherwise. The first "

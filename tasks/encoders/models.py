@@ -99,13 +99,14 @@ def transformer_blocks(encoder: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean",
-                   layer: int | None = None, padding_free: bool = False, compile: bool = False,
+                   layer: int | None = None, padding_free: bool | str = False, compile: bool = False,
                    ) -> SentenceTransformer:
     """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train.
 
     `layer` = L keeps only the first L transformer layers: its last hidden state is then
     hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
-    `padding_free`: its linear layers compute on real tokens only (tasks/encoders/packed.py).
+    `padding_free`: its linear layers compute on real tokens only (tasks/encoders/packed.py; `auto`: where
+    that pays, packed.applies).
     `compile`: the transformer module is compiled in place (its weights keep their names).
     """
     # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
@@ -120,7 +121,7 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
         encoder.config.num_hidden_layers = layer
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     model = SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
-    if padding_free:
+    if packed.applies(padding_free, transformer.auto_model.config.model_type, model.device):
         packed.padding_free(model)
     if compile:
         model[0].compile(dynamic=True)

@@ -70,6 +70,15 @@ def packed_token_states(encoder, input_ids: torch.Tensor, attention_mask: torch.
     return hidden.new_zeros(rows * length, hidden.shape[-1]).index_copy(0, at, hidden).view(rows, length, -1)
 
 
+def applies(setting: bool | str, model_type: str, device: torch.device) -> bool:
+    """Whether `train.padding_free` = `setting` packs an encoder of `model_type` on `device`: `auto` does for
+    a supported encoder on a CPU, whose step is the linear layers' arithmetic; on a GPU the step is bound
+    by launching kernels, and the packing's own kernels made a BERT-base step slower there (docs/results.md)."""
+    if setting == "auto":
+        return device.type == "cpu" and model_type in SUPPORTED
+    return bool(setting)
+
+
 def padding_free(model: SentenceTransformer) -> None:
     """Make `model`'s encoder compute on real tokens only (module docstring)."""
     transformer = model[0]

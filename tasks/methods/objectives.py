@@ -51,6 +51,12 @@ def features(model: SentenceTransformer, texts: list[str]) -> dict:
     return model.preprocess(cut_texts(texts, model.max_seq_length))
 
 
+def token_counts(tokenizer, max_length: int, texts: list[str]) -> list[int]:
+    """Each text's tokens as `features` gives them to a model of that max length, padding left out."""
+    encoded = tokenizer(cut_texts(texts, max_length), truncation=True, max_length=max_length)
+    return [len(ids) for ids in encoded["input_ids"]]
+
+
 def tokens(model: SentenceTransformer, texts: list[str]) -> dict:
     return to_device(features(model, texts), model.device)
 

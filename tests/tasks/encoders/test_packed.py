@@ -13,6 +13,7 @@ from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
 from tasks.config.base import InputError
 from tasks.config.training import TrainConfig
+from tasks.encoders import packed
 from tasks.encoders.models import sentence_model
 from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
@@ -92,3 +93,18 @@ def test_an_encoder_it_was_not_checked_on_is_refused(tiny_dir, tmp_path):
     AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(folder)
     with pytest.raises(InputError, match="train.padding_free: supported for bert encoders, not 'distilbert'"):
         sentence_model(str(folder), 64, padding_free=True)
+    assert attention(sentence_model(str(folder), 64, padding_free="auto")) != packed.ATTENTION  # auto: padded
+
+
+def attention(model: SentenceTransformer) -> str:
+    return model[0].auto_model.config._attn_implementation
+
+
+def test_auto_packs_a_bert_encoder_on_a_cpu_only(tiny_dir):
+    assert attention(sentence_model(tiny_dir, 64, padding_free="auto")) == packed.ATTENTION
+    assert attention(sentence_model(tiny_dir, 64)) != packed.ATTENTION
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert packed.applies("auto", "bert", cpu)
+    assert not packed.applies("auto", "bert", gpu)  # launch-bound there: the packing's kernels cost more
+    assert not packed.applies("auto", "distilbert", cpu)
+    assert packed.applies(True, "bert", gpu) and not packed.applies(False, "bert", cpu)

@@ -55,6 +55,11 @@ def varied_pairs(epochs: int, rows: int, seed: int = 0) -> list[list[tuple[str, 
              for i, n in enumerate(words[e])] for e in range(epochs)]
 
 
+def words(texts: list[str]) -> list[int]:
+    """The test's token count: words (the train stage counts the model's tokens, objectives.token_counts)."""
+    return [len(text.split()) for text in texts]
+
+
 def padding(batches: list[tuple[int, list]]) -> int:
     """Padding slots (words) of the batches, each column padded to its batch's longest text."""
     return sum(len(rows) * max(map(len, words)) - sum(map(len, words))
@@ -66,7 +71,7 @@ def test_grouped_batches_hold_the_same_rows_in_the_same_sizes_and_pad_less(monke
     monkeypatch.setattr(batching, "GROUP_WINDOW", 3)  # windows of 3 batches: several per epoch
     per_epoch = varied_pairs(epochs=2, rows=29)  # 29 = 7 x 4 + 1: the lone trailing row is dropped either way
     plain = list(PairBatches(pairs_file(per_epoch, row_group_size), 4).from_step(0))
-    grouped = PairBatches(pairs_file(per_epoch, row_group_size), 4, group_by_length=True)
+    grouped = PairBatches(pairs_file(per_epoch, row_group_size), 4, length=words)
     batches = list(grouped.from_step(0))
     assert len(batches) == len(plain) == len(grouped) and grouped.steps_per_epoch == 7
     assert [(e, len(rows)) for e, rows in batches] == [(e, len(rows)) for e, rows in plain]
@@ -81,12 +86,12 @@ def test_grouped_batches_hold_the_same_rows_in_the_same_sizes_and_pad_less(monke
 
 def test_grouped_batches_are_the_same_from_every_step_and_follow_the_seed():
     per_epoch = varied_pairs(epochs=2, rows=40)
-    grouped = PairBatches(pairs_file(per_epoch, 3), 4, group_by_length=True, seed=1)
+    grouped = PairBatches(pairs_file(per_epoch, 3), 4, length=words, seed=1)
     expected = list(grouped.from_step(0))
     for step in range(len(expected)):
         assert list(grouped.from_step(step)) == expected[step:]
-    assert list(PairBatches(pairs_file(per_epoch, 7), 4, group_by_length=True, seed=1).from_step(0)) == expected
-    assert list(PairBatches(pairs_file(per_epoch, 3), 4, group_by_length=True, seed=2).from_step(0)) != expected
+    assert list(PairBatches(pairs_file(per_epoch, 7), 4, length=words, seed=1).from_step(0)) == expected
+    assert list(PairBatches(pairs_file(per_epoch, 3), 4, length=words, seed=2).from_step(0)) != expected
 
 
 def test_a_window_is_cut_longest_first_into_batches_of_neighbouring_lengths():

@@ -4,7 +4,7 @@ import pandas as pd
 
 from tasks.encoders.budget import char_budget
 from tasks.encoders.models import sentence_model
-from tasks.methods.objectives import features
+from tasks.methods.objectives import features, token_counts
 from tests.helpers import DEMO_DOCS
 
 
@@ -20,3 +20,10 @@ def test_a_long_training_text_is_cut_before_tokenizing_and_gives_the_same_tokens
     whole = model.preprocess([long, "a short one"])  # tokenized whole, then truncated
     assert max(seen) == len(long)
     assert cut["input_ids"].tolist() == whole["input_ids"].tolist()
+
+
+def test_group_by_length_counts_the_tokens_a_step_gets(tiny_dir):
+    model = sentence_model(tiny_dir, max_length=32)
+    texts = ["a", "a short one", *pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(6)]  # some over 32
+    counts = token_counts(model.tokenizer, model.max_seq_length, texts)
+    assert counts == features(model, texts)["attention_mask"].sum(1).tolist() and max(counts) == 32
