@@ -15,6 +15,8 @@ masks over other shapes, so other (equally random) masks.
 
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
@@ -87,10 +89,13 @@ def padding_free(model: SentenceTransformer) -> None:
         raise InputError(f"train.padding_free: supported for {', '.join(SUPPORTED)} encoders, not "
                          f"{encoder.config.model_type!r}; set it to false")
     encoder.set_attn_implementation(ATTENTION)
+    # this model's instance only, as a bound method: a deep copy (Contrastive Tension's second encoder) binds
+    # to the copy; a closure over `encoder` would run the original's weights in both
+    transformer.forward = types.MethodType(packed_forward, transformer)
 
-    def forward(features: dict, **kwargs) -> dict:
-        features["token_embeddings"] = packed_token_states(encoder, features["input_ids"], features["attention_mask"],
-                                                           features.get("token_type_ids"))
-        return features
 
-    transformer.forward = forward  # this model's instance only
+def packed_forward(transformer, features: dict, **kwargs) -> dict:
+    """The sentence-transformers Transformer module's forward, on the batch's real tokens."""
+    features["token_embeddings"] = packed_token_states(transformer.auto_model, features["input_ids"],
+                                                       features["attention_mask"], features.get("token_type_ids"))
+    return features

@@ -1,6 +1,7 @@
 """tasks/encoders/packed.py: padding-free training computes what the padded forward computes (and so
 does a compiled encoder, `train.compile`)."""
 
+import copy
 import json
 
 import pandas as pd
@@ -108,3 +109,14 @@ def test_auto_packs_a_bert_encoder_on_a_cpu_only(tiny_dir):
     assert not packed.applies("auto", "bert", gpu)  # launch-bound there: the packing's kernels cost more
     assert not packed.applies("auto", "distilbert", cpu)
     assert packed.applies(True, "bert", gpu) and not packed.applies(False, "bert", cpu)
+
+
+def test_a_copy_of_a_padding_free_model_computes_with_its_own_weights(tiny_dir):
+    # Contrastive Tension deep-copies the model: its second encoder must be the copy, not the original again.
+    model = sentence_model(tiny_dir, 64, padding_free=True)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.add_(0.5)
+    assert attention(twin) == packed.ATTENTION
+    assert not torch.allclose(torch.from_numpy(twin.encode(texts(3))), torch.from_numpy(model.encode(texts(3))))
