@@ -3,9 +3,9 @@
 A batch is `batch_size` consecutive rows of one epoch (in-batch negatives are the other rows the
 pairs stage put beside it). With `group_by_length`, for recipes whose loss is per row, each window
 of GROUP_WINDOW batches is sorted by its rows' tokens before it is cut, so a batch pads little (by
-characters it would not: biomedical words split into many word pieces, so rows of 272-278 characters
-held 46 to 86 tokens in the demo corpus); the window's
-batches then come in a seeded random order (the Hugging Face Trainer's `group_by_length` rule).
+characters it would not: biomedical words split into many word pieces, so rows of 272-278
+characters held 46 to 86 tokens in the demo corpus); the window's batches then come in a seeded
+random order (the Hugging Face Trainer's `group_by_length` rule).
 Either way the plan is a pure function of the file and the config, so a resume finds the same batches.
 """
 
