@@ -132,9 +132,9 @@ class TrainConfig(Section):
     padding_free: bool | Literal["auto"] = Field(
         "auto", description="Compute the encoder's linear layers on the batch's real tokens only (BERT encoders; "
         "tasks/encoders/packed.py): the same model, faster by the batch's share of padding. `auto`: on a CPU with a "
-        "BERT encoder, where that is the step's arithmetic; off on a GPU, where the packing's extra kernels made a "
-        "step slower, and for other encoders. `true` refuses other encoders. Dropout draws other masks, so it is part "
-        "of the key.")
+        "BERT encoder 256 wide or wider, where that is the step's arithmetic; off on a GPU, where the packing's extra "
+        "kernels made a step slower, for narrower encoders, and for other encoder types. `true` refuses other "
+        "encoders. Dropout draws other masks, so it is part of the key.")
     group_by_length: bool = Field(False, description="Recipes whose loss is per row (" + ", ".join(
         r.name for r in RECIPES.values() if not r.in_batch_negatives) + f"): sort each window of {GROUP_WINDOW} "
         "batches by length before cutting it into batches, which then come in a seeded random order, so a batch pads "

@@ -121,7 +121,8 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
         encoder.config.num_hidden_layers = layer
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     model = SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
-    if packed.applies(padding_free, transformer.auto_model.config.model_type, model.device):
+    config = transformer.auto_model.config
+    if packed.applies(padding_free, config.model_type, config.hidden_size, model.device):
         packed.padding_free(model)
     if compile:
         model[0].compile(dynamic=True)

@@ -72,12 +72,19 @@ def packed_token_states(encoder, input_ids: torch.Tensor, attention_mask: torch.
     return hidden.new_zeros(rows * length, hidden.shape[-1]).index_copy(0, at, hidden).view(rows, length, -1)
 
 
-def applies(setting: bool | str, model_type: str, device: torch.device) -> bool:
-    """Whether `train.padding_free` = `setting` packs an encoder of `model_type` on `device`: `auto` does for
-    a supported encoder on a CPU, whose step is the linear layers' arithmetic; on a GPU the step is bound
-    by launching kernels, and the packing's own kernels made a BERT-base step slower there (docs/results.md)."""
+# `auto` packs encoders at least this wide: on 2 CPU cores a 2-layer 256-wide BERT's crops step ran 1.40x faster
+# packed and MiniLM's (384) 1.5x, while at 128 wide the packing's own index work ate the gain (0.96-0.99x)
+# and at 32 wide it lost (0.87x): docs/results.md.
+AUTO_MIN_HIDDEN = 256
+
+
+def applies(setting: bool | str, model_type: str, hidden: int, device: torch.device) -> bool:
+    """Whether `train.padding_free` = `setting` packs an encoder of `model_type` and width `hidden` on `device`:
+    `auto` does for a supported encoder of AUTO_MIN_HIDDEN or wider on a CPU, whose step is then the linear
+    layers' arithmetic; on a GPU the step is bound by launching kernels, and the packing's own kernels made a
+    BERT-base step slower there (docs/results.md)."""
     if setting == "auto":
-        return device.type == "cpu" and model_type in SUPPORTED
+        return device.type == "cpu" and model_type in SUPPORTED and hidden >= AUTO_MIN_HIDDEN
     return bool(setting)
 
 

