@@ -13,6 +13,10 @@ from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Se
 from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
 
 GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (the HF Trainer's megabatch)
+# `padding_free: auto` packs encoders at least this wide: on 2 CPU cores a 2-layer 256-wide BERT's crops step ran
+# 1.40x faster packed and MiniLM's (384) 1.5x, while at 128 wide the packing's own index work ate the gain
+# (0.96-0.99x) and at 32 wide it lost (0.87x): docs/results.md.
+AUTO_MIN_HIDDEN = 256
 
 
 class MethodConfig(Section):
@@ -132,9 +136,9 @@ class TrainConfig(Section):
     padding_free: bool | Literal["auto"] = Field(
         "auto", description="Compute the encoder's linear layers on the batch's real tokens only (BERT encoders; "
         "tasks/encoders/packed.py): the same model, faster by the batch's share of padding. `auto`: on a CPU with a "
-        "BERT encoder 256 wide or wider, where that is the step's arithmetic; off on a GPU, where the packing's extra "
-        "kernels made a step slower, for narrower encoders, and for other encoder types. `true` refuses other "
-        "encoders. Dropout draws other masks, so it is part of the key.")
+        f"BERT encoder {AUTO_MIN_HIDDEN} wide or wider, where that is the step's arithmetic; off on a GPU, where the "
+        "packing's extra kernels made a step slower, for narrower encoders, and for other encoder types. `true` "
+        "refuses other encoders. Dropout draws other masks, so it is part of the key.")
     group_by_length: bool = Field(False, description="Recipes whose loss is per row (" + ", ".join(
         r.name for r in RECIPES.values() if not r.in_batch_negatives) + f"): sort each window of {GROUP_WINDOW} "
         "batches by length before cutting it into batches, which then come in a seeded random order, so a batch pads "

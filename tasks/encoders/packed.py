@@ -25,6 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from tasks.config.base import InputError
+from tasks.config.training import AUTO_MIN_HIDDEN
 
 ATTENTION = "embforge_varlen"
 # Model types whose Hugging Face encoder takes position_ids and runs attention through the
@@ -70,12 +71,6 @@ def packed_token_states(encoder, input_ids: torch.Tensor, attention_mask: torch.
     hidden = encoder(input_ids=input_ids.flatten()[at][None], position_ids=positions[None], token_type_ids=types[None],
                      packed_keep=keep, packed_at=at).last_hidden_state[0]  # (tokens, hidden)
     return hidden.new_zeros(rows * length, hidden.shape[-1]).index_copy(0, at, hidden).view(rows, length, -1)
-
-
-# `auto` packs encoders at least this wide: on 2 CPU cores a 2-layer 256-wide BERT's crops step ran 1.40x faster
-# packed and MiniLM's (384) 1.5x, while at 128 wide the packing's own index work ate the gain (0.96-0.99x)
-# and at 32 wide it lost (0.87x): docs/results.md.
-AUTO_MIN_HIDDEN = 256
 
 
 def applies(setting: bool | str, model_type: str, hidden: int, device: torch.device) -> bool:
