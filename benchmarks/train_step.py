@@ -46,7 +46,7 @@ from rich.table import Table
 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from sentence_transformers.base.sampler import DefaultBatchSampler
 from torch.utils.data import SequentialSampler
-from transformers import AutoTokenizer, TrainerCallback
+from transformers import TrainerCallback
 
 try:  # the new home of the losses; `sentence_transformers.losses` is deprecated
     from sentence_transformers.sentence_transformer.losses import (
@@ -61,10 +61,10 @@ from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.model import RandomInitConfig
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
-from tasks.encoders.models import load_model, pick_device, save_random_encoder, sentence_model
+from tasks.encoders.models import pick_device, save_random_encoder, sentence_model
 from tasks.ingest import INGEST
 from tasks.methods.batches import GROUP_WINDOW, PairBatches
-from tasks.methods.objectives import build_objective, token_counts
+from tasks.methods.objectives import build_objective, features, token_counts
 from tasks.methods.recipes import RECIPES
 from tasks.methods.training import Checkpoints, StepTimes, train_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
@@ -92,9 +92,9 @@ def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
     return rows.slice(0, n)
 
 
-def first_batches(pairs: pq.ParquetFile, cfg: TrainConfig, steps: int | None, tokenizer) -> PairBatches:
-    """The batches of `pairs` as the train stage plans them, the first `steps` of them (None: all)."""
-    length = partial(token_counts, tokenizer, cfg.max_length) if cfg.group_by_length else None
+def first_batches(pairs: pq.ParquetFile, cfg: TrainConfig, steps: int | None, model) -> PairBatches:
+    """The batches of `pairs` as the train stage plans them for `model`, the first `steps` of them (None: all)."""
+    length = partial(token_counts, model) if cfg.group_by_length else None
     batches = PairBatches(pairs, cfg.batch_size, length, cfg.seed)
     batches.plan = batches.plan[:steps]
     return batches
@@ -112,7 +112,7 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, 
     pq.write_table(rows, work / f"pairs-{recipe}.parquet")  # read as the train stage reads its pairs
     with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
         train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
-                    first_batches(pairs, cfg, steps, model.tokenizer), cfg, Checkpoints(work / f"ckpt-{recipe}"),
+                    first_batches(pairs, cfg, steps, model), cfg, Checkpoints(work / f"ckpt-{recipe}"),
                     on_step=lambda _: (stamps.append(time.perf_counter()), after_step()), profile=profile)
     return stamps
 
@@ -121,14 +121,13 @@ def padding_share(model_path: str, recipe: str, cfg: TrainConfig, work: Path, st
     """Share of the token slots of the timed batches of `recipe` (as time_recipe last trained them, over `steps`
     batches) that are padding: anchors and positives are tokenized apart, each padded to its batch's longest (as
     both trainers do)."""
-    tokenizer = load_model(model_path, AutoTokenizer.from_pretrained)
+    model = sentence_model(model_path, cfg.max_length)
     real = slots = 0
     with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
-        for _, batch in first_batches(pairs, cfg, steps, tokenizer).from_step(WARMUP):
+        for _, batch in first_batches(pairs, cfg, steps, model).from_step(WARMUP):
             for side in list(zip(*batch))[:2]:  # anchors, positives
-                mask = tokenizer(list(side), padding=True, truncation=True, max_length=cfg.max_length,
-                                 return_tensors="np")["attention_mask"]
-                real, slots = real + int(mask.sum()), slots + mask.size
+                mask = features(model, list(side))["attention_mask"]
+                real, slots = real + int(mask.sum()), slots + mask.numel()
     return 1 - real / slots
 
 

@@ -133,8 +133,8 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
                if inputs.documents and rank == 0 else None)
     with store.open_table(inputs.pairs, "pairs") as pairs:
-        tokens = partial(objectives.token_counts, model.tokenizer, model.max_seq_length)  # group_by_length's sort key
-        batches = PairBatches(pairs, cfg.batch_size, tokens if cfg.group_by_length else None, cfg.seed)
+        tokens = partial(objectives.token_counts, model) if cfg.group_by_length else None
+        batches = PairBatches(pairs, cfg.batch_size, tokens, cfg.seed)
         log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s", job.recipe, batches.epoch_rows[0],
                  len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
                  f" and {size - 1} more process(es)" if size > 1 else "")

@@ -17,6 +17,8 @@ GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (
 # 1.40x faster packed and MiniLM's (384) 1.5x, while at 128 wide the packing's own index work ate the gain
 # (0.96-0.99x) and at 32 wide it lost (0.87x): docs/results.md.
 AUTO_MIN_HIDDEN = 256
+# The recipes whose loss is a mean over rows, each on its own: no other row is a negative (group_by_length's).
+PER_ROW = tuple(r.name for r in RECIPES.values() if not r.in_batch_negatives)
 
 
 class MethodConfig(Section):
@@ -119,7 +121,8 @@ class TrainConfig(Section):
     eval_every: int | None = Field(None, ge=1, description="Measure kNN accuracy on the labelled "
                                    "documents every N steps and after the last (the papers' learning "
                                    "curves, in training.parquet); needs `evaluate.knn` and labels.")
-    seed: int = Field(0, description="Seed of the dropout masks during training.")
+    seed: int = Field(0, description="Seed of the dropout masks during training (and of the order of "
+                      "group_by_length's batches).")
     device: Device = Field("auto", description=DEVICE_HELP)
     precision: Precision = Field("auto", description="Autocast precision of the forward pass and loss; "
                                  "weights and optimiser state stay float32. " + PRECISION_HELP)
@@ -139,10 +142,11 @@ class TrainConfig(Section):
         f"BERT encoder {AUTO_MIN_HIDDEN} wide or wider, where that is the step's arithmetic; off on a GPU, where the "
         "packing's extra kernels made a step slower, for narrower encoders, and for other encoder types. `true` "
         "refuses other encoders. Dropout draws other masks, so it is part of the key.")
-    group_by_length: bool = Field(False, description="Recipes whose loss is per row (" + ", ".join(
-        r.name for r in RECIPES.values() if not r.in_batch_negatives) + f"): sort each window of {GROUP_WINDOW} "
-        "batches by length before cutting it into batches, which then come in a seeded random order, so a batch pads "
-        "little (the Hugging Face Trainer's rule). Other recipes' batches are their negatives: refused there.")
+    group_by_length: bool = Field(False, description="Recipes whose loss is per row (" + ", ".join(PER_ROW) + "): "
+                                  f"sort each window of {GROUP_WINDOW} batches by tokens before cutting it into "
+                                  "batches, which then come in a seeded random order, so a batch pads little (as the "
+                                  "Hugging Face Trainer's group_by_length). Other recipes' batches are their "
+                                  "negatives: refused there.")
     compile: bool = Field(False, description="torch.compile the encoder, with the sequence length dynamic: "
                           "fewer, fused kernels, which a GPU runs launch-bound at these sizes otherwise. The first "
                           "steps pay for compiling; dropout draws other masks, so it is part of the key.")
@@ -203,9 +207,8 @@ def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainCo
         with_head = tuple(r.name for r in RECIPES.values() if r.sentence_head)
         raise ValueError(f"{where}: head and matryoshka_dims apply to the recipes {with_head}, "
                          f"not to {method.recipe!r}")
-    if cfg.group_by_length and RECIPES[method.recipe].in_batch_negatives:
-        per_row = tuple(r.name for r in RECIPES.values() if not r.in_batch_negatives)
-        raise ValueError(f"{where}: group_by_length applies to the recipes whose loss is per row {per_row}, not to "
+    if cfg.group_by_length and method.recipe not in PER_ROW:
+        raise ValueError(f"{where}: group_by_length applies to the recipes whose loss is per row {PER_ROW}, not to "
                          f"{method.recipe!r}, which learns from the other rows of its batch")
     if cfg.cached_rows:
         if not RECIPES[method.recipe].mini_batches:

@@ -80,7 +80,9 @@ def applies(setting: bool | str, model_type: str, hidden: int, device: torch.dev
     BERT-base step slower there (docs/results.md)."""
     if setting == "auto":
         return device.type == "cpu" and model_type in SUPPORTED and hidden >= AUTO_MIN_HIDDEN
-    return bool(setting)
+    if isinstance(setting, bool):
+        return setting
+    raise ValueError(f"train.padding_free: {setting!r}, not true, false or auto")
 
 
 def padding_free(model: SentenceTransformer) -> None:

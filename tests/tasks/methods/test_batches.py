@@ -91,6 +91,11 @@ def test_grouped_batches_are_the_same_from_every_step_and_follow_the_seed():
     for step in range(len(expected)):
         assert list(grouped.from_step(step)) == expected[step:]
     assert list(PairBatches(pairs_file(per_epoch, 7), 4, length=words, seed=1).from_step(0)) == expected
+    source = pairs_file(per_epoch, 3)
+    resumed = PairBatches(source, 4, length=words, seed=1)
+    source.groups_read.clear()  # the plan read every group's texts once, for their lengths
+    assert next(resumed.from_step(10))[1] == expected[10][1]  # epoch 1's first: a window of file rows 40-79
+    assert min(source.groups_read) == 13  # rows 39-41: none of the groups wholly before the window is read
     assert list(PairBatches(pairs_file(per_epoch, 3), 4, length=words, seed=2).from_step(0)) != expected
 
 
