@@ -39,7 +39,7 @@ from tasks.config.evaluation import KnnConfig
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
-from tasks.encoders import models
+from tasks.encoders import models, packed
 from tasks.encoders.models import model_identity, model_path, pick_device, sentence_model
 from tasks.methods import distributed, health, objectives, training
 from tasks.methods.batches import PairBatches
@@ -135,9 +135,10 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     with store.open_table(inputs.pairs, "pairs") as pairs:
         tokens = partial(objectives.token_counts, model) if cfg.group_by_length else None
         batches = PairBatches(pairs, cfg.batch_size, tokens, cfg.seed)
-        log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s", job.recipe, batches.epoch_rows[0],
-                 len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
-                 f" and {size - 1} more process(es)" if size > 1 else "")
+        log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s; %s%s", job.recipe,
+                 batches.epoch_rows[0], len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
+                 f" and {size - 1} more process(es)" if size > 1 else "",
+                 "padding-free" if packed.is_packed(model) else "padded", ", grouped by length" if tokens else "")
         # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
         # this is the starting model on a resume too).
         start = [vars(training.StepLog(0, 0, None, None, knn_accuracy=measure()))] if measure else []

@@ -85,6 +85,10 @@ def applies(setting: bool | str, model_type: str, hidden: int, device: torch.dev
     raise ValueError(f"train.padding_free: {setting!r}, not true, false or auto")
 
 
+def is_packed(model: SentenceTransformer) -> bool:
+    return model[0].auto_model.config._attn_implementation == ATTENTION
+
+
 def padding_free(model: SentenceTransformer) -> None:
     """Make `model`'s encoder compute on real tokens only (module docstring)."""
     transformer = model[0]
