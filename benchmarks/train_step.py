@@ -59,7 +59,7 @@ except ImportError:
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.model import RandomInitConfig
-from tasks.config.training import MethodConfig, TrainConfig, pooling_for
+from tasks.config.training import PER_ROW, MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
 from tasks.encoders.models import pick_device, save_random_encoder, sentence_model
 from tasks.ingest import INGEST
@@ -225,7 +225,7 @@ def main() -> None:
     for recipe in recipes:
         if recipe != "crops":
             configs = {recipe: cfg}
-            if args.group_by_length and not RECIPES[recipe].in_batch_negatives:
+            if args.group_by_length and recipe in PER_ROW:
                 configs[f"{recipe}, group_by_length"] = by_length
             # grouped: the rows of a whole window, of which both sides train the first `total` batches
             rows = demo_rows(recipe, (GROUP_WINDOW if len(configs) > 1 else total) * args.batch_size, store)
@@ -234,7 +234,8 @@ def main() -> None:
                 for side in list(configs)[:: 1 if i % 2 == 0 else -1]:
                     stamps = time_recipe(recipe, model_path, configs[side], rows, work, steps=total)
                     rates[side].append(pairs_per_second(stamps, args.batch_size))
-                    padding_of[side] = padding_share(model_path, recipe, configs[side], work, total)
+            # the same batches every round: measured once a side
+            padding_of.update({side: padding_share(model_path, recipe, configs[side], work, total) for side in configs})
             per_recipe[recipe] = statistics.median(rates.pop(recipe))
             grouped.update({side: statistics.median(r) for side, r in rates.items()})
             print(f"{recipe}: {per_recipe[recipe]:.1f} rows/s", flush=True)
