@@ -107,8 +107,8 @@ def kernel_seconds_per_step(model: str, rows: pa.Table, cfg: TrainConfig, steps:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True,
                  schedule=schedule(wait=0, warmup=WARMUP, active=steps)) as prof:  # acc: kept past the cycle
         time_recipe("crops", model, cfg, rows, work, after_step=prof.step)
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type != torch.autograd.DeviceType.CPU)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()  # not the steps' annotations,
+                   if e.device_type != torch.autograd.DeviceType.CPU and not e.is_user_annotation)  # idle included
     busy, reach = 0.0, float("-inf")
     for start, end in spans:  # the union of the intervals, in µs
         busy += max(0.0, end - max(start, reach))

@@ -17,6 +17,9 @@ GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (
 # 1.40x faster packed and MiniLM's (384) 1.5x, while at 128 wide the packing's own index work ate the gain
 # (0.96-0.99x) and at 32 wide it lost (0.87x): docs/results.md.
 AUTO_MIN_HIDDEN = 256
+# A compiled encoder's inputs are padded to a multiple of this many tokens: a few static shapes, each compiled
+# once (20-30 s a shape for BERT-base on the H200), instead of one per batch's longest row.
+COMPILE_PAD = 32
 # The recipes whose loss is a mean over rows, each on its own: no other row is a negative (group_by_length's).
 PER_ROW = tuple(r.name for r in RECIPES.values() if not r.in_batch_negatives)
 
@@ -147,9 +150,10 @@ class TrainConfig(Section):
                                   "batches, which then come in a seeded random order, so a batch pads little (as the "
                                   "Hugging Face Trainer's group_by_length). Other recipes' batches are their "
                                   "negatives: refused there.")
-    compile: bool = Field(False, description="torch.compile the encoder, with the sequence length dynamic: "
-                          "fewer, fused kernels, which a GPU runs launch-bound at these sizes otherwise. The first "
-                          "steps pay for compiling; dropout draws other masks, so it is part of the key.")
+    compile: bool = Field(False, description="torch.compile the encoder for static shapes (inputs padded to a "
+                          f"multiple of {COMPILE_PAD} tokens): fewer, fused kernels, which a GPU runs launch-bound at "
+                          "these sizes otherwise. Each shape's first step pays for compiling it; padding-free is then "
+                          "off. Dropout draws other masks, so it is part of the key.")
     gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
                                          "backward pass instead of keeping them: less memory for long inputs, "
                                          "about a third more compute; the same numbers, so not part of the key.")
@@ -165,6 +169,13 @@ class TrainConfig(Section):
         if isinstance(v, int) and v < 1:
             raise ValueError("must be at least 1, or auto")
         return v
+
+    @model_validator(mode="after")
+    def _compiled_padded(self) -> TrainConfig:
+        if self.compile and self.padding_free is True:
+            raise ValueError("compile: true takes padded inputs of a few static shapes; padding_free: true packs each "
+                             "batch to its own token count (set one of them to false, or padding_free to auto)")
+        return self
 
 
 def expand_sweeps(methods: list) -> list:

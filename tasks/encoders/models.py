@@ -9,6 +9,7 @@ A model is named the way users already name models: a Hub id, a local folder, or
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -21,6 +22,7 @@ from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.model import RandomInitConfig
+from tasks.config.training import COMPILE_PAD
 from tasks.core.parallel import GLOBAL_RNG
 from tasks.core.stage import Inputs
 from tasks.encoders import packed
@@ -107,7 +109,9 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
     `padding_free`: its linear layers compute on real tokens only (tasks/encoders/packed.py; `auto`: where
     that pays, packed.applies).
-    `compile`: the transformer module is compiled in place (its weights keep their names).
+    `compile`: the transformer module is compiled in place (its weights keep their names), for static
+    shapes: its inputs are padded to a multiple of COMPILE_PAD tokens (`pad_multiple`), so it compiles a
+    few shapes once each; padding-free (variable token counts) is then off.
     """
     # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
     transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
@@ -122,11 +126,20 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     model = SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
     config = transformer.auto_model.config
-    if packed.applies(padding_free, config.model_type, config.hidden_size, model.device):
+    if packed.applies(False if compile else padding_free, config.model_type, config.hidden_size, model.device):
         packed.padding_free(model)
     if compile:
-        model[0].compile(dynamic=True)
+        # one graph per (rows, padded length): a batch, the last one, and GradCache's mini-batches, at each length
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   4 * math.ceil(max_length / COMPILE_PAD))
+        model[0].compile(dynamic=False)
+        model[0].embforge_pad_multiple = COMPILE_PAD
     return model
+
+
+def pad_multiple(model: SentenceTransformer) -> int | None:
+    """The token multiple a model's training inputs are padded to (a compiled encoder's), or None: to the longest."""
+    return getattr(model[0], "embforge_pad_multiple", None)
 
 
 def checkpoint_activations(model: SentenceTransformer) -> None:

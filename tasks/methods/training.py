@@ -116,6 +116,12 @@ class Checkpoints:
         return None
 
 
+def eager() -> contextlib.AbstractContextManager:
+    """A compiled encoder runs its plain code: measuring and probing (eval mode, other batch sizes) would
+    otherwise compile graphs of their own, each taking as long as many steps."""
+    return torch.compiler.set_stance("force_eager")
+
+
 def warmup_steps(cfg: TrainConfig, batches: PairBatches) -> int:
     return max(1, round(cfg.warmup_ratio * batches.steps_per_epoch))
 
@@ -229,10 +235,10 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             history.append(entry)
             last = step + 1 == len(batches)
             if rank == 0 and measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
-                with tokenizer_free:
+                with tokenizer_free, eager():
                     entry.knn_accuracy = measure()
             if rank == 0 and probe and (step == 0 or (step + 1) % health.PROBE_EVERY == 0 or last):
-                with tokenizer_free:
+                with tokenizer_free, eager():
                     entry.probe_cosine = probe()
             # the probe is process 0's
             problem = health.check(history, chance, warmup, health.first_probe(history)) if rank == 0 else None

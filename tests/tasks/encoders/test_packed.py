@@ -10,15 +10,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
+from torch._dynamo.utils import counters
 from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
 from tasks.config.base import InputError
 from tasks.config.model import RandomInitConfig
-from tasks.config.training import TrainConfig
+from tasks.config.training import COMPILE_PAD, TrainConfig
 from tasks.encoders import packed
 from tasks.encoders.models import save_random_encoder, sentence_model
 from tasks.methods.batches import PairBatches
-from tasks.methods.objectives import build_objective
+from tasks.methods.objectives import build_objective, features
 from tasks.methods.training import Checkpoints, train_model
 from tests.helpers import DEMO_DOCS, no_dropout
 
@@ -68,14 +69,35 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
     runs = []
     for on in (False, True):
         model = no_dropout(sentence_model(tiny_dir, cfg.max_length, **{setting: on}))
+        graphs = counters["stats"]["unique_graphs"]
+
+        def probe() -> float:  # as the train stage's: eval mode, another batch size
+            model.encode(rows[:3], batch_size=3)
+            model.train()
+            return 0.5
+
         with pq.ParquetFile(tmp_path / "pairs.parquet") as pairs:
             history = train_model(build_objective(model, "crops", cfg, None, None), PairBatches(pairs, cfg.batch_size),
-                                  cfg, Checkpoints(tmp_path / f"ckpt-{on}"))
+                                  cfg, Checkpoints(tmp_path / f"ckpt-{on}"), probe=probe)
         runs.append(([h.loss for h in history], model.state_dict()))
+        # compiled: one graph per padded length of the batches; the probe runs eager, compiling none of its own
+        shapes = {features(model, list(side))["input_ids"].shape for i in range(0, 32, 8) for side in
+                  (rows[i:i + 8], (rows[1:] + rows[:1])[i:i + 8])}
+        assert counters["stats"]["unique_graphs"] - graphs == (len(shapes) if setting == "compile" and on else 0)
     (losses, weights), (packed_losses, packed_weights) = runs
     assert len(losses) == 4 and packed_losses == pytest.approx(losses, rel=1e-5)
     assert packed_weights.keys() == weights.keys()  # saved under the same names
     assert all(torch.allclose(packed_weights[k], weights[k], atol=1e-5) for k in weights)
+
+
+def test_a_compiled_encoder_is_fed_a_few_static_shapes_and_never_packed(tiny_dir):
+    model = sentence_model(tiny_dir, 64, padding_free="auto", compile=True)
+    assert not packed.is_packed(model)  # packing gives every batch its own token count: a compile each
+    lengths = {features(model, [text])["input_ids"].shape[1] for text in texts()}
+    assert lengths == {COMPILE_PAD, 2 * COMPILE_PAD}  # padded up to a multiple, cut at max_length
+    assert features(sentence_model(tiny_dir, 64), [texts()[0]])["input_ids"].shape[1] % COMPILE_PAD  # plain: as long
+    with pytest.raises(ValueError, match="compile: true takes padded inputs"):
+        TrainConfig(compile=True, padding_free=True)
 
 
 def test_a_padding_free_model_saves_and_loads_as_a_plain_one(tiny_dir, tmp_path):
