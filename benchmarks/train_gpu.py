@@ -17,10 +17,13 @@ with --compile, compiled (`train.compile`). Each side runs once untimed first, o
 (a GPU's first run pays for library set-up, and each sequence length's first batch for choosing
 its kernels). --profile splits each embforge side's step
 and, on CUDA, gives the share of a step the GPU is busy (kernels and copies, torch's profiler).
+--ceiling times the bare step (the encoder twice, InfoNCE, backward, AdamW) on full-length batches of
+random tokens, every one real: eager as embforge trains, with bf16 weights, compiled, and on CUDA
+compiled with CUDA graphs; the gap between it and the loop is what the loop and its padding cost.
 
 Usage: python benchmarks/train_gpu.py [--models bert-base,minilm] [--batches 64,512] [--steps N]
                                       [--rounds N] [--mini-batch-size 64] [--device auto] [--profile]
-                                      [--compile]
+                                      [--compile] [--ceiling]
 Prints a table, then ONE final line of JSON.
 """
 
@@ -31,10 +34,12 @@ import json
 import shutil
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import torch
+import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 from train_step import (
@@ -53,6 +58,7 @@ from tasks.config.base import DEFAULT_MODEL
 from tasks.config.model import RandomInitConfig
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import load_model, pick_device, save_random_encoder, sentence_model
+from tasks.methods import precision
 from tasks.methods.training import StepTimes
 
 PEAK_BF16_TFLOPS = {"H100": 989, "H200": 989, "A100": 312}  # dense, SXM
@@ -129,6 +135,46 @@ def profile_split(model: str, rows: pa.Table, cfg: TrainConfig, steps: int, work
             "gpu_busy": None if busy is None else round(busy, 3)}
 
 
+CEILINGS = ("eager", "bf16_weights", "compiled", "cudagraphs")  # the last on CUDA only
+
+
+def ceiling(model: str, batch: int, max_length: int, device: str, how: str, steps: int) -> float:
+    """Seconds per bare step on full-length batches of random tokens, every one real: the encoder on two
+    sides, InfoNCE, backward and fused AdamW, nothing around it (no data, logging or health checks).
+    `how`: eager (autocast over float32 weights, as embforge trains), bf16_weights (the weights in bf16,
+    no autocast), compiled (torch.compile, static shapes) or cudagraphs (compiled, CUDA graphs replayed)."""
+    torch.manual_seed(0)
+    encoder = sentence_model(model, max_length, device)
+    if how == "bf16_weights":
+        encoder.to(torch.bfloat16)
+    elif how != "eager":
+        encoder[0].compile(dynamic=False, mode="reduce-overhead" if how == "cudagraphs" else None)
+    optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-5, fused=True)
+    dtype = torch.float32 if how == "bf16_weights" else precision.autocast_dtype("auto", device)
+    amp = precision.autocast(device, dtype)
+    sides = [{"input_ids": torch.randint(1000, 20000, (batch, max_length), device=device),  # [batch, length] each
+              "attention_mask": torch.ones(batch, max_length, dtype=torch.long, device=device)} for _ in range(2)]
+    labels = torch.arange(batch, device=device)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with amp:
+            a, p = (F.normalize(encoder(dict(side))["sentence_embedding"].float(), dim=-1) for side in sides)
+            loss = F.cross_entropy(a @ p.T / 0.05, labels)  # [batch, batch] logits, τ 0.05
+        loss.backward()
+        optimizer.step()
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for _ in range(3):  # compiling, choosing kernels, recording graphs
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return (time.perf_counter() - start) / steps
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="auto")
@@ -142,6 +188,8 @@ def main() -> None:
                    "data, forward, backward, optimizer, other (and the batches prepared ahead); on CUDA the "
                    "GPU-busy share")
     p.add_argument("--compile", action="store_true", help="also time embforge with `train.compile`")
+    p.add_argument("--ceiling", action="store_true", help="also time the bare step on full-length batches of random "
+                   "tokens (" + ", ".join(CEILINGS) + "; the last on CUDA): what the GPU does without the loop")
     args = p.parse_args()
     device = pick_device(args.device)
     gpu = device.startswith("cuda")
@@ -190,6 +238,13 @@ def main() -> None:
                 result["profile"] = {side: profile_split(model, rows, cfg.model_copy(update=sides[side]), steps,
                                                          work, batch / result[side]["pairs_per_s"])
                                      for side in sides if sides[side] is not None}
+            if args.ceiling:
+                result["ceiling"] = {}
+                for how in CEILINGS[: None if gpu else -1]:
+                    seconds = ceiling(model, batch, args.max_length, device, how, steps)
+                    tokens = 2 * batch * args.max_length / seconds
+                    result["ceiling"][how] = {"step_s": round(seconds, 4), "tokens_per_s": round(tokens),
+                                              "mfu": round(6 * params * tokens / peak, 3) if peak else None}
             results.append(result)
             print(json.dumps(result), flush=True)
 
@@ -213,6 +268,10 @@ def main() -> None:
                 f"{part} {s:.4f} s ({s / total:.1%})" for part, s in prof["step_split_s"].items())
                 + f"; prepared ahead {prof['prepared_ahead_s']:.4f} s/batch"
                 + ("" if prof["gpu_busy"] is None else f"; GPU busy {prof['gpu_busy']:.1%} of an unprofiled step"))
+    for r in results:
+        for how, c in r.get("ceiling", {}).items():
+            print(f"ceiling, {r['model']} batch {r['batch']} x {args.max_length} tokens, {how}: {c['step_s']:.4f} "
+                  f"s/step, {c['tokens_per_s']:,} tokens/s" + ("" if c["mfu"] is None else f", MFU {c['mfu']:.1%}"))
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"device": device, "gpu": torch.cuda.get_device_name(device) if gpu else None,
                       "precision": "auto", "max_length": args.max_length, "steps": steps, "rounds": args.rounds,

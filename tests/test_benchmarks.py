@@ -43,7 +43,7 @@ def test_train_step_times_recipes_and_alternates_crops_with_the_trainer():
 
 def test_train_gpu_runs_on_the_cpu():
     out = json.loads(benchmark("train_gpu.py", "--models", "random-small", "--batches", "4", "--steps", "2",
-                               "--rounds", "2", "--max-length", "32", "--device", "cpu", "--profile"))
+                               "--rounds", "2", "--max-length", "32", "--device", "cpu", "--profile", "--ceiling"))
     (result,) = out["results"]
     assert (result["model"], result["batch"], out["steps"], out["gpu"]) == ("random-small", 4, 2, None)
     for side in ("embforge", "padding_free", "st_trainer"):
@@ -55,6 +55,8 @@ def test_train_gpu_runs_on_the_cpu():
         profile = result["profile"][side]
         assert set(profile["step_split_s"]) == {"data", "forward", "backward", "optimizer", "other"}
         assert profile["prepared_ahead_s"] > 0 and profile["gpu_busy"] is None
+    assert list(result["ceiling"]) == ["eager", "bf16_weights", "compiled"]  # CUDA graphs on CUDA only
+    assert all(c["step_s"] > 0 and c["tokens_per_s"] > 0 and c["mfu"] is None for c in result["ceiling"].values())
 
 
 def test_rows_beyond_one_epoch_come_from_more_epochs(tmp_path):
