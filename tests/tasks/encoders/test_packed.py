@@ -59,7 +59,7 @@ def test_called_unpacked_the_encoder_gives_the_padded_states():
 
 
 # train.compile (torch.compile of the transformer) is checked here too: like padding_free it changes how,
-# not what, the encoder computes. Compiling takes about half a minute on 2 cores, hence slow.
+# not what, the encoder computes. Compiling takes several seconds on 2 cores, hence slow.
 @pytest.mark.parametrize("setting", ["padding_free", pytest.param("compile", marks=pytest.mark.slow)])
 def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_path):
     cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100)
