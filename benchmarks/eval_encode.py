@@ -92,7 +92,7 @@ def main() -> None:
     sides[ST] = lambda docs: st.encode(docs, batch_size=args.batch_size, convert_to_numpy=True,
                                        show_progress_bar=False)
     # Untimed first: a GPU also chooses kernels at every new sequence length's first batch, so there over every text
-    # (on an H200 the side that went first read 145 docs/s in its first round, 1,442 in its second).
+    # (a first round cold otherwise: docs/results.md).
     for encode in sides.values():
         encode(texts if args.device.startswith("cuda") else texts[:WARMUP_TEXTS])
 

@@ -18,7 +18,7 @@ GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (
 # (0.96-0.99x) and at 32 wide it lost (0.87x): docs/results.md.
 AUTO_MIN_HIDDEN = 256
 # A compiled encoder's inputs are padded to a multiple of this many tokens: a few static shapes, each compiled
-# once (20-30 s a shape for BERT-base on the H200), instead of one per batch's longest row.
+# once (docs/training.md), instead of one per batch's longest row.
 COMPILE_PAD = 32
 # The recipes whose loss is a mean over rows, each on its own: no other row is a negative (group_by_length's).
 PER_ROW = tuple(r.name for r in RECIPES.values() if not r.in_batch_negatives)
@@ -175,6 +175,9 @@ class TrainConfig(Section):
         if self.compile and self.padding_free is True:
             raise ValueError("compile: true takes padded inputs of a few static shapes; padding_free: true packs each "
                              "batch to its own token count (set one of them to false, or padding_free to auto)")
+        if self.compile and self.max_length % COMPILE_PAD:
+            raise ValueError(f"compile: true pads inputs to a multiple of {COMPILE_PAD} tokens, so max_length must be "
+                             f"one, not {self.max_length} (e.g. {-(-self.max_length // COMPILE_PAD) * COMPILE_PAD})")
         return self
 
 
@@ -212,7 +215,7 @@ def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainCo
     try:
         cfg = TrainConfig.model_validate({**dict(base), **method.train})  # dict: the fields kept out of the key too
     except ValidationError as e:
-        raise ValueError("; ".join(f"{where}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+        raise ValueError("; ".join(".".join([where, *map(str, err["loc"])]) + f": {err['msg']}"  # loc (): a model check
                                    for err in e.errors())) from None
     if not RECIPES[method.recipe].sentence_head and (cfg.head == "mlp" or cfg.matryoshka_dims):
         with_head = tuple(r.name for r in RECIPES.values() if r.sentence_head)

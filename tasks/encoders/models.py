@@ -129,9 +129,10 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     if packed.applies(False if compile else padding_free, config.model_type, config.hidden_size, model.device):
         packed.padding_free(model)
     if compile:
-        # one graph per (rows, padded length): a batch, the last one, and GradCache's mini-batches, at each length
+        # At each padded length, one graph per row count (a batch, the last one, GradCache's mini-batch and its last),
+        # each with gradients and (GradCache's first pass) without: 8. Process-wide: torch keeps the limit there.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                                   4 * math.ceil(max_length / COMPILE_PAD))
+                                                   8 * math.ceil(max_length / COMPILE_PAD))
         model[0].compile(dynamic=False)  # what embeds: sentence-transformers calls the encoder's forward itself
         model.transformers_model.compile(dynamic=False)  # the token states MLM and RetroMAE ask the encoder for
         model[0].embforge_pad_multiple = COMPILE_PAD

@@ -67,6 +67,7 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
     pq.write_table(pa.table({"epoch": pa.array([0] * 32, pa.int32()), "doc_id": [str(i) for i in range(32)],
                              "anchor": rows, "positive": rows[1:] + rows[:1]}), tmp_path / "pairs.parquet")
     runs = []
+    torch._dynamo.reset()  # a model of this architecture compiled before (another test) would leave its graphs
     for on in (False, True):
         model = no_dropout(sentence_model(tiny_dir, cfg.max_length, **{setting: on}))
         graphs = counters["stats"]["unique_graphs"]
@@ -91,14 +92,16 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
 
 
 @pytest.mark.slow  # compiling
-def test_a_compiled_encoder_also_runs_compiled_for_mlm(tiny_dir, tmp_path):
+@pytest.mark.parametrize("recipe", ["mlm", "retromae"])
+def test_a_compiled_encoder_also_runs_compiled_for_the_recipes_that_ask_for_token_states(recipe, tiny_dir, tmp_path):
     cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100)
     model = sentence_model(tiny_dir, cfg.max_length, compile=True)
+    torch._dynamo.reset()  # graphs compiled before (another test) would be reused, not counted
     graphs = counters["stats"]["unique_graphs"]
     with pairs_file([list(zip(texts(8), texts(8)))], row_group_size=8) as pairs:
-        train_model(build_objective(model, "mlm", cfg, 0.3, None), PairBatches(pairs, cfg.batch_size), cfg,
-                    Checkpoints(tmp_path / "ckpt"))
-    assert counters["stats"]["unique_graphs"] > graphs  # MLM asks the Hugging Face encoder itself for token states
+        train_model(build_objective(model, recipe, cfg, 0.3, 0.5 if recipe == "retromae" else None),
+                    PairBatches(pairs, cfg.batch_size), cfg, Checkpoints(tmp_path / "ckpt"))
+    assert counters["stats"]["unique_graphs"] > graphs  # they call the Hugging Face encoder, not the sentence model
 
 
 def test_a_compiled_encoder_is_fed_a_few_static_shapes_and_never_packed(tiny_dir):
@@ -109,6 +112,8 @@ def test_a_compiled_encoder_is_fed_a_few_static_shapes_and_never_packed(tiny_dir
     assert features(sentence_model(tiny_dir, 64), [texts()[0]])["input_ids"].shape[1] % COMPILE_PAD  # plain: as long
     with pytest.raises(ValueError, match="compile: true takes padded inputs"):
         TrainConfig(compile=True, padding_free=True)
+    with pytest.raises(ValueError, match="max_length must be one, not 100 \\(e.g. 128\\)"):
+        TrainConfig(compile=True, max_length=100)
 
 
 def test_a_padding_free_model_saves_and_loads_as_a_plain_one(tiny_dir, tmp_path):
