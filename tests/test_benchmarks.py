@@ -1,5 +1,5 @@
-"""The training benchmarks run to their JSON line at a tiny size on the CPU, so a crash fails CI (nothing
-else runs them); their rows are sized from the rows an epoch of the demo corpus really gives (1,741 crops
+"""The training and encoding benchmarks run to their JSON line at a tiny size on the CPU, so a crash fails CI
+(nothing else runs them); their rows are sized from the rows an epoch of the demo corpus really gives (1,741 crops
 of its 2,000 documents): train_gpu.py guessed 1,800 and stopped at batch 256 and 512."""
 
 import json
@@ -39,6 +39,17 @@ def test_train_step_times_recipes_and_alternates_crops_with_the_trainer():
         assert set(out["step_split_s"][side]) == {"data", "forward", "backward", "optimizer", "other"}
         assert all(seconds > 0 for seconds in out["step_split_s"][side].values())
         assert out["prepared_ahead_s"][side] > 0  # read and tokenized on the background thread
+
+
+def test_eval_encode_runs_on_the_cpu(tiny_dir):
+    out = json.loads(benchmark("eval_encode.py", "--model", tiny_dir, "--docs", "24", "--batch-size", "8",
+                               "--rounds", "2", "--sts-pairs", "24"))
+    assert (out["docs"], out["batch_size"], out["rounds"], out["device"]) == (24, 8, 2, "cpu")
+    sides = ("embforge, torch", "embforge, onnx", "embforge, openvino", "embforge, torch, all layers x 3 poolings",
+             "sentence-transformers encode (torch)")
+    assert set(out["docs_per_s"]) == set(sides)
+    assert all(rate > 0 for rate in out["docs_per_s"].values()) and out["ratio"] > 0
+    assert out["min_cosine"] >= 0.999 and max(out["max_score_change"].values()) <= 0.001  # the same computation
 
 
 def test_train_gpu_runs_on_the_cpu():
