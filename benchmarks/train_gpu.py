@@ -39,7 +39,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 from train_step import (
@@ -59,11 +58,17 @@ from tasks.config.model import RandomInitConfig
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import load_model, pick_device, save_random_encoder, sentence_model
 from tasks.methods import precision
+from tasks.methods.infonce import info_nce
 from tasks.methods.training import StepTimes
 
 PEAK_BF16_TFLOPS = {"H100": 989, "H200": 989, "A100": 312}  # dense, SXM
 MODELS = {"bert-base": RandomInitConfig(layers=12, hidden=768, heads=12, intermediate=3072),
           "random-small": RandomInitConfig(), "minilm": None}
+
+
+def mfu(params: int, tokens_per_s: float, peak: float | None) -> float | None:
+    """Model FLOP utilisation: 6 x parameters FLOPs per token (forward and backward) over the peak; None on a CPU."""
+    return round(6 * params * tokens_per_s / peak, 3) if peak else None
 
 
 def peak_flops(device: str) -> float | None:
@@ -154,13 +159,11 @@ def ceiling(model: str, batch: int, max_length: int, device: str, how: str, step
     amp = precision.autocast(device, dtype)
     sides = [{"input_ids": torch.randint(1000, 20000, (batch, max_length), device=device),  # [batch, length] each
               "attention_mask": torch.ones(batch, max_length, dtype=torch.long, device=device)} for _ in range(2)]
-    labels = torch.arange(batch, device=device)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with amp:
-            a, p = (F.normalize(encoder(dict(side))["sentence_embedding"].float(), dim=-1) for side in sides)
-            loss = F.cross_entropy(a @ p.T / 0.05, labels)  # [batch, batch] logits, τ 0.05
+            loss = info_nce(*(encoder(dict(side))["sentence_embedding"] for side in sides), temperature=0.05)
         loss.backward()
         optimizer.step()
 
@@ -232,7 +235,7 @@ def main() -> None:
                 result[side] = {"pairs_per_s": round(rate, 2), "over_st": round(rate / st, 3),
                                 "rounds": [round(r, 2) for r in rates[side]],
                                 "tokens_per_s": round(rate * tokens_per_pair),
-                                "mfu": round(6 * params * rate * tokens_per_pair / peak, 3) if peak else None,
+                                "mfu": mfu(params, rate * tokens_per_pair, peak),
                                 "peak_memory_gb": round(max(memory[side]), 2) if gpu else None}
             if args.profile:
                 result["profile"] = {side: profile_split(model, rows, cfg.model_copy(update=sides[side]), steps,
@@ -244,7 +247,7 @@ def main() -> None:
                     seconds = ceiling(model, batch, args.max_length, device, how, steps)
                     tokens = 2 * batch * args.max_length / seconds
                     result["ceiling"][how] = {"step_s": round(seconds, 4), "tokens_per_s": round(tokens),
-                                              "mfu": round(6 * params * tokens / peak, 3) if peak else None}
+                                              "mfu": mfu(params, tokens, peak)}
             results.append(result)
             print(json.dumps(result), flush=True)
 

@@ -133,9 +133,9 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
         # each with gradients and (GradCache's first pass) without: 8. Process-wide: torch keeps the limit there.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    8 * math.ceil(max_length / COMPILE_PAD))
-        model[0].compile(dynamic=False)  # what embeds: sentence-transformers calls the encoder's forward itself
-        model.transformers_model.compile(dynamic=False)  # the token states MLM and RetroMAE ask the encoder for
-        model[0].embforge_pad_multiple = COMPILE_PAD
+        transformer.compile(dynamic=False)  # what embeds: sentence-transformers calls the encoder's forward itself
+        transformer.auto_model.compile(dynamic=False)  # the token states MLM and RetroMAE ask the encoder for
+        transformer.embforge_pad_multiple = COMPILE_PAD
     return model
 
 
