@@ -13,9 +13,9 @@ GPU), `minilm` (all-MiniLM-L6-v2) and `random-small` (random 2 x 256; these two 
 on a CPU). Reported: tokens/s (non-padding tokens of both sides of the pairs), model FLOP
 utilisation = 6 x parameters x tokens/s / the GPU's peak dense bf16 FLOP/s (none on a CPU), peak
 GPU memory, and embforge / Trainer, for embforge padded, padding-free (`train.padding_free`) and,
-with --compile, compiled (`train.compile`). Each side runs once untimed first, over the same rows
-(a GPU's first run pays for library set-up, and each sequence length's first batch for choosing
-its kernels). --profile splits each embforge side's step
+with --compile, compiled (`train.compile`) padded and padding-free. Each side runs once untimed
+first, over the same rows (a GPU's first run pays for library set-up, and each sequence length's
+first batch for choosing its kernels). --profile splits each embforge side's step
 and, on CUDA, gives the share of a step the GPU is busy (kernels and copies, torch's profiler).
 --ceiling times the bare step (the encoder twice, InfoNCE, backward, AdamW) on full-length batches of
 random tokens, every one real: eager as embforge trains, with bf16 weights, compiled, and on CUDA
@@ -216,7 +216,9 @@ def main() -> None:
                               precision="auto", mini_batch_size=args.mini_batch_size if batch > args.mini_batch_size
                               else None)
             sides = {"embforge": {"padding_free": False}, "padding_free": {"padding_free": True},
-                     **({"compiled": {"compile": True}} if args.compile else {}), "st_trainer": None}
+                     **({"compiled": {"compile": True, "padding_free": False},
+                         "compiled_padding_free": {"compile": True, "padding_free": True}} if args.compile else {}),
+                     "st_trainer": None}
             rates = {side: [] for side in sides}
             memory = {side: [] for side in sides}
             # Untimed, over every batch: a GPU's first run pays for set-up, and every sequence length's first

@@ -20,6 +20,9 @@ AUTO_MIN_HIDDEN = 256
 # A compiled encoder's inputs are padded to a multiple of this many tokens: a few static shapes, each compiled
 # once (docs/training.md), instead of one per batch's longest row.
 COMPILE_PAD = 32
+# A compiled padding-free batch is filled up to a multiple of this many tokens per row: a few static token counts,
+# at about half of it in padding per row on average (a padded batch of crops has tens).
+COMPILE_ROW_TOKENS = 8
 # The recipes whose loss is a mean over rows, each on its own: no other row is a negative (group_by_length's).
 PER_ROW = tuple(r.name for r in RECIPES.values() if not r.in_batch_negatives)
 
@@ -144,7 +147,8 @@ class TrainConfig(Section):
         "tasks/encoders/packed.py): the same model, faster by the batch's share of padding. `auto`: on a CPU with a "
         f"BERT encoder {AUTO_MIN_HIDDEN} wide or wider, where that is the step's arithmetic; off on a GPU, where the "
         "packing's extra kernels made a step slower, for narrower encoders, and for other encoder types. `true` "
-        "refuses other encoders. Dropout draws other masks, so it is part of the key.")
+        "refuses other encoders. With `compile`, the packed tokens are filled up to a multiple of "
+        f"{COMPILE_ROW_TOKENS} a row: a few static shapes. Dropout draws other masks, so it is part of the key.")
     group_by_length: bool = Field(False, description="Recipes whose loss is per row (" + ", ".join(PER_ROW) + "): "
                                   f"sort each window of {GROUP_WINDOW} batches by tokens before cutting it into "
                                   "batches, which then come in a seeded random order, so a batch pads little (as the "
@@ -152,8 +156,8 @@ class TrainConfig(Section):
                                   "negatives: refused there.")
     compile: bool = Field(False, description="torch.compile the encoder for static shapes (inputs padded to a "
                           f"multiple of {COMPILE_PAD} tokens): fewer, fused kernels, which a GPU runs launch-bound at "
-                          "these sizes otherwise. Each shape's first step pays for compiling it; padding-free is then "
-                          "off. Dropout draws other masks, so it is part of the key.")
+                          "these sizes otherwise. Each shape's first step pays for compiling it. Dropout draws other "
+                          "masks, so it is part of the key.")
     gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
                                          "backward pass instead of keeping them: less memory for long inputs, "
                                          "about a third more compute; the same numbers, so not part of the key.")
@@ -171,10 +175,7 @@ class TrainConfig(Section):
         return v
 
     @model_validator(mode="after")
-    def _compiled_padded(self) -> TrainConfig:
-        if self.compile and self.padding_free is True:
-            raise ValueError("compile: true takes padded inputs of a few static shapes; padding_free: true packs each "
-                             "batch to its own token count (set one of them to false, or padding_free to auto)")
+    def _compiled_lengths(self) -> TrainConfig:
         if self.compile and self.max_length % COMPILE_PAD:
             raise ValueError(f"compile: true pads inputs to a multiple of {COMPILE_PAD} tokens, so max_length must be "
                              f"one, not {self.max_length} (e.g. {-(-self.max_length // COMPILE_PAD) * COMPILE_PAD})")

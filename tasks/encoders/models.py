@@ -22,7 +22,7 @@ from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.model import RandomInitConfig
-from tasks.config.training import COMPILE_PAD
+from tasks.config.training import COMPILE_PAD, COMPILE_ROW_TOKENS
 from tasks.core.parallel import GLOBAL_RNG
 from tasks.core.stage import Inputs
 from tasks.encoders import packed
@@ -126,15 +126,18 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     model = SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
     config = transformer.auto_model.config
-    if packed.applies(False if compile else padding_free, config.model_type, config.hidden_size, model.device):
-        packed.padding_free(model)
+    pack = packed.applies(padding_free, config.model_type, config.hidden_size, model.device)
+    if pack:
+        packed.padding_free(model, COMPILE_ROW_TOKENS if compile else None)
     if compile:
         # At each padded length, one graph per row count (a batch, the last one, GradCache's mini-batch and its last),
-        # each with gradients and (GradCache's first pass) without: 8. Process-wide: torch keeps the limit there.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                                   8 * math.ceil(max_length / COMPILE_PAD))
-        transformer.compile(dynamic=False)  # what embeds: sentence-transformers calls the encoder's forward itself
-        transformer.auto_model.compile(dynamic=False)  # the token states MLM and RetroMAE ask the encoder for
+        # each with gradients and (GradCache's first pass) without: 8; packed, times a few token counts.
+        # Process-wide: torch keeps the limit there.
+        shapes = 8 * math.ceil(max_length / COMPILE_PAD) * (max_length // COMPILE_ROW_TOKENS if pack else 1)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes)
+        if not pack:  # what embeds: sentence-transformers calls the encoder's forward itself (packed: it counts
+            transformer.compile(dynamic=False)  # the batch's tokens first, which waits for the device)
+        transformer.auto_model.compile(dynamic=False)  # the token states: packed, and those MLM and RetroMAE ask for
         transformer.embforge_pad_multiple = COMPILE_PAD
     return model
 

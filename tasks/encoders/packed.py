@@ -59,18 +59,26 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # called unpacked, 
 
 
 def packed_token_states(encoder, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+                        token_type_ids: torch.Tensor | None = None, row_tokens: int | None = None) -> torch.Tensor:
     """The last hidden states (rows, length, hidden) of `encoder` for a padded batch, computed on
-    its real tokens only; zeros at the padding."""
-    keep = attention_mask.bool()  # (rows, length)
-    rows, length = keep.shape
-    at = keep.flatten().nonzero().squeeze(1)  # (tokens,): once per batch (on CUDA, nonzero waits for the device)
+    its real tokens only; zeros at the padding.
+
+    `row_tokens` (a compiled encoder's): the packed row is filled up with padding tokens to a multiple of
+    `row_tokens` per row (at most the padded batch), so the encoder sees a few static shapes. They are
+    masked out as keys, as in the padded forward, so the real tokens' states are the same."""
+    keep = attention_mask.bool().flatten()  # (rows * length,)
+    rows, length = attention_mask.shape
+    real = int(keep.sum())  # on CUDA this waits for the device: once per batch
+    bucket = row_tokens * rows if row_tokens else 1
+    packed = min(-(-real // bucket) * bucket, rows * length)
+    at = torch.argsort(~keep, stable=True)[:packed]  # (packed,): the real tokens in order, then padding ones
     positions = torch.arange(length, device=input_ids.device).expand(rows, length).flatten()[at]
     types = torch.zeros_like(positions) if token_type_ids is None else token_type_ids.flatten()[at]
     # Every attention layer gets the layout through the model's keyword arguments.
     hidden = encoder(input_ids=input_ids.flatten()[at][None], position_ids=positions[None], token_type_ids=types[None],
-                     packed_keep=keep, packed_at=at).last_hidden_state[0]  # (tokens, hidden)
-    return hidden.new_zeros(rows * length, hidden.shape[-1]).index_copy(0, at, hidden).view(rows, length, -1)
+                     packed_keep=keep.view(rows, length), packed_at=at).last_hidden_state[0]  # (packed, hidden)
+    return (hidden.new_zeros(rows * length, hidden.shape[-1]).index_copy(0, at[:real], hidden[:real])
+            .view(rows, length, -1))
 
 
 def applies(setting: bool | str, model_type: str, hidden: int, device: torch.device) -> bool:
@@ -89,8 +97,9 @@ def is_packed(model: SentenceTransformer) -> bool:
     return model[0].auto_model.config._attn_implementation == ATTENTION
 
 
-def padding_free(model: SentenceTransformer) -> None:
-    """Make `model`'s encoder compute on real tokens only (module docstring)."""
+def padding_free(model: SentenceTransformer, row_tokens: int | None = None) -> None:
+    """Make `model`'s encoder compute on real tokens only (module docstring); `row_tokens`: see
+    `packed_token_states`."""
     transformer = model[0]
     encoder = transformer.auto_model
     if encoder.config.model_type not in SUPPORTED:
@@ -100,10 +109,12 @@ def padding_free(model: SentenceTransformer) -> None:
     # this model's instance only, as a bound method: a deep copy (Contrastive Tension's second encoder) binds
     # to the copy; a closure over `encoder` would run the original's weights in both
     transformer.forward = types.MethodType(packed_forward, transformer)
+    transformer.embforge_row_tokens = row_tokens
 
 
 def packed_forward(transformer, features: dict, **kwargs) -> dict:
     """The sentence-transformers Transformer module's forward, on the batch's real tokens."""
     features["token_embeddings"] = packed_token_states(transformer.auto_model, features["input_ids"],
-                                                       features["attention_mask"], features.get("token_type_ids"))
+                                                       features["attention_mask"], features.get("token_type_ids"),
+                                                       transformer.embforge_row_tokens)
     return features

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
 from tasks.config.base import InputError
 from tasks.config.model import RandomInitConfig
-from tasks.config.training import COMPILE_PAD, TrainConfig
+from tasks.config.training import COMPILE_PAD, COMPILE_ROW_TOKENS, TrainConfig
 from tasks.encoders import packed
 from tasks.encoders.models import save_random_encoder, sentence_model
 from tasks.methods.batches import PairBatches
@@ -58,9 +58,26 @@ def test_called_unpacked_the_encoder_gives_the_padded_states():
     torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=0)
 
 
+def compiled_shapes(model, batches: list[list[str]], packing: bool) -> set[tuple[int, ...]]:
+    """The shapes a compiled encoder is fed for `batches`: (rows, length) padded, and packed the packed row's
+    token count too: the real tokens filled up to a multiple of COMPILE_ROW_TOKENS a row, at most the padded batch."""
+    shapes = set()
+    for batch in batches:
+        mask = features(model, batch)["attention_mask"]
+        (rows, length), bucket = mask.shape, COMPILE_ROW_TOKENS * mask.shape[0]
+        shapes.add((rows, length, min(-(-int(mask.sum()) // bucket) * bucket, rows * length)) if packing
+                   else (rows, length))
+    return shapes
+
+
 # train.compile (torch.compile of the transformer) is checked here too: like padding_free it changes how,
 # not what, the encoder computes. Compiling takes several seconds on 2 cores, hence slow.
-@pytest.mark.parametrize("setting", ["padding_free", pytest.param("compile", marks=pytest.mark.slow)])
+SETTINGS = {"padding_free": {"padding_free": True}, "compile": {"compile": True},
+            "compile_padding_free": {"compile": True, "padding_free": True}}
+
+
+@pytest.mark.parametrize("setting", ["padding_free", pytest.param("compile", marks=pytest.mark.slow),
+                                     pytest.param("compile_padding_free", marks=pytest.mark.slow)])
 def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_path):
     cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100)
     rows = texts(32)
@@ -69,7 +86,7 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
     runs = []
     torch._dynamo.reset()  # a model of this architecture compiled before (another test) would leave its graphs
     for on in (False, True):
-        model = no_dropout(sentence_model(tiny_dir, cfg.max_length, **{setting: on}))
+        model = no_dropout(sentence_model(tiny_dir, cfg.max_length, **(SETTINGS[setting] if on else {})))
         graphs = counters["stats"]["unique_graphs"]
 
         def probe() -> float:  # as the train stage's: eval mode, another batch size
@@ -81,14 +98,51 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
             history = train_model(build_objective(model, "crops", cfg, None, None), PairBatches(pairs, cfg.batch_size),
                                   cfg, Checkpoints(tmp_path / f"ckpt-{on}"), probe=probe)
         runs.append(([h.loss for h in history], model.state_dict()))
-        # compiled: one graph per padded length of the batches; the probe runs eager, compiling none of its own
-        shapes = {features(model, list(side))["input_ids"].shape for i in range(0, 32, 8) for side in
-                  (rows[i:i + 8], (rows[1:] + rows[:1])[i:i + 8])}
-        assert counters["stats"]["unique_graphs"] - graphs == (len(shapes) if setting == "compile" and on else 0)
+        # compiled: one graph per shape fed to the encoder; the probe runs eager, compiling none of its own
+        sides = [side[i:i + 8] for i in range(0, 32, 8) for side in (rows, rows[1:] + rows[:1])]
+        shapes = compiled_shapes(model, sides, packing=packed.is_packed(model))
+        assert counters["stats"]["unique_graphs"] - graphs == (len(shapes) if on and "compile" in setting else 0)
     (losses, weights), (packed_losses, packed_weights) = runs
     assert len(losses) == 4 and packed_losses == pytest.approx(losses, rel=1e-5)
     assert packed_weights.keys() == weights.keys()  # saved under the same names
     assert all(torch.allclose(packed_weights[k], weights[k], atol=1e-5) for k in weights)
+
+
+def test_a_compiled_packing_fills_its_row_to_a_few_token_counts_with_the_same_states():
+    model = sentence_model(MINILM, 128).eval()
+    encoder, fed = model[0].auto_model, []
+
+    def recorded(**inputs):  # the encoder, noting how many tokens it is fed
+        fed.append(inputs["input_ids"].shape[1])
+        return encoder(**inputs)
+
+    batch = features(model, texts())
+    mask = batch["attention_mask"]
+    (rows, length), real = mask.shape, int(mask.sum())
+    encoder.set_attn_implementation(packed.ATTENTION)
+    with torch.no_grad():
+        plain, filled = (packed.packed_token_states(recorded, batch["input_ids"], mask, batch["token_type_ids"], n)
+                         for n in (None, COMPILE_ROW_TOKENS))
+    assert fed[0] == real and fed[1] % (COMPILE_ROW_TOKENS * rows) == 0 and real < fed[1] <= rows * length
+    assert fed[1] - real < COMPILE_ROW_TOKENS * rows  # filled with the fewest padding tokens that reach a multiple
+    torch.testing.assert_close(filled, plain, atol=1e-5, rtol=0)  # real tokens' states unchanged, zeros at padding
+    # a batch all but full is filled no further than the padded batch
+    full = mask.clone()
+    full[:, :-1] = 1
+    with torch.no_grad():
+        packed.packed_token_states(recorded, batch["input_ids"], full, batch["token_type_ids"], COMPILE_ROW_TOKENS)
+    assert fed[2] == rows * length
+
+
+def test_a_compiled_encoder_is_fed_a_few_static_shapes(tiny_dir):
+    model = sentence_model(tiny_dir, 64, compile=True)
+    assert not packed.is_packed(model)
+    lengths = {features(model, [text])["input_ids"].shape[1] for text in texts()}
+    assert lengths == {COMPILE_PAD, 2 * COMPILE_PAD}  # padded up to a multiple, cut at max_length
+    assert features(sentence_model(tiny_dir, 64), [texts()[0]])["input_ids"].shape[1] % COMPILE_PAD  # plain: as long
+    assert packed.is_packed(sentence_model(tiny_dir, 64, padding_free=True, compile=True))  # packing to a few counts
+    with pytest.raises(ValueError, match="max_length must be one, not 100 \\(e.g. 128\\)"):
+        TrainConfig(compile=True, max_length=100)
 
 
 @pytest.mark.slow  # compiling
@@ -102,18 +156,6 @@ def test_a_compiled_encoder_also_runs_compiled_for_the_recipes_that_ask_for_toke
         train_model(build_objective(model, recipe, cfg, 0.3, 0.5 if recipe == "retromae" else None),
                     PairBatches(pairs, cfg.batch_size), cfg, Checkpoints(tmp_path / "ckpt"))
     assert counters["stats"]["unique_graphs"] > graphs  # they call the Hugging Face encoder, not the sentence model
-
-
-def test_a_compiled_encoder_is_fed_a_few_static_shapes_and_never_packed(tiny_dir):
-    model = sentence_model(tiny_dir, 64, padding_free="auto", compile=True)
-    assert not packed.is_packed(model)  # packing gives every batch its own token count: a compile each
-    lengths = {features(model, [text])["input_ids"].shape[1] for text in texts()}
-    assert lengths == {COMPILE_PAD, 2 * COMPILE_PAD}  # padded up to a multiple, cut at max_length
-    assert features(sentence_model(tiny_dir, 64), [texts()[0]])["input_ids"].shape[1] % COMPILE_PAD  # plain: as long
-    with pytest.raises(ValueError, match="compile: true takes padded inputs"):
-        TrainConfig(compile=True, padding_free=True)
-    with pytest.raises(ValueError, match="max_length must be one, not 100 \\(e.g. 128\\)"):
-        TrainConfig(compile=True, max_length=100)
 
 
 def test_a_padding_free_model_saves_and_loads_as_a_plain_one(tiny_dir, tmp_path):
