@@ -51,7 +51,10 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value),
                                          attn_mask=packed_keep[:, None, None, :], dropout_p=dropout,
                                          scale=scaling)  # (rows, heads, length, dim)
-    return out.transpose(1, 2).reshape(rows * length, heads, dim)[packed_at][None], None  # (1, tokens, heads, dim)
+    # index_select, not [packed_at]: its gradient is an index_add; indexing's (an accumulating index_put) sorts the
+    # indices on CUDA
+    out = out.transpose(1, 2).reshape(rows * length, heads, dim).index_select(0, packed_at)  # (tokens, heads, dim)
+    return out[None], None  # (1, tokens, heads, dim)
 
 
 AttentionInterface.register(ATTENTION, varlen_attention)
