@@ -1,4 +1,4 @@
-"""The training and encoding benchmarks run to their JSON line at a tiny size on the CPU, so a crash fails CI
+"""The training, collating and encoding benchmarks run to their JSON line at a tiny size on the CPU, so a crash fails CI
 (nothing else runs them); their rows are sized from the rows an epoch of the demo corpus really gives (1,741 crops
 of its 2,000 documents): train_gpu.py guessed 1,800 and stopped at batch 256 and 512."""
 
@@ -50,6 +50,15 @@ def test_eval_encode_runs_on_the_cpu(tiny_dir):
     assert set(out["docs_per_s"]) == set(sides)
     assert all(rate > 0 for rate in out["docs_per_s"].values()) and out["ratio"] > 0
     assert out["min_cosine"] >= 0.999 and max(out["max_score_change"].values()) <= 0.001  # the same computation
+
+
+def test_collate_compares_features_with_transformers_conversion(tiny_dir):
+    out = json.loads(benchmark("collate.py", "--model", tiny_dir, "--batches", "4,8", "--max-length", "32",
+                               "--rounds", "2", "--repeats", "1"))
+    assert [r["batch"] for r in out["results"]] == [4, 8] and (out["rounds"], out["repeats"]) == (2, 1)
+    for r in out["results"]:
+        assert all(len(rounds) == 2 and min(rounds) > 0 for rounds in r["rounds_ms"].values())
+        assert r["speedup"] > 0  # the same tensors on both sides, or it stops
 
 
 def test_train_gpu_runs_on_the_cpu():

@@ -25,7 +25,7 @@ from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
 from tasks.encoders import backends
 from tasks.encoders.budget import cut_texts
-from tasks.encoders.models import load_model, pick_device, to_device
+from tasks.encoders.models import load_model, pick_device, to_device, token_arrays
 from tasks.methods import precision
 
 POOLINGS = ("mean", "cls", "sep")
@@ -101,8 +101,8 @@ class PooledEncoder:
     def _inputs(self, texts: list[str], max_length: int) -> dict:
         """One batch's tokens: NumPy for an exported backend, on the model's device for torch."""
         torch_backend = self.backend == "torch"
-        batch = self.tokenizer(cut_texts(texts, max_length), padding=True, truncation=True, max_length=max_length,
-                               return_tensors="pt" if torch_backend else "np")
+        batch = token_arrays(self.tokenizer(cut_texts(texts, max_length), padding=True, truncation=True,
+                                            max_length=max_length), as_numpy=not torch_backend)
         return to_device(batch, self.model.device) if torch_backend else batch
 
     def _pooled(self, batch: dict, layers: list[int]) -> np.ndarray:

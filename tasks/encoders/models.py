@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer, models
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, BertModel
@@ -83,6 +84,15 @@ def pick_device(device: str) -> str:
 
 # Our pooling names → sentence-transformers' modes ([SEP] is the last unpadded token of BERT inputs).
 POOLING_MODES = {"mean": "mean", "cls": "cls", "sep": "lasttoken"}
+
+
+def token_arrays(encoded: Mapping, as_numpy: bool = False) -> dict:
+    """A tokenizer's padded lists (`return_tensors=None`) as int64 tensors (`as_numpy`: NumPy arrays); other
+    entries as they are. Through NumPy: transformers' own conversion (`return_tensors`) first flattens every
+    list in Python, which made tokenizing a batch slower by most of the time it saves (benchmarks/collate.py)."""
+    arrays = {k: np.array(v, dtype=np.int64) if isinstance(v, list) else v for k, v in encoded.items()}
+    return arrays if as_numpy else {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                                    for k, v in arrays.items()}
 
 
 def to_device(features: dict, device: torch.device) -> dict:

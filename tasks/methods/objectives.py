@@ -18,7 +18,7 @@ from torch import nn
 
 from tasks.config.training import TrainConfig
 from tasks.encoders.budget import cut_texts
-from tasks.encoders.models import pad_multiple, to_device
+from tasks.encoders.models import pad_multiple, to_device, token_arrays
 from tasks.methods.cached import CachedLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
 from tasks.methods.distributed import Gather, gather_rows, no_gather
@@ -49,8 +49,9 @@ ObjectiveFn = Callable[[Recipe, SentenceTransformer, TrainConfig, "float | None"
 def features(model: SentenceTransformer, texts: list[str]) -> dict:
     """The model's inputs for `texts`, each cut to the character budget of its max length first."""
     multiple = pad_multiple(model)
-    return model.preprocess(cut_texts(texts, model.max_seq_length),
-                            processing_kwargs={"text": {"pad_to_multiple_of": multiple}} if multiple else None)
+    kwargs = {"text": {"pad_to_multiple_of": multiple}} if multiple else {}
+    return token_arrays(model.preprocess(cut_texts(texts, model.max_seq_length),
+                                         processing_kwargs={**kwargs, "common": {"return_tensors": None}}))
 
 
 def token_counts(model: SentenceTransformer, texts: list[str]) -> list[int]:

@@ -17,7 +17,7 @@ from sentence_transformers import SentenceTransformer
 from torch import nn
 
 from tasks.encoders.budget import cut_texts
-from tasks.encoders.models import pad_multiple, to_device
+from tasks.encoders.models import pad_multiple, to_device, token_arrays
 from tasks.methods.distributed import Gather, no_gather
 from tasks.methods.infonce import info_nce
 from tasks.methods.masking import mask_tokens
@@ -41,9 +41,9 @@ def retromae_features(model: SentenceTransformer, texts: list[str]) -> dict:
     """Tokenised texts plus `word_ids` (-1 on special and padding tokens) for whole-word masking."""
     texts = cut_texts(texts, model.max_seq_length)
     batch = model.tokenizer(texts, padding=True, truncation=True, max_length=model.max_seq_length,
-                            pad_to_multiple_of=pad_multiple(model), return_tensors="pt")
+                            pad_to_multiple_of=pad_multiple(model))
     words = [[-1 if w is None else w for w in batch.word_ids(i)] for i in range(len(texts))]
-    return {**batch, "word_ids": torch.tensor(words, dtype=torch.long)}
+    return token_arrays({**batch, "word_ids": words})
 
 
 class EnhancedDecoder(nn.Module):

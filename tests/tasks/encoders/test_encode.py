@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import torch
 
 from tasks.encoders import budget
 from tasks.encoders.budget import char_budget
@@ -47,3 +48,12 @@ def test_a_50_mb_document_is_encoded_in_bounded_memory(tiny_dir):
     assert done.returncode == 0, done.stderr[-3000:]
     shape, peak_mb = done.stdout.rsplit(")", 1)
     assert shape == "(1, 32" and int(peak_mb) < 2000  # the process with torch and the model: ~700 MB
+
+
+def test_a_batch_gets_the_tensors_the_tokenizer_would_give(tiny_dir):
+    # _inputs converts the tokenizer's lists itself (models.token_arrays), faster than transformers' conversion
+    encoder = PooledEncoder(tiny_dir, device="cpu")
+    texts = list(pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(20))
+    ours = encoder._inputs(texts, 64)
+    theirs = encoder.tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)

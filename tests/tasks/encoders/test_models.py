@@ -17,7 +17,7 @@ from tasks.config.model import RandomInitConfig
 from tasks.config.summaries import Sampling
 from tasks.core.stage import NoInputs
 from tasks.encoders.encode import PooledEncoder
-from tasks.encoders.models import save_random_encoder, sentence_model
+from tasks.encoders.models import save_random_encoder, sentence_model, token_arrays
 from tasks.generation.generate import TransformersGenerator
 from tasks.init import INIT, InitConfig
 from tasks.metrics.mteb_tasks import mteb_encoder
@@ -77,3 +77,17 @@ def test_models_loaded_in_threads_at_once_leave_transformers_loading_as_it_was(t
         thread.join()
     assert (PreTrainedModel.init_weights, PreTrainedModel.tie_weights, torch.nn.init.normal_) == originals
     assert torch.nn.Linear(2, 2).weight.device.type == "cpu"
+
+
+def test_token_arrays_are_what_the_tokenizer_converts_itself(tiny_dir):
+    tokenizer = sentence_model(tiny_dir, 64).tokenizer
+    texts = ["a", "a somewhat longer text", "and a third one, longer again than both"]
+    lists = tokenizer(texts, padding=True)
+    for as_numpy, kind in ((False, "pt"), (True, "np")):
+        ours, theirs = token_arrays({**lists, "modality": "text"}, as_numpy), tokenizer(texts, padding=True,
+                                                                                     return_tensors=kind)
+        assert ours.pop("modality") == "text"  # entries that are not token lists are kept as they are
+        assert ours.keys() == theirs.keys()
+        for key, value in ours.items():
+            assert type(value) is type(theirs[key]) and value.dtype == theirs[key].dtype
+            assert value.tolist() == theirs[key].tolist()

@@ -58,6 +58,8 @@ def test_retromae_features_word_ids(model):
     special = torch.isin(ids, torch.tensor(model.tokenizer.all_special_ids))
     assert ((words == -1) == special).all()  # [CLS], [SEP], [PAD]
     assert words[0].tolist() == [-1, 0, 1, 1, -1]  # "tokenization" is two tokens: one word
+    tokens = model.tokenizer(["unbelievable tokenization", "no"], padding=True, return_tensors="pt")
+    assert f.keys() == {*tokens, "word_ids"} and all(torch.equal(f[k], tokens[k]) for k in tokens)
 
 
 def test_retromae_loss_trains_encoder_and_decoder(model):
