@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import sentence_model
@@ -26,16 +27,19 @@ def with_negatives(pairs: str) -> str:
     return str(Path(pairs).with_name("pairs-negatives.parquet"))
 
 
-def three_steps(init_dir: str, pairs: str, recipe: str, gather: bool, scratch: Path) -> dict:
-    """The loss at each step (the global batch's) and the weights after the last."""
+def three_steps(init_dir: str, pairs: str, recipe: str, gather: bool, scratch: Path, compile: bool = False) -> dict:
+    """The loss at each step (the global batch's), the weights after the last, and the graphs compiled (`compile`:
+    `train.compile`'s encoder)."""
     pairs = with_negatives(pairs) if REGISTRY[recipe].hard_negatives else pairs
     torch.manual_seed(0)  # the same projection head (SimCSE's MLP) everywhere
     # Mean pooling for all: a 1-layer random encoder gives nearly the same CLS vector for every text,
     # and Adam turns the tiny gradients of such a batch into full steps of noise.
-    model = sentence_model(init_dir, CFG.max_length)
+    model = sentence_model(init_dir, CFG.max_length, compile=compile)
     objective = build_objective(model, recipe, CFG, None, None, None if gather else no_gather)
+    graphs = counters["stats"]["unique_graphs"]
     history = train_model(objective, PairBatches(pq.ParquetFile(pairs), CFG.batch_size), CFG, Checkpoints(scratch))
-    return {"losses": [h.loss for h in history], "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+    return {"losses": [h.loss for h in history], "weights": {k: v.clone() for k, v in model.state_dict().items()},
+            "graphs": counters["stats"]["unique_graphs"] - graphs}
 
 
 def main(init_dir: str, pairs: str, out: str) -> None:
@@ -43,6 +47,8 @@ def main(init_dir: str, pairs: str, out: str) -> None:
     rank = dist.get_rank()
     results = {(recipe, gather): three_steps(init_dir, pairs, recipe, gather, Path(out).parent / f"scratch-{rank}")
                for recipe in RECIPES for gather in (True, False)}
+    # DistributedDataParallel around a compiled encoder (train.compile with devices > 1)
+    results["compiled"] = three_steps(init_dir, pairs, "crops", True, Path(out).parent / f"scratch-c{rank}", True)
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()

@@ -69,3 +69,13 @@ def test_two_processes_of_8_rows_train_as_one_of_16(two_processes, recipe, tmp_p
     alone = trained[(recipe, False)]
     assert alone["losses"][0] != pytest.approx(one["losses"][0], rel=1e-3)
     assert any(not torch.allclose(alone["weights"][n], w, rtol=1e-4, atol=1e-5) for n, w in one["weights"].items())
+
+
+def test_two_compiled_processes_train_as_one_plain_process(two_processes, tmp_path):
+    # train.compile with devices > 1: DistributedDataParallel around the compiled encoder
+    init, pairs, trained = two_processes
+    one, two = three_steps(init, pairs, "crops", True, tmp_path), trained["compiled"]
+    assert two["graphs"] > 0 and one["graphs"] == 0
+    assert one["losses"] == pytest.approx(two["losses"], rel=1e-5, abs=1e-6)
+    for name, weight in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], weight, rtol=1e-5, atol=1e-5, msg=name)
