@@ -20,8 +20,8 @@ AUTO_MIN_HIDDEN = 256
 # A compiled encoder's inputs are padded to a multiple of this many tokens: a few static shapes, each compiled
 # once (docs/training.md), instead of one per batch's longest row.
 COMPILE_PAD = 32
-# A compiled padding-free batch is filled up to a multiple of this many tokens per row: a few static token counts,
-# at about half of it in padding per row on average (a padded batch of crops has tens).
+# A compiled padding-free batch is filled up to a multiple of this many tokens per row (packed.filled_tokens): a
+# few static token counts, for about half of it in padding a row on average.
 COMPILE_ROW_TOKENS = 8
 # The recipes whose loss is a mean over rows, each on its own: no other row is a negative (group_by_length's).
 PER_ROW = tuple(r.name for r in RECIPES.values() if not r.in_batch_negatives)

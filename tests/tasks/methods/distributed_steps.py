@@ -1,5 +1,5 @@
 """3 training steps of one recipe on a global batch of 16: in one process (the tests), or run by
-torchrun in several, each on its shard (`torchrun ... distributed_steps.py INIT PAIRS OUT`)."""
+torchrun in several, each on its shard (`torchrun ... distributed_steps.py INIT PAIRS OUT [compiled]`)."""
 
 import sys
 from pathlib import Path
@@ -42,13 +42,15 @@ def three_steps(init_dir: str, pairs: str, recipe: str, gather: bool, scratch: P
             "graphs": counters["stats"]["unique_graphs"] - graphs}
 
 
-def main(init_dir: str, pairs: str, out: str) -> None:
+def main(init_dir: str, pairs: str, out: str, compiled: str = "") -> None:
+    """Every recipe with and without the gather; `compiled`: crops only, DistributedDataParallel around a
+    compiled encoder (train.compile with devices > 1)."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    results = {(recipe, gather): three_steps(init_dir, pairs, recipe, gather, Path(out).parent / f"scratch-{rank}")
-               for recipe in RECIPES for gather in (True, False)}
-    # DistributedDataParallel around a compiled encoder (train.compile with devices > 1)
-    results["compiled"] = three_steps(init_dir, pairs, "crops", True, Path(out).parent / f"scratch-c{rank}", True)
+    scratch = Path(out).parent / f"scratch-{compiled}{rank}"
+    results = ({"compiled": three_steps(init_dir, pairs, "crops", True, scratch, compile=True)} if compiled else
+               {(recipe, gather): three_steps(init_dir, pairs, recipe, gather, scratch)
+                for recipe in RECIPES for gather in (True, False)})
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()

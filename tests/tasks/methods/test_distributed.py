@@ -47,12 +47,16 @@ def two_processes(tmp_path_factory):
     # Each row's hard negative (gpl) is another row's positive: gathered per column, it stays that row's.
     pq.write_table(pa.table({**rows, "negative": [texts[(i + 7) % 48].upper() for i in range(48)]}),
                    with_negatives(str(pairs)), row_group_size=10)
-    out = tmp / "two.pt"
+    return str(init), str(pairs), torchrun(init, pairs, tmp / "two.pt")
+
+
+def torchrun(init, pairs, out, *mode: str) -> dict:
+    """What 2 torchrun processes trained (distributed_steps.py)."""
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    str(REPO / "tests/tasks/methods/distributed_steps.py"), str(init), str(pairs), str(out)],
+                    str(REPO / "tests/tasks/methods/distributed_steps.py"), str(init), str(pairs), str(out), *mode],
                    check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
                    timeout=600)
-    return str(init), str(pairs), torch.load(out)
+    return torch.load(out)
 
 
 @pytest.mark.parametrize("recipe", COMPARED)
@@ -71,10 +75,12 @@ def test_two_processes_of_8_rows_train_as_one_of_16(two_processes, recipe, tmp_p
     assert any(not torch.allclose(alone["weights"][n], w, rtol=1e-4, atol=1e-5) for n, w in one["weights"].items())
 
 
+@pytest.mark.slow  # compiling
 def test_two_compiled_processes_train_as_one_plain_process(two_processes, tmp_path):
     # train.compile with devices > 1: DistributedDataParallel around the compiled encoder
-    init, pairs, trained = two_processes
-    one, two = three_steps(init, pairs, "crops", True, tmp_path), trained["compiled"]
+    init, pairs, _ = two_processes
+    two = torchrun(init, pairs, tmp_path / "compiled.pt", "compiled")["compiled"]
+    one = three_steps(init, pairs, "crops", True, tmp_path)
     assert two["graphs"] > 0 and one["graphs"] == 0
     assert one["losses"] == pytest.approx(two["losses"], rel=1e-5, abs=1e-6)
     for name, weight in one["weights"].items():

@@ -40,6 +40,8 @@ def test_a_step_gets_the_tensors_sentence_transformers_gives(tiny_dir, compiled)
     texts = [". ".join(doc.split(". ")[: 1 + i % 4])
              for i, doc in enumerate(pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(40))]
     ours = features(model, texts)
+    lists = model.preprocess(texts, processing_kwargs={"common": {"return_tensors": None}})
+    assert isinstance(lists["input_ids"], list)  # the tokenizer's lists, which token_arrays converts
     kwargs = {"text": {"pad_to_multiple_of": COMPILE_PAD}} if compiled else None
     theirs = model.preprocess(cut_texts(texts, 64), processing_kwargs=kwargs)
     assert ours.keys() == theirs.keys() == {"input_ids", "token_type_ids", "attention_mask", "modality"}
