@@ -88,7 +88,7 @@ POOLING_MODES = {"mean": "mean", "cls": "cls", "sep": "lasttoken"}
 def token_arrays(encoded: Mapping, as_numpy: bool = False) -> dict:
     """A tokenizer's padded lists (`return_tensors=None`) as int64 tensors (`as_numpy`: NumPy arrays); other
     entries as they are. Through NumPy: transformers' own conversion (`return_tensors`) first flattens every
-    list in Python, which made tokenizing a batch slower by most of the time it saves (benchmarks/collate.py)."""
+    list in Python, the larger part of tokenizing a batch (benchmarks/collate.py)."""
     arrays = {k: np.array(v, dtype=np.int64) if isinstance(v, list) else v for k, v in encoded.items()}
     return arrays if as_numpy else {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                                     for k, v in arrays.items()}
