@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -17,6 +18,13 @@ DEMO_DOCS = REPO / "configs" / "data" / "ohsumed_demo.parquet"
 STSB = REPO / "configs" / "data" / "stsb.parquet"
 # In the test server's environment; must never show up in anything it writes.
 SECRET = "hf_embforge_test_secret_never_logged"
+
+
+def mixed_lengths(n: int = 24) -> list[str]:
+    """The first n demo abstracts cut to 1 to 4 of their sentences: texts of very different lengths, so most rows
+    of a batch are padded."""
+    docs = pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(n)
+    return [". ".join(doc.split(". ")[: 1 + i % 4]) for i, doc in enumerate(docs)]
 
 
 def tiny_config(tmp_path: Path, **overrides) -> Path:

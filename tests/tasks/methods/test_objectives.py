@@ -8,7 +8,7 @@ from tasks.config.training import COMPILE_PAD
 from tasks.encoders.budget import char_budget, cut_texts
 from tasks.encoders.models import sentence_model
 from tasks.methods.objectives import features, token_counts
-from tests.helpers import DEMO_DOCS
+from tests.helpers import DEMO_DOCS, mixed_lengths
 
 
 def test_a_long_training_text_is_cut_before_tokenizing_and_gives_the_same_tokens(tiny_dir, monkeypatch):
@@ -37,8 +37,7 @@ def test_group_by_length_counts_the_tokens_a_step_gets_without_its_padding(tiny_
 def test_a_step_gets_the_tensors_sentence_transformers_gives(tiny_dir, compiled):
     # features converts the tokenizer's lists itself (token_arrays), faster than transformers' conversion
     model = sentence_model(tiny_dir, max_length=64, compile=compiled)
-    texts = [". ".join(doc.split(". ")[: 1 + i % 4])
-             for i, doc in enumerate(pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(40))]
+    texts = mixed_lengths(40)
     ours = features(model, texts)
     lists = model.preprocess(texts, processing_kwargs={"common": {"return_tensors": None}})
     assert isinstance(lists["input_ids"], list)  # the tokenizer's lists, which token_arrays converts
