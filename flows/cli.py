@@ -80,7 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     api = prefect_api()  # its server boots while the flows import
     from flows.logs import logged
-    from flows.pipeline import outcome, pipeline
+    from flows.pipeline import pipeline
+    from flows.runners import outcome
 
     params = RunParams(config=args.config, overrides=changes, store=store.url,
                        rebuild_stale_versions=args.rebuild_stale_versions)
@@ -90,8 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if state.is_failed():
         console.print(f"the full log, with tracebacks: {log_file}", highlight=False)
     outcome(state, None)  # raises the run's own error, e.g. an InputError naming the bad row
-    run_id = str(state.state_details.flow_run_id)
-    catalog = Catalog(store)
+    run_id, catalog = str(state.state_details.flow_run_id), Catalog(store)
     _print_table(f"{cfg.name} (run {run_id})",
                  comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
     reused = catalog.query("SELECT stage, label FROM run_stages WHERE run_id = ? AND state = 'Cached' "

@@ -1,5 +1,5 @@
-"""The `pipeline` flow: ingest → sentences → [summarize] → [stage 1] → pairs → train → evaluate → report,
-and its parts as flows of their own: `train` (no evaluation) and `summarize`
+"""The `pipeline` flow: ingest → sentences → [summarize] → [stage 1] → pairs → tokens → train → evaluate
+→ report, and its parts as flows of their own: `train` (no evaluation) and `summarize`
 (flows/evaluate_registered.py scores registered models).
 
 It only composes: each stage is a cached Prefect task (tasks/), artifacts are passed as small
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from prefect import flow, get_client, get_run_logger
-from prefect.client.schemas.objects import State, StateType
+from prefect.client.schemas.objects import StateType
 from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 
 from flows.params import RunParams, TrainParams
-from flows.runners import task_runner
+from flows.runners import outcome, task_runner
 from storage.base import ArtifactRef
 from storage.runs import RunRecord
 from storage.store import ArtifactStore
@@ -50,6 +50,7 @@ from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob, publish_r
 from tasks.semantic import SEMANTIC, SemanticInputs, SemanticJob
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.summarize import SUMMARIZE, SummarizeInputs
+from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
 
 T = TypeVar("T")
@@ -159,16 +160,6 @@ class Run:
         self.record.register([m.registration() for m in models])
 
 
-def outcome(state: State, value: T) -> T:
-    """`value`, what the run returns (known to the caller), if `state` is completed; else the run's own error,
-    raised. A completed state is never asked for its data: when the server rejects a final state as one it
-    already has (a request retried after the server took it), Prefect hands back the server's copy, which
-    carries no result (MissingResult for a run that succeeded)."""
-    if not state.is_completed():
-        state.result()
-    return value
-
-
 def open_run(params: RunParams, flow_name: str) -> Run:
     """Load the config with the run's overrides (a bad one fails here, before any task) and start the record."""
     cfg = load_config(params.config, params.overrides)
@@ -233,9 +224,11 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
     knn = run.cfg.evaluate.knn
     views = PairsConfig.for_method(method, train.epochs, knn, train.batch_size)
     pairs = run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
+    tokens = run.stage(TOKENS, TokensJob.for_method(base_model, method, train), TokensInputs(pairs=pairs, start=start),
+                       method.name)
     job = TrainJob.for_method(base_model, method, train, knn)
-    trained = run.stage(TRAIN, job, TrainInputs(pairs=pairs, start=start, documents=docs if job.knn else None),
-                        method.name, method.recipe)
+    trained = run.stage(TRAIN, job, TrainInputs(pairs=pairs, tokens=tokens, start=start,
+                                                documents=docs if job.knn else None), method.name, method.recipe)
     return ReportedModel(method.name, method.recipe, trained, pooling=pooling_for(method.recipe, train),
                          knn_holdout=method.knn_holdout, swept=method.swept)
 

@@ -8,11 +8,16 @@ model's embeddings and scores) run side by side; nothing here schedules anything
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
+from prefect.client.schemas.objects import State
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 from tasks.config.run import RunConfig
 from tasks.core.parallel import available_cores
+
+T = TypeVar("T")
 
 
 def task_runner(run: RunConfig) -> TaskRunner | None:
@@ -37,3 +42,13 @@ def task_runner(run: RunConfig) -> TaskRunner | None:
         return DaskTaskRunner(cluster_class="distributed.LocalCluster",
                               cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True})
     return None
+
+
+def outcome(state: State, value: T) -> T:
+    """`value`, what the run returns (known to the caller), if `state` is completed; else the run's own error,
+    raised. A completed state is never asked for its data: when the server rejects a final state as one it
+    already has (a request retried after the server took it), Prefect hands back the server's copy, which
+    carries no result (MissingResult for a run that succeeded)."""
+    if not state.is_completed():
+        state.result()
+    return value

@@ -1,7 +1,8 @@
 """Train: fine-tune an encoder with one recipe on a pairs artifact; save it in sentence-transformers format.
 
-Inputs: `pairs`, `start` (the init or stage-1 artifact the encoder starts from, if any), and
-`documents` when a learning curve is asked for (`train.eval_every`).
+Inputs: `pairs` and their `tokens` (the rows trained on, as token ids: tasks/tokens.py), `start` (the
+init or stage-1 artifact the encoder starts from, if any), and `documents` when a learning curve is asked
+for (`train.eval_every`).
 Only the encoder is saved: decoders, MLM heads and projection heads are training-only.
 Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
 Output: `model/` (loads with `SentenceTransformer(path)`) and `training.parquet` (the per-step loss,
@@ -19,7 +20,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -113,7 +113,8 @@ def probe_cosine(model: SentenceTransformer, texts: list[str]) -> Callable[[], f
 
 
 class TrainInputs(Inputs):
-    pairs: ArtifactRef
+    pairs: ArtifactRef  # the probe's texts
+    tokens: ArtifactRef  # the pairs as token ids: what trains
     start: ArtifactRef | None = None  # the init or stage-1 encoder; else job.base_model
     documents: ArtifactRef | None = None  # the learning curve's (with train.eval_every)
 
@@ -132,19 +133,19 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     objective = frozen_objective(model, job)
     measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
                if inputs.documents and rank == 0 else None)
-    with store.open_table(inputs.pairs, "pairs") as pairs:
-        tokens = partial(objectives.token_counts, model) if cfg.group_by_length else None
-        batches = PairBatches(pairs, cfg.batch_size, tokens, cfg.seed)
+    with store.open_table(inputs.tokens, "tokens") as tokens:
+        batches = PairBatches(tokens, cfg.batch_size, cfg.group_by_length, cfg.seed)
         log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s; %s%s%s", job.recipe,
                  batches.epoch_rows[0], len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
                  f" and {size - 1} more process(es)" if size > 1 else "",
-                 "padding-free" if packed.is_packed(model) else "padded", ", grouped by length" if tokens else "",
-                 ", compiled" if cfg.compile else "")
+                 "padding-free" if packed.is_packed(model) else "padded",
+                 ", grouped by length" if cfg.group_by_length else "", ", compiled" if cfg.compile else "")
         # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
         # this is the starting model on a resume too).
         with training.eager():
             start = [vars(training.StepLog(0, 0, None, None, knn_accuracy=measure()))] if measure else []
-        probe_texts = pairs.read_row_group(0, columns=["anchor"])["anchor"].to_pylist()[:health.PROBE_ROWS]
+        with store.open_table(inputs.pairs, "pairs") as pairs:
+            probe_texts = pairs.read_row_group(0, columns=["anchor"])["anchor"].to_pylist()[:health.PROBE_ROWS]
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
         try:
             history = training.train_model(objective, batches, cfg, checkpoints, log, measure=measure,

@@ -126,6 +126,19 @@ def parquet_file(columns: dict, row_group_size: int) -> RecordedReads:
     return RecordedReads(pa.BufferReader(sink.getvalue()))
 
 
+def tokens_file(pairs_per_epoch, row_group_size=3) -> tuple[RecordedReads, list[str]]:
+    """A tokens file of those pairs (tasks/tokens.py's columns) and its texts: a text's ids are one per word, the
+    first its index in the texts, and its words count its words (the tokenizer's are the model's)."""
+    texts = [text for pairs in pairs_per_epoch for pair in pairs for text in pair]
+    ids = [[i] + [0] * (len(text.split()) - 1) for i, text in enumerate(texts)]
+    words = [list(range(len(i))) for i in ids]
+    epochs = [epoch for epoch, pairs in enumerate(pairs_per_epoch) for _ in pairs]
+    column = lambda lists, side: pa.array(lists[side::2], pa.list_(pa.int32()))  # noqa: E731
+    return parquet_file({"epoch": pa.array(epochs, pa.int32()), "anchor": column(ids, 0),
+                         "anchor_words": column(words, 0), "positive": column(ids, 1),
+                         "positive_words": column(words, 1)}, row_group_size), texts
+
+
 def pairs_file(pairs_per_epoch, row_group_size=3) -> RecordedReads:
     """What the pairs stage writes (epoch-major rows), in row groups of `row_group_size` rows."""
     rows = [(epoch, anchor, positive) for epoch, pairs in enumerate(pairs_per_epoch) for anchor, positive in pairs]

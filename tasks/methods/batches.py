@@ -1,4 +1,5 @@
-"""The batches of a pairs file, in training order, streamed a row group at a time.
+"""The batches of a pairs file, or of its tokens file (tasks/tokens.py), in training order, streamed a row
+group at a time.
 
 A batch is `batch_size` consecutive rows of one epoch (in-batch negatives are the other rows the
 pairs stage put beside it). With `group_by_length`, for recipes whose loss is per row, each window
@@ -9,23 +10,26 @@ random order. This is the Hugging Face Trainer's `group_by_length` (its windows 
 except that its batches come longest first within a window; the pairs stage has already put the
 rows in a fresh random order each epoch, which the Trainer's shuffle before its windows gives.
 Either way the plan is a pure function of the file and the config, so a resume finds the same batches.
+A tokens file holds each text as its token ids (list<int32>, the text's column name) and for whole-word
+masking their words (`<column>_words`); its rows come out as `Tokens`, and its lengths are the ids'.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.config.training import GROUP_WINDOW
+from tasks.encoders.inputs import Tokens
 from tasks.methods.recipes import Pair
 
 TEXT_COLUMNS = ("anchor", "positive", "negative")
-LENGTH_CHUNK = 2_048  # texts measured at a time for group_by_length
 
 
 class BatchRows(NamedTuple):
@@ -60,34 +64,51 @@ def plan_batches(epoch_rows: list[int], batch_size: int, lengths: np.ndarray | N
     return plan
 
 
-def text_lengths(source: pq.ParquetFile, columns: list[str], length: Callable[[list[str]], Sequence[int]],
-                 ) -> np.ndarray:
-    """(rows,) the summed `length` of each row's texts, LENGTH_CHUNK texts at a time (a tokenizer handed a
-    whole row group of 65,536 texts held 3.6 GiB more; 2,048 at a time, 114 MiB)."""
-    per_chunk = [sum(np.asarray(length(chunk[c].to_pylist()), np.int64) for c in columns)
-                 for g in range(source.num_row_groups)
-                 for chunk in source.read_row_group(g, columns=columns).to_batches(LENGTH_CHUNK)]
-    return np.concatenate(per_chunk) if per_chunk else np.zeros(0, np.int64)
+def words_column(column: str) -> str:
+    """A tokens file's column of the words of `column`'s ids."""
+    return f"{column}_words"
+
+
+def token_lengths(source: pq.ParquetFile, columns: list[str]) -> np.ndarray:
+    """(rows,) the summed ids of each row's token columns, a row group at a time."""
+    per_group = [sum(pc.list_value_length(group[c]).to_numpy() for c in columns).astype(np.int64)
+                 for group in (source.read_row_group(g, columns=columns) for g in range(source.num_row_groups))]
+    return np.concatenate(per_group) if per_group else np.zeros(0, np.int64)
+
+
+def column_values(rows: pa.Table, column: str) -> list:
+    """A column's value in each row: texts and margins as they are, token ids as Tokens (with their words)."""
+    values = rows[column]
+    if not pa.types.is_list(values.type):
+        return values.to_pylist()
+    cuts = np.cumsum(pc.list_value_length(values).to_numpy())[:-1]
+    ids = np.split(pc.list_flatten(values).to_numpy(), cuts)
+    if words_column(column) not in rows.column_names:
+        return [Tokens(i) for i in ids]
+    return [Tokens(*t) for t in zip(ids, np.split(pc.list_flatten(rows[words_column(column)]).to_numpy(), cuts))]
 
 
 class PairBatches:
-    """The batches of a pairs file (columns epoch, anchor, positive[, negative[, margin]]; epoch-major), read a
-    row group at a time: the plan comes from the `epoch` column (and with grouping the texts' lengths) alone,
-    so the texts held at any moment are those of the row groups the current batch spans, whatever the file's size."""
+    """The batches of a pairs or tokens file (columns epoch, anchor, positive[, negative[, margin]]; epoch-major),
+    read a row group at a time: the plan comes from the `epoch` column (and with grouping the ids' lengths) alone,
+    so the rows held at any moment are those of the row groups the current batch spans, whatever the file's size."""
 
-    def __init__(self, source: pq.ParquetFile, batch_size: int,
-                 length: Callable[[list[str]], Sequence[int]] | None = None, seed: int = 0):
-        """`length`: each text's tokens as the model gets them; given, batches are grouped by length."""
+    def __init__(self, source: pq.ParquetFile, batch_size: int, group_by_length: bool = False, seed: int = 0):
         self.source = source
+        names = source.schema_arrow.names
         # (anchor, positive) rows, or (anchor, positive, negative) where the view mined hard negatives, and
         # a cross-encoder's margin after them where the recipe learns it
-        self.columns = [c for c in (*TEXT_COLUMNS, "margin") if c in source.schema_arrow.names]
+        self.columns = [c for c in (*TEXT_COLUMNS, "margin") if c in names]
+        texts = [c for c in self.columns if c in TEXT_COLUMNS]
+        self.read = self.columns + [words_column(c) for c in texts if words_column(c) in names]
+        tokenized = all(pa.types.is_list(source.schema_arrow.field(c).type) for c in texts)
+        if group_by_length and not tokenized:
+            raise ValueError("grouping by length needs the rows' token ids: a tokens file (tasks/tokens.py)")
         epochs = source.read(columns=["epoch"])["epoch"].to_numpy()
         if (np.diff(epochs) < 0).any():  # rows are read in file order, never regrouped
             raise ValueError("pairs are not in training order: the epoch column goes down")
         self.epoch_rows: list[int] = np.bincount(epochs).tolist()
-        texts = [c for c in self.columns if c in TEXT_COLUMNS]
-        lengths = text_lengths(source, texts, length) if length else None
+        lengths = token_lengths(source, texts) if group_by_length else None
         self.plan = plan_batches(self.epoch_rows, batch_size, lengths, seed)
 
     def __len__(self) -> int:
@@ -109,10 +130,10 @@ class PairBatches:
                 group = int(np.searchsorted(group_ends, batch.start, side="right"))
                 held_start = held_end = int(group_ends[group - 1]) if group else 0
             while held_end < batch.start + batch.size:
-                held.append(self.source.read_row_group(group, columns=self.columns))
+                held.append(self.source.read_row_group(group, columns=self.read))
                 held_end += held[-1].num_rows
                 group += 1
             rows = pa.concat_tables(held).slice(batch.start - held_start, batch.size)
             if batch.take is not None:
                 rows = rows.take(pa.array(batch.take))
-            yield batch.epoch, list(zip(*(rows[c].to_pylist() for c in self.columns)))
+            yield batch.epoch, list(zip(*(column_values(rows, c) for c in self.columns)))

@@ -17,8 +17,8 @@ from sentence_transformers.sentence_transformer.losses import MarginMSELoss, Mat
 from torch import nn
 
 from tasks.config.training import TrainConfig
-from tasks.encoders.budget import cut_texts
-from tasks.encoders.models import pad_multiple, to_device, token_arrays
+from tasks.encoders.inputs import Tokens, features
+from tasks.encoders.models import to_device
 from tasks.methods.cached import CachedLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
 from tasks.methods.distributed import Gather, gather_rows, no_gather
@@ -46,21 +46,8 @@ class Objective:
 ObjectiveFn = Callable[[Recipe, SentenceTransformer, TrainConfig, "float | None", "float | None", Gather], Objective]
 
 
-def features(model: SentenceTransformer, texts: list[str]) -> dict:
-    """The model's inputs for `texts`, each cut to the character budget of its max length first."""
-    multiple = pad_multiple(model)
-    kwargs = {"text": {"pad_to_multiple_of": multiple}} if multiple else {}
-    return token_arrays(model.preprocess(cut_texts(texts, model.max_seq_length),
-                                         processing_kwargs={**kwargs, "common": {"return_tensors": None}}))
-
-
-def token_counts(model: SentenceTransformer, texts: list[str]) -> list[int]:
-    """Each text's tokens as a step gets them (`features`), padding left out: group_by_length's sort key."""
-    return features(model, texts)["attention_mask"].sum(1).tolist()
-
-
-def tokens(model: SentenceTransformer, texts: list[str]) -> dict:
-    return to_device(features(model, texts), model.device)
+def tokens(model: SentenceTransformer, column: list[str] | list[Tokens]) -> dict:
+    return to_device(features(model, column), model.device)
 
 
 def anchors_and_positives(model: SentenceTransformer) -> Callable[[list[Pair]], list[dict]]:

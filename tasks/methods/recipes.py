@@ -12,9 +12,11 @@ docs/methods.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-Pair = tuple[str, ...]  # (anchor, positive), or (anchor, positive, hard negative) for recipes that mine them
+# (anchor, positive), or (anchor, positive, hard negative) for recipes that mine them, and GPL's margin after
+# them: texts, or their token ids (tasks/encoders/inputs.py's Tokens)
+Pair = tuple[Any, ...]
 View = Literal["crops", "same", "noise", "summaries", "queries"]
 
 
@@ -41,6 +43,10 @@ class Recipe:
     round_trip: int | None = None
     # Each row also carries a cross-encoder's margin, score(query, passage) - score(query, negative): GPL's teacher.
     margins: bool = False
+
+    @property
+    def whole_word_masking(self) -> bool:
+        return self.enhanced_decoder  # RetroMAE masks whole words
 
     @property
     def needs_summaries(self) -> bool:

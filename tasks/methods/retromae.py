@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
 from torch import nn
 
-from tasks.encoders.budget import cut_texts
-from tasks.encoders.models import pad_multiple, to_device, token_arrays
+from tasks.encoders.inputs import Tokens, padded_tokens, word_tokenize
+from tasks.encoders.models import to_device
 from tasks.methods.distributed import Gather, no_gather
 from tasks.methods.infonce import info_nce
 from tasks.methods.masking import mask_tokens
@@ -37,13 +37,10 @@ def decoder_attention_mask(attention_mask: torch.Tensor, visible: float) -> torc
     return allowed
 
 
-def retromae_features(model: SentenceTransformer, texts: list[str]) -> dict:
-    """Tokenised texts plus `word_ids` (-1 on special and padding tokens) for whole-word masking."""
-    texts = cut_texts(texts, model.max_seq_length)
-    batch = model.tokenizer(texts, padding=True, truncation=True, max_length=model.max_seq_length,
-                            pad_to_multiple_of=pad_multiple(model))
-    words = [[-1 if w is None else w for w in batch.word_ids(i)] for i in range(len(texts))]
-    return token_arrays({**batch, "word_ids": words})
+def retromae_features(model: SentenceTransformer, column: list[str] | list[Tokens]) -> dict:
+    """A batch's column (texts, or the tokens stage's ids with their words) as padded inputs plus `word_ids`
+    (NO_WORD on special and padding tokens) for whole-word masking."""
+    return padded_tokens(model, column, words=True) if isinstance(column[0], Tokens) else word_tokenize(model, column)
 
 
 class EnhancedDecoder(nn.Module):

@@ -376,7 +376,7 @@ def test_a_completed_state_read_back_from_the_api_gives_the_runs_value_and_a_fai
     from prefect import flow, get_client
     from prefect.exceptions import MissingResult
 
-    from flows.pipeline import outcome
+    from flows.runners import outcome
 
     @flow
     def finishes() -> str:

@@ -3,8 +3,9 @@ import pyarrow as pa
 import pytest
 
 from tasks.methods import batches as batching
+from tasks.encoders.inputs import Tokens
 from tasks.methods.batches import PairBatches, plan_batches
-from tests.helpers import pairs_file, parquet_file
+from tests.helpers import pairs_file, parquet_file, tokens_file
 
 
 def test_a_lone_trailing_pair_is_not_a_batch():
@@ -55,9 +56,12 @@ def varied_pairs(epochs: int, rows: int, seed: int = 0) -> list[list[tuple[str, 
              for i, n in enumerate(words[e])] for e in range(epochs)]
 
 
-def words(texts: list[str]) -> list[int]:
-    """The test's token count: words (the train stage counts the model's tokens, objectives.token_counts)."""
-    return [len(text.split()) for text in texts]
+def grouped(per_epoch, row_group_size: int, seed: int = 0, read=None) -> list[tuple[int, list]]:
+    """The batches of the pairs' tokens file grouped by length, from `read`'s step (all by default), as texts."""
+    source, texts = tokens_file(per_epoch, row_group_size)
+    batches = PairBatches(source, 4, group_by_length=True, seed=seed)
+    return [(epoch, [tuple(texts[t.ids[0]] for t in row) for row in rows])
+            for epoch, rows in batches.from_step(read or 0)]
 
 
 def padding(batches: list[tuple[int, list]]) -> int:
@@ -71,9 +75,9 @@ def test_grouped_batches_hold_the_same_rows_in_the_same_sizes_and_pad_less(monke
     monkeypatch.setattr(batching, "GROUP_WINDOW", 3)  # windows of 3 batches: several per epoch
     per_epoch = varied_pairs(epochs=2, rows=29)  # 29 = 7 x 4 + 1: the lone trailing row is dropped either way
     plain = list(PairBatches(pairs_file(per_epoch, row_group_size), 4).from_step(0))
-    grouped = PairBatches(pairs_file(per_epoch, row_group_size), 4, length=words)
-    batches = list(grouped.from_step(0))
-    assert len(batches) == len(plain) == len(grouped) and grouped.steps_per_epoch == 7
+    by_length = PairBatches(tokens_file(per_epoch, row_group_size)[0], 4, group_by_length=True)
+    batches = grouped(per_epoch, row_group_size)
+    assert len(batches) == len(plain) == len(by_length) and by_length.steps_per_epoch == 7
     assert [(e, len(rows)) for e, rows in batches] == [(e, len(rows)) for e, rows in plain]
     for epoch in range(2):
         rows = [row for e, rows in batches if e == epoch for row in rows]
@@ -86,17 +90,29 @@ def test_grouped_batches_hold_the_same_rows_in_the_same_sizes_and_pad_less(monke
 
 def test_grouped_batches_are_the_same_from_every_step_and_follow_the_seed():
     per_epoch = varied_pairs(epochs=2, rows=40)
-    grouped = PairBatches(pairs_file(per_epoch, 3), 4, length=words, seed=1)
-    expected = list(grouped.from_step(0))
+    expected = grouped(per_epoch, 3, seed=1)
     for step in range(len(expected)):
-        assert list(grouped.from_step(step)) == expected[step:]
-    assert list(PairBatches(pairs_file(per_epoch, 7), 4, length=words, seed=1).from_step(0)) == expected
-    source = pairs_file(per_epoch, 3)
-    resumed = PairBatches(source, 4, length=words, seed=1)
-    source.groups_read.clear()  # the plan read every group's texts once, for their lengths
-    assert next(resumed.from_step(10))[1] == expected[10][1]  # epoch 1's first: a window of file rows 40-79
+        assert grouped(per_epoch, 3, seed=1, read=step) == expected[step:]
+    assert grouped(per_epoch, 7, seed=1) == expected
+    source, texts = tokens_file(per_epoch, 3)
+    resumed = PairBatches(source, 4, group_by_length=True, seed=1)
+    source.groups_read.clear()  # the plan read every group's ids once, for their lengths
+    rows = next(resumed.from_step(10))[1]  # epoch 1's first: a window of file rows 40-79
+    assert [tuple(texts[t.ids[0]] for t in row) for row in rows] == expected[10][1]
     assert min(source.groups_read) == 13  # rows 39-41: none of the groups wholly before the window is read
-    assert list(PairBatches(pairs_file(per_epoch, 3), 4, length=words, seed=2).from_step(0)) != expected
+    assert grouped(per_epoch, 3, seed=2) != expected
+
+
+def test_a_tokens_file_gives_its_rows_as_ids_with_their_words_and_a_pairs_file_cannot_be_grouped():
+    per_epoch = varied_pairs(epochs=1, rows=6)
+    source, texts = tokens_file(per_epoch, 4)
+    epoch, rows = next(PairBatches(source, 5).from_step(0))
+    assert epoch == 0 and len(rows) == 5 and all(isinstance(t, Tokens) for row in rows for t in row)
+    for (anchor, positive), (a, p) in zip(per_epoch[0], rows):
+        assert texts[a.ids[0]] == anchor and texts[p.ids[0]] == positive  # across the row groups' boundary too
+        assert a.ids.dtype == np.int32 and a.words.tolist() == list(range(len(anchor.split())))
+    with pytest.raises(ValueError, match="token ids"):
+        PairBatches(pairs_file(per_epoch), 5, group_by_length=True)
 
 
 def test_a_window_is_cut_longest_first_into_batches_of_neighbouring_lengths():

@@ -1,0 +1,84 @@
+"""A model's inputs for a batch of one column: from texts, tokenized now, or from the token ids the
+tokens stage stored once (tasks/tokens.py), padded now. Both give the same tensors.
+
+A text is cut to the character budget of the model's max length before it is tokenized
+(tasks/encoders/budget.py); the ids are then truncated to the max length, with special tokens.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from sentence_transformers import SentenceTransformer
+
+from tasks.encoders.budget import cut_texts
+from tasks.encoders.models import pad_multiple, token_arrays
+
+NO_WORD = -1  # the word of a special or padding token
+
+
+class Tokens(NamedTuple):
+    """One text as the tokens stage stored it: its ids, unpadded, and for whole-word masking each id's
+    word (NO_WORD on special tokens)."""
+
+    ids: np.ndarray  # (tokens,) int32
+    words: np.ndarray | None = None  # (tokens,) int32
+
+
+def tokenize(model: SentenceTransformer, texts: list[str], padded: bool = True) -> dict:
+    """The model's inputs for `texts` as sentence-transformers makes them (padded: to the batch's longest,
+    or to a compiled model's multiple); unpadded, `input_ids` is one list per text."""
+    text = {"pad_to_multiple_of": pad_multiple(model)} if padded else {"padding": False}
+    encoded = model.preprocess(cut_texts(texts, model.max_seq_length),
+                               processing_kwargs={"text": text, "common": {"return_tensors": None}})
+    return token_arrays(encoded) if padded else encoded
+
+
+def word_tokenize(model: SentenceTransformer, texts: list[str], padded: bool = True) -> dict:
+    """The tokenizer's inputs for `texts` plus `word_ids` (NO_WORD on special and padding tokens), for
+    whole-word masking; unpadded, lists."""
+    batch = model.tokenizer(cut_texts(texts, model.max_seq_length), padding=padded, truncation=True,
+                            max_length=model.max_seq_length, pad_to_multiple_of=pad_multiple(model) if padded else None)
+    words = [[NO_WORD if w is None else w for w in batch.word_ids(i)] for i in range(len(texts))]
+    return token_arrays({**batch, "word_ids": words}) if padded else {**batch, "word_ids": words}
+
+
+def padded(rows: list[np.ndarray], value: int, multiple: int | None, left: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, width) int64: each row's values, then `value` (before them with `left`); width = the longest
+    row, rounded up to `multiple`. And (rows, width) bool: where the row's own values are."""
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    width = int(lengths.max())
+    if multiple:
+        width = -(-width // multiple) * multiple
+    slots = np.arange(width)
+    real = slots >= width - lengths[:, None] if left else slots < lengths[:, None]  # (rows, width)
+    out = np.full((len(rows), width), value, np.int64)
+    out[real] = np.concatenate(rows)  # row-major: each row's values in order
+    return out, real
+
+
+def padded_tokens(model: SentenceTransformer, rows: list[Tokens], words: bool = False) -> dict:
+    """Stored ids padded as `tokenize` (with `words`: as `word_tokenize`) pads the texts they came from: a
+    single text's token types are all 0."""
+    tokenizer = model.tokenizer
+    multiple, left = pad_multiple(model), tokenizer.padding_side == "left"
+    ids, real = padded([r.ids for r in rows], tokenizer.pad_token_id, multiple, left)
+    names = tokenizer.model_input_names
+    arrays = {"input_ids": ids}
+    if "token_type_ids" in names:
+        arrays["token_type_ids"] = np.where(real, 0, tokenizer.pad_token_type_id)
+    if "attention_mask" in names:
+        arrays["attention_mask"] = real.astype(np.int64)
+    if words:
+        if rows[0].words is None:
+            raise ValueError("whole-word masking needs each token's word: tokens stored with word_ids")
+        arrays["word_ids"] = padded([r.words for r in rows], NO_WORD, multiple, left)[0]
+    return {**token_arrays(arrays), **({} if words else {"modality": "text"})}
+
+
+def features(model: SentenceTransformer, column: list[str] | list[Tokens]) -> dict:
+    """The model's inputs for a batch's column: its texts tokenized, or its stored ids padded."""
+    if not column:
+        return {}
+    return padded_tokens(model, column) if isinstance(column[0], Tokens) else tokenize(model, column)
