@@ -34,6 +34,7 @@ from tasks.methods.recipes import RECIPES
 
 CHUNK_TEXTS = 2_048  # texts tokenized at a time (a tokenizer handed 65,536 texts held 3.6 GiB more; 2,048: 114 MiB)
 IDS = pa.list_(pa.int32())
+KEPT = ("epoch", "margin")  # the pairs' columns the tokens file keeps as they are
 
 
 class TokensJob(Section):
@@ -58,18 +59,15 @@ def tokens_schema(pairs: pa.Schema, word_ids: bool) -> pa.Schema:
     for field in pairs:
         if field.name in TEXT_COLUMNS:
             fields += [pa.field(field.name, IDS)] + ([pa.field(words_column(field.name), IDS)] if word_ids else [])
-        elif field.name in ("epoch", "margin"):
+        elif field.name in KEPT:
             fields.append(field)
     return pa.schema(fields)
 
 
 def tokenized(model: SentenceTransformer, rows: pa.Table, schema: pa.Schema, word_ids: bool) -> pa.Table:
     """A row group of pairs as the tokens file holds it."""
-    columns = {}
-    for name in schema.names:
-        if name not in TEXT_COLUMNS:
-            columns.setdefault(name, rows[name])
-            continue
+    columns = {name: rows[name] for name in schema.names if name in KEPT}
+    for name in (n for n in schema.names if n in TEXT_COLUMNS):
         ids, words = [], []
         texts = rows[name].to_pylist()
         for start in range(0, len(texts), CHUNK_TEXTS):
@@ -89,7 +87,7 @@ def length_stats(path: Path, columns: list[str], max_length: int, spill: Path) -
     parts = [f"avg(len({c})), median(len({c})), quantile_cont(len({c}), 0.95), max(len({c})), "
              f"avg((len({c}) >= {max_length})::int)" for c in columns]
     with duck.connect(spill) as con:
-        row = con.sql(f"SELECT {', '.join(parts)} FROM read_parquet($path)", params={"path": str(path)}).fetchone()
+        row = con.execute(f"SELECT {', '.join(parts)} FROM read_parquet($path)", {"path": str(path)}).fetchone()
     return {c: {n: round(float(v), 4) for n, v in zip(names, row[5 * i : 5 * i + 5])} for i, c in enumerate(columns)}
 
 

@@ -18,8 +18,8 @@ from tasks.core import identity
 from tasks.core.stage import STAGES, NoInputs
 from tests.helpers import DEMO_DOCS, REPO
 
-ALL_STAGES = {"ingest", "sentences", "pairs", "llm", "summarize", "queries", "negatives", "init", "train", "embed",
-              "evaluate", "semantic", "mteb", "report"}
+ALL_STAGES = {"ingest", "sentences", "pairs", "tokens", "llm", "summarize", "queries", "negatives", "init", "train",
+              "embed", "evaluate", "semantic", "mteb", "report"}
 FIRST_PARTY_FILES = sorted(p for package in identity.FIRST_PARTY for p in (REPO / package).rglob("*.py"))
 
 # Records every import statement executed while the stage modules load: importer → imported.

