@@ -15,6 +15,9 @@ sentence-transformers' SentenceTransformerTrainer on the crops recipe.
    `train.group_by_length`, alternating with its plain side over --rounds rounds; both sides' padding
    shares are printed. Their rows are a whole window of the grouping (50 batches, or the demo's epoch
    where it is shorter), of which both sides train the first 1 + --steps batches.
+embforge trains on the token ids the tokens stage stores (tasks/tokens.py), as its train stage does: that
+stage runs once per pairs artifact, not in the steps, and its time per batch is printed apart. The Trainer
+tokenizes in its steps.
 The first step of each side is a warm-up and is not timed; the next --steps steps are timed from
 step end to step end.
 Usage:
@@ -32,7 +35,6 @@ import shutil
 import statistics
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -61,14 +63,16 @@ from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.model import RandomInitConfig
 from tasks.config.training import PER_ROW, MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
+from tasks.encoders.inputs import features
 from tasks.encoders.models import pick_device, save_random_encoder, sentence_model
 from tasks.ingest import INGEST
 from tasks.methods.batches import GROUP_WINDOW, PairBatches
-from tasks.methods.objectives import build_objective, features, token_counts
+from tasks.methods.objectives import build_objective
 from tasks.methods.recipes import RECIPES
 from tasks.methods.training import Checkpoints, StepTimes, train_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
+from tasks.tokens import tokenized, tokens_schema
 
 DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 WARMUP = 1  # untimed first step of each side
@@ -92,12 +96,20 @@ def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
     return rows.slice(0, n)
 
 
-def first_batches(pairs: pq.ParquetFile, cfg: TrainConfig, steps: int | None, model) -> PairBatches:
-    """The batches of `pairs` as the train stage plans them for `model`, the first `steps` of them (None: all)."""
-    length = partial(token_counts, model) if cfg.group_by_length else None
-    batches = PairBatches(pairs, cfg.batch_size, length, cfg.seed)
+def first_batches(tokens: pq.ParquetFile, cfg: TrainConfig, steps: int | None) -> PairBatches:
+    """The batches of a tokens file as the train stage plans them, the first `steps` of them (None: all)."""
+    batches = PairBatches(tokens, cfg.batch_size, cfg.group_by_length, cfg.seed)
     batches.plan = batches.plan[:steps]
     return batches
+
+
+def write_tokens(model, recipe: str, rows: pa.Table, path: Path) -> float:
+    """`rows` written as the tokens stage stores them for `recipe`; the seconds that took (once per pairs
+    artifact, not per step)."""
+    start = time.perf_counter()
+    words = RECIPES[recipe].whole_word_masking
+    pq.write_table(tokenized(model, rows, tokens_schema(rows.schema, words), words), path)
+    return time.perf_counter() - start
 
 
 def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, work: Path,
@@ -109,22 +121,22 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, 
                            padding_free=cfg.padding_free, compile=cfg.compile)
     stamps: list[float] = []
     method = MethodConfig(name=recipe, recipe=recipe)
-    pq.write_table(rows, work / f"pairs-{recipe}.parquet")  # read as the train stage reads its pairs
-    with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
+    write_tokens(model, recipe, rows, work / f"tokens-{recipe}.parquet")  # read as the train stage reads them
+    with pq.ParquetFile(work / f"tokens-{recipe}.parquet") as tokens:
         train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
-                    first_batches(pairs, cfg, steps, model), cfg, Checkpoints(work / f"ckpt-{recipe}"),
+                    first_batches(tokens, cfg, steps), cfg, Checkpoints(work / f"ckpt-{recipe}"),
                     on_step=lambda _: (stamps.append(time.perf_counter()), after_step()), profile=profile)
     return stamps
 
 
 def padding_share(model_path: str, recipe: str, cfg: TrainConfig, work: Path, steps: int | None = None) -> float:
     """Share of the token slots of the timed batches of `recipe` (as time_recipe last trained them, over `steps`
-    batches) that are padding: anchors and positives are tokenized apart, each padded to its batch's longest (as
-    both trainers do)."""
+    batches) that are padding: anchors and positives are padded apart, each to its batch's longest (as both
+    trainers do)."""
     model = sentence_model(model_path, cfg.max_length)
     real = slots = 0
-    with pq.ParquetFile(work / f"pairs-{recipe}.parquet") as pairs:
-        for _, batch in first_batches(pairs, cfg, steps, model).from_step(WARMUP):
+    with pq.ParquetFile(work / f"tokens-{recipe}.parquet") as tokens:
+        for _, batch in first_batches(tokens, cfg, steps).from_step(WARMUP):
             for side in list(zip(*batch))[:2]:  # anchors, positives
                 mask = features(model, list(side))["attention_mask"]
                 real, slots = real + int(mask.sum()), slots + mask.numel()
@@ -139,7 +151,7 @@ def step_split(profile: StepTimes) -> dict[str, float]:
 
 
 def prepared_ahead(profile: StepTimes) -> float:
-    """Mean seconds the background thread took to read and tokenize a batch (off the step)."""
+    """Mean seconds the background thread took to read and pad a batch (off the step)."""
     return statistics.fmean(profile.prepared[WARMUP:])
 
 
@@ -200,7 +212,7 @@ def main() -> None:
     p.add_argument("--group-by-length", action="store_true", help="also time the recipes whose loss is per row "
                    "with `train.group_by_length` (rounds of plain and grouped, alternating)")
     p.add_argument("--profile", action="store_true", help="also split embforge's crops steps (padded and "
-                   "padding-free) into waiting for data, tokenizing, forward, backward, optimizer, other")
+                   "padding-free) into waiting for data, forward, backward, optimizer, other")
     args = p.parse_args()
     recipes = args.recipes.split(",")
     device = pick_device(args.device)
@@ -265,6 +277,8 @@ def main() -> None:
             split[side] = step_split(profile)
             ahead[side] = prepared_ahead(profile)
     padding = padding_share(model_path, "crops", cfg, work) if "crops" in recipes else None
+    tokens_s = write_tokens(sentence_model(model_path, cfg.max_length), "crops", pairs, work / "tokens.parquet")
+    tokens_ms = 1000 * tokens_s / (pairs.num_rows / args.batch_size)  # a batch's share of the tokens stage
     shutil.rmtree(work, ignore_errors=True)
 
     # 4. Figures
@@ -294,7 +308,8 @@ def main() -> None:
         total = sum(parts.values())
         print(f"step split, {side}: {total:.3f} s/step = " + ", ".join(
             f"{part} {seconds:.3f} s ({seconds / total:.1%})" for part, seconds in parts.items())
-            + f"; read and tokenized ahead on a background thread: {ahead[side]:.3f} s/batch")
+            + f"; read and padded ahead on a background thread: {ahead[side]:.3f} s/batch")
+    print(f"the tokens stage: {tokens_ms:.1f} ms a batch of crops, once per pairs artifact (not in the steps timed)")
     if ef:
         print(f"embforge / sentence-transformers (crops) = {ef / st:.3f}; padding-free: {free / st:.3f}")
     print(json.dumps({"rows_per_s": {r: round(v, 2) for r, v in per_recipe.items()},
@@ -309,6 +324,7 @@ def main() -> None:
                       "step_split_s": {side: {k: round(v, 4) for k, v in parts.items()}
                                        for side, parts in split.items()},
                       "prepared_ahead_s": {side: round(v, 4) for side, v in ahead.items()},
+                      "tokens_stage_ms_per_batch": round(tokens_ms, 2),
                       "model": name,
                       "random_init": args.random_init, "batch_size": args.batch_size,
                       "timed_steps": args.steps, "warmup_steps": WARMUP, "rounds": args.rounds,

@@ -38,7 +38,8 @@ def test_train_step_times_recipes_and_alternates_crops_with_the_trainer():
     for side in ("crops", "crops_padding_free"):  # --profile: every part of a step took some time
         assert set(out["step_split_s"][side]) == {"data", "forward", "backward", "optimizer", "other"}
         assert all(seconds > 0 for seconds in out["step_split_s"][side].values())
-        assert out["prepared_ahead_s"][side] > 0  # read and tokenized on the background thread
+        assert out["prepared_ahead_s"][side] > 0  # read and padded on the background thread
+    assert out["tokens_stage_ms_per_batch"] > 0
 
 
 def test_eval_encode_runs_on_the_cpu(tiny_dir):
@@ -52,13 +53,15 @@ def test_eval_encode_runs_on_the_cpu(tiny_dir):
     assert out["min_cosine"] >= 0.999 and max(out["max_score_change"].values()) <= 0.001  # the same computation
 
 
-def test_collate_compares_features_with_transformers_conversion(tiny_dir):
+def test_collate_compares_stored_ids_and_texts_with_transformers_conversion(tiny_dir):
     out = json.loads(benchmark("collate.py", "--model", tiny_dir, "--batches", "4,8", "--max-length", "32",
                                "--rounds", "2", "--repeats", "1"))
     assert [r["batch"] for r in out["results"]] == [4, 8] and (out["rounds"], out["repeats"]) == (2, 1)
     for r in out["results"]:
         assert all(len(rounds) == 2 and min(rounds) > 0 for rounds in r["rounds_ms"].values())
-        assert r["speedup"] > 0  # the same tensors on both sides, or it stops
+        assert set(r["rounds_ms"]) == {"embforge, stored ids", "embforge, texts", "transformers' conversion"}
+        assert set(r["speedup"]) == {"embforge, stored ids", "embforge, texts"}  # the same tensors, or it stops
+        assert min(r["speedup"].values()) > 0
 
 
 def test_train_gpu_runs_on_the_cpu():

@@ -88,7 +88,7 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
     assert [r["status"] for r in runs] == ["crashed", "completed"]  # the killed run never finished
     states = {r["stage"]: r["state"] for r in catalog.query(
         "SELECT stage, state FROM run_stages WHERE run_id = ?", [runs[1]["run_id"]])}
-    assert states["ingest"] == states["sentences"] == states["pairs"] == states["init"] == "Cached"
+    assert states["ingest"] == states["sentences"] == states["pairs"] == states["tokens"] == states["init"] == "Cached"
     assert states["train"] == "Completed"
     [trained] = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [runs[1]["run_id"]])
     assert store.manifest(ArtifactRef("train", trained["key"]))["config"]["train"]["epochs"] == 2

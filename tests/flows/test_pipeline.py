@@ -17,7 +17,8 @@ from tasks.methods.recipes import RECIPES as REGISTRY
 from tests.helpers import DEMO_DOCS, REPO, STSB, tiny_config
 
 SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores
-STAGES = ["ingest", "sentences", "init", "pairs", "train", "pairs", "train", *SCORE_STAGES * 3, "report"]
+STAGES = ["ingest", "sentences", "init", "pairs", "tokens", "train", "pairs", "tokens", "train", *SCORE_STAGES * 3,
+          "report"]
 IN_DOMAIN = {"knn_accuracy", "knn_accuracy_splits", "sts_spearman", "alignment", "uniformity", "mean_cosine",
              "top1_pc_variance", "top10_pc_variance"}
 
@@ -97,10 +98,11 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
         ("init", "Cached", {"torch": ["1.0.0", torch_now]})]
     rebuilt, _ = run(config, rebuild_stale_versions=True)
     states = {(s["stage"], s["label"]): s["state"] for s in stages(Catalog(store), rebuilt)}
-    # The encoder is built again, and so is everything that read it (same keys, new bytes).
+    # The encoder is built again, and so is everything that read it (same keys, new bytes): its tokenizer too.
     assert {k for k, state in states.items() if state == "Completed"} == {
-        ("init", ""), ("train", "crops"), ("train", "dropout"), *(("embed", m) for m in ("base (random init)", "crops",
-        "dropout")), *(("evaluate", m) for m in ("base (random init)", "crops", "dropout")), ("report", "")}
+        ("init", ""), *((stage, m) for stage in ("tokens", "train") for m in ("crops", "dropout")),
+        *((stage, m) for stage in ("embed", "evaluate") for m in ("base (random init)", "crops", "dropout")),
+        ("report", "")}
     assert {k[0] for k, state in states.items() if state == "Cached"} == {"ingest", "sentences", "pairs"}
     assert store.manifest(ArtifactRef("init", init_key))["libraries"]["torch"] == torch_now
 
@@ -108,7 +110,7 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     third, _ = run(tiny_config(tmp_path, evaluate={"knn": {"repeats": 2}}))
     states = {(s["stage"], s["state"]) for s in stages(Catalog(store), third)}
     assert {st for stage, st in states
-            if stage in ("ingest", "sentences", "init", "pairs", "train", "embed")} == {"Cached"}
+            if stage in ("ingest", "sentences", "init", "pairs", "tokens", "train", "embed")} == {"Cached"}
     assert {st for stage, st in states if stage in ("evaluate", "report")} == {"Completed"}
 
     # 4. An artifact deleted by hand is rebuilt: the store alone decides what is cached.

@@ -1,6 +1,7 @@
 """tasks/tokens.py: the pairs' texts as token ids, stored once, and training on them."""
 
 import json
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest

@@ -2,8 +2,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.methods import batches as batching
 from tasks.encoders.inputs import Tokens
+from tasks.methods import batches as batching
 from tasks.methods.batches import PairBatches, plan_batches
 from tests.helpers import pairs_file, parquet_file, tokens_file
 
