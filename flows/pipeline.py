@@ -220,7 +220,7 @@ def track(run: Run) -> None:
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
                  base_model: str | None, start: ArtifactRef | None,
                  summaries: ArtifactRef | None = None, negatives: ArtifactRef | None = None) -> ReportedModel:
-    """Pairs, then training, for one method; `start` is the encoder artifact to start from, if any."""
+    """Pairs, their tokens, then training, for one method; `start` is the encoder artifact to start from, if any."""
     knn = run.cfg.evaluate.knn
     views = PairsConfig.for_method(method, train.epochs, knn, train.batch_size)
     pairs = run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)

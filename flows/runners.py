@@ -1,4 +1,5 @@
-"""The task runner a run's stages go through (`run.task_runner` in the config).
+"""The task runner a run's stages go through (`run.task_runner` in the config), and what a stage's
+final state gives back (`outcome`).
 
 `sequential` keeps the one-machine default exactly as it was: each stage runs in the flow's
 process when the flow reaches it. The others are Prefect's own runners: stages are submitted

@@ -1,13 +1,15 @@
 """Tokens: a pairs artifact's texts as an encoder's token ids, computed once and stored, so that a training
 step only pads them (tasks/encoders/inputs.py). Every epoch, every resume, and every method that trains
-the same tokenizer on the same view reads them; recomputing them each step took half of a GPU step.
+the same tokenizer on the same view reads them; tokenizing in the step took 37% of a BERT-base step at
+batch 64 on an H200 (docs/results.md).
 
 The key holds what tokenizes: the start model (its files, or the artifact it is in) and the max length.
 Inputs: `pairs`; `start` when the encoder is an artifact (a random init, stage 1's model).
 Output `tokens.parquet`: the pairs' rows in the same order and row groups, each text column (anchor,
 positive[, negative]) as its ids (list<int32>: special tokens in, truncated to max_length, unpadded), with
-`word_ids` each id's word as `<column>_words` (-1: a special token; RetroMAE's whole-word masking), and
-epoch (and GPL's margin) as the pairs have them. Its manifest gives each column's length statistics.
+`word_ids` each id's word as `<column>_words` (NO_WORD on special tokens; RetroMAE's whole-word masking),
+and epoch (and GPL's margin) as the pairs have them. The manifest gives each column's length statistics and
+the tokenizer's digest, which training checks against the tokenizer it loads.
 """
 
 from __future__ import annotations
@@ -27,14 +29,13 @@ from tasks.config.training import MethodConfig, TrainConfig
 from tasks.core import duck
 from tasks.core.progress import StageProgress
 from tasks.core.stage import Inputs, Stage
-from tasks.encoders.inputs import tokenize, word_tokenize
-from tasks.encoders.models import model_identity, model_path, sentence_model
-from tasks.methods.batches import TEXT_COLUMNS, words_column
+from tasks.encoders.inputs import LABEL_COLUMNS, TEXT_COLUMNS, tokenize, tokenizer_digest, word_tokenize, words_column
+from tasks.encoders.models import base_model_identity, model_path, sentence_model
 from tasks.methods.recipes import RECIPES
 
 CHUNK_TEXTS = 2_048  # texts tokenized at a time (a tokenizer handed 65,536 texts held 3.6 GiB more; 2,048: 114 MiB)
 IDS = pa.list_(pa.int32())
-KEPT = ("epoch", "margin")  # the pairs' columns the tokens file keeps as they are
+KEPT = ("epoch", *LABEL_COLUMNS)  # the pairs' columns the tokens file keeps as they are
 
 
 class TokensJob(Section):
@@ -64,26 +65,39 @@ def tokens_schema(pairs: pa.Schema, word_ids: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
+def column_tokens(model: SentenceTransformer, texts: list[str], word_ids: bool,
+                  ) -> tuple[pa.ChunkedArray, pa.ChunkedArray | None]:
+    """(ids, words or None) of `texts`, CHUNK_TEXTS at a time: Arrow arrays, never one Python list of them all."""
+    ids, words = [], []
+    for start in range(0, len(texts), CHUNK_TEXTS):
+        encoded = (word_tokenize if word_ids else tokenize)(model, texts[start : start + CHUNK_TEXTS], padded=False)
+        ids.append(pa.array(encoded["input_ids"], IDS))
+        words += [pa.array(encoded["word_ids"], IDS)] if word_ids else []
+    return pa.chunked_array(ids, IDS), pa.chunked_array(words, IDS) if word_ids else None
+
+
 def tokenized(model: SentenceTransformer, rows: pa.Table, schema: pa.Schema, word_ids: bool) -> pa.Table:
-    """A row group of pairs as the tokens file holds it."""
+    """A row group of pairs as the tokens file holds it. A column equal to the one before it (the `same` view's
+    positive) is tokenized once."""
     columns = {name: rows[name] for name in schema.names if name in KEPT}
+    previous = None
     for name in (n for n in schema.names if n in TEXT_COLUMNS):
-        ids, words = [], []
-        texts = rows[name].to_pylist()
-        for start in range(0, len(texts), CHUNK_TEXTS):
-            encoded = (word_tokenize if word_ids else tokenize)(model, texts[start : start + CHUNK_TEXTS], padded=False)
-            ids += encoded["input_ids"]
-            words += encoded.get("word_ids", [])
-        columns[name] = pa.array(ids, IDS)
-        if word_ids:
-            columns[words_column(name)] = pa.array(words, IDS)
+        if previous is not None and rows[name].equals(rows[previous]):
+            columns[name] = columns[previous]
+            if word_ids:
+                columns[words_column(name)] = columns[words_column(previous)]
+        else:
+            columns[name], words = column_tokens(model, rows[name].to_pylist(), word_ids)
+            if word_ids:
+                columns[words_column(name)] = words
+        previous = name
     return pa.table(columns, schema=schema)
 
 
 def length_stats(path: Path, columns: list[str], max_length: int, spill: Path) -> dict:
     """Per text column, by DuckDB: the mean, median, 95th percentile and longest ids, and the share of texts
-    cut at max_length."""
-    names = ("mean", "median", "p95", "max", "truncated")
+    at max_length (cut there, or exactly that long)."""
+    names = ("mean", "median", "p95", "max", "at_max_length")
     parts = [f"avg(len({c})), median(len({c})), quantile_cont(len({c}), 0.95), max(len({c})), "
              f"avg((len({c}) >= {max_length})::int)" for c in columns]
     with duck.connect(spill) as con:
@@ -106,10 +120,11 @@ def build_tokens(store: ArtifactStore, job: TokensJob, inputs: TokensInputs,
                     bar.update(table.num_rows)
                     yield table
             rows = out.write_batches("tokens", schema, groups())
-    out.extra.update(lengths=length_stats(out.folder / "tokens.parquet", texts, job.max_length, out.work))
-    for column, stats in out.extra["lengths"].items():
-        log.info("%s: %d rows, %.1f tokens on average, %d at most, %.1f%% cut at %d", column, rows, stats["mean"],
-                 stats["max"], 100 * stats["truncated"], job.max_length)
+    lengths = length_stats(out.folder / "tokens.parquet", texts, job.max_length, out.work)
+    out.extra.update(tokenizer=tokenizer_digest(model), max_length=job.max_length, lengths=lengths)
+    for column, stats in lengths.items():
+        log.info("%s: %d rows, %.1f tokens on average, %d at most, %.1f%% at the max length %d", column, rows,
+                 stats["mean"], stats["max"], 100 * stats["at_max_length"], job.max_length)
 
 
-TOKENS = Stage("tokens", build_tokens, extra_key=lambda job: model_identity(job.base_model) if job.base_model else None)
+TOKENS = Stage("tokens", build_tokens, extra_key=base_model_identity)

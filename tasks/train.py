@@ -40,7 +40,8 @@ from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
 from tasks.encoders import models, packed
-from tasks.encoders.models import model_identity, model_path, pick_device, sentence_model
+from tasks.encoders.inputs import tokenizer_digest
+from tasks.encoders.models import base_model_identity, model_path, pick_device, sentence_model
 from tasks.methods import distributed, health, objectives, training
 from tasks.methods.batches import PairBatches
 from tasks.metrics import knn
@@ -128,6 +129,10 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
                            distributed.process_device(pick_device(cfg.device)), pooling_for(job.recipe, cfg),
                            cfg.layer, cfg.padding_free, cfg.compile)
+    if store.manifest(inputs.tokens)["extra"]["tokenizer"] != tokenizer_digest(model):
+        raise InputError(f"{inputs.tokens.address}: its ids were made by another tokenizer or max length than the "
+                         "one training loads (a Hub model updated since?): remove that artifact from the store and "
+                         "run again")
     if cfg.gradient_checkpointing:
         models.checkpoint_activations(model)
     objective = frozen_objective(model, job)
@@ -206,8 +211,7 @@ def hardware(device: str, processes: int) -> str:
     return f"{processes} x {name}"
 
 
-TRAIN = Stage("train", build_model, extra_key=lambda job: model_identity(job.base_model) if job.base_model else None,
-              gpu=True, seeds_global_rng=True)
+TRAIN = Stage("train", build_model, extra_key=base_model_identity, gpu=True, seeds_global_rng=True)
 
 
 def main(spec: str) -> None:

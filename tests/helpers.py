@@ -120,28 +120,41 @@ class RecordedReads(pq.ParquetFile):
         return super().read_row_group(i, columns=columns, **kwargs)
 
 
-def parquet_file(columns: dict, row_group_size: int) -> RecordedReads:
+def parquet_file(columns: dict | pa.Table, row_group_size: int) -> RecordedReads:
     sink = pa.BufferOutputStream()
-    pq.write_table(pa.table(columns), sink, row_group_size=row_group_size)
+    pq.write_table(columns if isinstance(columns, pa.Table) else pa.table(columns), sink, row_group_size=row_group_size)
     return RecordedReads(pa.BufferReader(sink.getvalue()))
 
 
 def tokens_file(pairs_per_epoch, row_group_size=3) -> tuple[RecordedReads, list[str]]:
     """A tokens file of those pairs (tasks/tokens.py's columns) and its texts: a text's ids are one per word, the
     first its index in the texts, and its words count its words (the tokenizer's are the model's)."""
+    from tasks.encoders.inputs import words_column
     texts = [text for pairs in pairs_per_epoch for pair in pairs for text in pair]
     ids = [[i] + [0] * (len(text.split()) - 1) for i, text in enumerate(texts)]
     words = [list(range(len(i))) for i in ids]
     epochs = [epoch for epoch, pairs in enumerate(pairs_per_epoch) for _ in pairs]
     column = lambda lists, side: pa.array(lists[side::2], pa.list_(pa.int32()))  # noqa: E731
     return parquet_file({"epoch": pa.array(epochs, pa.int32()), "anchor": column(ids, 0),
-                         "anchor_words": column(words, 0), "positive": column(ids, 1),
-                         "positive_words": column(words, 1)}, row_group_size), texts
+                         words_column("anchor"): column(words, 0), "positive": column(ids, 1),
+                         words_column("positive"): column(words, 1)}, row_group_size), texts
+
+
+def pairs_table(pairs_per_epoch) -> pa.Table:
+    """What the pairs stage writes (epoch-major rows)."""
+    rows = [(epoch, anchor, positive) for epoch, pairs in enumerate(pairs_per_epoch) for anchor, positive in pairs]
+    return pa.table({"epoch": pa.array([r[0] for r in rows], pa.int32()), "doc_id": [f"d{i}" for i in range(len(rows))],
+                     "anchor": [r[1] for r in rows], "positive": [r[2] for r in rows]})
 
 
 def pairs_file(pairs_per_epoch, row_group_size=3) -> RecordedReads:
-    """What the pairs stage writes (epoch-major rows), in row groups of `row_group_size` rows."""
-    rows = [(epoch, anchor, positive) for epoch, pairs in enumerate(pairs_per_epoch) for anchor, positive in pairs]
-    return parquet_file({"epoch": pa.array([r[0] for r in rows], pa.int32()),
-                         "doc_id": [f"d{i}" for i in range(len(rows))],
-                         "anchor": [r[1] for r in rows], "positive": [r[2] for r in rows]}, row_group_size)
+    """The pairs stage's file, in row groups of `row_group_size` rows."""
+    return parquet_file(pairs_table(pairs_per_epoch), row_group_size)
+
+
+def model_tokens_file(model, pairs_per_epoch, row_group_size=3, word_ids=False) -> RecordedReads:
+    """The tokens stage's file of those pairs for `model` (what training reads), in row groups of `row_group_size`."""
+    from tasks.tokens import tokenized, tokens_schema
+
+    table = pairs_table(pairs_per_epoch)
+    return parquet_file(tokenized(model, table, tokens_schema(table.schema, word_ids), word_ids), row_group_size)

@@ -1,5 +1,5 @@
-"""Work prepared ahead on a background thread: the next batches are read and tokenized (and copied
-to the GPU) while the current one runs, so a step never waits for its inputs unless preparing
+"""Work prepared ahead on a background thread: the next batches are read and padded or tokenized (and
+copied to the GPU) while the current one runs, so a step never waits for its inputs unless preparing
 them is slower than the step itself.
 
 Tokenizers and Arrow release the GIL for their heavy parts, so the thread runs beside the model's

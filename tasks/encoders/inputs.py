@@ -7,6 +7,8 @@ A text is cut to the character budget of the model's max length before it is tok
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import NamedTuple
 
 import numpy as np
@@ -16,6 +18,13 @@ from tasks.encoders.budget import cut_texts
 from tasks.encoders.models import pad_multiple, token_arrays
 
 NO_WORD = -1  # the word of a special or padding token
+TEXT_COLUMNS = ("anchor", "positive", "negative")  # a pairs row's texts (tasks/pairs.py), as the tokens stage's ids
+LABEL_COLUMNS = ("margin",)  # a pairs row's values for the loss (GPL's teacher margin), kept as they are
+
+
+def words_column(column: str) -> str:
+    """A tokens file's column of the words of `column`'s ids."""
+    return f"{column}_words"
 
 
 class Tokens(NamedTuple):
@@ -24,6 +33,19 @@ class Tokens(NamedTuple):
 
     ids: np.ndarray  # (tokens,) int32
     words: np.ndarray | None = None  # (tokens,) int32
+
+
+def tokenizer_digest(model: SentenceTransformer) -> str:
+    """What decides a text's ids: the tokenizer's definition (vocabulary, normalizer, special tokens, not the
+    truncation and padding a call last set), the lowercasing sentence-transformers may add, and the max length."""
+    tokenizer = model.tokenizer
+    if tokenizer.is_fast:
+        spec = {k: v for k, v in json.loads(tokenizer.backend_tokenizer.to_str()).items()
+                if k not in ("truncation", "padding")}
+    else:
+        spec = [tokenizer.get_vocab(), tokenizer.special_tokens_map]
+    made = [spec, getattr(model[0], "do_lower_case", False), model.max_seq_length]
+    return hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def tokenize(model: SentenceTransformer, texts: list[str], padded: bool = True) -> dict:

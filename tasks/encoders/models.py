@@ -75,6 +75,11 @@ def model_identity(name_or_path: str) -> str:
     return file_digest(resolved) if Path(resolved).is_dir() else resolved
 
 
+def base_model_identity(job) -> str | None:
+    """A stage job's `base_model` identity (model_identity), for its key; None when its inputs carry the model."""
+    return model_identity(job.base_model) if job.base_model else None
+
+
 def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -26,10 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.config.training import GROUP_WINDOW
-from tasks.encoders.inputs import Tokens
+from tasks.encoders.inputs import LABEL_COLUMNS, TEXT_COLUMNS, Tokens, words_column
 from tasks.methods.recipes import Pair
-
-TEXT_COLUMNS = ("anchor", "positive", "negative")
 
 
 class BatchRows(NamedTuple):
@@ -64,11 +62,6 @@ def plan_batches(epoch_rows: list[int], batch_size: int, lengths: np.ndarray | N
     return plan
 
 
-def words_column(column: str) -> str:
-    """A tokens file's column of the words of `column`'s ids."""
-    return f"{column}_words"
-
-
 def token_lengths(source: pq.ParquetFile, columns: list[str]) -> np.ndarray:
     """(rows,) the summed ids of each row's token columns, a row group at a time."""
     per_group = [sum(pc.list_value_length(group[c]).to_numpy() for c in columns).astype(np.int64)
@@ -79,7 +72,7 @@ def token_lengths(source: pq.ParquetFile, columns: list[str]) -> np.ndarray:
 def column_values(rows: pa.Table, column: str) -> list:
     """A column's value in each row: texts and margins as they are, token ids as Tokens (with their words)."""
     values = rows[column]
-    if not pa.types.is_list(values.type):
+    if not pa.types.is_list(values.type) or not len(values):
         return values.to_pylist()
     cuts = np.cumsum(pc.list_value_length(values).to_numpy())[:-1]
     ids = np.split(pc.list_flatten(values).to_numpy(), cuts)
@@ -98,7 +91,7 @@ class PairBatches:
         names = source.schema_arrow.names
         # (anchor, positive) rows, or (anchor, positive, negative) where the view mined hard negatives, and
         # a cross-encoder's margin after them where the recipe learns it
-        self.columns = [c for c in (*TEXT_COLUMNS, "margin") if c in names]
+        self.columns = [c for c in (*TEXT_COLUMNS, *LABEL_COLUMNS) if c in names]
         texts = [c for c in self.columns if c in TEXT_COLUMNS]
         self.read = self.columns + [words_column(c) for c in texts if words_column(c) in names]
         tokenized = all(pa.types.is_list(source.schema_arrow.field(c).type) for c in texts)

