@@ -72,7 +72,7 @@ from tasks.methods.recipes import RECIPES
 from tasks.methods.training import Checkpoints, StepTimes, train_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
-from tasks.tokens import tokenized, tokens_schema
+from tasks.tokens import tokenized
 
 DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 WARMUP = 1  # untimed first step of each side
@@ -108,7 +108,7 @@ def write_tokens(model, recipe: str, rows: pa.Table, path: Path) -> float:
     artifact, not per step)."""
     start = time.perf_counter()
     words = RECIPES[recipe].whole_word_masking
-    pq.write_table(tokenized(model, rows, tokens_schema(rows.schema, words), words), path)
+    pq.write_table(tokenized(model, rows, words), path)
     return time.perf_counter() - start
 
 

@@ -76,9 +76,10 @@ def column_tokens(model: SentenceTransformer, texts: list[str], word_ids: bool,
     return pa.chunked_array(ids, IDS), pa.chunked_array(words, IDS) if word_ids else None
 
 
-def tokenized(model: SentenceTransformer, rows: pa.Table, schema: pa.Schema, word_ids: bool) -> pa.Table:
-    """A row group of pairs as the tokens file holds it. A column equal to the one before it (the `same` view's
-    positive) is tokenized once."""
+def tokenized(model: SentenceTransformer, rows: pa.Table, word_ids: bool) -> pa.Table:
+    """A row group of pairs as the tokens file holds it (tokens_schema). A column equal to the one before it (the
+    `same` view's positive) is tokenized once."""
+    schema = tokens_schema(rows.schema, word_ids)
     columns = {name: rows[name] for name in schema.names if name in KEPT}
     previous = None
     for name in (n for n in schema.names if n in TEXT_COLUMNS):
@@ -111,11 +112,12 @@ def build_tokens(store: ArtifactStore, job: TokensJob, inputs: TokensInputs,
     with store.open_table(inputs.pairs, "pairs") as pairs:
         schema = tokens_schema(pairs.schema_arrow, job.word_ids)
         texts = [c for c in schema.names if c in TEXT_COLUMNS]
+        read = [c for c in pairs.schema_arrow.names if c in TEXT_COLUMNS or c in KEPT]  # not doc_id
         with StageProgress(pairs.metadata.num_rows, "rows") as progress, \
                 tqdm(total=pairs.metadata.num_rows, desc=progress.label, unit="row", mininterval=5) as bar:
             def groups():
                 for g in range(pairs.num_row_groups):
-                    table = tokenized(model, pairs.read_row_group(g), schema, job.word_ids)
+                    table = tokenized(model, pairs.read_row_group(g, columns=read), job.word_ids)
                     progress.advance(table.num_rows)
                     bar.update(table.num_rows)
                     yield table

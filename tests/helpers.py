@@ -154,7 +154,6 @@ def pairs_file(pairs_per_epoch, row_group_size=3) -> RecordedReads:
 
 def model_tokens_file(model, pairs_per_epoch, row_group_size=3, word_ids=False) -> RecordedReads:
     """The tokens stage's file of those pairs for `model` (what training reads), in row groups of `row_group_size`."""
-    from tasks.tokens import tokenized, tokens_schema
+    from tasks.tokens import tokenized
 
-    table = pairs_table(pairs_per_epoch)
-    return parquet_file(tokenized(model, table, tokens_schema(table.schema, word_ids), word_ids), row_group_size)
+    return parquet_file(tokenized(model, pairs_table(pairs_per_epoch), word_ids), row_group_size)
