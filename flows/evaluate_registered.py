@@ -15,15 +15,8 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.params import EvaluateParams
-from flows.pipeline import (
-    Corpus,
-    ReportedModel,
-    open_run,
-    recorded,
-    report_models,
-    summarize_corpus,
-    write_queries,
-)
+from flows.pipeline import Corpus, report_models, summarize_corpus, write_queries
+from flows.runs import ReportedModel, open_run, recorded
 from storage.base import ArtifactRef
 from storage.catalog import CHANGES_SCHEMA, SCORE_STAGES, Catalog
 from storage.store import ArtifactStore

@@ -1,5 +1,5 @@
-"""The `pipeline` flow: ingest → sentences → [summarize] → [stage 1] → pairs → tokens → train → evaluate
-→ report, and its parts as flows of their own: `train` (no evaluation) and `summarize`
+"""The `pipeline` flow: ingest → sentences → [summarize] → [stage 1] → pairs → tokens → train → text tokens →
+embed → evaluate → report, and its parts as flows of their own: `train` (no evaluation) and `summarize`
 (flows/evaluate_registered.py scores registered models).
 
 It only composes: each stage is a cached Prefect task (tasks/), artifacts are passed as small
@@ -9,32 +9,18 @@ Prefect found it cached, so the catalog can answer "what ran, on what, with what
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import threading
-import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from dataclasses import dataclass, replace
 
-from prefect import flow, get_client, get_run_logger
-from prefect.client.schemas.objects import StateType
-from prefect.exceptions import TerminationSignal
-from prefect.futures import PrefectFuture
-from prefect.runtime import flow_run
+from prefect import flow
 
 from flows.params import RunParams, TrainParams
-from flows.runners import outcome, task_runner
+from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
-from storage.runs import RunRecord
-from storage.store import ArtifactStore
-from storage.stores import open_store
 from tasks.config.base import ConfigError
-from tasks.config.loading import load_config
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import Inputs, NoInputs, Stage
+from tasks.core.text_sets import TextSetInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.encoders.models import ModelInputs
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
@@ -50,171 +36,9 @@ from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob, publish_r
 from tasks.semantic import SEMANTIC, SemanticInputs, SemanticJob
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.summarize import SUMMARIZE, SummarizeInputs
+from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class ReportedModel:
-    label: str  # the name shown in the report
-    method: str  # the recipe it was trained with, "none" for the base, "reference" for yardsticks
-    artifact: ArtifactRef | None  # the train or init artifact holding it, if any
-    external: str | None = None  # else: its Hub name, folder or package:<name>
-    pooling: str = "mean"  # the recipe's sentence vector; untrained models are read with mean pooling
-    knn_holdout: bool = False  # trained without kNN's test documents
-    swept: dict = field(default_factory=dict)  # {field: value} of a method made by a sweep
-
-    def registration(self) -> dict:
-        """The model's entry in the run record: the catalog's `models` view reads these."""
-        return dict(label=self.label, method=self.method, artifact=self.artifact.address if self.artifact else None,
-                    external=self.external, pooling=self.pooling, knn_holdout=self.knn_holdout)
-
-
-@dataclass
-class Submitted:
-    """A stage handed to the task runner, and what its record entry says."""
-
-    ref: ArtifactRef
-    future: PrefectFuture
-    label: str
-    method: str
-    changes: dict
-    recorded: bool = False
-
-
-class Run:
-    """A flow run: its config, store and record, and how it runs a stage as a cached Prefect task.
-
-    With a task runner (`run.task_runner`), `stage` submits the task and returns its artifact's ref
-    at once (keys are derived from configs and input keys, not from results): the task waits for the
-    tasks that build its inputs, so independent stages run side by side. `wait` collects them all."""
-
-    def __init__(self, cfg: PipelineConfig, store: ArtifactStore, params: RunParams, flow_name: str):
-        self.cfg, self.store = cfg, store
-        self.rebuild_stale = params.rebuild_stale_versions
-        self.runner = task_runner(cfg.run)
-        self.submitted: dict[str, Submitted] = {}  # key → the task that builds it
-        self._recording = threading.Lock()
-        self.forced: set[str] = set()  # keys built again on request this run
-        self.record = RunRecord(store, str(flow_run.id or f"local-{os.getpid()}"), name=cfg.name, flow=flow_name,
-                                config_path=params.config, overrides=params.overrides,
-                                config=cfg.model_dump(mode="json"))
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        """The task runner's lifetime (a Dask cluster, a process pool), if there is one."""
-        with self.runner or contextlib.nullcontext():
-            yield
-
-    def stage(self, stage: Stage, config, inputs: Inputs, label: str = "", method: str = "",
-              force: bool = False) -> ArtifactRef:
-        """Run `stage` as a cached task; `force` builds it again even if the store has it."""
-        ref = stage.ref(config, inputs)  # once per call: the task is handed it
-        if ref.key in self.submitted:  # already submitted by this run: built once
-            return ref
-        changes = stage.version_changes(self.store, ref)
-        # What reads an artifact built again on request is built again too (same keys, new build).
-        force = force or bool(changes and self.rebuild_stale) or any(i.key in self.forced for i in inputs.refs())
-        if changes and not force:
-            get_run_logger().warning(
-                "%s: cached artifact %s was built with other library versions (%s); rerun with "
-                "--rebuild-stale-versions (rebuild_stale_versions in the UI) to rebuild it", stage.display(label),
-                ref.address, ", ".join(f"{lib} {was} → {now_}" for lib, (was, now_) in changes.items()))
-        if force:
-            self.forced.add(ref.key)
-            self.store.discard(ref)
-        runner = stage.as_task(self.cfg.retries).with_options(task_run_name=stage.display(label))
-        args = dict(store_url=self.store.url, config=config, inputs=inputs, ref=ref, label=label)
-        if self.runner is None:
-            state = runner(**args, return_state=True)
-            self.record.add_stage(ref, state.name, label, method, changes)
-            return outcome(state, ref)  # a stage's task returns the ref it was handed
-        future = self.runner.submit(runner, args, wait_for=[self.submitted[i.key].future for i in inputs.refs()
-                                                            if i.key in self.submitted])
-        submitted = self.submitted[ref.key] = Submitted(ref, future, label, method, changes)
-        future.add_done_callback(lambda _: self._finished(submitted))
-        return ref
-
-    def _finished(self, submitted: Submitted) -> None:
-        """Record a submitted stage's end once: its callback and `wait` both get here, in either order."""
-        with self._recording:
-            if submitted.recorded:
-                return
-            submitted.recorded = True
-            submitted.future.wait()  # done already; this keeps its final state (`state` would ask the API)
-            self.record.add_stage(submitted.ref, submitted.future.state.name, submitted.label, submitted.method,
-                                  submitted.changes)
-
-    def wait(self) -> None:
-        """Wait for every submitted stage, record them, and raise the first failure (in the order submitted)."""
-        for submitted in self.submitted.values():
-            submitted.future.wait()
-            self._finished(submitted)
-        for submitted in self.submitted.values():
-            if submitted.future.state.is_failed() or submitted.future.state.is_crashed():
-                submitted.future.state.result()
-
-    def register(self, models: list[ReportedModel]) -> None:
-        self.record.register([m.registration() for m in models])
-
-
-def open_run(params: RunParams, flow_name: str) -> Run:
-    """Load the config with the run's overrides (a bad one fails here, before any task) and start the record."""
-    cfg = load_config(params.config, params.overrides)
-    store = open_store(params.store, cfg.store)
-    store.check_writable()  # a served run too: one line naming the store, before any stage
-    folders, freed = store.clear_leftovers()
-    if folders:
-        get_run_logger().info("removed %d temp folder(s) left in %s by killed runs: %.1f MB freed", folders,
-                              store.root / ".tmp", freed / 1e6)
-    return Run(cfg, store, params, flow_name)
-
-
-def recorded(run: Run, body: Callable[[], T]) -> T:
-    """Run a flow's body with the run's task runner, wait for its stages, and mark the record completed or failed."""
-    try:
-        with run.running():
-            result = body()
-            run.wait()
-    except BaseException as e:  # KeyboardInterrupt and SIGTERM too: the record must not stay "running"
-        if isinstance(e, KeyboardInterrupt | TerminationSignal):
-            signum = signal.Signals(getattr(e, "signal", signal.SIGINT))
-            run.record.finish(stopped_as(), error=f"stopped by {signum.name}")
-        else:
-            run.record.finish("failed", error="".join(traceback.format_exception_only(e)).strip())
-        track(run)
-        raise
-    run.record.finish("completed")
-    track(run)
-    return result
-
-
-def stopped_as() -> str:
-    """`cancelled` when the signal was Prefect's runner carrying out a cancellation from the UI or the
-    API (it sets the flow run Cancelling first), else `interrupted`."""
-    try:
-        with get_client(sync_client=True) as client:
-            state = client.read_flow_run(flow_run.get_id()).state
-    except Exception:  # noqa: BLE001 (no API: a CLI run stopping; its server is still up, but be sure)
-        return "interrupted"
-    cancelling = state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED)
-    return "cancelled" if cancelling else "interrupted"
-
-
-def track(run: Run) -> None:
-    """Log the finished run to the config's MLflow server, if any. A tracker that cannot be reached
-    costs the run nothing: its results are in the store, and the error is in the run's log."""
-    if run.cfg.tracking is None:
-        return
-    from tasks.reporting.tracking import log_run
-
-    try:
-        mlflow_id = log_run(run.store, run.record.run_id, run.cfg.tracking.mlflow)
-        get_run_logger().info("logged to MLflow at %s: run %s", run.cfg.tracking.mlflow, mlflow_id)
-    except Exception as e:  # noqa: BLE001 (any client or server error)
-        get_run_logger().error("not logged to MLflow at %s: %s: %s", run.cfg.tracking.mlflow, type(e).__name__, e)
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
@@ -235,8 +59,8 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
 
 def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries: ArtifactRef | None = None,
                    force: bool = False, queries: ArtifactRef | None = None) -> list[ArtifactRef]:
-    """Embed (cached per model and text set), then score: the evaluate artifact, the semantic
-    benchmark's, then one per MTEB task."""
+    """Embed (cached per model and text set, from the text set's token ids), then score: the evaluate
+    artifact, the semantic benchmark's, then one per MTEB task."""
     ev, dataset = run.cfg.evaluate, run.cfg.data.display_name
     embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device,
                  dtype=ev.dtype, backend=ev.backend)
@@ -244,13 +68,18 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
     def stage(kind: Stage, job, inputs: Inputs, again: bool = False) -> ArtifactRef:
         return run.stage(kind, job, inputs, model.label, model.method, again)
 
-    docs_emb = stage(EMBED, EmbedJob(layers="all" if ev.layerwise else "last", store_dtype=ev.store_dtype, **embed),
-                     EmbedInputs(documents=docs, model=model.artifact))
-    sts_emb = stage(EMBED, EmbedJob(pairs_path=ev.sts.path, split=ev.sts.split, store_dtype=ev.store_dtype, **embed),
-                    EmbedInputs(model=model.artifact)) if ev.sts else None
+    def embedded(text_set: dict, inputs: dict, **job) -> ArtifactRef:
+        tokenizer = model.tokenizer or model.artifact or model.external  # shared by the models that have it
+        external = tokenizer if isinstance(tokenizer, str) else None
+        tokens = stage(TEXT_TOKENS, TextTokensJob(model=external, max_length=ev.max_length, **text_set),
+                       TextSetInputs(model=None if external else tokenizer, **inputs))
+        return stage(EMBED, EmbedJob(store_dtype=ev.store_dtype, **text_set, **embed, **job),
+                     EmbedInputs(model=model.artifact, tokens=tokens, **inputs))
+
+    docs_emb = embedded({}, dict(documents=docs), layers="all" if ev.layerwise else "last")
+    sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None
     held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
-    query_emb = stage(EMBED, EmbedJob(store_dtype=ev.store_dtype, **embed),
-                      EmbedInputs(held_out_queries=held_out, model=model.artifact)) if held_out else None
+    query_emb = embedded({}, dict(held_out_queries=held_out)) if held_out else None
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
@@ -330,6 +159,7 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
     for method in methods:
         models.append(train_method(run, method, cfg.train_for(method), docs, sentences, base, start, summaries,
                                    negatives))
+    models = [replace(m, tokenizer=init or cfg.model.name_or_path) for m in models]  # training keeps the tokenizer
     run.register(models)
     return models, Corpus(docs, summaries, queries)
 

@@ -5,12 +5,13 @@ however many metrics, reports or later runs use it. One forward pass gives every
 layer and all three poolings (mean, CLS, SEP), so the layer-wise curves and a recipe's own pooling
 come from the same artifact.
 
-Inputs: `documents` (text set = its `text` column), or none with `pairs_path` (text set =
-sentence1 rows then sentence2 rows of that file), or `held_out_queries` (a queries artifact: text
-set = its usable held-out queries, docs/gpl.md); `model`, the train or init artifact holding the
-model, if any. Output `embeddings.parquet`: row, layer, mean, cls, sep, vectors stored as
-`store_dtype`. It is encoded and written CHUNK_TEXTS texts at a time, one row group per chunk
-and layer, so neither encoding nor a reader of one layer holds more than it needs.
+Inputs: the text set's (tasks/core/text_sets.py: `documents`, or none with `pairs_path`, or
+`held_out_queries`); `model`, the train or init artifact holding the model, if any; `tokens`, the text
+set's ids as the text_tokens stage stored them, if any: they are padded, not tokenized again, when the
+encoder's tokenizer is the one that made them (else the texts are tokenized, with a warning).
+Output `embeddings.parquet`: row, layer, mean, cls, sep, vectors stored as `store_dtype`. It is encoded
+and written CHUNK_TEXTS texts at a time, one row group per chunk and layer, so neither encoding nor a
+reader of one layer holds more than it needs.
 """
 
 from __future__ import annotations
@@ -21,29 +22,23 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import Field
 
-from storage.base import ArtifactRef, file_digest
+from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
-from tasks.config.base import Precision, Section
+from tasks.config.base import Precision
 from tasks.config.evaluation import Backend, EvaluateConfig, StoreDtype
-from tasks.config.queries import HELD_OUT
-from tasks.core import eval_sets
 from tasks.core.stage import Stage
+from tasks.core.text_sets import TextSet, TextSetInputs, read_texts, text_set_identity
 from tasks.encoders import encode
 from tasks.encoders.budget import char_budget, over_budget
-from tasks.encoders.models import ModelInputs, model_identity
+from tasks.encoders.inputs import Tokens, column_values, tokenizer_digest
+from tasks.encoders.models import ModelInputs
 
 CHUNK_TEXTS = 4096  # texts encoded and written at once (all layers and poolings of them in memory)
 
 
-class EmbedJob(Section):
-    model: str | None = Field(None, description="External model (name or path); None when the inputs "
-                              "carry a train or init artifact.")
-    pairs_path: str | None = Field(None, description="Embed the sentences of this pairs file instead of "
-                                   "the documents.")
-    split: str | None = Field(None, description="With `pairs_path`: rows of this split only.")
+class EmbedJob(TextSet):
     layers: Literal["last", "all"] = Field("last", description="`all`: every hidden state, 0 = embedding layer.")
     max_length: int
     batch_size: int
@@ -72,25 +67,24 @@ def embedding_tables(chunks: Iterator[tuple[np.ndarray, np.ndarray]], layers: li
                             **columns}, schema=schema)
 
 
-class EmbedInputs(ModelInputs):
-    documents: ArtifactRef | None = None  # None: the texts of job.pairs_path, or of the held-out queries
-    held_out_queries: ArtifactRef | None = None  # a queries artifact: its held-out ok queries are the text set
+class EmbedInputs(TextSetInputs):
+    tokens: ArtifactRef | None = None  # the text set's ids (a text_tokens artifact)
 
 
 def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
                      out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    if job.pairs_path:
-        pairs = eval_sets.read_pairs(job.pairs_path, job.split)
-        texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
-    elif inputs.held_out_queries:
-        texts = held_out_queries(store, inputs.held_out_queries)["query"].to_pylist()
-    else:
-        texts = store.read_table(inputs.documents, "documents", columns=["text"])["text"].to_pylist()
     encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, dtype=job.dtype,
                                    backend=job.backend)
+    stored = stored_ids(store, inputs.tokens, tokenizer_digest(encoder.tokenizer, job.max_length), log)
+    if stored is None:
+        texts = read_texts(store, job, inputs)
+        cut = over_budget(texts, job.max_length)  # the encoder cuts each batch's texts
+    else:
+        texts, cut = stored, store.manifest(inputs.tokens)["extra"]["cut"]  # cut before they were tokenized
     layers = list(range(encoder.n_layers + 1)) if job.layers == "all" else [encoder.n_layers]
-    log.info("%d texts, %d layer(s), max length %d", len(texts), len(layers), job.max_length)
-    if cut := over_budget(texts, job.max_length):  # the encoder cuts each batch's texts
+    log.info("%d texts%s, %d layer(s), max length %d", len(texts), "" if stored is None else " (stored ids)",
+             len(layers), job.max_length)
+    if cut:
         log.info("%d text(s) over %s characters cut to that before tokenizing", cut, f"{char_budget(job.max_length):,}")
     chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
     schema = embeddings_schema(encoder.dim, job.store_dtype)
@@ -98,11 +92,16 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut)
 
 
-def held_out_queries(store: ArtifactStore, ref: ArtifactRef) -> pa.Table:
-    """The usable held-out queries (never trained on) of a queries artifact, in its order: the in-domain
-    retrieval evaluation's queries (query) and their one relevant document (doc_id)."""
-    table = store.read_table(ref, "queries", columns=["query_id", "doc_id", "split", "query", "status"])
-    return table.filter(pc.and_(pc.equal(table["split"], HELD_OUT), pc.equal(table["status"], "ok")))
+def stored_ids(store: ArtifactStore, tokens: ArtifactRef | None, digest: str,
+               log: logging.Logger) -> list[Tokens] | None:
+    """The ids of a text_tokens artifact, if there is one and the encoder's tokenizer (`digest`) made them."""
+    if tokens is None:
+        return None
+    if store.manifest(tokens)["extra"]["tokenizer"] != digest:
+        log.warning("%s: its ids were made by another tokenizer or max length than the encoder's; the texts are "
+                    "tokenized instead", tokens.address)
+        return None
+    return column_values(store.read_table(tokens, "tokens"), "text")
 
 
 class EmbeddedDocumentsInputs(ModelInputs):
@@ -127,9 +126,4 @@ def embedded_layers(store: ArtifactStore, ref: ArtifactRef) -> list[int]:
     return store.manifest(ref)["extra"]["layers"]
 
 
-def _key_material(job: EmbedJob) -> list:
-    return [model_identity(job.model) if job.model else None,
-            file_digest(job.pairs_path) if job.pairs_path else None]
-
-
-EMBED = Stage("embed", build_embeddings, extra_key=_key_material, gpu=True)
+EMBED = Stage("embed", build_embeddings, extra_key=text_set_identity, gpu=True)

@@ -27,6 +27,7 @@ from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
 from tasks.config.queries import HELD_OUT
 from tasks.core import eval_sets
 from tasks.core.stage import Stage
+from tasks.core.text_sets import held_out_queries
 from tasks.encoders.encode import POOLINGS
 from tasks.methods import health
 from tasks.metrics import geometry, knn, retrieval, sts
@@ -109,7 +110,7 @@ def held_out_query_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndar
                         pooling: str, out: ArtifactWriter) -> list[dict]:
     """Retrieval of the held-out generated queries: each one's own document among all the corpus's, by
     cosine. Each query's rank and nDCG@10 are kept too: the report pairs two models over the queries."""
-    held = embed.held_out_queries(store, inputs.queries)
+    held = held_out_queries(store, inputs.queries)
     if held.num_rows == 0:  # a small corpus can draw no held-out document: nothing to score
         return []
     position = {d: i for i, d in enumerate(doc_ids)}

@@ -15,7 +15,6 @@ the tokenizer's digest, which training checks against the tokenizer it loads.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pyarrow as pa
 from pydantic import Field
@@ -29,11 +28,18 @@ from tasks.config.training import MethodConfig, TrainConfig
 from tasks.core import duck
 from tasks.core.progress import StageProgress
 from tasks.core.stage import Inputs, Stage
-from tasks.encoders.inputs import LABEL_COLUMNS, TEXT_COLUMNS, tokenize, tokenizer_digest, word_tokenize, words_column
+from tasks.encoders.inputs import (
+    LABEL_COLUMNS,
+    TEXT_COLUMNS,
+    model_tokenizer_digest,
+    text_chunks,
+    tokenize,
+    word_tokenize,
+    words_column,
+)
 from tasks.encoders.models import base_model_identity, model_path, sentence_model
 from tasks.methods.recipes import RECIPES
 
-CHUNK_TEXTS = 2_048  # texts tokenized at a time (a tokenizer handed 65,536 texts held 3.6 GiB more; 2,048: 114 MiB)
 IDS = pa.list_(pa.int32())
 KEPT = ("epoch", *LABEL_COLUMNS)  # the pairs' columns the tokens file keeps as they are
 
@@ -67,10 +73,10 @@ def tokens_schema(pairs: pa.Schema, word_ids: bool) -> pa.Schema:
 
 def column_tokens(model: SentenceTransformer, texts: list[str], word_ids: bool,
                   ) -> tuple[pa.ChunkedArray, pa.ChunkedArray | None]:
-    """(ids, words or None) of `texts`, CHUNK_TEXTS at a time: Arrow arrays, never one Python list of them all."""
+    """(ids, words or None) of `texts`, a chunk at a time: Arrow arrays, never one Python list of them all."""
     ids, words = [], []
-    for start in range(0, len(texts), CHUNK_TEXTS):
-        encoded = (word_tokenize if word_ids else tokenize)(model, texts[start : start + CHUNK_TEXTS], padded=False)
+    for chunk in text_chunks(texts):
+        encoded = (word_tokenize if word_ids else tokenize)(model, chunk, padded=False)
         ids.append(pa.array(encoded["input_ids"], IDS))
         words += [pa.array(encoded["word_ids"], IDS)] if word_ids else []
     return pa.chunked_array(ids, IDS), pa.chunked_array(words, IDS) if word_ids else None
@@ -95,17 +101,6 @@ def tokenized(model: SentenceTransformer, rows: pa.Table, word_ids: bool) -> pa.
     return pa.table(columns, schema=schema)
 
 
-def length_stats(path: Path, columns: list[str], max_length: int, spill: Path) -> dict:
-    """Per text column, by DuckDB: the mean, median, 95th percentile and longest ids, and the share of texts
-    at max_length (cut there, or exactly that long)."""
-    names = ("mean", "median", "p95", "max", "at_max_length")
-    parts = [f"avg(len({c})), median(len({c})), quantile_cont(len({c}), 0.95), max(len({c})), "
-             f"avg((len({c}) >= {max_length})::int)" for c in columns]
-    with duck.connect(spill) as con:
-        row = con.execute(f"SELECT {', '.join(parts)} FROM read_parquet($path)", {"path": str(path)}).fetchone()
-    return {c: {n: round(float(v), 4) for n, v in zip(names, row[5 * i : 5 * i + 5])} for i, c in enumerate(columns)}
-
-
 def build_tokens(store: ArtifactStore, job: TokensJob, inputs: TokensInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, job.max_length)
@@ -122,8 +117,8 @@ def build_tokens(store: ArtifactStore, job: TokensJob, inputs: TokensInputs,
                     bar.update(table.num_rows)
                     yield table
             rows = out.write_batches("tokens", schema, groups())
-    lengths = length_stats(out.folder / "tokens.parquet", texts, job.max_length, out.work)
-    out.extra.update(tokenizer=tokenizer_digest(model), max_length=job.max_length, lengths=lengths)
+    lengths = duck.length_stats(out.folder / "tokens.parquet", texts, job.max_length, out.work)
+    out.extra.update(tokenizer=model_tokenizer_digest(model), max_length=job.max_length, lengths=lengths)
     for column, stats in lengths.items():
         log.info("%s: %d rows, %.1f tokens on average, %d at most, %.1f%% at the max length %d", column, rows,
                  stats["mean"], stats["max"], 100 * stats["at_max_length"], job.max_length)

@@ -40,7 +40,7 @@ from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
 from tasks.encoders import models, packed
-from tasks.encoders.inputs import tokenizer_digest
+from tasks.encoders.inputs import model_tokenizer_digest
 from tasks.encoders.models import base_model_identity, model_path, pick_device, sentence_model
 from tasks.methods import distributed, health, objectives, training
 from tasks.methods.batches import PairBatches
@@ -129,7 +129,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
                            distributed.process_device(pick_device(cfg.device)), pooling_for(job.recipe, cfg),
                            cfg.layer, cfg.padding_free, cfg.compile)
-    if store.manifest(inputs.tokens)["extra"]["tokenizer"] != tokenizer_digest(model):
+    if store.manifest(inputs.tokens)["extra"]["tokenizer"] != model_tokenizer_digest(model):
         raise InputError(f"{inputs.tokens.address}: its ids were made by another tokenizer or max length than the "
                          "one training loads (a Hub model updated since?): remove that artifact from the store and "
                          "run again")

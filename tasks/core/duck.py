@@ -1,5 +1,5 @@
-"""DuckDB for the data stages' out-of-core steps (duplicate ids, crop lookups): a connection that
-spills to a folder of the artifact being written instead of growing past its memory limit."""
+"""DuckDB for the data stages' out-of-core steps (duplicate ids, crop lookups, token length statistics): a
+connection that spills to a folder of the artifact being written instead of growing past its memory limit."""
 
 from __future__ import annotations
 
@@ -15,3 +15,15 @@ def connect(spill: Path) -> duckdb.DuckDBPyConnection:
     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
     con.execute("SET temp_directory = ?", [str(spill)])
     return con
+
+
+def length_stats(path: Path, columns: list[str], max_length: int, spill: Path) -> dict:
+    """Per token ids column (list<int32>) of a Parquet file: the mean, median, 95th percentile and longest ids,
+    and the share of texts at max_length (cut there, or exactly that long)."""
+    names = ("mean", "median", "p95", "max", "at_max_length")
+    parts = [f"avg(len({c})), median(len({c})), quantile_cont(len({c}), 0.95), max(len({c})), "
+             f"avg((len({c}) >= {max_length})::int)" for c in columns]
+    with connect(spill) as con:
+        row = con.execute(f"SELECT {', '.join(parts)} FROM read_parquet($path)", {"path": str(path)}).fetchone()
+    return {c: {n: None if v is None else round(float(v), 4) for n, v in zip(names, row[5 * i : 5 * i + 5])}
+            for i, c in enumerate(columns)}  # None: no rows

@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
 from tasks.encoders import backends
-from tasks.encoders.budget import cut_texts
+from tasks.encoders.inputs import Tokens, encoder_tokenize, padded_ids
 from tasks.encoders.models import load_model, pick_device, to_device, token_arrays
 from tasks.methods import precision
 
@@ -69,15 +69,17 @@ class PooledEncoder:
     def dim(self) -> int:
         return self.config.hidden_size
 
-    def encode_chunks(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
+    def encode_chunks(self, texts: list[str] | list[Tokens], max_length: int = 256, batch_size: int = 32,
                       layers: list[int] | None = None, chunk: int | None = None,
                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(positions in `texts`, their embeddings of shape (len(layers), len(POOLINGS), len(positions),
-        dim)) for chunks of about `chunk` texts (default: all in one); layers default to the last."""
+        dim)) for chunks of about `chunk` texts (default: all in one); layers default to the last. `texts` may
+        be the ids the text_tokens stage stored for them (made with this max length): they are padded, not
+        tokenized."""
         layers = [self.n_layers] if layers is None else layers
-        # Longest first over all texts, so texts of similar length share a batch and little padding
-        # is computed. A chunk is whole batches: chunking changes no batch, hence no vector.
-        order = np.argsort([-len(t) for t in texts], kind="stable")
+        # Longest first over all texts (stored ids: in tokens, else in characters), so texts of similar length share
+        # a batch and little padding is computed. A chunk is whole batches: chunking changes no batch, hence no vector.
+        order = np.argsort([-len(t.ids) if isinstance(t, Tokens) else -len(t) for t in texts], kind="stable")
         chunk = batch_size * max(1, -(-(chunk or len(texts)) // batch_size))
 
         def tokenized() -> Iterator[tuple[int, dict]]:  # on a background thread, ahead of the model
@@ -98,11 +100,13 @@ class PooledEncoder:
                 if first + size == end:
                     yield order[start:end], out
 
-    def _inputs(self, texts: list[str], max_length: int) -> dict:
-        """One batch's tokens: NumPy for an exported backend, on the model's device for torch."""
+    def _inputs(self, texts: list[str] | list[Tokens], max_length: int) -> dict:
+        """One batch's tokens (stored ids padded, or texts tokenized): NumPy for an exported backend, on the model's
+        device for torch."""
         torch_backend = self.backend == "torch"
-        batch = token_arrays(self.tokenizer(cut_texts(texts, max_length), padding=True, truncation=True,
-                                            max_length=max_length), as_numpy=not torch_backend)
+        encoded = (padded_ids(self.tokenizer, texts) if isinstance(texts[0], Tokens)
+                   else encoder_tokenize(self.tokenizer, texts, max_length))
+        batch = token_arrays(encoded, as_numpy=not torch_backend)
         return to_device(batch, self.model.device) if torch_backend else batch
 
     def _pooled(self, batch: dict, layers: list[int]) -> np.ndarray:

