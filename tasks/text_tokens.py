@@ -16,7 +16,7 @@ import logging
 
 import pyarrow as pa
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
@@ -25,14 +25,19 @@ from tasks.core.progress import StageProgress
 from tasks.core.stage import Stage
 from tasks.core.text_sets import TextSet, TextSetInputs, read_texts, text_set_identity
 from tasks.encoders.budget import char_budget, over_budget
-from tasks.encoders.inputs import encoder_tokenize, text_chunks, tokenizer_digest
+from tasks.encoders.inputs import IDS, encoder_tokenize, text_chunks, tokenizer_digest
 from tasks.encoders.models import load_model
 
-SCHEMA = pa.schema([("text", pa.list_(pa.int32()))])
+SCHEMA = pa.schema([("text", IDS)])
 
 
 class TextTokensJob(TextSet):
     max_length: int
+
+
+def text_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int) -> pa.Array:
+    """`texts`' ids as the evaluation encoder makes them, unpadded (one chunk of the stage's column)."""
+    return pa.array(encoder_tokenize(tokenizer, texts, max_length, padded=False)["input_ids"], IDS)
 
 
 def build_text_tokens(store: ArtifactStore, job: TextTokensJob, inputs: TextSetInputs,
@@ -43,10 +48,10 @@ def build_text_tokens(store: ArtifactStore, job: TextTokensJob, inputs: TextSetI
             tqdm(total=len(texts), desc=progress.label, unit="text", mininterval=5) as bar:
         def tables():
             for chunk in text_chunks(texts):
-                ids = encoder_tokenize(tokenizer, chunk, job.max_length, padded=False)["input_ids"]
+                ids = text_ids(tokenizer, chunk, job.max_length)
                 progress.advance(len(chunk))
                 bar.update(len(chunk))
-                yield pa.table({"text": pa.array(ids, SCHEMA.field("text").type)}, schema=SCHEMA)
+                yield pa.table({"text": ids}, schema=SCHEMA)
         out.write_batches("tokens", SCHEMA, tables())
     lengths = duck.length_stats(out.folder / "tokens.parquet", ["text"], job.max_length, out.work)["text"]
     cut = over_budget(texts, job.max_length)

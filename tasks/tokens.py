@@ -29,6 +29,7 @@ from tasks.core import duck
 from tasks.core.progress import StageProgress
 from tasks.core.stage import Inputs, Stage
 from tasks.encoders.inputs import (
+    IDS,
     LABEL_COLUMNS,
     TEXT_COLUMNS,
     model_tokenizer_digest,
@@ -40,7 +41,6 @@ from tasks.encoders.inputs import (
 from tasks.encoders.models import base_model_identity, model_path, sentence_model
 from tasks.methods.recipes import RECIPES
 
-IDS = pa.list_(pa.int32())
 KEPT = ("epoch", *LABEL_COLUMNS)  # the pairs' columns the tokens file keeps as they are
 
 

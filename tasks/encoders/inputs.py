@@ -25,6 +25,7 @@ from tasks.encoders.models import pad_multiple, token_arrays
 NO_WORD = -1  # the word of a special or padding token
 TEXT_COLUMNS = ("anchor", "positive", "negative")  # a pairs row's texts (tasks/pairs.py), as the tokens stage's ids
 LABEL_COLUMNS = ("margin",)  # a pairs row's values for the loss (GPL's teacher margin), kept as they are
+IDS = pa.list_(pa.int32())  # a text's token ids as the tokens stages store them
 TOKENIZE_CHUNK = 2_048  # texts a tokens stage tokenizes at once (65,536 held 3.6 GiB more; 2,048: 114 MiB)
 
 

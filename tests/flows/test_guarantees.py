@@ -20,7 +20,7 @@ from tests.flows.test_cli import EMBFORGE, REPO, embforge
 from tests.helpers import tiny_config
 
 # In pipeline order; `train` is killed mid-epoch, right after its first checkpoint.
-STAGES = ["ingest", "sentences", "pairs", "tokens", "train", "embed", "evaluate", "report"]
+STAGES = ["ingest", "sentences", "pairs", "tokens", "train", "text_tokens", "embed", "evaluate", "report"]
 
 
 def home(tmp_path, name: str) -> dict:

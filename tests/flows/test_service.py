@@ -84,7 +84,7 @@ def test_failed_evaluation_retried_continues_from_cached_stages(service, tmp_pat
         states.setdefault(t["name"].split("[")[0], []).append(t["state"]["name"])
     # The bad file is bad input: one attempt, no retries.
     assert first["mteb"] == ["Failed"]
-    for stage in ("ingest", "sentences", "init", "pairs", "tokens", "train"):
+    for stage in ("ingest", "sentences", "init", "pairs", "tokens", "train", "text_tokens"):
         assert set(second[stage]) == {"Cached"}, (stage, second[stage])
     assert set(first["train"]) == {"Completed"}
     assert second["mteb"].count("Completed") == 3  # base, crops, dropout on the mended task

@@ -40,7 +40,7 @@ def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path):
     shared = {s["key"] for s in stages if s["run_id"] == runs["one"]} & {s["key"] for s in stages
                                                                           if s["run_id"] == runs["two"]}
     assert {s["stage"] for s in stages if s["key"] in shared} >= {"ingest", "sentences", "init", "pairs", "tokens",
-                                                                  "train", "embed", "evaluate"}
+                                                                  "train", "text_tokens", "embed", "evaluate"}
     assert not list((store.root / "leases").glob("*/*/*"))  # every lease released with its artifact
     assert "waiting for" in "".join(outputs)  # they did overlap: one waited for the other's lease
 
