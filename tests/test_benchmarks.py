@@ -46,10 +46,11 @@ def test_eval_encode_runs_on_the_cpu(tiny_dir):
     out = json.loads(benchmark("eval_encode.py", "--model", tiny_dir, "--docs", "24", "--batch-size", "8",
                                "--rounds", "2", "--sts-pairs", "24"))
     assert (out["docs"], out["batch_size"], out["rounds"], out["device"]) == (24, 8, 2, "cpu")
-    sides = ("embforge, torch", "embforge, onnx", "embforge, openvino", "embforge, torch, all layers x 3 poolings",
-             "sentence-transformers encode (torch)")
+    sides = ("embforge, torch", "embforge, onnx", "embforge, openvino", "embforge, torch, tokenizing the texts",
+             "embforge, torch, all layers x 3 poolings", "sentence-transformers encode (torch)")
     assert set(out["docs_per_s"]) == set(sides)
-    assert all(rate > 0 for rate in out["docs_per_s"].values()) and out["ratio"] > 0
+    assert all(rate > 0 for rate in out["docs_per_s"].values()) and out["ratio"] > 0 and out["texts_ratio"] > 0
+    assert out["text_tokens_ms"] > 0
     assert out["min_cosine"] >= 0.999 and max(out["max_score_change"].values()) <= 0.001  # the same computation
 
 
