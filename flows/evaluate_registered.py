@@ -46,10 +46,9 @@ def registered_models(catalog: Catalog, wanted: list[str]) -> list[ReportedModel
     labels = [label if labels.count(label) == 1 else f"{label} ({r['experiment']})" for label, r in zip(labels, rows)]
     models = []
     for label, r in zip(labels, rows):
-        artifact = ArtifactRef.parse(r["artifact"]) if r["artifact"] else None
         if labels.count(label) > 1:
-            label += f" [{artifact.key[:8] if artifact else r['pooling']}]"
-        models.append(ReportedModel(label, r["method"], artifact, r["external"], r["pooling"], r["knn_holdout"]))
+            label += f" [{ArtifactRef.parse(r['artifact']).key[:8] if r['artifact'] else r['pooling']}]"
+        models.append(ReportedModel.registered(label, r))
     return models
 
 
