@@ -86,7 +86,8 @@ class Run:
         self.cfg, self.store = cfg, store
         self.rebuild_stale = params.rebuild_stale_versions
         self.runner = task_runner(cfg.run)
-        self.submitted: dict[str, Submitted] = {}  # key → the task that builds it
+        self.submitted: dict[str, Submitted] = {}  # key → the task that builds it (with a task runner)
+        self.staged: set[str] = set()  # keys this run has built or submitted: each is built and recorded once
         self._recording = threading.Lock()
         self.forced: set[str] = set()  # keys built again on request this run
         self.record = RunRecord(store, str(flow_run.id or f"local-{os.getpid()}"), name=cfg.name, flow=flow_name,
@@ -103,12 +104,12 @@ class Run:
               force: bool = False) -> ArtifactRef:
         """Run `stage` as a cached task; `force` builds it again even if the store has it."""
         ref = stage.ref(config, inputs)  # once per call: the task is handed it
-        if ref.key in self.submitted:  # already submitted by this run: built once
+        if ref.key in self.staged:  # another model or method of this run asked for it first (shared ids, views)
             return ref
+        self.staged.add(ref.key)
         changes = stage.version_changes(self.store, ref)
-        # What reads an artifact built again on request is built again too (same keys, new build), once a run.
-        force = ref.key not in self.forced and (force or bool(changes and self.rebuild_stale)
-                                                or any(i.key in self.forced for i in inputs.refs()))
+        # What reads an artifact built again on request is built again too (same keys, new build).
+        force = force or bool(changes and self.rebuild_stale) or any(i.key in self.forced for i in inputs.refs())
         if changes and not force:
             get_run_logger().warning(
                 "%s: cached artifact %s was built with other library versions (%s); rerun with "
