@@ -69,10 +69,9 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
         return run.stage(kind, job, inputs, model.label, model.method, again)
 
     def embedded(text_set: dict, inputs: dict, **job) -> ArtifactRef:
-        tokenizer = model.tokenizer or model.artifact or model.external  # shared by the models that have it
-        external = tokenizer if isinstance(tokenizer, str) else None
-        tokens = stage(TEXT_TOKENS, TextTokensJob(model=external, max_length=ev.max_length, **text_set),
-                       TextSetInputs(model=None if external else tokenizer, **inputs))
+        tokenizer = model.tokenizer or model.external  # named: shared by every model that has it
+        tokens = stage(TEXT_TOKENS, TextTokensJob(model=tokenizer, max_length=ev.max_length, **text_set),
+                       TextSetInputs(model=None if tokenizer else model.artifact, **inputs))
         return stage(EMBED, EmbedJob(store_dtype=ev.store_dtype, **text_set, **embed, **job),
                      EmbedInputs(model=model.artifact, tokens=tokens, **inputs))
 
@@ -159,7 +158,7 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
     for method in methods:
         models.append(train_method(run, method, cfg.train_for(method), docs, sentences, base, start, summaries,
                                    negatives))
-    models = [replace(m, tokenizer=init or cfg.model.name_or_path) for m in models]  # training keeps the tokenizer
+    models = [replace(m, tokenizer=cfg.model.name_or_path) for m in models]  # the init's and training's tokenizer
     run.register(models)
     return models, Corpus(docs, summaries, queries)
 

@@ -42,25 +42,23 @@ class ReportedModel:
     pooling: str = "mean"  # the recipe's sentence vector; untrained models are read with mean pooling
     knn_holdout: bool = False  # trained without kNN's test documents
     swept: dict = field(default_factory=dict)  # {field: value} of a method made by a sweep
-    # The model whose tokenizer it has, when not its own: the base's (training keeps it), so every model of a run,
-    # and every later evaluation of them, embeds a text set from the same stored token ids (tasks/text_tokens.py).
-    tokenizer: ArtifactRef | str | None = None
+    # The model whose tokenizer it has, when not its own: its run's `model.name_or_path` (a random init and every
+    # trained model keep that tokenizer), so the models of a run, any reference model with the same tokenizer, and
+    # every later evaluation of them, embed a text set from the same stored token ids (tasks/text_tokens.py).
+    tokenizer: str | None = None
 
     def registration(self) -> dict:
         """The model's entry in the run record: the catalog's `models` view reads these."""
-        tokenizer = self.tokenizer if isinstance(self.tokenizer, ArtifactRef) else None
         return dict(label=self.label, method=self.method, artifact=self.artifact.address if self.artifact else None,
                     external=self.external, pooling=self.pooling, knn_holdout=self.knn_holdout,
-                    tokenizer_artifact=tokenizer.address if tokenizer else None,
-                    tokenizer_external=None if tokenizer else self.tokenizer)
+                    tokenizer=self.tokenizer)
 
     @classmethod
     def registered(cls, label: str, row: dict) -> ReportedModel:
         """A model as a catalog `models` row registered it (`registration`), under `label`."""
-        artifact, tokenizer = (ArtifactRef.parse(row[k]) if row[k] else None
-                               for k in ("artifact", "tokenizer_artifact"))
+        artifact = ArtifactRef.parse(row["artifact"]) if row["artifact"] else None
         return cls(label, row["method"], artifact, row["external"], row["pooling"], knn_holdout=row["knn_holdout"],
-                   tokenizer=tokenizer or row["tokenizer_external"])
+                   tokenizer=row["tokenizer"])
 
 
 @dataclass

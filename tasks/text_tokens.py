@@ -1,13 +1,15 @@
 """Text tokens: a text set's token ids for embedding, computed once and stored, so that the embed stage only pads
-them (tasks/encoders/encode.py). Every model with the same tokenizer reads them: the base model and each model a
-run trains from it (training keeps the tokenizer), and every later evaluation of them.
+them (tasks/encoders/encode.py). Every model with the same tokenizer reads them: a run's base model (or random
+encoder, which is given its tokenizer) and each model the run trains from it (training keeps the tokenizer), a
+reference model of the same name, and every later evaluation of them.
 
-Key: the text set (tasks/core/text_sets.py), the tokenizer's model (its files, or the artifact it is in) and
-the max length. Inputs: the text set's (`documents` or `held_out_queries`); `model` when the tokenizer is an
-artifact's (a random init). Output `tokens.parquet`: one row per text, in the text set's order, `text` its ids
-as the evaluation encoder makes them (cut to the character budget, special tokens in, truncated to max_length,
-unpadded; list<int32>), a row group per chunk of texts. The manifest gives the ids' length statistics, the
-texts cut to the character budget, and the tokenizer's digest, which the embed stage checks against its encoder's.
+Key: the text set (tasks/core/text_sets.py), the tokenizer's model (its name, and its files if local) and the
+max length. Inputs: the text set's (`documents` or `held_out_queries`); `model`, the artifact holding the
+tokenizer, for a model known by its artifact alone (registered without its tokenizer's name).
+Output `tokens.parquet`: one row per text, in the text set's order, `text` its ids as the evaluation encoder
+makes them (cut to the character budget, special tokens in, truncated to max_length, unpadded; list<int32>),
+a row group per chunk of texts. The manifest gives the ids' length statistics, the texts cut to the character
+budget, and the tokenizer's digest, which the embed stage checks against its encoder's.
 """
 
 from __future__ import annotations

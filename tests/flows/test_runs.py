@@ -9,8 +9,8 @@ from storage.runs import RunRecord
 from storage.store import ArtifactStore
 
 MODELS = [
-    ReportedModel("crops", "crops", ArtifactRef("train", "k1"), knn_holdout=True, tokenizer=ArtifactRef("init", "k0")),
-    ReportedModel("dropout", "dropout", ArtifactRef("train", "k2"), pooling="cls", tokenizer="org/base-model"),
+    ReportedModel("crops", "crops", ArtifactRef("train", "k1"), knn_holdout=True, tokenizer="org/base-model"),
+    ReportedModel("dropout", "dropout", ArtifactRef("train", "k2"), pooling="cls", tokenizer="package:base-model"),
     ReportedModel("org/reference", "reference", None, "org/reference"),  # its own tokenizer
 ]
 
