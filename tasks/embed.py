@@ -80,7 +80,7 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
         texts = read_texts(store, job, inputs)
         cut = over_budget(texts, job.max_length)  # the encoder cuts each batch's texts
     else:
-        texts, cut = stored, store.manifest(inputs.tokens)["extra"]["cut"]  # cut before they were tokenized
+        texts, cut = stored  # cut before they were tokenized
     layers = list(range(encoder.n_layers + 1)) if job.layers == "all" else [encoder.n_layers]
     log.info("%d texts%s, %d layer(s), max length %d", len(texts), "" if stored is None else " (stored ids)",
              len(layers), job.max_length)
@@ -93,15 +93,17 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
 
 
 def stored_ids(store: ArtifactStore, tokens: ArtifactRef | None, digest: str,
-               log: logging.Logger) -> list[Tokens] | None:
-    """The ids of a text_tokens artifact, if there is one and the encoder's tokenizer (`digest`) made them."""
+               log: logging.Logger) -> tuple[list[Tokens], int] | None:
+    """The ids of a text_tokens artifact and how many of its texts were cut, if there is one and the encoder's
+    tokenizer (`digest`) made them."""
     if tokens is None:
         return None
-    if store.manifest(tokens)["extra"]["tokenizer"] != digest:
+    made = store.manifest(tokens)["extra"]
+    if made["tokenizer"] != digest:
         log.warning("%s: its ids were made by another tokenizer or max length than the encoder's; the texts are "
                     "tokenized instead", tokens.address)
         return None
-    return column_values(store.read_table(tokens, "tokens"), "text")
+    return column_values(store.read_table(tokens, "tokens"), "text"), made["cut"]
 
 
 class EmbeddedDocumentsInputs(ModelInputs):
