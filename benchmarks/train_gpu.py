@@ -13,9 +13,10 @@ GPU), `minilm` (all-MiniLM-L6-v2) and `random-small` (random 2 x 256; these two 
 on a CPU). Reported: tokens/s (non-padding tokens of both sides of the pairs), model FLOP
 utilisation = 6 x parameters x tokens/s / the GPU's peak dense bf16 FLOP/s (none on a CPU), peak
 GPU memory, and embforge / Trainer, for embforge padded, padding-free (`train.padding_free`) and,
-with --compile, compiled (`train.compile`) padded and padding-free. Each side runs once untimed
-first, over the same rows (a GPU's first run pays for library set-up, and each sequence length's
-first batch for choosing its kernels). --profile splits each embforge side's step
+with --compile, compiled (`train.compile`) padded and padding-free, and with --cuda-graphs compiled
+padded with CUDA graphs (`train.compile: cuda_graphs`; on a CPU the same as compiled). Each side
+runs once untimed first, over the same rows (a GPU's first run pays for library set-up, and each
+sequence length's first batch for choosing its kernels). --profile splits each embforge side's step
 and, on CUDA, gives the share of a step the GPU is busy (kernels and copies, torch's profiler).
 --ceiling times the bare step (the encoder twice, InfoNCE, backward, AdamW) on full-length batches of
 random tokens, every one real: eager as embforge trains, with bf16 weights, compiled, and on CUDA
@@ -23,7 +24,7 @@ compiled with CUDA graphs; the gap between it and the loop is what the loop and 
 
 Usage: python benchmarks/train_gpu.py [--models bert-base,minilm] [--batches 64,512] [--steps N]
                                       [--rounds N] [--mini-batch-size 64] [--device auto] [--profile]
-                                      [--compile] [--ceiling]
+                                      [--compile] [--cuda-graphs] [--ceiling]
 Prints a table, then ONE final line of JSON.
 """
 
@@ -149,11 +150,10 @@ def ceiling(model: str, batch: int, max_length: int, device: str, how: str, step
     `how`: eager (autocast over float32 weights, as embforge trains), bf16_weights (the weights in bf16,
     no autocast), compiled (torch.compile, static shapes) or cudagraphs (compiled, CUDA graphs replayed)."""
     torch.manual_seed(0)
-    encoder = sentence_model(model, max_length, device, compile=how == "compiled")  # train.compile's
+    compile = {"compiled": True, "cudagraphs": "cuda_graphs"}.get(how, False)  # train.compile's
+    encoder = sentence_model(model, max_length, device, compile=compile)
     if how == "bf16_weights":
         encoder.to(torch.bfloat16)
-    elif how == "cudagraphs":  # not a setting yet: what CUDA graphs would add
-        encoder[0].compile(dynamic=False, mode="reduce-overhead")
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-5, fused=True)
     dtype = torch.float32 if how == "bf16_weights" else precision.autocast_dtype("auto", device)
     amp = precision.autocast(device, dtype)
@@ -162,6 +162,7 @@ def ceiling(model: str, batch: int, max_length: int, device: str, how: str, step
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
+        torch.compiler.cudagraph_mark_step_begin()  # as train_model's step
         with amp:
             loss = info_nce(*(encoder(dict(side))["sentence_embedding"] for side in sides), temperature=0.05)
         loss.backward()
@@ -191,6 +192,7 @@ def main() -> None:
                    "data, forward, backward, optimizer, other (and the batches prepared ahead); on CUDA the "
                    "GPU-busy share")
     p.add_argument("--compile", action="store_true", help="also time embforge with `train.compile`")
+    p.add_argument("--cuda-graphs", action="store_true", help="also time embforge with `train.compile: cuda_graphs`")
     p.add_argument("--ceiling", action="store_true", help="also time the bare step on full-length batches of random "
                    "tokens (" + ", ".join(CEILINGS) + "; the last on CUDA): what the GPU does without the loop")
     args = p.parse_args()
@@ -218,6 +220,7 @@ def main() -> None:
             sides = {"embforge": {"padding_free": False}, "padding_free": {"padding_free": True},
                      **({"compiled": {"compile": True, "padding_free": False},
                          "compiled_padding_free": {"compile": True, "padding_free": True}} if args.compile else {}),
+                     **({"cuda_graphs": {"compile": "cuda_graphs", "padding_free": False}} if args.cuda_graphs else {}),
                      "st_trainer": None}
             rates = {side: [] for side in sides}
             memory = {side: [] for side in sides}

@@ -120,6 +120,12 @@ class TrainInputs(Inputs):
     documents: ArtifactRef | None = None  # the learning curve's (with train.eval_every)
 
 
+def compiled_as(compile: bool | str, device: torch.device) -> str:
+    if compile == "cuda_graphs":
+        return ", compiled with CUDA graphs" if device.type == "cuda" else ", compiled (CUDA graphs: CUDA only)"
+    return ", compiled" if compile else ""
+
+
 def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactRef, folder: Path,
         log: logging.Logger) -> tuple[list[dict], dict]:
     """Train, save the model in `folder/model`, and return the learning curve's rows and the model's
@@ -144,7 +150,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
                  batches.epoch_rows[0], len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
                  f" and {size - 1} more process(es)" if size > 1 else "",
                  "padding-free" if packed.is_packed(model) else "padded",
-                 ", grouped by length" if cfg.group_by_length else "", ", compiled" if cfg.compile else "")
+                 ", grouped by length" if cfg.group_by_length else "", compiled_as(cfg.compile, model.device))
         # The curve's step 0: the model as it starts (checkpoints are loaded inside train_model, so
         # this is the starting model on a resume too).
         with training.eager():

@@ -68,16 +68,16 @@ def test_collate_compares_stored_ids_and_texts_with_transformers_conversion(tiny
 def test_train_gpu_runs_on_the_cpu():
     out = json.loads(benchmark("train_gpu.py", "--models", "random-small", "--batches", "4", "--steps", "2",
                                "--rounds", "2", "--max-length", "32", "--device", "cpu", "--profile", "--ceiling",
-                               "--compile"))
+                               "--compile", "--cuda-graphs"))
     (result,) = out["results"]
     assert (result["model"], result["batch"], out["steps"], out["gpu"]) == ("random-small", 4, 2, None)
-    for side in ("embforge", "padding_free", "compiled", "compiled_padding_free", "st_trainer"):
+    for side in ("embforge", "padding_free", "compiled", "compiled_padding_free", "cuda_graphs", "st_trainer"):
         assert len(result[side]["rounds"]) == 2 and result[side]["over_st"] > 0
         assert result[side]["pairs_per_s"] == pytest.approx(statistics.median(result[side]["rounds"]), abs=0.01)
         assert result[side]["mfu"] is None and result[side]["tokens_per_s"] > 0  # no peak FLOP/s on a CPU
     assert result["st_trainer"]["over_st"] == 1
     # --profile: the step's parts, and what was prepared ahead
-    for side in ("embforge", "padding_free", "compiled", "compiled_padding_free"):
+    for side in ("embforge", "padding_free", "compiled", "compiled_padding_free", "cuda_graphs"):
         profile = result["profile"][side]
         assert set(profile["step_split_s"]) == {"data", "forward", "backward", "optimizer", "other"}
         assert profile["prepared_ahead_s"] > 0 and profile["gpu_busy"] is None

@@ -154,10 +154,12 @@ class TrainConfig(Section):
                                   "batches, which then come in a seeded random order, so a batch pads little (as the "
                                   "Hugging Face Trainer's group_by_length). Other recipes' batches are their "
                                   "negatives: refused there.")
-    compile: bool = Field(False, description="torch.compile the encoder for static shapes (inputs padded to a "
-                          f"multiple of {COMPILE_PAD} tokens): fewer, fused kernels, which a GPU runs launch-bound at "
-                          "these sizes otherwise. Each shape's first step pays for compiling it. Dropout draws other "
-                          "masks, so it is part of the key.")
+    compile: bool | Literal["cuda_graphs"] = Field(
+        False, description="torch.compile the encoder for static shapes (inputs padded to a multiple of "
+        f"{COMPILE_PAD} tokens): fewer, fused kernels, which a GPU runs launch-bound at these sizes otherwise. Each "
+        "shape's first step pays for compiling it. `cuda_graphs`: also record each shape's kernels once and replay "
+        "them (torch.compile's `reduce-overhead`), for batches too small to keep a GPU busy; on a CPU it is `true`. "
+        "Dropout draws other masks, so it is part of the key.")
     gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
                                          "backward pass instead of keeping them: less memory for long inputs, "
                                          "about a third more compute; the same numbers, so not part of the key.")
@@ -177,8 +179,9 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _compiled_lengths(self) -> TrainConfig:
         if self.compile and self.max_length % COMPILE_PAD:
-            raise ValueError(f"compile: true pads inputs to a multiple of {COMPILE_PAD} tokens, so max_length must be "
-                             f"one, not {self.max_length} (e.g. {-(-self.max_length // COMPILE_PAD) * COMPILE_PAD})")
+            raise ValueError(f"compile: {str(self.compile).lower()} pads inputs to a multiple of {COMPILE_PAD} tokens, "
+                             f"so max_length must be one, not {self.max_length} "
+                             f"(e.g. {-(-self.max_length // COMPILE_PAD) * COMPILE_PAD})")
         return self
 
 

@@ -115,7 +115,7 @@ def transformer_blocks(encoder: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean",
-                   layer: int | None = None, padding_free: bool | str = False, compile: bool = False,
+                   layer: int | None = None, padding_free: bool | str = False, compile: bool | str = False,
                    ) -> SentenceTransformer:
     """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train.
 
@@ -126,7 +126,8 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     `compile`: the transformer module and its Hugging Face encoder (packed: the encoder only) are compiled in
     place (the weights keep their names) for static shapes: the inputs are padded to a multiple of COMPILE_PAD
     tokens (`pad_multiple`), and a packed row is filled to a few token counts (packed.filled_tokens), so each of
-    a few shapes compiles once.
+    a few shapes compiles once. `cuda_graphs`: compiled with CUDA graphs (`reduce-overhead`: each shape's
+    kernels recorded once, then replayed with one launch; train_model marks where each step begins).
     """
     # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
     transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
@@ -153,9 +154,10 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
         dynamo = torch._dynamo.config
         dynamo.recompile_limit = max(dynamo.recompile_limit, shapes)
         dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, shapes)
+        mode = "reduce-overhead" if compile == "cuda_graphs" else None  # CUDA graphs: nothing more on a CPU
         if not pack:  # what embeds: sentence-transformers calls the encoder's forward itself (packed: it counts
-            transformer.compile(dynamic=False)  # the batch's tokens first, which waits for the device)
-        transformer.auto_model.compile(dynamic=False)  # the token states: packed, and those MLM and RetroMAE ask for
+            transformer.compile(dynamic=False, mode=mode)  # the batch's tokens first, which waits for the device)
+        transformer.auto_model.compile(dynamic=False, mode=mode)  # the token states: packed, MLM's and RetroMAE's
         transformer.embforge_pad_multiple = COMPILE_PAD
     return model
 

@@ -49,6 +49,11 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, train: {compile: true, max_length: 100}}]\n",
      "methods.0.train: Value error, compile: true pads inputs to a multiple of 32 tokens, so max_length must be one, "
      "not 100 (e.g. 128)"),
+    ("name: x\ndata: {path: a.csv}\ntrain: {compile: cuda_graphs, max_length: 200}\n",
+     "train: Value error, compile: cuda_graphs pads inputs to a multiple of 32 tokens, so max_length must be one, "
+     "not 200 (e.g. 224)"),
+    ("name: x\ndata: {path: a.csv}\ntrain: {compile: graphs}\n", "train.compile.literal['cuda_graphs']: Input should "
+     "be 'cuda_graphs' (got 'graphs')"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: s, recipe: semcse}]\n",
      "methods.0: recipe semcse trains on LLM summaries, add a `summaries` section"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: g, recipe: gpl}]\n",

@@ -65,13 +65,14 @@ def compiled_shapes(model, batches: list[list[str]], packing: bool) -> set[tuple
 
 
 # train.compile (torch.compile of the transformer) is checked here too: like padding_free it changes how,
-# not what, the encoder computes. Compiling takes several seconds on 2 cores, hence slow.
+# not what, the encoder computes. Compiling takes several seconds on 2 cores, hence slow. `cuda_graphs` on a CPU
+# compiles what `true` does: inductor is asked for CUDA graphs and skips them (a GPU records and replays them).
 SETTINGS = {"padding_free": {"padding_free": True}, "compile": {"compile": True},
-            "compile_padding_free": {"compile": True, "padding_free": True}}
+            "compile_padding_free": {"compile": True, "padding_free": True}, "cuda_graphs": {"compile": "cuda_graphs"}}
 
 
-@pytest.mark.parametrize("setting", ["padding_free", pytest.param("compile", marks=pytest.mark.slow),
-                                     pytest.param("compile_padding_free", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("setting", ["padding_free", *(pytest.param(s, marks=pytest.mark.slow) for s in
+                                                       ("compile", "compile_padding_free", "cuda_graphs"))])
 def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_path):
     cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100)
     rows = texts(32)
@@ -82,7 +83,7 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
     for on in (False, True):
         model = no_dropout(sentence_model(tiny_dir, cfg.max_length, **(SETTINGS[setting] if on else {})))
         assert packed.is_packed(model) == (on and "padding_free" in setting)
-        graphs = counters["stats"]["unique_graphs"]
+        graphs, skipped = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
 
         def probe() -> float:  # as the train stage's: eval mode, another batch size
             model.encode(rows[:3], batch_size=3)
@@ -96,7 +97,8 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
         # compiled: one graph per shape fed to the encoder; the probe runs eager, compiling none of its own
         sides = [side[i:i + 8] for i in range(0, 32, 8) for side in (rows, rows[1:] + rows[:1])]
         shapes = compiled_shapes(model, sides, packing=packed.is_packed(model))
-        assert counters["stats"]["unique_graphs"] - graphs == (len(shapes) if on and "compile" in setting else 0)
+        assert counters["stats"]["unique_graphs"] - graphs == (len(shapes) if on and setting != "padding_free" else 0)
+        assert (counters["inductor"]["cudagraph_skips"] > skipped) == (on and setting == "cuda_graphs")
     (losses, weights), (packed_losses, packed_weights) = runs
     assert len(losses) == 4 and packed_losses == pytest.approx(losses, rel=1e-5)
     assert packed_weights.keys() == weights.keys()  # saved under the same names
