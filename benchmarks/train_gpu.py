@@ -162,7 +162,8 @@ def ceiling(model: str, batch: int, max_length: int, device: str, how: str, step
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        torch.compiler.cudagraph_mark_step_begin()  # as train_model's step
+        if how == "cudagraphs":
+            torch.compiler.cudagraph_mark_step_begin()  # as train_model's step
         with amp:
             loss = info_nce(*(encoder(dict(side))["sentence_embedding"] for side in sides), temperature=0.05)
         loss.backward()

@@ -223,9 +223,8 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
         for step, (epoch, features, labels) in enumerate(inputs, start=len(history)):
             lap("data")
             optimizer.zero_grad(set_to_none=True)  # first: the forward pass's activations reuse the gradients' memory
-            # train.compile: cuda_graphs replays each step's graphs into the same buffers, the last step's outputs
-            # no longer needed from here (without CUDA graphs this does nothing)
-            torch.compiler.cudagraph_mark_step_begin()
+            if cfg.compile == "cuda_graphs":  # its graphs replay into the same buffers: the last step's are free now
+                torch.compiler.cudagraph_mark_step_begin()  # (imports what takes a second: only when it matters)
             with amp.autocast():
                 loss = forward(features, labels)
             lap("forward")
