@@ -73,14 +73,17 @@ SETTINGS = {"padding_free": {"padding_free": True}, "compile": {"compile": True}
 
 @pytest.mark.parametrize("setting", ["padding_free", *(pytest.param(s, marks=pytest.mark.slow) for s in
                                                        ("compile", "compile_padding_free", "cuda_graphs"))])
-def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_path):
+def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_path, monkeypatch):
     cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100)
     rows = texts(32)
     pq.write_table(pa.table({"epoch": pa.array([0] * 32, pa.int32()), "doc_id": [str(i) for i in range(32)],
                              "anchor": rows, "positive": rows[1:] + rows[:1]}), tmp_path / "pairs.parquet")
-    runs = []
+    runs, marks = [], []
+    mark = torch.compiler.cudagraph_mark_step_begin
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(mark()))
     torch._dynamo.reset()  # a model of this architecture compiled before (another test) would leave its graphs
     for on in (False, True):
+        train = TrainConfig(**{**cfg.model_dump(), **SETTINGS[setting]}) if on else cfg  # as the train stage has it
         model = no_dropout(sentence_model(tiny_dir, cfg.max_length, **(SETTINGS[setting] if on else {})))
         assert packed.is_packed(model) == (on and "padding_free" in setting)
         graphs, skipped = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
@@ -91,14 +94,16 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
             return 0.5
 
         with pq.ParquetFile(tmp_path / "pairs.parquet") as pairs:
-            history = train_model(build_objective(model, "crops", cfg, None, None), PairBatches(pairs, cfg.batch_size),
-                                  cfg, Checkpoints(tmp_path / f"ckpt-{on}"), probe=probe)
+            history = train_model(build_objective(model, "crops", train, None, None),
+                                  PairBatches(pairs, cfg.batch_size), train, Checkpoints(tmp_path / f"ckpt-{on}"),
+                                  probe=probe)
         runs.append(([h.loss for h in history], model.state_dict()))
         # compiled: one graph per shape fed to the encoder; the probe runs eager, compiling none of its own
         sides = [side[i:i + 8] for i in range(0, 32, 8) for side in (rows, rows[1:] + rows[:1])]
         shapes = compiled_shapes(model, sides, packing=packed.is_packed(model))
         assert counters["stats"]["unique_graphs"] - graphs == (len(shapes) if on and setting != "padding_free" else 0)
         assert (counters["inductor"]["cudagraph_skips"] > skipped) == (on and setting == "cuda_graphs")
+    assert len(marks) == (len(history) if setting == "cuda_graphs" else 0)  # each step's start marked, CUDA graphs'
     (losses, weights), (packed_losses, packed_weights) = runs
     assert len(losses) == 4 and packed_losses == pytest.approx(losses, rel=1e-5)
     assert packed_weights.keys() == weights.keys()  # saved under the same names
