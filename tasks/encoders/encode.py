@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -86,15 +86,27 @@ class PooledEncoder:
             for first in range(0, len(texts), batch_size):
                 yield first, self._inputs([texts[i] for i in order[first : first + batch_size]], max_length)
 
+        def pooled(batches: Iterator[tuple[int, dict]]) -> Iterator[tuple[int, np.ndarray]]:
+            """(first, vectors) a batch behind: the next batch is started before a batch's vectors are read, so
+            that on a GPU they come home while it runs."""
+            waiting = None
+            for first, inputs in batches:
+                started = first, self._pooled(inputs, layers)
+                if waiting:
+                    yield waiting[0], waiting[1]()
+                waiting = started
+            if waiting:
+                yield waiting[0], waiting[1]()
+
         with StageProgress(len(texts), "texts") as progress, \
                 tqdm(total=-(-len(texts) // batch_size), desc=progress.label, unit="batch", mininterval=5) as bar, \
                 contextlib.closing(prefetched(tokenized())) as batches:
-            for first, inputs in batches:
+            for first, vectors in pooled(batches):
                 start, end = first - first % chunk, min(first - first % chunk + chunk, len(texts))
                 if first == start:
                     out = np.empty((len(layers), len(POOLINGS), end - start, self.dim), dtype=np.float32)
-                size = len(inputs["attention_mask"])
-                out[:, :, first - start : first - start + size] = self._pooled(inputs, layers)
+                size = vectors.shape[2]
+                out[:, :, first - start : first - start + size] = vectors
                 progress.advance(size)
                 bar.update()
                 if first + size == end:
@@ -109,20 +121,33 @@ class PooledEncoder:
         batch = token_arrays(encoded, as_numpy=not torch_backend)
         return to_device(batch, self.model.device) if torch_backend else batch
 
-    def _pooled(self, batch: dict, layers: list[int]) -> np.ndarray:
-        """One batch: (len(layers), len(POOLINGS), len(texts), dim)."""
+    def _pooled(self, batch: dict, layers: list[int]) -> Callable[[], np.ndarray]:
+        """One batch, started: a call that gives its vectors, (len(layers), len(POOLINGS), len(texts), dim). On a
+        GPU they are copied to pinned memory without waiting, so the caller can start the next batch before the
+        call waits for them."""
         if self.backend != "torch":
             if layers != [self.n_layers]:
                 raise ValueError(f"the {self.backend} backend gives the last layer only, not layers {layers}")
             hidden = torch.from_numpy(self.runtime(batch))  # (texts, tokens, dim)
             mask = torch.from_numpy(batch["attention_mask"])
-            return torch.stack([pool(hidden, mask, pooling) for pooling in POOLINGS])[None].numpy()
+            return torch.stack([pool(hidden, mask, pooling) for pooling in POOLINGS])[None].numpy
         with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
             hidden = self.model(**batch, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
             states = (hidden.hidden_states if hidden.hidden_states is not None
                       else {self.n_layers: hidden.last_hidden_state})
-            return torch.stack([torch.stack([pool(states[layer].float(), batch["attention_mask"], pooling)
-                                             for pooling in POOLINGS]) for layer in layers]).cpu().numpy()
+            vectors = torch.stack([torch.stack([pool(states[layer].float(), batch["attention_mask"], pooling)
+                                                for pooling in POOLINGS]) for layer in layers])
+        if vectors.device.type != "cuda":
+            return vectors.cpu().numpy
+        home = torch.empty(vectors.shape, dtype=vectors.dtype, pin_memory=True)  # torch caches pinned blocks
+        home.copy_(vectors, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+
+        def arrived() -> np.ndarray:
+            copied.synchronize()
+            return home.numpy()
+        return arrived
 
     def encode_layers(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
                       layers: list[int] | None = None) -> np.ndarray:

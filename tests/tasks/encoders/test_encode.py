@@ -57,3 +57,21 @@ def test_a_batch_gets_the_tensors_the_tokenizer_would_give(tiny_dir):
     ours = encoder._inputs(texts, 64)
     theirs = encoder.tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_the_next_batch_starts_before_a_batch_s_vectors_are_read(tiny_dir, monkeypatch):
+    # On a GPU a batch's vectors come home (pinned memory, no wait) while the next batch runs.
+    encoder, events = PooledEncoder(tiny_dir, device="cpu"), []
+    started = encoder._pooled
+
+    def pooled(batch: dict, layers: list[int]):
+        n = sum(e.startswith("start") for e in events)
+        events.append(f"start {n}")
+        vectors = started(batch, layers)
+        return lambda: events.append(f"read {n}") or vectors()
+
+    monkeypatch.setattr(encoder, "_pooled", pooled)
+    texts = list(pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(7))
+    chunks = list(encoder.encode_chunks(texts, 64, batch_size=3, chunk=3))
+    assert events == ["start 0", "start 1", "read 0", "start 2", "read 1", "read 2"]
+    assert [len(positions) for positions, _ in chunks] == [3, 3, 1]  # each chunk once all its vectors are home
