@@ -150,8 +150,8 @@ def ceiling(model: str, batch: int, max_length: int, device: str, how: str, step
     `how`: eager (autocast over float32 weights, as embforge trains), bf16_weights (the weights in bf16,
     no autocast), compiled (torch.compile, static shapes) or cudagraphs (compiled, CUDA graphs replayed)."""
     torch.manual_seed(0)
-    compile = {"compiled": True, "cudagraphs": "cuda_graphs"}.get(how, False)  # train.compile's
-    encoder = sentence_model(model, max_length, device, compile=compile)
+    setting = {"compiled": True, "cudagraphs": "cuda_graphs"}.get(how, False)  # train.compile's
+    encoder = sentence_model(model, max_length, device, compile=setting)
     if how == "bf16_weights":
         encoder.to(torch.bfloat16)
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-5, fused=True)

@@ -122,9 +122,11 @@ def time_recipe(recipe: str, model_path: str, cfg: TrainConfig, rows: pa.Table, 
     stamps: list[float] = []
     method = MethodConfig(name=recipe, recipe=recipe)
     write_tokens(model, recipe, rows, work / f"tokens-{recipe}.parquet")  # read as the train stage reads them
+    objective = build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible)
     with pq.ParquetFile(work / f"tokens-{recipe}.parquet") as tokens:
-        train_model(build_objective(model, recipe, cfg, method.resolved_mask_ratio, method.resolved_decoder_visible),
-                    first_batches(tokens, cfg, steps), cfg, Checkpoints(work / f"ckpt-{recipe}"),
+        if cfg.compile == "cuda_graphs":  # graphs are recorded per model and call: all of them first, untimed
+            train_model(objective, first_batches(tokens, cfg, steps), cfg, Checkpoints(work / f"record-{recipe}"))
+        train_model(objective, first_batches(tokens, cfg, steps), cfg, Checkpoints(work / f"ckpt-{recipe}"),
                     on_step=lambda _: (stamps.append(time.perf_counter()), after_step()), profile=profile)
     return stamps
 

@@ -12,6 +12,7 @@ chunk of texts at a time, so a corpus of any size is encoded in bounded memory.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,13 +30,17 @@ from tasks.encoders.models import load_model, pick_device, to_device, token_arra
 from tasks.methods import precision
 
 POOLINGS = ("mean", "cls", "sep")
+# Encoders whose forward only turns the 2-D attention mask into SDPA's (transformers' create_bidirectional_mask):
+# given that mask ready, as MODEL_MASK, they skip the check for padding that reads the mask back from the device.
+HOST_MASKED = ("bert",)
+MODEL_MASK = "model_attention_mask"
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
     if pooling == "cls":
         return hidden[:, 0]
     if pooling == "sep":
-        return hidden[torch.arange(len(hidden)), attention_mask.sum(1) - 1]
+        return hidden[torch.arange(len(hidden), device=hidden.device), attention_mask.sum(1) - 1]
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(1) / mask.sum(1)
 
@@ -56,6 +61,7 @@ class PooledEncoder:
             self.dtype = precision.autocast_dtype(dtype, self.model.device)
             if self.model.device.type == "cuda":  # weights held in the dtype, not re-cast by autocast every batch
                 self.model.to(self.dtype)
+            self.host_mask = self.config.model_type in HOST_MASKED and self.model.config._attn_implementation == "sdpa"
         else:
             with tempfile.TemporaryDirectory() as export:  # the runtime has read the file once built
                 file = load_model(model, lambda p: backends.backend_file(p, backend, Path(export), quantized))
@@ -89,14 +95,12 @@ class PooledEncoder:
         def pooled(batches: Iterator[tuple[int, dict]]) -> Iterator[tuple[int, np.ndarray]]:
             """(first, vectors) a batch behind: the next batch is started before a batch's vectors are read, so
             that on a GPU they come home while it runs."""
-            waiting = None
-            for first, inputs in batches:
-                started = first, self._pooled(inputs, layers)
+            waiting = None  # (first, its vectors' call) of the batch started last
+            for first, inputs in itertools.chain(batches, [(None, None)]):  # the end reads the last batch
+                started = None if inputs is None else (first, self._pooled(inputs, layers))
                 if waiting:
                     yield waiting[0], waiting[1]()
                 waiting = started
-            if waiting:
-                yield waiting[0], waiting[1]()
 
         with StageProgress(len(texts), "texts") as progress, \
                 tqdm(total=-(-len(texts) // batch_size), desc=progress.label, unit="batch", mininterval=5) as bar, \
@@ -119,20 +123,27 @@ class PooledEncoder:
         encoded = (padded_ids(self.tokenizer, texts) if isinstance(texts[0], Tokens)
                    else encoder_tokenize(self.tokenizer, texts, max_length))
         batch = token_arrays(encoded, as_numpy=not torch_backend)
-        return to_device(batch, self.model.device) if torch_backend else batch
+        if not torch_backend:
+            return batch
+        if self.host_mask:  # where a token is padding SDPA's mask, else none (the model's own rule), without a sync
+            mask = batch["attention_mask"]
+            batch[MODEL_MASK] = None if mask.all() else mask[:, None, None, :].bool()  # [texts, 1, 1, tokens]
+        return to_device(batch, self.model.device)
 
     def _pooled(self, batch: dict, layers: list[int]) -> Callable[[], np.ndarray]:
         """One batch, started: a call that gives its vectors, (len(layers), len(POOLINGS), len(texts), dim). On a
-        GPU they are copied to pinned memory without waiting, so the caller can start the next batch before the
-        call waits for them."""
+        GPU nothing waits for the device (the mask comes ready: HOST_MASKED) and the vectors are copied to pinned
+        memory without waiting, so the caller can start the next batch before the call waits for them."""
         if self.backend != "torch":
             if layers != [self.n_layers]:
                 raise ValueError(f"the {self.backend} backend gives the last layer only, not layers {layers}")
             hidden = torch.from_numpy(self.runtime(batch))  # (texts, tokens, dim)
             mask = torch.from_numpy(batch["attention_mask"])
             return torch.stack([pool(hidden, mask, pooling) for pooling in POOLINGS])[None].numpy
+        inputs = ({**{k: v for k, v in batch.items() if k != MODEL_MASK}, "attention_mask": batch[MODEL_MASK]}
+                  if MODEL_MASK in batch else batch)
         with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
-            hidden = self.model(**batch, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
+            hidden = self.model(**inputs, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
             states = (hidden.hidden_states if hidden.hidden_states is not None
                       else {self.n_layers: hidden.last_hidden_state})
             vectors = torch.stack([torch.stack([pool(states[layer].float(), batch["attention_mask"], pooling)

@@ -14,7 +14,7 @@ from tasks.config.data import DataConfig
 from tasks.core.stage import NoInputs
 from tasks.core.text_sets import TextSetInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob, embedded_layers, read_embeddings
-from tasks.encoders.encode import POOLINGS, PooledEncoder, pool
+from tasks.encoders.encode import MODEL_MASK, POOLINGS, PooledEncoder, pool
 from tasks.encoders.inputs import Tokens
 from tasks.encoders.models import resolve_model
 from tasks.ingest import INGEST
@@ -118,7 +118,7 @@ def test_stored_ids_are_padded_into_the_tensors_tokenizing_gives():
     encoder = PooledEncoder(MODEL, "cpu")
     ids = [Tokens(np.array(i, np.int32)) for i in encoder.tokenizer(TEXTS, truncation=True, max_length=16)["input_ids"]]
     stored, tokenized = encoder._inputs(ids, 16), encoder._inputs(TEXTS, 16)
-    assert stored.keys() == tokenized.keys() == {"input_ids", "token_type_ids", "attention_mask"}
+    assert stored.keys() == tokenized.keys() == {"input_ids", "token_type_ids", "attention_mask", MODEL_MASK}
     for name, tensor in tokenized.items():
         assert torch.equal(stored[name], tensor) and stored[name].dtype == tensor.dtype
 

@@ -10,7 +10,7 @@ import torch
 
 from tasks.encoders import budget
 from tasks.encoders.budget import char_budget
-from tasks.encoders.encode import PooledEncoder
+from tasks.encoders.encode import MODEL_MASK, PooledEncoder
 from tests.helpers import DEMO_DOCS, REPO
 
 
@@ -36,7 +36,7 @@ def test_a_long_text_is_cut_before_tokenizing_and_keeps_its_vector(tiny_dir, mon
 HUGE = """
 import re, sys
 from pathlib import Path
-from tasks.encoders.encode import PooledEncoder
+from tasks.encoders.encode import MODEL_MASK, PooledEncoder
 vector = PooledEncoder(sys.argv[1], device="cpu").encode(["word " * 10_000_000], max_length=256)
 print(vector.shape, int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1]) // 1024)
 """
@@ -53,10 +53,33 @@ def test_a_50_mb_document_is_encoded_in_bounded_memory(tiny_dir):
 def test_a_batch_gets_the_tensors_the_tokenizer_would_give(tiny_dir):
     # _inputs converts the tokenizer's lists itself (models.token_arrays), faster than transformers' conversion
     encoder = PooledEncoder(tiny_dir, device="cpu")
-    texts = list(pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(20))
+    texts = list(pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(20)) + ["A short one."]
     ours = encoder._inputs(texts, 64)
     theirs = encoder.tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert ours.keys() == {*theirs.keys(), MODEL_MASK} and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    # SDPA's mask, made on the host: True where a token takes part, none for a batch without padding
+    assert torch.equal(ours[MODEL_MASK], theirs["attention_mask"][:, None, None, :].bool())
+    assert encoder._inputs(texts[:1], 64)[MODEL_MASK] is None
+
+
+def test_a_batch_runs_without_reading_the_device_and_gives_the_model_s_own_vectors(tiny_dir, monkeypatch):
+    # On a GPU reading a value back waits for every batch queued before it: the model's own check for padding
+    # (transformers' mask) did, once per batch. Here any tensor read as a Python value during a batch counts.
+    encoder = PooledEncoder(tiny_dir, device="cpu")
+    texts = list(pd.read_parquet(DEMO_DOCS, columns=["text"])["text"].head(7)) + ["A short one."]
+    reads, read = [], torch.Tensor.__bool__
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: reads.append(t.shape) or read(t))
+    for batch in (texts, texts[:1]):  # padded, and one text: no padding
+        inputs = encoder._inputs(batch, 64)
+        assert (inputs[MODEL_MASK] is None) == (len(batch) == 1)
+        reads.clear()
+        vectors = encoder._pooled(inputs, [encoder.n_layers])()
+        assert reads == []
+        encoder.host_mask = False  # the model makes its mask itself, reading the 2-D one back
+        own = encoder._pooled(encoder._inputs(batch, 64), [encoder.n_layers])()
+        assert len(reads) == 1
+        np.testing.assert_array_equal(vectors, own)
+        encoder.host_mask = True
 
 
 def test_the_next_batch_starts_before_a_batch_s_vectors_are_read(tiny_dir, monkeypatch):

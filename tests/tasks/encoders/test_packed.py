@@ -78,13 +78,15 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
     rows = texts(32)
     pq.write_table(pa.table({"epoch": pa.array([0] * 32, pa.int32()), "doc_id": [str(i) for i in range(32)],
                              "anchor": rows, "positive": rows[1:] + rows[:1]}), tmp_path / "pairs.parquet")
-    runs, marks = [], []
+    runs, calls = [], []  # of the last run: "mark" (a step begins, for CUDA graphs) and "encoder" (called)
     mark = torch.compiler.cudagraph_mark_step_begin
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(mark()))
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append("mark") or mark())
     torch._dynamo.reset()  # a model of this architecture compiled before (another test) would leave its graphs
     for on in (False, True):
         train = TrainConfig(**{**cfg.model_dump(), **SETTINGS[setting]}) if on else cfg  # as the train stage has it
         model = no_dropout(sentence_model(tiny_dir, cfg.max_length, **(SETTINGS[setting] if on else {})))
+        calls.clear()
+        model[0].register_forward_pre_hook(lambda *_: calls.append("encoder"))
         assert packed.is_packed(model) == (on and "padding_free" in setting)
         graphs, skipped = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
 
@@ -103,7 +105,9 @@ def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_
         shapes = compiled_shapes(model, sides, packing=packed.is_packed(model))
         assert counters["stats"]["unique_graphs"] - graphs == (len(shapes) if on and setting != "padding_free" else 0)
         assert (counters["inductor"]["cudagraph_skips"] > skipped) == (on and setting == "cuda_graphs")
-    assert len(marks) == (len(history) if setting == "cuda_graphs" else 0)  # each step's start marked, CUDA graphs'
+    # CUDA graphs: each step marked before its first encoder call
+    assert calls.count("mark") == (len(history) if setting == "cuda_graphs" else 0)
+    assert calls[0] == ("mark" if setting == "cuda_graphs" else "encoder")
     (losses, weights), (packed_losses, packed_weights) = runs
     assert len(losses) == 4 and packed_losses == pytest.approx(losses, rel=1e-5)
     assert packed_weights.keys() == weights.keys()  # saved under the same names
