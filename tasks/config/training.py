@@ -157,8 +157,9 @@ class TrainConfig(Section):
     compile: bool | Literal["cuda_graphs"] = Field(
         False, description="torch.compile the encoder for static shapes (inputs padded to a multiple of "
         f"{COMPILE_PAD} tokens): fewer, fused kernels, which a GPU runs launch-bound at these sizes otherwise. Each "
-        "shape's first step pays for compiling it. `cuda_graphs`: also record each shape's kernels once and replay "
-        "them (torch.compile's `reduce-overhead`), for batches too small to keep a GPU busy; on a CPU it is `true`. "
+        "shape's first step pays for compiling it. `cuda_graphs`: also record the kernels of each encoder call of a "
+        "step (its place and shape) once and replay them (torch.compile's `reduce-overhead`), for batches too small "
+        "to keep a GPU busy; on a CPU it is `true`. "
         "Dropout draws other masks, so it is part of the key.")
     gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
                                          "backward pass instead of keeping them: less memory for long inputs, "

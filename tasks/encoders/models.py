@@ -126,8 +126,9 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     `compile`: the transformer module and its Hugging Face encoder (packed: the encoder only) are compiled in
     place (the weights keep their names) for static shapes: the inputs are padded to a multiple of COMPILE_PAD
     tokens (`pad_multiple`), and a packed row is filled to a few token counts (packed.filled_tokens), so each of
-    a few shapes compiles once. `cuda_graphs`: compiled with CUDA graphs (`reduce-overhead`: each shape's
-    kernels recorded once, then replayed with one launch; train_model marks where each step begins).
+    a few shapes compiles once. `cuda_graphs`: compiled with CUDA graphs (`reduce-overhead`: the kernels of each
+    encoder call of a step, by its place and shape, recorded once, then replayed with one launch; train_model marks
+    where each step begins).
     """
     # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
     transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
