@@ -140,8 +140,9 @@ class PooledEncoder:
             hidden = torch.from_numpy(self.runtime(batch))  # (texts, tokens, dim)
             mask = torch.from_numpy(batch["attention_mask"])
             return torch.stack([pool(hidden, mask, pooling) for pooling in POOLINGS])[None].numpy
-        inputs = ({**{k: v for k, v in batch.items() if k != MODEL_MASK}, "attention_mask": batch[MODEL_MASK]}
-                  if MODEL_MASK in batch else batch)
+        inputs = dict(batch)  # the model's mask in place of the 2-D one, which pooling reads
+        if MODEL_MASK in inputs:
+            inputs["attention_mask"] = inputs.pop(MODEL_MASK)
         with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
             hidden = self.model(**inputs, output_hidden_states=len(layers) > 1 or layers[0] != self.n_layers)
             states = (hidden.hidden_states if hidden.hidden_states is not None

@@ -36,7 +36,7 @@ def test_a_long_text_is_cut_before_tokenizing_and_keeps_its_vector(tiny_dir, mon
 HUGE = """
 import re, sys
 from pathlib import Path
-from tasks.encoders.encode import MODEL_MASK, PooledEncoder
+from tasks.encoders.encode import PooledEncoder
 vector = PooledEncoder(sys.argv[1], device="cpu").encode(["word " * 10_000_000], max_length=256)
 print(vector.shape, int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1]) // 1024)
 """
