@@ -9,18 +9,19 @@ first in every other round, so that machine noise does not decide the ratio; the
 medians.
 
 Models: `bert-base` (12 layers, 768 wide, random init with MiniLM's tokenizer; the default on a
-GPU), `minilm` (all-MiniLM-L6-v2) and `random-small` (random 2 x 256; these two are the default
-on a CPU). Reported: tokens/s (non-padding tokens of both sides of the pairs), model FLOP
-utilisation = 6 x parameters x tokens/s / the GPU's peak dense bf16 FLOP/s (none on a CPU), peak
-GPU memory, and embforge / Trainer, for embforge padded, padding-free (`train.padding_free`) and,
-with --compile, compiled (`train.compile`) padded and padding-free, and with --cuda-graphs compiled
-padded with CUDA graphs (`train.compile: cuda_graphs`; on a CPU the same as compiled). Each side
-runs once untimed first, over the same rows (a GPU's first run pays for library set-up, and each
-sequence length's first batch for choosing its kernels). --profile splits each embforge side's step
-and, on CUDA, gives the share of a step the GPU is busy (kernels and copies, torch's profiler).
---ceiling times the bare step (the encoder twice, InfoNCE, backward, AdamW) on full-length batches of
-random tokens, every one real: eager as embforge trains, with bf16 weights, compiled, and on CUDA
-compiled with CUDA graphs; the gap between it and the loop is what the loop and its padding cost.
+GPU), `minilm` (all-MiniLM-L6-v2) and `random-small` (random 2 x 256; these two are the default on a
+CPU), and `random-tiny` (random 1 x 32: the tests' smoke run, whose compiles take seconds).
+Reported: tokens/s (non-padding tokens of both sides of the pairs), model FLOP utilisation = 6 x
+parameters x tokens/s / the GPU's peak dense bf16 FLOP/s (none on a CPU), peak GPU memory, and
+embforge / Trainer, for embforge padded, padding-free (`train.padding_free`) and, with --compile,
+compiled (`train.compile`) padded and padding-free, and with --cuda-graphs compiled padded with CUDA
+graphs (`train.compile: cuda_graphs`; on a CPU the same as compiled). Each side runs once untimed
+first, over the same rows (a GPU's first run pays for library set-up, and each sequence length's
+first batch for choosing its kernels). --profile splits each embforge side's step and, on CUDA,
+gives the share of a step the GPU is busy (kernels and copies, torch's profiler). --ceiling times
+the bare step (the encoder twice, InfoNCE, backward, AdamW) on full-length batches of random tokens,
+every one real: eager as embforge trains, with bf16 weights, compiled, and on CUDA compiled with
+CUDA graphs; the gap between it and the loop is what the loop and its padding cost.
 
 Usage: python benchmarks/train_gpu.py [--models bert-base,minilm] [--batches 64,512] [--steps N]
                                       [--rounds N] [--mini-batch-size 64] [--device auto] [--profile]
@@ -64,7 +65,8 @@ from tasks.methods.training import StepTimes
 
 PEAK_BF16_TFLOPS = {"H100": 989, "H200": 989, "A100": 312}  # dense, SXM
 MODELS = {"bert-base": RandomInitConfig(layers=12, hidden=768, heads=12, intermediate=3072),
-          "random-small": RandomInitConfig(), "minilm": None}
+          "random-small": RandomInitConfig(), "minilm": None,
+          "random-tiny": RandomInitConfig(layers=1, hidden=32, heads=2, intermediate=64)}
 
 
 def mfu(params: int, tokens_per_s: float, peak: float | None) -> float | None:

@@ -7,10 +7,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
+from tests.workers import group_by_shared_fixture, holding_cores, one_thread_per_worker, slow_first  # noqa: E402
+
+one_thread_per_worker()  # before anything imports torch
+
 import pytest  # noqa: E402
 
 from tests.mlflow_server import mlflow_server  # noqa: E402, F401
 from tests.s3 import s3_store, seaweedfs  # noqa: E402, F401  (fixtures for every test file)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items):
+    slow_first(items)
+    group_by_shared_fixture(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item):
+    with holding_cores(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

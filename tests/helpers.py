@@ -1,8 +1,14 @@
 """Constants and config builders the tests share (fixtures stay in conftest.py)."""
 
+import atexit
+import functools
 import json
+import os
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +49,26 @@ def tiny_config(tmp_path: Path, **overrides) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@functools.cache
+def migrated_prefect_home() -> Path:
+    """A PREFECT_HOME whose SQLite database a temporary Prefect server created and migrated: once per test process."""
+    home = Path(tempfile.mkdtemp(prefix="embforge-prefect-home-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(home)}
+    subprocess.run([sys.executable, "-c", "from flows.api import prefect_api\nwith prefect_api(): pass"], cwd=REPO,
+                   env=env, check=True, capture_output=True, timeout=300)
+    return home
+
+
+def prefect_home(folder: Path) -> Path:
+    """`folder` as a PREFECT_HOME: if new, made one that holds an empty, migrated Prefect database (each server
+    started on an empty home spends ~5 s of one core migrating it); if there, as the runs before left it. (The
+    `uninterrupted` run of test_guarantees.py starts from an empty home, as a user's first run does.)"""
+    if not folder.exists():
+        shutil.copytree(migrated_prefect_home(), folder)
+    return folder
 
 
 def free_port() -> int:

@@ -66,11 +66,11 @@ def test_collate_compares_stored_ids_and_texts_with_transformers_conversion(tiny
 
 
 def test_train_gpu_runs_on_the_cpu():
-    out = json.loads(benchmark("train_gpu.py", "--models", "random-small", "--batches", "4", "--steps", "2",
+    out = json.loads(benchmark("train_gpu.py", "--models", "random-tiny", "--batches", "4", "--steps", "2",
                                "--rounds", "2", "--max-length", "32", "--device", "cpu", "--profile", "--ceiling",
                                "--compile", "--cuda-graphs"))
     (result,) = out["results"]
-    assert (result["model"], result["batch"], out["steps"], out["gpu"]) == ("random-small", 4, 2, None)
+    assert (result["model"], result["batch"], out["steps"], out["gpu"]) == ("random-tiny", 4, 2, None)
     for side in ("embforge", "padding_free", "compiled", "compiled_padding_free", "cuda_graphs", "st_trainer"):
         assert len(result[side]["rounds"]) == 2 and result[side]["over_st"] > 0
         assert result[side]["pairs_per_s"] == pytest.approx(statistics.median(result[side]["rounds"]), abs=0.01)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, SECRET, STSB, free_port, tiny_config
+from tests.helpers import REPO, SECRET, STSB, free_port, prefect_home, tiny_config
+from tests.workers import alone
 
 
 class Service:
@@ -105,7 +106,8 @@ def embforge_server(home: Path, *args: str, **env_vars: str) -> Iterator[Service
         yield svc
     finally:
         # Its Prefect server gets no Ctrl-C of its own: the deployments stop first, then the server.
-        assert stop(proc), "embforge server did not stop within 10 s of a Ctrl-C"
+        with alone():  # timed: no other test's processes on the cores
+            assert stop(proc), "embforge server did not stop within 10 s of a Ctrl-C"
 
 
 @contextlib.contextmanager
@@ -125,7 +127,7 @@ def pool_worker(pool: str, home: Path, **env_vars: str) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def service(tmp_path_factory):
-    home = tmp_path_factory.mktemp("prefect-home")
+    home = prefect_home(tmp_path_factory.mktemp("service") / "prefect-home")
     with embforge_server(home, "--nightly-config", str(tiny_config(home)), HF_TOKEN=SECRET) as svc:
         yield svc
 

@@ -13,7 +13,7 @@ import pytest
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tests.helpers import tiny_config
+from tests.helpers import prefect_home, tiny_config
 
 EMBFORGE = [sys.executable, "-m", "flows.cli"]
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ def embforge(*args, env=None, timeout=600):
 @pytest.fixture
 def env(tmp_path):
     # Each CLI run uses Prefect's temporary server with a database of its own.
-    return {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+    return {**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "prefect"))}
 
 
 def test_bad_config_exits_non_zero_naming_the_field(tmp_path, env):

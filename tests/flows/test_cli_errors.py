@@ -10,7 +10,7 @@ import pytest
 
 from flows.cli import iso_time, main
 from storage.store import ArtifactStore
-from tests.helpers import REPO, free_port, tiny_config
+from tests.helpers import REPO, free_port, prefect_home, tiny_config
 
 
 def exit_code(argv: list[str]) -> int:
@@ -80,7 +80,8 @@ def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_i
               }.get(case, {"data": {"path": str(tmp_path / "bad.csv")}})
     config = tiny_config(tmp_path, **change)
     result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,
-                            env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "HF_HUB_OFFLINE": "1"},
+                            env={**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "prefect")),
+                                 "HF_HUB_OFFLINE": "1"},
                             text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 2, output

@@ -17,14 +17,16 @@ import yaml
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tests.flows.test_cli import EMBFORGE, REPO, embforge
-from tests.helpers import tiny_config
+from tests.helpers import prefect_home, tiny_config
 
 # In pipeline order; `train` is killed mid-epoch, right after its first checkpoint.
 STAGES = ["ingest", "sentences", "pairs", "tokens", "train", "text_tokens", "embed", "evaluate", "report"]
 
 
-def home(tmp_path, name: str) -> dict:
-    return {**os.environ, "PREFECT_HOME": str(tmp_path / name), "HF_HUB_OFFLINE": "1"}
+def home(tmp_path, name: str, made: bool = True) -> dict:
+    """The environment of a run with the PREFECT_HOME `tmp_path / name` (a migrated database unless not `made`)."""
+    folder = prefect_home(tmp_path / name) if made else tmp_path / name
+    return {**os.environ, "PREFECT_HOME": str(folder), "HF_HUB_OFFLINE": "1"}
 
 
 def latest_scores(store) -> dict:
@@ -45,7 +47,7 @@ def uninterrupted(tmp_path_factory):
     """One tiny two-recipe run without faults: the numbers every other run must reproduce."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     config = tiny_config(tmp)
-    result = embforge("run", str(config), env=home(tmp, "prefect"))
+    result = embforge("run", str(config), env=home(tmp, "prefect", made=False))  # a first run: no database yet
     assert result.returncode == 0, result.stdout + result.stderr
     return config, tmp / "store", latest_scores(tmp / "store")
 
@@ -118,6 +120,7 @@ def run_processes(prefect_home: str) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # each stop is timed
 def test_ctrl_c_and_sigterm_stop_within_seconds_and_the_rerun_resumes_to_the_same_numbers(uninterrupted, tmp_path):
     config, _, scores = uninterrupted
     store, env = tmp_path / "store", {**home(tmp_path, "prefect"), "EMBFORGE_SIGNALLED_AT": str(tmp_path / "at")}

@@ -55,9 +55,12 @@ def test_each_runner_is_prefects_own_with_the_configured_workers():
 def test_workers_get_the_flow_process_torch_threads(prefect_harness, tmp_path, runner):
     script = tmp_path / "threads.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(REPO)}
+    # Two threads, not the one each pytest-xdist worker gives its processes (tests/workers.py): Dask's
+    # workers start with one by default, so only a flow with more tells whether they are given its own.
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(REPO),
+           **dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), "2")}
     done = subprocess.run([sys.executable, str(script), runner], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     threads = json.loads(done.stdout.strip().splitlines()[-1])
-    assert threads["workers"] == [threads["flow"]] * 2
+    assert threads["flow"] == 2 and threads["workers"] == [2, 2]

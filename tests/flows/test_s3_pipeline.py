@@ -9,7 +9,7 @@ import pytest
 
 from flows.cli import main
 from tests.flows.test_cli import EMBFORGE, REPO, embforge
-from tests.helpers import tiny_config
+from tests.helpers import prefect_home, tiny_config
 
 pytestmark = pytest.mark.slow  # runs through the CLI on a loopback S3 server, twice: a minute
 
@@ -29,7 +29,8 @@ def test_a_run_on_s3_scores_like_a_local_one_and_another_worker_finds_it_cached(
     config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"}], data={"limit": 60})
     # The same config on a local store and (s3_store set AWS_* and EMBFORGE_CACHE) on S3, at once.
     runs = [subprocess.Popen([*EMBFORGE, "run", str(config), *store], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, env={**os.environ, "PREFECT_HOME": str(tmp_path / home)})
+                             stderr=subprocess.STDOUT,
+                             env={**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / home))})
             for home, store in (("home-local", []), ("home-1", ["--store", s3_store]))]
     for run in runs:
         output = run.communicate(timeout=600)[0]
@@ -41,7 +42,8 @@ def test_a_run_on_s3_scores_like_a_local_one_and_another_worker_finds_it_cached(
     assert "artifacts/train/" in command(capsys, "artifacts", "--stage", "train", "--store", s3_store)
     assert "verified" in command(capsys, "verify", "--store", s3_store)
 
-    other = {**os.environ, "PREFECT_HOME": str(tmp_path / "home-2"), "EMBFORGE_CACHE": str(tmp_path / "cache-2")}
+    other = {**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "home-2")),
+             "EMBFORGE_CACHE": str(tmp_path / "cache-2")}
     again = embforge("run", str(config), "--store", s3_store, env=other)
     assert again.returncode == 0, again.stdout + again.stderr
     states = command(capsys, "sql", "SELECT DISTINCT state FROM run_stages WHERE run_id = (SELECT run_id FROM runs "

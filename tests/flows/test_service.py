@@ -93,6 +93,7 @@ def test_failed_evaluation_retried_continues_from_cached_stages(service, tmp_pat
     assert record == [{"status": "completed"}]
 
 
+@pytest.mark.alone  # the stop is timed
 def test_a_run_cancelled_in_the_ui_is_recorded_cancelled_and_the_rerun_resumes(service, tmp_path):
     # Training of ~15 s, so that the cancellation lands in it.
     config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"}], train={"epochs": 40})

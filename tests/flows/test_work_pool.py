@@ -12,7 +12,7 @@ from flows.server import server_env, start_server
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tests.flows.conftest import Service, pool_worker, stop
-from tests.helpers import REPO, free_port, tiny_config
+from tests.helpers import REPO, free_port, prefect_home, tiny_config
 
 POOL = "embforge-test-pool"
 
@@ -27,7 +27,7 @@ def test_deploy_without_a_server_says_so(capsys):
 def pool_server(tmp_path_factory):
     """A bare Prefect server (no served deployments: they would answer the runs themselves), and the
     environment that talks to it."""
-    home = tmp_path_factory.mktemp("pool-home")
+    home = prefect_home(tmp_path_factory.mktemp("pool") / "prefect-home")
     env = {**server_env("127.0.0.1", free_port()), "PREFECT_HOME": str(home)}
     with open(home / "server.log", "w") as log:
         server = start_server(env, stdout=log, stderr=subprocess.STDOUT)
