@@ -40,6 +40,7 @@ def artifact_files(store):
     return {p: p.stat().st_mtime_ns for p in (store.root / "artifacts").rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow  # the whole pipeline, six times (most of it cached)
 @pytest.mark.usefixtures("prefect_harness")
 def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     config = tiny_config(tmp_path)
@@ -148,6 +149,7 @@ def test_tiny_config_helper_overrides(tmp_path):
 RECIPES = [name for name, recipe in REGISTRY.items() if not (recipe.needs_summaries or recipe.needs_queries)]
 
 
+@pytest.mark.slow  # the whole pipeline, every recipe
 @pytest.mark.usefixtures("prefect_harness")
 def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     # Stage 1 (RetroMAE on another corpus) feeds every stage-2 method, as in RetroMAE's workflow.
@@ -190,6 +192,7 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     assert {label for label, cfg in trained.items() if cfg["group_by_length"]} == {"tsdae", "mlm", "retromae"}
 
 
+@pytest.mark.slow  # the whole pipeline, every evaluation
 @pytest.mark.usefixtures("prefect_harness")
 def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     mteb = {"tasks": ["STS16", "ArxivClusteringP2P"], "max_length": 32,
@@ -401,11 +404,11 @@ def test_a_completed_state_read_back_from_the_api_gives_the_runs_value_and_a_fai
         outcome(fails(return_state=True), "ref")
 
 
-@pytest.mark.slow  # the LLM writes queries for 30 documents (transformers generate on the CPU), two trainings
+@pytest.mark.slow  # the LLM writes queries for 16 documents (transformers generate on the CPU), three trainings
 @pytest.mark.usefixtures("prefect_harness")
 def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alone(tmp_path, llm_dir,
                                                                                    tiny_cross_encoder_dir):
-    queries = {"llm": llm_dir, "backend": "transformers", "limit": 30, "shard_size": 10, "held_out": 0.2,
+    queries = {"llm": llm_dir, "backend": "transformers", "limit": 16, "shard_size": 8, "held_out": 0.2,
                "sampling": {"n": 2, "max_tokens": 24}}
     # A random encoder finds every text alike; the random cross-encoder is gpl_margin's teacher.
     negatives = {"k": 3, "duplicate_similarity": 0.99999, "cross_encoder": tiny_cross_encoder_dir}
@@ -426,10 +429,10 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
         "SELECT stage, label, key FROM run_stages WHERE run_id = ?", [first])}
     written = pd.read_parquet(store.root / "artifacts" / "queries" / keys["queries", ""] / "queries.parquet")
     mined = pd.read_parquet(store.root / "artifacts" / "negatives" / keys["negatives", ""] / "negatives.parquet")
-    assert len(written) == 30 * 2 and set(mined["query_id"]) == set(written.loc[written["status"] == "ok", "query_id"])
+    assert len(written) == 16 * 2 and set(mined["query_id"]) == set(written.loc[written["status"] == "ok", "query_id"])
     assert not any(doc in negatives for doc, negatives in zip(mined["doc_id"], mined["negatives"]))
     held_out = set(written.loc[written["split"] == "held_out", "doc_id"])
-    assert held_out  # ~20% of the 30 documents: their queries are never trained on
+    assert held_out  # ~20% of the 16 documents: their queries are never trained on
     assert mined["positive_teacher"].notna().all()
     for label, negative in [("gpl", True), ("inpars", False), ("gpl_margin", True)]:
         pairs = pd.read_parquet(store.root / "artifacts" / "pairs" / keys["pairs", label] / "pairs.parquet")

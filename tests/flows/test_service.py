@@ -17,7 +17,8 @@ import pytest
 
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tests.helpers import REPO, SECRET, tiny_config
+from tests.flows.conftest import embforge_server
+from tests.helpers import REPO, SECRET, prefect_home, tiny_config
 
 pytestmark = pytest.mark.slow  # a real server, flow runs in subprocesses: minutes
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -91,6 +92,11 @@ def test_failed_evaluation_retried_continues_from_cached_stages(service, tmp_pat
     record = Catalog(ArtifactStore(tmp_path / "store")).query(
         "SELECT status FROM runs WHERE run_id = ?", [run_id])
     assert record == [{"status": "completed"}]
+
+
+def test_embforge_server_stops_within_10_s_of_a_ctrl_c(tmp_path):  # the stop alone on the cores
+    with embforge_server(prefect_home(tmp_path / "prefect-home"), timed_stop=True) as svc:
+        assert len(svc.call("POST", "/deployments/filter", {})) == 5
 
 
 @pytest.mark.alone  # the stop is timed

@@ -55,6 +55,7 @@ def test_importing_mteb_leaves_the_global_generators_alone():
     assert draws[0] != draws[1]  # with mteb's reseeding both were 0.045346811013382116
 
 
+@pytest.mark.slow  # a real 6-layer model over a whole benchmark split, twice
 def test_minilm_stsb_matches_published_score_and_our_metric(cache_dir):
     # The whole test split (1,379 pairs): its first 300 are all image captions (0.93, not 0.82).
     cfg = MtebSettings(max_length=256, batch_size=32, dtype="float32")
