@@ -14,7 +14,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.methods.health import HEALTH_METRICS
 from tasks.methods.recipes import RECIPES as REGISTRY
-from tests.helpers import DEMO_DOCS, REPO, STSB, tiny_config
+from tests.helpers import DEMO_DOCS, REPO, STSB, tiny_config, tiny_sts
 
 SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores
 # The ids of both text sets once, for the first model: the trained ones have its tokenizer.
@@ -67,13 +67,14 @@ def test_pipeline_runs_caches_and_recomputes_only_what_changed(tmp_path):
     assert "| training: health |  | healthy | healthy |" in markdown  # the untrained encoder has no training
     paired = pd.read_parquet(store.root / "artifacts" / "report" / report / "paired.parquet")
     models = [("crops", "base (random init)"), ("dropout", "base (random init)"), ("dropout", "crops")]
-    assert [(r.metric, r.model, r.versus, r.n) for r in paired.itertuples()] == [  # STS: the 1,379 STS-B test pairs
-        *(("knn_accuracy", *m, 3) for m in models), *(("sts_spearman", *m, 1379) for m in models)]
+    sts_pairs = len(pd.read_parquet(tiny_sts()))  # STS: the tiny runs' slice of the STS-B test pairs
+    assert [(r.metric, r.model, r.versus, r.n) for r in paired.itertuples()] == [
+        *(("knn_accuracy", *m, 3) for m in models), *(("sts_spearman", *m, sts_pairs) for m in models)]
     sts = report_rows[report_rows["metric"] == "sts_spearman"].set_index("model")["value"]
     assert paired["difference"][3] == pytest.approx(sts["crops"] - sts["base (random init)"])
     assert f"- ohsumed-tiny: knn_accuracy: crops − base (random init): {paired['difference'][0]:+.3f} [" in markdown
     assert f"- ohsumed-tiny: sts_spearman: crops − base (random init): {paired['difference'][3]:+.3f} [" in markdown
-    assert "] over 1,379 pairs (bootstrap), " in markdown
+    assert f"] over {sts_pairs:,} pairs (bootstrap), " in markdown
     train_keys = [r["key"] for r in catalog.query(
         "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])]
     model = SentenceTransformer(str(store.root / "artifacts" / "train" / train_keys[0] / "model"))
@@ -419,7 +420,7 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
                "queries": str(data / "scifact_test_queries.parquet"), "limit": 12}
     config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries, negatives=negatives,
                          train={"epochs": 2, "batch_size": 4, "max_length": 32},
-                         evaluate={"max_length": 64, "knn": {"repeats": 3}, "sts": {"path": str(STSB)},
+                         evaluate={"max_length": 64, "knn": {"repeats": 3},
                                    "mteb": {"tasks": [], "max_length": 32, "local": [scifact]}})
     first, state = run(config)
     assert state.is_completed()
