@@ -35,6 +35,8 @@ from flows.pipeline import pipeline, summarize, train
 from tasks.config.base import ConfigError
 
 NIGHTLY_CRON = "0 3 * * *"
+# The other names a browser may use for a loopback host: the UI opened at any of them is its own origin.
+LOOPBACK_NAMES = {"127.0.0.1": ("localhost",), "localhost": ("127.0.0.1",)}
 
 
 def deployments(nightly_config: str, cron: str | None = None, timezone: str | None = None,
@@ -67,8 +69,13 @@ def local_timezone() -> str:
 
 
 def server_env(host: str, port: int, database: str | None = None) -> dict[str, str]:
+    """The server's settings. A page open in the user's browser must not start runs on it: browsers may call
+    its API from the UI's own origin only (CORS), and every change carries a CSRF token the server issued,
+    which Prefect's UI and clients fetch and send, and which another site's page can neither read nor forge."""
+    origins = [f"http://{name}:{port}" for name in dict.fromkeys([host, *LOOPBACK_NAMES.get(host, ())])]
     env = {**os.environ, "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": api_url(host, port)}
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": api_url(host, port),
+           "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(origins), "PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true"}
     if database:
         env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url(database)
     return env

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -34,6 +35,36 @@ def test_server_binds_loopback_only(service):
             s.settimeout(2)
             s.connect((address, port))
     assert service.call("GET", "/health") is True
+
+
+def test_a_page_on_another_site_cannot_start_runs_and_the_ui_s_own_origin_can_call(service, tmp_path):
+    pipeline = service.deployment("pipeline/pipeline")["id"]
+    runs = lambda: len(service.call("POST", "/flow_runs/filter", {"deployments": {"id": {"any_": [pipeline]}}}))  # noqa: E731
+    before = runs()
+
+    def raw(method: str, path: str, origin: str, headers: dict | None = None, body: dict | None = None):
+        request = urllib.request.Request(f"{service.api}{path}", method=method, headers={"Origin": origin, **(
+            headers or {})}, data=None if body is None else json.dumps(body).encode())
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.headers
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers
+
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    # The browser's preflight for a page's JSON POST: another site gets no permission, the UI's own origin does.
+    _, headers = raw("OPTIONS", f"/deployments/{pipeline}/create_flow_run", "http://evil.example", ask)
+    assert headers.get("Access-Control-Allow-Origin") is None
+    for origin in (service.url, service.url.replace("127.0.0.1", "localhost")):
+        _, headers = raw("OPTIONS", f"/deployments/{pipeline}/create_flow_run", origin, ask)
+        assert headers.get("Access-Control-Allow-Origin") == origin
+    # What a browser sends without asking (a form's plain-text POST), or a page that ignores CORS: no token, refused.
+    config = str(tiny_config(tmp_path))
+    for headers in ({"Content-Type": "text/plain"}, {"Content-Type": "application/json"}):
+        status, _ = raw("POST", f"/deployments/{pipeline}/create_flow_run", "http://evil.example", headers,
+                        {"parameters": {"params": {"config": config}}})
+        assert status == 403
+    assert runs() == before and not (tmp_path / "store").exists()
 
 
 def test_deployments_have_typed_forms_and_reject_bad_parameters(service, tmp_path):
