@@ -72,7 +72,7 @@ def server_env(host: str, port: int, database: str | None = None) -> dict[str, s
     """The server's settings. A page open in the user's browser must not start runs on it: browsers may call
     its API from the UI's own origin only (CORS), and every change carries a CSRF token the server issued,
     which Prefect's UI and clients fetch and send, and which another site's page can neither read nor forge."""
-    origins = [f"http://{name}:{port}" for name in dict.fromkeys([host, *LOOPBACK_NAMES.get(host, ())])]
+    origins = [f"http://{name}:{port}" for name in (host, *LOOPBACK_NAMES.get(host, ()))]
     env = {**os.environ, "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": api_url(host, port),
            "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(origins), "PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true"}

@@ -33,12 +33,18 @@ def mixed_lengths(n: int = 24) -> list[str]:
     return [". ".join(doc.split(". ")[: 1 + i % 4]) for i, doc in enumerate(docs)]
 
 
+def process_folder(prefix: str) -> Path:
+    """A new temporary folder that lasts as long as this test process."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 @functools.cache
 def tiny_sts() -> Path:
     """Every 5th STS-B test pair (276 of 1,379, every genre): the tiny runs' STS set, written once per test
     process. Embedding and tokenizing all 2,758 sentences for each model was a tenth of a tiny run."""
-    folder = Path(tempfile.mkdtemp(prefix="embforge-tiny-sts-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    folder = process_folder("embforge-tiny-sts-")
     pairs = pd.read_parquet(STSB).query("split == 'test'").iloc[::5]
     pairs.to_parquet(folder / "stsb_test_every_5th.parquet", index=False)
     return folder / "stsb_test_every_5th.parquet"
@@ -65,8 +71,7 @@ def tiny_config(tmp_path: Path, **overrides) -> Path:
 @functools.cache
 def migrated_prefect_home() -> Path:
     """A PREFECT_HOME whose SQLite database a temporary Prefect server created and migrated: once per test process."""
-    home = Path(tempfile.mkdtemp(prefix="embforge-prefect-home-"))
-    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    home = process_folder("embforge-prefect-home-")
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(home)}
     subprocess.run([sys.executable, "-c", "from flows.api import prefect_api\nwith prefect_api(): pass"], cwd=REPO,
                    env=env, check=True, capture_output=True, timeout=300)

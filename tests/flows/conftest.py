@@ -29,14 +29,14 @@ class Service:
         self.url, self.api, self.home = url, f"{url}/api", home
         self.csrf: dict[str, str] = {}
 
-    def call(self, method: str, path: str, body: dict | None = None, attempts: int = 5, headers: dict | None = None):
+    def call(self, method: str, path: str, body: dict | None = None, attempts: int = 5):
         if method != "GET" and not self.csrf:  # as the UI does: a token for this client, sent with every change
             client = str(uuid.uuid4())
             token = self.call("GET", f"/csrf-token?client={client}")["token"]
             self.csrf = {"Prefect-Csrf-Token": token, "Prefect-Csrf-Client": client}
         request = urllib.request.Request(f"{self.api}{path}", method=method,
                                          data=None if body is None else json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json", **self.csrf, **(headers or {})})
+                                         headers={"Content-Type": "application/json", **self.csrf})
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return json.load(response)
@@ -45,7 +45,7 @@ class Service:
             if e.code not in (429, 502, 503) or attempts == 1:
                 raise
         time.sleep(2)
-        return self.call(method, path, body, attempts - 1, headers)
+        return self.call(method, path, body, attempts - 1)
 
     def deployment(self, name: str) -> dict:
         return self.call("GET", f"/deployments/name/{name}")
