@@ -384,11 +384,14 @@ def run_command(args: argparse.Namespace) -> int:
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
-    except (OSError, OutsideFault) as e:
-        if (said := str(e) if isinstance(e, OutsideFault) else disk_fault(e)) is None:
-            raise
-        console.print(f"[bold red]error:[/bold red] {said}", highlight=False)  # a run's log has the traceback
+    except OutsideFault as e:
+        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)  # a run's log has the traceback
         return 1
+    except OSError as e:
+        if (said := disk_fault(e)) is None:
+            raise
+        console.print(f"[bold red]error:[/bold red] {said}", highlight=False)
+        return 2  # a full or read-only disk fails the same way until the user acts, as a store that cannot be used
     except KeyboardInterrupt as e:
         signum = getattr(e, "signal", signal.SIGINT)
         console.print(f"stopped by {signum.name}: every finished stage is in the store; the same command resumes "

@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,16 +33,33 @@ class StoreUnusable(RuntimeError):
 
 # A disk under a store that is full, read-only or not ours: retrying cannot help.
 DISK_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+SPACE = (errno.ENOSPC, errno.EDQUOT)
+# How libraries that are not Python say an errno: Rust's io errors (safetensors) "(os error 28)", Arrow's
+# "[errno 28]"; DuckDB and C++ streams say only the text of a full disk.
+ERRNO_SAID = re.compile(r"\(os error (\d+)\)|\[errno (\d+)\]", re.IGNORECASE)
+SPACE_SAID = {os.strerror(code): code for code in SPACE}
+
+
+def said_errno(error: BaseException) -> int | None:
+    """The errno an error carries or says in its message (None: none of a disk's)."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno
+    if found := ERRNO_SAID.search(str(error)):
+        return int(found[1] or found[2])
+    return next((code for text, code in SPACE_SAID.items() if text in str(error)), None)
 
 
 def disk_fault(error: BaseException) -> str | None:
-    """One line for an OSError of the disk (what and where, what to do); None for any other error."""
-    if not isinstance(error, OSError) or error.errno not in DISK_FAULTS:
+    """One line for an error of the disk (what and where, what to do), raised as it is or as the cause of
+    another (torch.save's RuntimeError over the OSError of its file); None for any other error."""
+    while error is not None and (code := said_errno(error)) not in DISK_FAULTS:
+        error = error.__cause__ or error.__context__
+    if error is None:
         return None
-    where = f": {error.filename}" if error.filename else ""
-    advice = ("free space on that disk or choose another store (--store)" if error.errno in (errno.ENOSPC, errno.EDQUOT)
+    where = f": {error.filename}" if isinstance(error, OSError) and error.filename else ""
+    advice = ("free space on that disk or choose another store (--store)" if code in SPACE
               else "choose a store this user can write (--store, EMBFORGE_STORE, the config's store)")
-    return f"{error.strerror}{where}; {advice}"
+    return f"{os.strerror(code)}{where}; {advice}"
 
 
 @dataclass(frozen=True)

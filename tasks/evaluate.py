@@ -92,12 +92,13 @@ def learning_curve_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> 
             for s, a in zip(steps["step"], steps["knn_accuracy"])]
 
 
-def training_health_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> list[dict]:
-    """How training went (collapse, divergence, a trivial view: tasks/methods/health.py), as catalog rows."""
+def training_health_rows(store: ArtifactStore, model_ref: ArtifactRef | None, x: np.ndarray) -> list[dict]:
+    """How training went (collapse, divergence, a trivial view: tasks/methods/health.py) and whether the
+    evaluated documents `x` ended at one vector, as catalog rows."""
     if model_ref is None or model_ref.stage != "train":
         return []
     found = store.manifest(model_ref)["extra"].get("health")  # absent in artifacts of older versions
-    return health.health_rows(found) if found else []
+    return health.health_rows(health.evaluated(found, geometry.mean_random_cosine(x))) if found else []
 
 
 class EvaluateInputs(embed.EmbeddedDocumentsInputs):
@@ -154,7 +155,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
         rows += geometry.geometry_rows(x, pos_a, pos_b)
     if inputs.query_embeddings:
         rows += held_out_query_rows(store, inputs, x, docs["doc_id"].tolist(), job.pooling, out)
-    rows += learning_curve_rows(store, inputs.model) + training_health_rows(store, inputs.model)
+    rows += learning_curve_rows(store, inputs.model) + training_health_rows(store, inputs.model, x)
     for row in rows:  # the headline rows are the model's own pooling on its last layer
         row.setdefault("layer", last)
         row.setdefault("pooling", job.pooling)

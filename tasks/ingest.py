@@ -60,7 +60,8 @@ def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
             try:
-                yield number, raw.decode("utf-8")
+                # a byte-order mark (what spreadsheet programs write) is not part of the first column's name
+                yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise InputError(f"{path}: line {number}: not valid UTF-8 (byte {e.start})") from None
 
@@ -217,11 +218,44 @@ def _data_digest(cfg: DataConfig) -> str | None:
     return file_digest(local) if Path(local).exists() else None
 
 
+NUMBER = r"^\s*[-+]?[0-9]+([.,][0-9]+)?\s*$"
+
+
+class Texts:
+    """What a run needs of the corpus's texts, seen batch by batch: two that differ, and some that are not numbers."""
+
+    def __init__(self):
+        self.first: str | None = None
+        self.varied = False
+        self.numbers_only = True
+
+    def see(self, texts: pa.ChunkedArray) -> None:
+        self.first = self.first if self.first is not None else texts[0].as_py()
+        self.varied = self.varied or pc.any(pc.not_equal(texts, self.first)).as_py()
+        self.numbers_only = self.numbers_only and pc.all(pc.match_substring_regex(texts, NUMBER)).as_py()
+
+    def problem(self, rows: int, cfg: DataConfig) -> str | None:
+        """Why these texts cannot make a run (None: they can)."""
+        if self.numbers_only:
+            return (f"column '{cfg.columns.text}' (data.columns.text) holds only numbers (the first: {self.first!r}), "
+                    "not text: is it the text column?")
+        if rows < MIN_DOCUMENTS:
+            return (f"{rows} document; a run needs at least {MIN_DOCUMENTS} (a batch's in-batch negatives, the "
+                    "evaluation's pairs of documents)")
+        if not self.varied:
+            return f"all {rows} documents have the same text; a run needs at least {MIN_DOCUMENTS} different texts"
+        return None
+
+
+MIN_DOCUMENTS = 2
+
+
 def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     work = out.work
     sources: list[str] = []
     labelled = 0
+    texts = Texts()
 
     def checked_batches(ids: pq.ParquetWriter) -> Iterator[pa.Table]:
         nonlocal labelled
@@ -234,6 +268,7 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
                                 pa.int32()), "row": pa.array(range(first_row, first_row + batch.num_rows), pa.int64()),
                                 "seq": pa.array(range(written, written + batch.num_rows), pa.int64())}, schema=IDS))
             labelled += batch.num_rows - batch["label"].null_count
+            texts.see(batch["text"])
             written += batch.num_rows
             yield batch
             if cfg.limit and written >= cfg.limit:
@@ -244,6 +279,8 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
     # Refused here: an empty documents artifact would fail much later, as a puzzle about crops.
     if rows == 0:
         raise InputError(f"{source_name(cfg)}: 0 rows, no documents to ingest")
+    if problem := texts.problem(rows, cfg):
+        raise InputError(f"{source_name(cfg)}: {problem}")
     if problem := first_duplicate(work / "ids.parquet", sources, work):
         raise InputError(problem)
     out.extra.update(dataset=cfg.display_name, labelled=labelled)

@@ -351,6 +351,9 @@ class PairsInputs(Inputs):
                    negatives=negatives if cfg.view == "queries" else None)
 
 
+MIN_ROWS = 2  # a view's rows per epoch that make a training batch
+
+
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     columns = ["doc_id", "label"] + {"summaries": ["title"], "queries": ["text"]}.get(cfg.view, [])
@@ -386,6 +389,10 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
         draws = draw_rows(counts, eligible, cfg.view, cfg.epochs, cfg.seed, cfg.n_sentences, cfg.deletion_ratio)
         rows = out.write_batches("pairs", PAIRS_SCHEMA, (table for epoch, drawn in enumerate(draws) for table in
                                                          epoch_pairs(sentences, counts, drawn, epoch, cfg, out.work)))
+    if rows // cfg.epochs < MIN_ROWS:  # refused before a train stage publishes a model trained on nothing
+        raise InputError(f"the {cfg.view} view made {rows // cfg.epochs} row(s) per epoch from the corpus"
+                         f"{f' ({len(test)} documents held out for kNN)' if test else ''}; training needs at least "
+                         f"{MIN_ROWS} (a batch's in-batch negatives): a larger corpus or settings that keep more of it")
     out.extra.update(documents=rows // cfg.epochs)
     log.info("%s view: %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"], rows, cfg.epochs)
 

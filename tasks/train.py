@@ -166,7 +166,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
             raise health.TrainingUnhealthy(f"{job.recipe} recipe: {e}") from None
     if rank == 0:
         model.to(getattr(torch, cfg.save_dtype)).save(str(folder / "model"))
-    return start + [vars(h) for h in history], training.health_of(objective, batches, cfg, history)
+    return start + [vars(h) for h in history], training.health_of(batches, cfg, history)
 
 
 UNHEALTHY = "unhealthy.txt"  # under torchrun: the health check's error, for the launcher to raise

@@ -22,7 +22,7 @@ from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict
 
 from storage import leases
-from storage.base import ArtifactRef, disk_fault, stable_hash
+from storage.base import ArtifactRef, StoreUnusable, disk_fault, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from storage.stores import store_at
 from tasks.config.base import INPUT_ERRORS
@@ -159,6 +159,11 @@ class Stage:
                                libraries=identity.library_versions(self.build.__module__)) as out:
                 with GLOBAL_RNG if self.seeds_global_rng else contextlib.nullcontext():
                     self.build(store, config, inputs, out, ref, log)
+        except Exception as e:  # a full or read-only disk: one line naming the store and the stage, not retried
+            if (fault := disk_fault(e)) is None:
+                raise
+            raise StoreUnusable(f"store {store.url}: {self.display(label)} could not be written: {fault}; every "
+                                "finished stage is kept and the same command resumes from them") from e
         finally:
             current_stage.reset(building)
         store.drop_scratch(ref)  # checkpoints are only needed until the artifact is published

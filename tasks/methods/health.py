@@ -4,14 +4,18 @@ Judged from the per-step log alone (loss, gradient norm, and every PROBE_EVERY s
 of a fixed probe batch's embeddings), so a resumed run judges exactly as an uninterrupted one.
 
 - collapse: every text gets one vector. For a softmax over the batch's rows (InfoNCE) the loss of
-  such a model is ln(batch) exactly; the check needs that loss for PATIENCE steps after warm-up AND
-  the probe's mean cosine ≥ PROBE_COLLAPSED. Either alone misleads: healthy TSDAE and SimCSE runs end
-  at a mean cosine of 0.90 and 0.58, and a loss can sit near chance while a model still learns.
-  For the other losses, the probe alone with a stricter bound (PROBE_DEAD), and only when the run's
-  first probe (after step 1) was under it: a model that starts with one vector for every text (a
-  deep random encoder's CLS vector) has not collapsed, it has yet to spread, and its loss still falls.
+  such a model is ln(rows) exactly, judged for each step's own rows (an epoch's last batch is
+  smaller); the check needs that loss for PATIENCE steps after warm-up AND the probe's mean cosine ≥
+  PROBE_COLLAPSED. Either alone misleads: healthy TSDAE and SimCSE runs end at a mean cosine of 0.90
+  and 0.58, and a loss can sit near chance while a model still learns. For the other losses, the
+  probe alone with a stricter bound (PROBE_DEAD), and only when the run's first probe (after step 1)
+  was under it: a model that starts with one vector for every text (a deep random encoder's CLS
+  vector) has not collapsed, it has yet to spread, and its loss still falls. A run too short for
+  PATIENCE steps after warm-up is judged at its last step on the steps it has.
 - divergence: a loss that is NaN or infinite, or jumps above SPIKE × the median of the PATIENCE
-  steps before it (plus 1, so a loss near 0 may wobble).
+  steps before it (plus 1, so a loss near 0 may wobble); or gradients that are not finite for PATIENCE
+  steps in a row, or at every step of a shorter run: such a step changes nothing (clipping zeroes it,
+  fp16's scaler skips it), so the model stays where it was whatever the loss says.
 - trivial task: the loss under TRIVIAL_LOSS for PATIENCE steps while the probe's spread shrinks;
   the view teaches little (dropout's views often are). Reported, never stopped.
 """
@@ -35,6 +39,9 @@ PROBE_ROWS = 64  # texts in the probe batch
 CHANCE_MARGIN = 0.03
 PROBE_COLLAPSED = 0.99  # mean cosine of the probe: its spread is gone
 PROBE_DEAD = 0.9999  # the same, for losses without a chance level: no healthy run comes near it
+# The evaluation's mean cosine of the corpus's documents above which a trained model gives them one vector:
+# untrained random BERTs measure 0.98-0.99 (the tiny test encoder, the demo's), a collapsed one 0.9998.
+DOCUMENTS_AT_ONE_VECTOR = 0.999
 SPIKE = 3.0
 LOOKBACK = PATIENCE + PROBE_EVERY + 1  # the most steps `check` reads back from the last
 TRIVIAL_LOSS = 0.01
@@ -67,13 +74,31 @@ def first_probe(history: Sequence) -> float | None:
     return history[0].probe_cosine if history else None
 
 
-def check(history: Sequence, chance: float | None, warmup: int, start: float | None = None) -> Problem | None:
+def at_chance(steps: Sequence) -> bool:
+    """Every step's loss within CHANCE_MARGIN of the chance level of its own rows (False without one)."""
+    return bool(steps) and all(h.chance is not None and abs(h.loss - h.chance) <= CHANCE_MARGIN * h.chance
+                               for h in steps)
+
+
+def not_finite(norm: float | None) -> bool:
+    return norm is not None and not math.isfinite(norm)
+
+
+def check(history: Sequence, warmup: int, start: float | None = None, final: bool = False) -> Problem | None:
     """The problem the log shows at its last step, if any; it reads the last steps only. `history`:
-    StepLog-like entries (step, loss, probe_cosine); `chance`: the loss of a model that tells no two
-    texts apart, if the loss has one; `start`: the run's first probe (`first_probe` of the whole log)."""
+    StepLog-like entries (step, loss, chance, grad_norm, probe_cosine), `chance` being the loss of a model
+    that tells no two texts apart for that step's rows (None: the loss has no such level); `start`: the
+    run's first probe (`first_probe` of the whole log); `final`: the last step of training, where a run
+    too short for the PATIENCE-step rules is judged on what it has."""
     last = history[-1]
     if not math.isfinite(last.loss):
         return Problem("diverged", last.step, f"the loss is {last.loss}")
+    streak = history[-PATIENCE:]  # a shorter log is a whole run (the windows `summary` passes are longer)
+    if (len(streak) == PATIENCE or final) and all(not_finite(h.grad_norm) for h in streak):
+        return Problem("diverged", last.step, f"the gradient norm has been {last.grad_norm} at each of the last "
+                                              f"{len(streak)} steps: none of them changed the model")
+    if final and (problem := collapsed_at_the_end(history, warmup, start)):
+        return problem
     if last.step <= warmup + PATIENCE or len(history) <= PATIENCE:
         return None
     median = float(np.median([h.loss for h in history[-PATIENCE - 1:-1]]))
@@ -85,11 +110,9 @@ def check(history: Sequence, chance: float | None, warmup: int, start: float | N
     probes = [h.probe_cosine for h in history[-PATIENCE - PROBE_EVERY:] if h.probe_cosine is not None]
     if len(probes) < 2:
         return None
-    if chance is not None:
-        if probes[-1] >= PROBE_COLLAPSED and all(abs(h.loss - chance) <= CHANCE_MARGIN * chance for h in recent):
-            return Problem("collapsed", last.step, f"the loss has been {last.loss:.3f}, chance level (ln of the "
-                                                   f"batch = {chance:.3f}), for {PATIENCE} steps and the probe "
-                                                   f"texts' mean cosine is {probes[-1]:.4f}: one vector for every text")
+    if last.chance is not None:
+        if probes[-1] >= PROBE_COLLAPSED and at_chance(recent):
+            return Problem("collapsed", last.step, chance_why(recent, probes[-1]))
     elif min(probes[-2:]) >= PROBE_DEAD and (start is None or start < PROBE_DEAD):
         return Problem("collapsed", last.step, f"the probe texts' mean cosine is {probes[-1]:.5f}: one vector for "
                                                "every text")
@@ -97,6 +120,28 @@ def check(history: Sequence, chance: float | None, warmup: int, start: float | N
         return Problem("trivial", last.step, f"the loss has stayed under {TRIVIAL_LOSS} for {PATIENCE} steps while "
                                              f"the probe's mean cosine rose from {probes[0]:.3f} to {probes[-1]:.3f}: "
                                              "the view is too easy to teach much")
+    return None
+
+
+def chance_why(steps: Sequence, probe: float) -> str:
+    full = max(h.chance for h in steps)
+    smaller = ", less for an epoch's smaller last batch" if min(h.chance for h in steps) < full else ""
+    return (f"the loss has been {steps[-1].loss:.3f}, chance level (ln of the batch = {full:.3f}{smaller}), for "
+            f"{len(steps)} steps and the probe texts' mean cosine is {probe:.4f}: one vector for every text")
+
+
+def collapsed_at_the_end(history: Sequence, warmup: int, start: float | None) -> Problem | None:
+    """The verdict of a finished run on its last probe, whatever its length: the InfoNCE rule on the steps
+    after warm-up (at most PATIENCE), or any loss's texts that started apart and end at one vector."""
+    last, probe = history[-1], history[-1].probe_cosine
+    if probe is None:
+        return None
+    recent = [h for h in history[-PATIENCE:] if h.step > warmup] or history[-1:]
+    if last.chance is not None and probe >= PROBE_COLLAPSED and at_chance(recent):
+        return Problem("collapsed", last.step, chance_why(recent, probe))
+    if probe >= PROBE_DEAD and start is not None and start < PROBE_DEAD:
+        return Problem("collapsed", last.step, f"the probe texts' mean cosine went from {start:.4f} after step 1 "
+                                               f"to {probe:.5f} at the end: one vector for every text")
     return None
 
 
@@ -108,22 +153,33 @@ def advice(problem: Problem, lr: float, max_grad_norm: float | None) -> str:
             "the run anyway and reports it")
 
 
-def summary(history: Sequence, chance: float | None, warmup: int) -> dict:
+def summary(history: Sequence, warmup: int) -> dict:
     """The report's health of one trained model: its verdict (the first problem found, step by step,
-    as during training), the last loss against chance, the last probe and the gradient-norm range."""
+    as during training, the last step judged as the end of training), the last loss against chance
+    (that of a full batch), the last probe and the gradient-norm range."""
     found: list[Problem] = []
     start = first_probe(history)
     for end in range(1, len(history) + 1):
-        problem = check(history[max(0, end - LOOKBACK):end], chance, warmup, start)  # the steps `check` reads
+        problem = check(history[max(0, end - LOOKBACK):end], warmup, start, final=end == len(history))
         if problem and not any(p.kind == problem.kind for p in found):
             found.append(problem)
     norms = [h.grad_norm for h in history if h.grad_norm is not None and math.isfinite(h.grad_norm)]
     probes = [h.probe_cosine for h in history if h.probe_cosine is not None]
+    chances = [h.chance for h in history if h.chance is not None]
     return dict(
         verdict="; ".join(f"{p.kind} at step {p.step}" for p in found) or "healthy",
-        final_loss=history[-1].loss if history else None, chance_loss=chance,
+        final_loss=history[-1].loss if history else None, chance_loss=max(chances) if chances else None,
         probe_mean_cosine=probes[-1] if probes else None,
         grad_norm_min=min(norms) if norms else None, grad_norm_max=max(norms) if norms else None)
+
+
+def evaluated(found: dict, mean_cosine: float | None) -> dict:
+    """A trained model's health with what the evaluation saw: its documents at one vector is a collapse,
+    whatever training said (a run stopped short of the probe's rules, a view the probe texts do not show)."""
+    if mean_cosine is None or mean_cosine < DOCUMENTS_AT_ONE_VECTOR or "collapsed" in found["verdict"]:
+        return found
+    seen = f"collapsed at evaluation (the documents' mean cosine is {mean_cosine:.4f})"
+    return {**found, "verdict": seen if found["verdict"] == "healthy" else f"{found['verdict']}; {seen}"}
 
 
 # The rows the evaluate stage adds to a trained model's scores (dataset `training`): metric -> summary field.

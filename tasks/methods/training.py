@@ -43,6 +43,7 @@ class StepLog:
     epoch: int
     loss: float
     lr: float
+    chance: float | None = None  # the loss of one vector for every text, for this step's rows (health.py)
     knn_accuracy: float | None = None  # the learning curve, every `eval_every` steps
     grad_norm: float | None = None  # before clipping
     probe_cosine: float | None = None  # the probe batch's mean cosine: after step 1, every health.PROBE_EVERY steps
@@ -92,7 +93,8 @@ class Checkpoints:
         leases.confirm()  # a holder that stalled past its lease must not write over its successor's checkpoints
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".checkpoint.{os.getpid()}.tmp"
-        torch.save(state, tmp)
+        with open(tmp, "wb") as file:  # through Python's file: a full disk is an OSError (ENOSPC), not a bare RuntimeError
+            torch.save(state, file)
         if self.path.is_file():
             os.replace(self.path, self.previous)
         os.replace(tmp, self.path)  # a kill at any point leaves at least one complete checkpoint
@@ -126,14 +128,9 @@ def warmup_steps(cfg: TrainConfig, batches: PairBatches) -> int:
     return max(1, round(cfg.warmup_ratio * batches.steps_per_epoch))
 
 
-def chance_loss(objective: Objective, cfg: TrainConfig) -> float | None:
-    """The loss of a model that gives every text one vector, for the global batch (None: no such level)."""
-    return objective.chance(cfg.batch_size) if objective.chance else None
-
-
-def health_of(objective: Objective, batches: PairBatches, cfg: TrainConfig, history: list[StepLog]) -> dict:
+def health_of(batches: PairBatches, cfg: TrainConfig, history: list[StepLog]) -> dict:
     """The trained model's health (health.summary), judged as it was during training."""
-    return health.summary(history, chance_loss(objective, cfg), warmup_steps(cfg, batches))
+    return health.summary(history, warmup_steps(cfg, batches))
 
 
 def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
@@ -167,7 +164,6 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     amp = precision.MixedPrecision(cfg.precision, next(loss_fn.parameters()).device)
     torch.manual_seed(cfg.seed + rank)  # each process its own dropout masks; process 0 draws one device's
     history: list[StepLog] = []
-    chance = chance_loss(objective, cfg)
     warned: set[str] = set()
 
     state = checkpoints.load(log)
@@ -211,16 +207,16 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
     tokenizer_free = threading.Lock()
     device = next(loss_fn.parameters()).device
 
-    def prepared(epoch: int, batch: list[Pair]) -> tuple[int, list[dict], torch.Tensor | None]:
+    def prepared(epoch: int, batch: list[Pair]) -> tuple[int, int, list[dict], torch.Tensor | None]:
         rows = distributed.shard(batch, rank, size)
         labels = to_device({"labels": objective.labels(rows)}, device)["labels"] if objective.labels else None
         with tokenizer_free:
-            return epoch, objective.collate(rows), labels
+            return epoch, len(batch), objective.collate(rows), labels
 
     inputs = prefetched(itertools.starmap(prepared, batches.from_step(len(history))),
                         on_prepared=profile.prepared.append if profile else None)
     with stopping or contextlib.nullcontext(), contextlib.closing(inputs):
-        for step, (epoch, features, labels) in enumerate(inputs, start=len(history)):
+        for step, (epoch, rows, features, labels) in enumerate(inputs, start=len(history)):
             lap("data")
             optimizer.zero_grad(set_to_none=True)  # first: the forward pass's activations reuse the gradients' memory
             if cfg.compile == "cuda_graphs":  # its graphs replay into the same buffers: the last step's are free now
@@ -233,7 +229,7 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             norm = amp.step(optimizer, cfg.max_grad_norm)
             lap("optimizer")
             entry = StepLog(step + 1, epoch, distributed.mean_over_processes(loss), schedule.get_last_lr()[0],
-                            grad_norm=norm)
+                            chance=objective.chance(rows) if objective.chance else None, grad_norm=norm)
             schedule.step()
             history.append(entry)
             last = step + 1 == len(batches)
@@ -244,7 +240,7 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                 with tokenizer_free, eager():
                     entry.probe_cosine = probe()
             # the probe is process 0's
-            problem = health.check(history, chance, warmup, health.first_probe(history)) if rank == 0 else None
+            problem = health.check(history, warmup, health.first_probe(history), final=last) if rank == 0 else None
             stop = bool(problem and problem.fatal and cfg.on_unhealthy == "stop")
             if distributed.from_process_0(stop):  # every process stops together: a clean end under torchrun
                 raise health.TrainingUnhealthy(health.advice(problem, cfg.lr, cfg.max_grad_norm) if problem

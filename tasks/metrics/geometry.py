@@ -73,8 +73,9 @@ def mean_random_cosine(x: np.ndarray) -> float:
     return float((total @ total - (u**2).sum()) / (n * (n - 1)))
 
 
-def top_pc_variance(x: np.ndarray, k: int) -> float:
-    """Share of the variance of the mean-centred rows explained by the top k principal components."""
+def top_pc_variance(x: np.ndarray, k: int) -> float | None:
+    """Share of the variance of the mean-centred rows explained by the top k principal components; None
+    when every row is the same (a corpus of one text, texts that all tokenize to [UNK]): no variance to share."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     centred = np.asarray(x, dtype=np.float64)
@@ -82,9 +83,7 @@ def top_pc_variance(x: np.ndarray, k: int) -> float:
     # Eigenvalues of the d × d scatter matrix = squared singular values of the centred data.
     eigenvalues = np.clip(np.linalg.eigvalsh(centred.T @ centred), 0.0, None)[::-1]
     total = eigenvalues.sum()
-    if total == 0:
-        raise ValueError("top_pc_variance: all rows are identical, there is no variance to share")
-    return float(eigenvalues[:k].sum() / total)
+    return None if total == 0 else float(eigenvalues[:k].sum() / total)
 
 
 def geometry_rows(docs: np.ndarray, pos_a: np.ndarray | None = None, pos_b: np.ndarray | None = None,
@@ -95,5 +94,8 @@ def geometry_rows(docs: np.ndarray, pos_a: np.ndarray | None = None, pos_b: np.n
         rows.append(dict(metric="alignment", value=alignment(pos_a, pos_b), n=len(pos_a)))
     rows.append(dict(metric="uniformity", value=uniformity(docs), n=len(docs)))
     rows.append(dict(metric="mean_cosine", value=mean_random_cosine(docs), n=len(docs)))
-    rows += [dict(metric=f"top{k}_pc_variance", value=top_pc_variance(docs, k), n=len(docs)) for k in pcs]
+    for k in pcs:
+        share = top_pc_variance(docs, k)
+        rows.append(dict(metric=f"top{k}_pc_variance", value=share, n=len(docs),
+                         note=None if share is not None else "every document has the same vector: no variance"))
     return [{**row, "std": None, "repeats": 1, "split": None} for row in rows]

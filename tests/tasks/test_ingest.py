@@ -103,6 +103,29 @@ def test_an_empty_corpus_is_refused_naming_the_file_and_nothing_is_published(tmp
     assert not (store.root / "artifacts").exists() and not (store.root / ".tmp").exists()
 
 
+@pytest.mark.parametrize("rows, said", [
+    (ROWS[:1], "1 document; a run needs at least 2 (a batch's in-batch negatives, the evaluation's pairs of documents)"),
+    ([{**r, "text": "The same text."} for r in ROWS], "all 3 documents have the same text; a run needs at least 2 "
+                                                      "different texts"),
+    ([{**r, "text": str(i)} for i, r in enumerate(ROWS)], "column 'text' (data.columns.text) holds only numbers (the "
+                                                          "first: '0'), not text: is it the text column?"),
+])
+def test_a_corpus_that_cannot_make_a_run_is_refused_saying_what_it_has_and_needs(tmp_path, rows, said):
+    path = tmp_path / "docs.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    store = ArtifactStore(tmp_path / "store")
+    with pytest.raises(InputError, match=re.escape(f"{path}: {said}")):
+        INGEST.run(store, cfg(path), NoInputs())
+    assert not (store.root / "artifacts").exists() and not (store.root / ".tmp").exists()
+
+
+def test_a_csv_with_a_byte_order_mark_reads_its_first_column_by_name(tmp_path, load_documents):
+    path = tmp_path / "docs.csv"
+    pd.DataFrame(ROWS).to_csv(path, index=False, encoding="utf-8-sig")  # what spreadsheet programs save
+    assert path.read_bytes().startswith(b"\xef\xbb\xbfdoc_id")
+    assert load_documents(cfg(path)).to_dict("records") == ROWS
+
+
 def test_a_folder_of_empty_files_is_refused_an_empty_file_among_others_adds_nothing(tmp_path, load_documents):
     pd.DataFrame(ROWS).iloc[:0].to_parquet(tmp_path / "a.parquet")
     (tmp_path / "b.csv").write_text("doc_id,text\n")

@@ -44,23 +44,34 @@ def test_crops_are_runs_of_n_kept_sentences_skipping_filtered_ones(tmp_path):
     # Fragment 2 is too short: the crop starting at sentence 1 continues with 3, as the reference code does.
     text = " ".join([sentence("a", 1), sentence("a", 2), "tiny.", sentence("a", 3), sentence("a", 4, 300),
                      sentence("a", 5)])
+    corpus = {"a": text, "b": " ".join(sentence("b", j) for j in range(4))}  # a run needs 2 documents
     ends = {" ".join(sentence("a", j) for j in js) for js in [(1, 2), (2, 3), (3, 5)]}
-    assert {r["anchor"] for r in drawn_pairs(tmp_path / "2", {"a": text}, "same", epochs=80)} == ends
+    assert {r["anchor"] for r in drawn_pairs(tmp_path / "2", corpus, "same", epochs=80) if r["doc_id"] == "a"} == ends
     three = {" ".join(sentence("a", j) for j in js) for js in [(1, 2, 3), (2, 3, 5)]}
-    assert {r["anchor"] for r in drawn_pairs(tmp_path / "3", {"a": text}, "same", epochs=40, n=3)} == three
+    assert {r["anchor"] for r in drawn_pairs(tmp_path / "3", corpus, "same", epochs=40, n=3)
+            if r["doc_id"] == "a"} == three
 
 
 @pytest.mark.parametrize("view", ["crops", "same", "noise"])
 def test_documents_with_fewer_than_two_crops_are_dropped(tmp_path, view):
     corpus = {"one": " ".join(sentence("one", j) for j in range(2)),  # 1 crop
               "two": " ".join(sentence("two", j) for j in range(3)),  # 2 crops
+              "three": " ".join(sentence("three", j) for j in range(4)),  # 3 crops
               "none": "Too short. All of it."}
-    assert {r["doc_id"] for r in drawn_pairs(tmp_path, corpus, view, epochs=2)} == {"two"}
+    assert {r["doc_id"] for r in drawn_pairs(tmp_path, corpus, view, epochs=2)} == {"two", "three"}
 
 
 def test_no_document_with_two_crops_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match="no document has 2 or more crops: check sentences.min_chars"):
-        drawn_pairs(tmp_path, {"a": "Short. Texts. Only."}, "crops")
+        drawn_pairs(tmp_path, {"a": "Short. Texts. Only.", "b": "Also. Short."}, "crops")
+
+
+def test_a_view_of_one_row_per_epoch_is_refused_before_training(tmp_path):
+    corpus = {"one": " ".join(sentence("one", j) for j in range(3)), "none": "Too short. All of it."}
+    with pytest.raises(InputError, match=r"the crops view made 1 row\(s\) per epoch from the corpus; training needs "
+                                         r"at least 2 \(a batch's in-batch negatives\)"):
+        drawn_pairs(tmp_path, corpus, "crops", epochs=3)
+    assert not list((tmp_path / "store" / "artifacts").glob("pairs/*"))
 
 
 def _corpus(docs=50, sentences=4):

@@ -10,7 +10,7 @@ import time
 import pyarrow as pa
 from prefect import flow
 
-from storage.base import ArtifactRef, DamagedArtifactError
+from storage.base import ArtifactRef, DamagedArtifactError, StoreUnusable
 from storage.store import ArtifactStore
 from tasks.config.base import InputError, Section
 from tasks.config.run import RetryConfig
@@ -72,7 +72,11 @@ def test_a_full_disk_is_not_retried(prefect_harness, tmp_path):
     store, attempts = ArtifactStore(tmp_path), []
     state, error = run_stage(store, flaky_stage(attempts), Job(fail_with="disk-full", failures=1),
                              RetryConfig(attempts=3, delay_s=0))
-    assert state == "Failed" and error.errno == errno.ENOSPC and attempts == ["disk-full"]
+    assert state == "Failed" and isinstance(error, StoreUnusable) and attempts == ["disk-full"]
+    assert str(error) == (f"store {tmp_path}: flaky could not be written: No space left on device: rows.parquet; "
+                          "free space on that disk or choose another store (--store); every finished stage is kept "
+                          "and the same command resumes from them")
+    assert not any(tmp_path.glob("artifacts/*/*/manifest.json")) and not list((tmp_path / ".tmp").glob("*"))
 
 
 def test_back_off_doubles():

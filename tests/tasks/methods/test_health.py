@@ -31,7 +31,7 @@ def trained(tiny_dir, tmp_path, recipe, **train):
     batches = PairBatches(model_tokens_file(model, PAIRS, 50), cfg.batch_size)  # as the train stage reads them
     probe = probe_cosine(model, [a for a, _ in PAIRS[0][:64]])
     history = train_model(objective, batches, cfg, Checkpoints(tmp_path), probe=probe)
-    return history, health_of(objective, batches, cfg, history), warmup_steps(cfg, batches)
+    return history, health_of(batches, cfg, history), warmup_steps(cfg, batches)
 
 
 def test_an_absurd_learning_rate_stops_with_the_collapse_error_within_patience_steps(tiny_dir, tmp_path):
@@ -65,38 +65,82 @@ def test_a_healthy_run_is_not_flagged(tiny_dir, tmp_path, recipe):
         assert found["chance_loss"] is None  # reconstruction losses have no chance level
 
 
-def log(losses, probes=None, start=1):
-    probes = probes or {}
-    return [StepLog(step, 0, loss, 1e-3, probe_cosine=probes.get(step)) for step, loss in enumerate(losses, start)]
+def log(losses, probes=None, start=1, chance=CHANCE, norms=None):
+    """Steps of a batch-8 InfoNCE run (`chance=None`: a loss without a chance level)."""
+    probes, norms = probes or {}, norms or {}
+    return [StepLog(step, 0, loss, 1e-3, chance=chance, grad_norm=norms.get(step, 1.0), probe_cosine=probes.get(step))
+            for step, loss in enumerate(losses, start)]
 
 
 def test_the_symptoms_and_what_is_not_one():
     warmup = 5
     dead = log([CHANCE] * 30, {10: 1.0, 20: 1.0, 30: 1.0})
-    assert check(dead, CHANCE, warmup).kind == "collapsed"
-    assert check(dead[:warmup + PATIENCE], CHANCE, warmup) is None  # not before PATIENCE steps after warm-up
+    assert check(dead, warmup).kind == "collapsed"
+    assert check(dead[:warmup + PATIENCE], warmup) is None  # not before PATIENCE steps after warm-up
     alive = log([CHANCE] * 30, {10: 0.6, 20: 0.7, 30: 0.8})  # at chance, but the texts still differ
-    assert check(alive, CHANCE, warmup) is None
-    assert check(log([1.0] * 29 + [float("nan")]), CHANCE, warmup).kind == "diverged"
-    assert check(log([float("inf")]), CHANCE, warmup).kind == "diverged"  # at once, even in warm-up
-    assert check(log([1.0] * 29 + [4.5]), CHANCE, warmup).kind == "diverged"  # 3 x median + 1 = 4
-    assert check(log([1.0] * 29 + [3.9]), CHANCE, warmup) is None
+    assert check(alive, warmup) is None
+    assert check(log([1.0] * 29 + [float("nan")]), warmup).kind == "diverged"
+    assert check(log([float("inf")]), warmup).kind == "diverged"  # at once, even in warm-up
+    assert check(log([1.0] * 29 + [4.5]), warmup).kind == "diverged"  # 3 x median + 1 = 4
+    assert check(log([1.0] * 29 + [3.9]), warmup) is None
     easy = log([0.001] * 40, {20: 0.3, 30: 0.5, 40: 0.6})
-    assert check(easy, CHANCE, warmup) == Problem("trivial", 40, check(easy, CHANCE, warmup).why)
-    assert not check(easy, CHANCE, warmup).fatal
-    reconstruction_dead = log([5.0] * 40, {1: 0.6, 30: 0.99999, 40: 0.99999})
-    assert check(reconstruction_dead, None, warmup, first_probe(reconstruction_dead)).kind == "collapsed"
-    assert check(log([5.0] * 40, {30: 0.95, 40: 0.95}), None, warmup) is None  # TSDAE ends near 0.90
+    assert check(easy, warmup) == Problem("trivial", 40, check(easy, warmup).why)
+    assert not check(easy, warmup).fatal
+    reconstruction_dead = log([5.0] * 40, {1: 0.6, 30: 0.99999, 40: 0.99999}, chance=None)
+    assert check(reconstruction_dead, warmup, first_probe(reconstruction_dead)).kind == "collapsed"
+    assert check(log([5.0] * 40, {30: 0.95, 40: 0.95}, chance=None), warmup) is None  # TSDAE ends near 0.90
     # A deep random encoder starts with one vector for every text: it has yet to spread, not collapsed.
-    spreading = log([10.0 - 0.01 * i for i in range(40)], {1: 0.99999, 30: 0.99999, 40: 0.99999})
-    assert check(spreading, None, warmup, first_probe(spreading)) is None
+    spreading = log([10.0 - 0.01 * i for i in range(40)], {1: 0.99999, 30: 0.99999, 40: 0.99999}, chance=None)
+    assert check(spreading, warmup, first_probe(spreading)) is None
+    assert check(spreading, warmup, first_probe(spreading), final=True) is None
+
+
+def test_an_epoch_s_smaller_last_batch_is_judged_against_its_own_chance_level():
+    # 3 epochs of 7 steps: 6 batches of 16 rows, then 7 rows (ln 7 = 1.946 is 30% under ln 16 = 2.773)
+    steps = [StepLog(i, (i - 1) // 7, math.log(7 if i % 7 == 0 else 16), 1e-3, chance=math.log(7 if i % 7 == 0 else 16),
+                     grad_norm=1e-4, probe_cosine=0.9998 if i % 10 == 0 or i == 1 else None) for i in range(1, 50)]
+    found = check(steps[:23], warmup=2)  # the first step past warm-up + PATIENCE, the partial batches among them
+    assert found.kind == "collapsed" and found.step == 23
+    assert "chance level (ln of the batch = 2.773, less for an epoch's smaller last batch), for 20 steps" in found.why
+    assert summary(steps, warmup=2)["verdict"] == "collapsed at step 23"
+    assert summary(steps, warmup=2)["chance_loss"] == pytest.approx(math.log(16))  # the full batch's
+
+
+def test_a_run_shorter_than_the_window_is_judged_at_its_end():
+    # the issue's run: 21 steps (3 epochs of 7, the last batch of each smaller), warm-up 1, texts at one vector
+    steps = [StepLog(i, 0, math.log(8 if i % 7 == 0 else 20) * 1.001, 1e-3, chance=math.log(8 if i % 7 == 0 else 20),
+                     grad_norm=1e-4, probe_cosine={1: 0.978, 10: 0.99979, 20: 0.99976, 21: 0.99976}.get(i))
+             for i in range(1, 22)]
+    assert all(check(steps[:end], warmup=1) is None for end in range(1, 22))  # too short for the running rules
+    found = check(steps, warmup=1, start=0.978, final=True)
+    assert found.kind == "collapsed" and found.step == 21 and "for 20 steps" in found.why  # the steps after warm-up
+    assert summary(steps, warmup=1)["verdict"] == "collapsed at step 21"
+    # any loss: texts that started apart and end at one vector
+    reconstruction = log([5.0 - 0.1 * i for i in range(12)], {1: 0.7, 10: 0.99, 12: 0.99995}, chance=None)
+    assert check(reconstruction, 5, first_probe(reconstruction), final=True).kind == "collapsed"
+    assert check(reconstruction, 5, first_probe(reconstruction)) is None  # not before the end
+    learning = log([CHANCE * 0.6] * 12, {1: 0.9, 10: 0.995, 12: 0.995})  # under chance: the texts are told apart
+    assert check(learning, 5, first_probe(learning), final=True) is None
+
+
+def test_gradients_that_are_never_finite_are_a_divergence_whatever_the_loss():
+    inf = {step: float("inf") for step in range(1, 41)}
+    stuck = log([3e27] * 40, {1: 0.5, 10: 0.5, 20: 0.5, 30: 0.5, 40: 0.5}, norms=inf)
+    assert [check(stuck[:end], 5) for end in range(1, PATIENCE)] == [None] * (PATIENCE - 1)
+    found = check(stuck[:PATIENCE], 5)
+    assert found.kind == "diverged" and found.step == PATIENCE and "the gradient norm has been inf" in found.why
+    assert check(stuck[:3], 5, final=True).kind == "diverged"  # a run shorter than PATIENCE: every step of it
+    # fp16's scaler: a few overflowing steps while it finds its scale are skipped, not a divergence
+    skipped = log([2.0] * 40, {1: 0.5, 10: 0.5, 20: 0.5, 30: 0.5, 40: 0.4}, norms={1: float("inf"), 2: float("nan")})
+    assert summary(skipped, 5)["verdict"] == "healthy"
+    assert summary(stuck, 5)["verdict"] == "diverged at step 20"
 
 
 def test_the_summary_names_the_first_step_of_each_problem_and_becomes_catalog_rows():
     steps = log([CHANCE] * 40, {10: 1.0, 20: 1.0, 30: 1.0, 40: 1.0})
     for s, norm in zip(steps, range(1, 41)):
         s.grad_norm = float(norm)
-    found = summary(steps, CHANCE, warmup=5)
+    found = summary(steps, warmup=5)
     assert found == dict(verdict="collapsed at step 26", final_loss=CHANCE, chance_loss=CHANCE,
                          probe_mean_cosine=1.0, grad_norm_min=1.0, grad_norm_max=40.0)
     rows = {r["metric"]: r for r in health.health_rows(found)}

@@ -83,3 +83,7 @@ def test_geometry_rows():
     assert rows[-1]["value"] == pytest.approx(top_pc_variance(docs, 10))
     assert [r["metric"] for r in geometry_rows(docs)] == ["uniformity", "mean_cosine", "top1_pc_variance",
                                                           "top10_pc_variance"]
+    # every document the same vector (a corpus of one text under many ids): said, not an error
+    same = geometry_rows(np.ones((5, 16)))
+    assert [(r["metric"], r["value"]) for r in same[2:]] == [("top1_pc_variance", None), ("top10_pc_variance", None)]
+    assert same[1]["value"] == pytest.approx(1.0) and "same vector" in same[2]["note"]
