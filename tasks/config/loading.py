@@ -4,6 +4,7 @@ errors as `file: section.field: message`."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,10 +69,24 @@ def _named_files(cfg: PipelineConfig) -> Iterator[tuple[str, str | None, bool]]:
         yield f"evaluate.mteb.local.{i}.queries", task.queries, False
     models = {"model.name_or_path": cfg.model.name_or_path,
               **{f"evaluate.reference_models.{i}": m for i, m in enumerate(cfg.evaluate.reference_models)},
-              "summaries.llm": cfg.summaries.llm if cfg.summaries else None}
+              **_llms(cfg)}
     for field, name in models.items():
         if name and _local_model(name):
             yield field, name, not name.endswith(".gguf")
+
+
+def _llms(cfg: PipelineConfig) -> dict[str, str]:
+    """Each LLM the config names, by field."""
+    return {f"{section}.llm": generation.llm for section, generation in (("summaries", cfg.summaries),
+                                                                        ("queries", cfg.queries)) if generation}
+
+
+def _missing_packages(cfg: PipelineConfig) -> Iterator[tuple[str, str]]:
+    """(field, package) of each `package:` LLM that is not installed."""
+    for field, name in _llms(cfg).items():
+        package = name.removeprefix("package:")
+        if name.startswith("package:") and importlib.util.find_spec(package.replace("-", "_")) is None:
+            yield field, package
 
 
 def _check_files(path: Path, cfg: PipelineConfig) -> None:
@@ -80,6 +95,8 @@ def _check_files(path: Path, cfg: PipelineConfig) -> None:
     missing = [f"{path}: {field}: {'file or folder' if folder_ok else 'file'} not found: {value}"
                for field, value, folder_ok in _named_files(cfg)
                if value and not (Path(value).exists() if folder_ok else Path(value).is_file())]
+    missing += [f"{path}: {field}: package {package!r} is not installed (pip install --no-deps {package})"
+                for field, package in _missing_packages(cfg)]
     if missing:
         raise ConfigError("\n".join(missing))
 
@@ -154,6 +171,8 @@ def _load_config(file: str, _resolved: str, _mtime_ns: int, _size: int, override
         stage1 = model.pretrain.data
         model = model.model_copy(update={"pretrain": model.pretrain.model_copy(update={
             "data": stage1.model_copy(update={"path": _resolve(base, stage1.path)})})})
-    summaries = cfg.summaries and cfg.summaries.model_copy(update={"llm": _resolve_model(base, cfg.summaries.llm)})
+    summaries, queries = (section and section.model_copy(update={"llm": _resolve_model(base, section.llm)})
+                          for section in (cfg.summaries, cfg.queries))
     return cfg.model_copy(update={"data": data, "model": model, "evaluate": evaluate, "summaries": summaries,
+                                  "queries": queries,
                                   "store": cfg.store if is_url(cfg.store) else _resolve(base, cfg.store)})

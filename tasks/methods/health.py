@@ -131,15 +131,16 @@ def chance_why(steps: Sequence, probe: float) -> str:
 
 
 def collapsed_at_the_end(history: Sequence, warmup: int, start: float | None) -> Problem | None:
-    """The verdict of a finished run on its last probe, whatever its length: the InfoNCE rule on the steps
-    after warm-up (at most PATIENCE), or any loss's texts that started apart and end at one vector."""
+    """The verdict of a finished run, whatever its length: texts that started apart (the first probe) and
+    end at one vector. For InfoNCE the last probe ≥ PROBE_COLLAPSED with the loss at chance since the probe
+    before it (after warm-up); for any loss the last probe ≥ PROBE_DEAD."""
     last, probe = history[-1], history[-1].probe_cosine
-    if probe is None:
+    if probe is None or start is None:
         return None
-    recent = [h for h in history[-PATIENCE:] if h.step > warmup] or history[-1:]
-    if last.chance is not None and probe >= PROBE_COLLAPSED and at_chance(recent):
+    recent = [h for h in history[-PROBE_EVERY:] if h.step > warmup] or history[-1:]
+    if last.chance is not None and start < PROBE_COLLAPSED <= probe and at_chance(recent):
         return Problem("collapsed", last.step, chance_why(recent, probe))
-    if probe >= PROBE_DEAD and start is not None and start < PROBE_DEAD:
+    if start < PROBE_DEAD <= probe:
         return Problem("collapsed", last.step, f"the probe texts' mean cosine went from {start:.4f} after step 1 "
                                                f"to {probe:.5f} at the end: one vector for every text")
     return None

@@ -93,7 +93,7 @@ class Checkpoints:
         leases.confirm()  # a holder that stalled past its lease must not write over its successor's checkpoints
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".checkpoint.{os.getpid()}.tmp"
-        with open(tmp, "wb") as file:  # through Python's file: a full disk is an OSError (ENOSPC), not a bare RuntimeError
+        with open(tmp, "wb") as file:  # through Python's file: a full disk is an OSError (ENOSPC), not torch's bare one
             torch.save(state, file)
         if self.path.is_file():
             os.replace(self.path, self.previous)

@@ -121,6 +121,7 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
 
 
 def test_a_bad_sql_query_exits_non_zero_with_duckdb_message(tmp_path, env):
+    (tmp_path / "store").mkdir()  # an empty store
     result = embforge("sql", "SELECT nope FROM runs", "--store", str(tmp_path / "store"), env=env)
     assert result.returncode == 2
     assert "error:" in result.stdout and "nope" in result.stdout and "Traceback" not in result.stderr

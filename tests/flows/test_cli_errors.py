@@ -20,23 +20,42 @@ def exit_code(argv: list[str]) -> int:
         return e.code
 
 
+# Every command that reads a store, with its other arguments.
+READERS = {"runs": [], "sql": ["SELECT 1"], "models": [], "artifacts": [], "report": [], "verify": [],
+           "mteb-results": ["--to", "results"], "export": ["crops", "--to", "out"]}
+
+
 @pytest.mark.parametrize("argv, message", [
     (["report", "--since", "notadate"], "argument --since: 'notadate' is not a date"),
     (["sql", ""], "error: the query is empty"),
     (["sql", "COPY (SELECT 1) TO 'x.csv'"], "error: the catalog is read-only: only SELECT queries run, not COPY"),
     (["sql", "SELECT * FROM read_csv('/etc/passwd')"], 'error: Permission Error: Cannot access file "/etc/passwd"'),
+    (["sql", "SELECT * FROM read_csv('.tmp/notes.csv')"], 'error: Permission Error: Cannot access file ".tmp/'),
     (["runs", "--store", "notes.txt"], "notes.txt is a file, not a folder"),
-], ids=["date", "empty-sql", "copy", "outside-store", "store-is-a-file"])
+    *(([command, "--store", "no-such-store", *more], "no-such-store: check --store, EMBFORGE_STORE or the config's")
+      for command, more in READERS.items()),
+], ids=["date", "empty-sql", "copy", "outside-store", "duckdb-temp-folder", "store-is-a-file",
+      *(f"missing-store-{c}" for c in READERS)])
 def test_a_bad_argument_exits_2_with_one_line_naming_it(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("EMBFORGE_STORE", str(tmp_path / "store"))
+    (tmp_path / "store").mkdir()  # an empty store: what the queries read
     (tmp_path / "notes.txt").write_text("not a store")
+    (tmp_path / ".tmp").mkdir()  # DuckDB's default spill folder in the working directory
+    (tmp_path / ".tmp" / "notes.csv").write_text("private\n")
     assert exit_code(argv) == 2
     out = capsys.readouterr()
     errors = [line for line in (out.out + out.err).splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0]
     assert "Traceback" not in out.out + out.err
-    assert not list(tmp_path.rglob("x.csv"))
+    assert "no-such-store" not in message or errors[0].startswith("error: no store at ")
+    assert not list(tmp_path.rglob("x.csv")) and not (tmp_path / "no-such-store").exists()
+
+
+def test_an_existing_empty_store_is_read_as_empty(tmp_path, capsys):
+    (tmp_path / "store").mkdir()
+    assert exit_code(["runs", "--store", str(tmp_path / "store")]) == 0
+    assert "runs: nothing yet" in capsys.readouterr().out
 
 
 def test_since_takes_a_date_or_an_iso_timestamp_in_utc():
@@ -65,18 +84,28 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
 @pytest.mark.parametrize("case, message", [
     ("missing-columns", "bad.csv: column 'doc_id' (data.columns.id)"),
     ("empty-corpus", "bad.csv: 0 rows, no documents to ingest"),
+    ("one-document", "bad.csv: 1 document; a run needs at least 2"),
     ("unknown-model", "model 'no-such-org/no-such-model': not a local folder"),
     ("collapse", "error: crops recipe: training collapsed at step"),  # an absurd lr (docs/health.md)
     ("collapse-in-2-processes", "error: crops recipe: training collapsed at step"),  # the same under torchrun
+    # 21 steps (3 epochs of 6 batches of 20 and one of 8): too short for the running rules, judged at its end
+    ("short-collapse", "error: crops recipe: training collapsed at step 21 (lr 30): the loss has been"),
+    ("infinite-gradients", "error: crops recipe: training diverged at step 20 (lr 0.001): the gradient norm has been "
+                           "inf at each of the last 20 steps"),
 ])
 def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_in_the_log(tmp_path, case, message):
-    data = {"missing-columns": "text,label\nhello world,a\n", "empty-corpus": "doc_id,title,text,label\n"}
+    data = {"missing-columns": "text,label\nhello world,a\n", "empty-corpus": "doc_id,title,text,label\n",
+            "one-document": "doc_id,title,text,label,split\n1,A title,One text of some length.,a,train\n"}
     (tmp_path / "bad.csv").write_text(data.get(case, ""))
     change = {"unknown-model": {"model": {"name_or_path": "no-such-org/no-such-model"}},
               "collapse": {"train": {"lr": 30.0, "batch_size": 8, "epochs": 2},
                            "methods": [{"name": "crops", "recipe": "crops"}]},
               "collapse-in-2-processes": {"train": {"lr": 30.0, "batch_size": 8, "epochs": 2, "devices": 2},
                                           "methods": [{"name": "crops", "recipe": "crops"}]},
+              "short-collapse": {"train": {"lr": 30.0, "batch_size": 20, "epochs": 3},
+                                 "methods": [{"name": "crops", "recipe": "crops"}]},
+              "infinite-gradients": {"train": {"temperature": 1e-30, "epochs": 3},
+                                     "methods": [{"name": "crops", "recipe": "crops"}]},
               }.get(case, {"data": {"path": str(tmp_path / "bad.csv")}})
     config = tiny_config(tmp_path, **change)
     result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,
@@ -87,7 +116,7 @@ def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_i
     assert result.returncode == 2, output
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in " ".join(output.split()), output
-    assert "Traceback" not in output and "Retrying" not in output
+    assert "Traceback" not in output and "Retry" not in output
     [log] = (tmp_path / "store" / "logs").glob("run-*.log")
     assert "Traceback" in log.read_text() and f"the full log, with tracebacks: {log}" in " ".join(output.split())
 
@@ -129,3 +158,36 @@ def test_an_object_store_without_credentials_or_endpoint_is_one_line(tmp_path, m
         out = capsys.readouterr().out
         said = " ".join(out.split())
         assert f"error: store {store}: {message}" in said and "Traceback" not in out, argv
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 7 MiB tmpfs: the tiny run's documents and sentences fit, its first model (init) does not."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(disk)], check=True)
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_naming_the_store_and_stage_not_retried_and_nothing_half_published(tmp_path,
+                                                                                                   small_disk):
+    store = small_disk / "store"
+    env = {**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "prefect")), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(tiny_config(tmp_path)), "--store",
+                             str(store)], cwd=REPO, capture_output=True, env=env, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and (f"error: store {store}: init could not be written: No space left on device; free "
+                                 "space on that disk or choose another store (--store); every finished stage is kept")\
+        in " ".join(output.split()), output
+    assert "Traceback" not in output and "Retry" not in output
+    verify = subprocess.run([sys.executable, "-m", "flows.cli", "verify", "--store", str(store)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0 and "2 artifact(s) verified" in verify.stdout, verify.stdout + verify.stderr
+    assert sorted(p.name for p in (store / "artifacts").iterdir()) == ["ingest", "sentences"]
+    assert not (store / ".tmp").exists() or not list((store / ".tmp").iterdir())

@@ -143,6 +143,19 @@ def test_export_refuses_what_it_cannot_do(exported, tracked_run, tmp_path, capsy
     assert "no registered model has that label" in capsys.readouterr().out
     assert main(["export", "crops", "--to", str(tmp_path / "y"), "--store", store, "--quantize"]) == 2
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    inside = tracked_run.store / "artifacts" / "exported"  # the store's folders are the store's to write
+    assert main(["export", "crops", "--to", str(inside), "--store", store]) == 2
+    assert f"--to {inside}: inside the store {tracked_run.store}" in " ".join(capsys.readouterr().out.split())
+    assert not inside.exists()
+
+
+def test_export_into_the_empty_working_directory_fills_it(tracked_run, tmp_path, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["export", "crops", "--to", ".", "--store", str(tracked_run.store)]) == 0
+    assert (here / "README.md").exists() and SentenceTransformer(str(here)).encode(SENTENCES).shape[0] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["here"]  # no partial folder left beside it
 
 
 def test_mteb_reads_embforge_results_next_to_others(tracked_run, tmp_path):

@@ -104,7 +104,8 @@ def test_an_empty_corpus_is_refused_naming_the_file_and_nothing_is_published(tmp
 
 
 @pytest.mark.parametrize("rows, said", [
-    (ROWS[:1], "1 document; a run needs at least 2 (a batch's in-batch negatives, the evaluation's pairs of documents)"),
+    (ROWS[:1], "1 document; a run needs at least 2 (a batch's in-batch negatives, the evaluation's pairs of "
+               "documents)"),
     ([{**r, "text": "The same text."} for r in ROWS], "all 3 documents have the same text; a run needs at least 2 "
                                                       "different texts"),
     ([{**r, "text": str(i)} for i, r in enumerate(ROWS)], "column 'text' (data.columns.text) holds only numbers (the "

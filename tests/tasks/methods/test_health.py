@@ -113,7 +113,13 @@ def test_a_run_shorter_than_the_window_is_judged_at_its_end():
              for i in range(1, 22)]
     assert all(check(steps[:end], warmup=1) is None for end in range(1, 22))  # too short for the running rules
     found = check(steps, warmup=1, start=0.978, final=True)
-    assert found.kind == "collapsed" and found.step == 21 and "for 20 steps" in found.why  # the steps after warm-up
+    assert found.kind == "collapsed" and found.step == 21 and "for 10 steps" in found.why  # since the probe before
+    early = [StepLog(h.step, 0, h.chance * (1.04 if h.step <= 11 else 1.0), 1e-3, chance=h.chance,
+                     probe_cosine=h.probe_cosine) for h in steps]  # 4% off chance until step 11: not yet at it
+    assert check(early, warmup=1, start=0.978, final=True).kind == "collapsed"
+    assert check(early[:-1], warmup=1, start=0.978, final=True) is None  # ending at step 20: 11 is off chance
+    # a deep random encoder (every text one vector from the start) at chance after a short run has yet to spread
+    assert check(steps, warmup=1, start=0.99995, final=True) is None
     assert summary(steps, warmup=1)["verdict"] == "collapsed at step 21"
     # any loss: texts that started apart and end at one vector
     reconstruction = log([5.0 - 0.1 * i for i in range(12)], {1: 0.7, 10: 0.99, 12: 0.99995}, chance=None)
