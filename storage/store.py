@@ -100,9 +100,9 @@ class ArtifactStore:
         return "/".join([self.url.rstrip("/"), *parts])
 
     def glob(self, *parts: str) -> list[str]:
-        """Locations in the store matching a pattern (`glob("runs", "*.json")`), sorted."""
-        base = self.fs._strip_protocol(self.url)
-        return sorted(self.url + p[len(base):] for p in self.fs.glob(self.location(*parts)))
+        """Locations in the store matching a pattern (`glob("runs", "*.json")`), sorted; through linked
+        folders too, which `problems` then reports."""
+        return sorted(str(p) for p in self.root.glob("/".join(parts)))
 
     def cat(self, locations: list[str]) -> dict[str, bytes | Exception]:
         """Several files' bytes at once (an object store fetches them concurrently), or why not."""
@@ -181,8 +181,16 @@ class ArtifactStore:
             return [f"{MANIFEST} cannot be read ({e})"]
         folder = self.path(ref)
         sizes = {name: (folder / name).stat().st_size for name in expected if (folder / name).exists()}
-        return differences(expected, sizes, (lambda name: hash_file(hashlib.sha256(), folder / name).hexdigest())
-                           if digests else None)
+        return self.links_outside(ref) + differences(
+            expected, sizes, (lambda name: hash_file(hashlib.sha256(), folder / name).hexdigest()) if digests else None)
+
+    def links_outside(self, ref: ArtifactRef) -> list[str]:
+        """Symbolic links in the artifact (its folder too) to a place outside the store: what they point at
+        is not what was published, and may be anything on the machine."""
+        folder = self.path(ref)
+        return [f"{path.relative_to(folder).as_posix() if path != folder else 'its folder'} is a link to "
+                f"{os.readlink(path)}, outside the store" for path in [folder, *sorted(folder.rglob("*"))]
+                if path.is_symlink() and not Path(os.path.realpath(path)).is_relative_to(self.root)]
 
     def check(self, ref: ArtifactRef) -> None:
         """Raise unless the artifact is there with the sizes its manifest records: what every read does."""

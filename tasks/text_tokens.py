@@ -27,7 +27,7 @@ from tasks.core.progress import StageProgress
 from tasks.core.stage import Stage
 from tasks.core.text_sets import TextSet, TextSetInputs, read_texts, text_set_identity
 from tasks.encoders.budget import char_budget, over_budget
-from tasks.encoders.inputs import IDS, encoder_tokenize, text_chunks, tokenizer_digest
+from tasks.encoders.inputs import IDS, encoder_tokenize, text_chunks, tokenizer_digest, unknown_tokens
 from tasks.encoders.models import load_model
 
 SCHEMA = pa.schema([("text", IDS)])
@@ -55,7 +55,8 @@ def build_text_tokens(store: ArtifactStore, job: TextTokensJob, inputs: TextSetI
                 bar.update(len(chunk))
                 yield pa.table({"text": ids}, schema=SCHEMA)
         out.write_batches("tokens", SCHEMA, tables())
-    lengths = duck.length_stats(out.folder / "tokens.parquet", ["text"], job.max_length, out.work)["text"]
+    lengths = duck.length_stats(out.folder / "tokens.parquet", ["text"], job.max_length, out.work,
+                                tokenizer.unk_token_id)["text"]
     cut = over_budget(texts, job.max_length)
     out.extra.update(tokenizer=tokenizer_digest(tokenizer, job.max_length), max_length=job.max_length,
                      texts=len(texts), cut=cut, lengths=lengths)
@@ -63,6 +64,8 @@ def build_text_tokens(store: ArtifactStore, job: TextTokensJob, inputs: TextSetI
         log.info("%d texts, %.1f tokens on average, %d at most, %.1f%% at the max length %d%s", len(texts),
                  lengths["mean"], lengths["max"], 100 * lengths["at_max_length"], job.max_length,
                  f"; {cut} over {char_budget(job.max_length):,} characters cut to that first" if cut else "")
+    if said := unknown_tokens(f"{len(texts)} texts", lengths["unknown"], tokenizer):
+        log.warning(said)
 
 
 TEXT_TOKENS = Stage("text_tokens", build_text_tokens, extra_key=text_set_identity)

@@ -35,6 +35,7 @@ from tasks.encoders.inputs import (
     model_tokenizer_digest,
     text_chunks,
     tokenize,
+    unknown_tokens,
     word_tokenize,
     words_column,
 )
@@ -117,11 +118,14 @@ def build_tokens(store: ArtifactStore, job: TokensJob, inputs: TokensInputs,
                     bar.update(table.num_rows)
                     yield table
             rows = out.write_batches("tokens", schema, groups())
-    lengths = duck.length_stats(out.folder / "tokens.parquet", texts, job.max_length, out.work)
+    lengths = duck.length_stats(out.folder / "tokens.parquet", texts, job.max_length, out.work,
+                                model.tokenizer.unk_token_id)
     out.extra.update(tokenizer=model_tokenizer_digest(model), max_length=job.max_length, lengths=lengths)
     for column, stats in lengths.items():
         log.info("%s: %d rows, %.1f tokens on average, %d at most, %.1f%% at the max length %d", column, rows,
                  stats["mean"], stats["max"], 100 * stats["at_max_length"], job.max_length)
+        if said := unknown_tokens(column, stats["unknown"], model.tokenizer):
+            log.warning(said)
 
 
 TOKENS = Stage("tokens", build_tokens, extra_key=base_model_identity)

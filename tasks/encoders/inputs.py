@@ -53,6 +53,17 @@ def tokenizer_digest(tokenizer: PreTrainedTokenizerBase, max_length: int, lower_
     return hashlib.sha256(json.dumps([spec, lower_case, max_length], sort_keys=True).encode()).hexdigest()[:16]
 
 
+MOSTLY_UNKNOWN = 0.5  # a text column whose ids are this share the unknown token: the tokenizer cannot read it
+
+
+def unknown_tokens(what: str, share: float | None, tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """A warning when most of a text column's tokens are the tokenizer's unknown one (None: they are not)."""
+    if share is None or share < MOSTLY_UNKNOWN:
+        return None
+    return (f"{what}: {share:.0%} of the tokens are {tokenizer.unk_token}: the tokenizer does not know these texts' "
+            "characters (emoji, another script?), so their embeddings can tell them little apart")
+
+
 def model_tokenizer_digest(model: SentenceTransformer) -> str:
     """tokenizer_digest of what a training step's texts go through: the model's tokenizer, its max length and
     lowercasing."""

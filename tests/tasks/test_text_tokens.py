@@ -2,6 +2,7 @@
 models with the same tokenizer."""
 
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -48,6 +49,8 @@ def test_the_ids_are_each_texts_as_the_encoder_tokenizes_it_in_the_text_sets_ord
     assert extra["lengths"]["at_max_length"] == pytest.approx((lengths == LENGTH).mean(), abs=1e-4)
     assert extra["texts"] == len(texts) and extra["cut"] == 0
     assert extra["tokenizer"] == tokenizer_digest(tokenizer, LENGTH)
+    ids = np.concatenate(expected)
+    assert extra["lengths"]["unknown"] == pytest.approx((ids == tokenizer.unk_token_id).mean(), abs=1e-4)
 
 
 def test_a_pairs_file_text_set_is_its_sentence1_rows_then_its_sentence2_rows(store_with_docs, tmp_path):
@@ -95,3 +98,17 @@ def test_a_saved_encoder_keeps_the_tokenizer_digest_it_was_made_with(tiny_dir):
     loaded it (tiny_dir is MiniLM's tokenizer saved with a new encoder)."""
     made = {tokenizer_digest(AutoTokenizer.from_pretrained(path), LENGTH) for path in (resolve_model(MODEL), tiny_dir)}
     assert len(made) == 1
+
+
+def test_texts_the_tokenizer_cannot_read_are_warned_about(tmp_path, caplog):
+    emoji = [chr(c) for c in range(0x1F600, 0x1F640)]
+    path = tmp_path / "emoji.csv"
+    pd.DataFrame({"doc_id": range(8), "text": [" ".join(emoji[i:i + 5]) + " ok" for i in range(8)]}).to_csv(path)
+    store = ArtifactStore(tmp_path / "store")
+    docs = INGEST.run(store, DataConfig(path=str(path), columns={"title": None, "label": None, "split": None}),
+                      NoInputs())
+    with caplog.at_level(logging.WARNING):
+        tokens = TEXT_TOKENS.run(store, TextTokensJob(model=MODEL, max_length=LENGTH), TextSetInputs(documents=docs))
+    assert store.manifest(tokens)["extra"]["lengths"]["unknown"] == pytest.approx(5 / 8)  # [CLS] 5 x [UNK] ok [SEP]
+    assert ("8 texts: 62% of the tokens are [UNK]: the tokenizer does not know these texts' characters (emoji, "
+            "another script?)") in caplog.text

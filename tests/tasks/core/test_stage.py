@@ -8,6 +8,7 @@ import sys
 import time
 
 import pyarrow as pa
+import pytest
 from prefect import flow
 
 from storage.base import ArtifactRef, DamagedArtifactError, StoreUnusable
@@ -114,6 +115,33 @@ def test_a_damaged_artifact_is_set_aside_reported_and_rebuilt(prefect_harness, t
     [aside] = (tmp_path / "damaged" / "flaky").iterdir()
     assert (aside / "rows.parquet").stat().st_size == 10
     assert "rows.parquet is 10 bytes" in (aside / "DAMAGED.txt").read_text()
+
+
+@pytest.mark.parametrize("planted", ["a file", "its folder", "an extra name"])
+def test_a_link_out_of_the_store_planted_in_an_artifact_is_set_aside_and_rebuilt(prefect_harness, tmp_path, caplog,
+                                                                                 planted):
+    store, attempts = ArtifactStore(tmp_path / "store"), []
+    stage, job = flaky_stage(attempts), Job(fail_with="memory", failures=0)
+    ref = run_stage(store, stage, job, RetryConfig())[1]
+    folder, outside = store.path(ref), tmp_path / "outside"
+    if planted == "its folder":  # the whole artifact moved out, a link left in its place: the same bytes
+        folder.rename(outside)
+        folder.symlink_to(outside)
+        said = f"its folder is a link to {outside}, outside the store"
+    else:
+        outside.mkdir()
+        name = "rows.parquet" if planted == "a file" else "notes.txt"
+        (outside / name).write_bytes((folder / "rows.parquet").read_bytes())
+        (folder / name).unlink(missing_ok=True)
+        (folder / name).symlink_to(outside / name)
+        said = f"{name} is a link to {outside / name}, outside the store"
+    assert store.artifacts() == [ref] and store.problems(ref) == [said]  # listed through a linked folder too
+    with caplog.at_level(logging.WARNING):
+        state, rebuilt = run_stage(store, stage, job, RetryConfig())
+    assert state == "Completed" and rebuilt == ref and len(attempts) == 2
+    assert f"flaky/{ref.key}: {said} — rebuilding" in caplog.text
+    assert store.problems(ref) == [] and not store.path(ref).is_symlink()
+    assert store.read_table(ref, "rows")["x"].to_pylist() == [1] and any(outside.iterdir())  # what it pointed at stays
 
 
 def test_a_folder_without_manifest_is_cleared_before_publishing(prefect_harness, tmp_path):
