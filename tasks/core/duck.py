@@ -23,8 +23,8 @@ def length_stats(path: Path, columns: list[str], max_length: int, spill: Path, u
     names = ("mean", "median", "p95", "max", "at_max_length", "unknown")
     unknown = -1 if unknown_id is None else int(unknown_id)  # -1: no id is
     parts = [f"avg(len({c})), median(len({c})), quantile_cont(len({c}), 0.95), max(len({c})), "
-             f"avg((len({c}) >= {max_length})::int), sum(len(list_filter({c}, lambda i: i = {unknown}))) / sum(len({c}))"
-             for c in columns]
+             f"avg((len({c}) >= {max_length})::int), "
+             f"sum(len(list_filter({c}, lambda i: i = {unknown}))) / sum(len({c}))" for c in columns]
     with connect(spill) as con:
         row = con.execute(f"SELECT {', '.join(parts)} FROM read_parquet($path)", {"path": str(path)}).fetchone()
     return {c: {n: None if v is None else round(float(v), 4) for n, v in zip(names, row[6 * i : 6 * i + 6])}
