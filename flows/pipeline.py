@@ -18,6 +18,7 @@ from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from tasks.config.base import ConfigError
 from tasks.config.pipeline import PipelineConfig
+from tasks.config.static import BASE
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import Inputs, NoInputs, Stage
 from tasks.core.text_sets import TextSetInputs
@@ -35,6 +36,7 @@ from tasks.queries import QUERIES, QueriesInputs
 from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob, publish_report
 from tasks.semantic import SEMANTIC, SemanticInputs, SemanticJob
 from tasks.sentences import SENTENCES, SentencesInputs
+from tasks.static import STATIC, StaticInputs, StaticJob
 from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
@@ -70,8 +72,9 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
 
     def embedded(text_set: dict, inputs: dict, **job) -> ArtifactRef:
         tokenizer = model.tokenizer or model.external  # named: shared by every model that has it
-        tokens = stage(TEXT_TOKENS, TextTokensJob(model=tokenizer, max_length=ev.max_length, **text_set),
-                       TextSetInputs(model=None if tokenizer else model.artifact, **inputs))
+        tokens = None if model.method == STATIC.name else stage(  # a static model tokenizes its texts itself
+            TEXT_TOKENS, TextTokensJob(model=tokenizer, max_length=ev.max_length, **text_set),
+            TextSetInputs(model=None if tokenizer else model.artifact, **inputs))
         return stage(EMBED, EmbedJob(store_dtype=ev.store_dtype, **text_set, **embed, **job),
                      EmbedInputs(model=model.artifact, tokens=tokens, **inputs))
 
@@ -159,8 +162,19 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         models.append(train_method(run, method, cfg.train_for(method), docs, sentences, base, start, summaries,
                                    negatives))
     models = [replace(m, tokenizer=cfg.model.name_or_path) for m in models]  # the init's and training's tokenizer
+    if cfg.static:  # the models `static.of` names: methods by name, the untrained model as `base`
+        named = [m for m in models if (BASE if m.method == "none" else m.label) in cfg.static.of]
+        models += [static_model(run, m, sentences) for m in named]
     run.register(models)
     return models, Corpus(docs, summaries, queries)
+
+
+def static_model(run: Run, teacher: ReportedModel, sentences: ArtifactRef) -> ReportedModel:
+    """The static embedding model distilled from `teacher` (tasks/static.py), reported beside it."""
+    job = StaticJob(model=teacher.external, pooling=teacher.pooling, **run.cfg.static.model_dump(exclude={"of"}))
+    static = run.stage(STATIC, job, StaticInputs(model=teacher.artifact, sentences=sentences), teacher.label,
+                       STATIC.name)
+    return ReportedModel(f"{teacher.label} static", STATIC.name, static)
 
 
 def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: bool = False) -> ArtifactRef:

@@ -73,9 +73,10 @@ class EmbedInputs(TextSetInputs):
 
 def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
                      out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, dtype=job.dtype,
-                                   backend=job.backend)
-    stored = stored_ids(store, inputs.tokens, tokenizer_digest(encoder.tokenizer, job.max_length), log)
+    encoder = encode.encoder_at(inputs.model_location(store, job.model), job.device, dtype=job.dtype,
+                                backend=job.backend)
+    stored = stored_ids(store, inputs.tokens, tokenizer_digest(encoder.tokenizer, job.max_length), log) \
+        if encoder.tokenizer else None  # a static model tokenizes its texts itself
     if stored is None:
         texts = read_texts(store, job, inputs)
         cut = over_budget(texts, job.max_length)  # the encoder cuts each batch's texts

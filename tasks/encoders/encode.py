@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
 from tasks.encoders import backends
 from tasks.encoders.inputs import Tokens, encoder_tokenize, padded_ids
-from tasks.encoders.models import load_model, pick_device, to_device, token_arrays
+from tasks.encoders.models import load_model, pick_device, resolve_model, to_device, token_arrays
 from tasks.methods import precision
 
 POOLINGS = ("mean", "cls", "sep")
@@ -45,7 +46,76 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> to
     return (hidden * mask).sum(1) / mask.sum(1)
 
 
-class PooledEncoder:
+class Encoder:
+    """What the embed, semantic and static stages encode with: `encode_chunks` gives (positions, vectors of shape
+    (len(layers), len(POOLINGS), len(positions), dim)); `tokenizer` made the ids it takes instead of texts (None:
+    it tokenizes texts itself)."""
+
+    pooling: str
+    tokenizer = None
+    n_layers: int
+    dim: int
+
+    def encode_chunks(self, texts: list[str] | list[Tokens], max_length: int = 256, batch_size: int = 32,
+                      layers: list[int] | None = None, chunk: int | None = None,
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        raise NotImplementedError
+
+    def encode_layers(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
+                      layers: list[int] | None = None) -> np.ndarray:
+        """Embeddings of shape (len(layers), len(POOLINGS), len(texts), dim); layers default to the last."""
+        layers = [self.n_layers] if layers is None else layers
+        out = np.empty((len(layers), len(POOLINGS), len(texts), self.dim), dtype=np.float32)
+        for positions, emb in self.encode_chunks(texts, max_length, batch_size, layers):
+            out[:, :, positions] = emb
+        return out
+
+    def encode(self, texts: list[str], max_length: int = 256, batch_size: int = 32) -> np.ndarray:
+        """Last layer, this encoder's pooling."""
+        return self.encode_layers(texts, max_length, batch_size)[0, POOLINGS.index(self.pooling)]
+
+
+def is_static(model: str) -> bool:
+    """Whether a model folder holds a static embedding model (model2vec's format: tasks/static.py)."""
+    config = Path(resolve_model(model)) / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("model_type") == "model2vec"
+
+
+def encoder_at(model: str, device: str = "auto", pooling: str = "mean", dtype: str = "fp32",
+               backend: str = "torch") -> Encoder:
+    """The encoder of a model folder or name: a static model's, or a transformer's."""
+    return StaticEncoder(model) if is_static(model) else PooledEncoder(model, device, pooling, dtype, backend)
+
+
+class StaticEncoder(Encoder):
+    """A static model: each text's vector is its tokens' rows pooled as the model says (model2vec's `encode`,
+    which tokenizes the texts itself). It has no hidden layers (layer 0) and one vector per text, which every
+    POOLINGS column holds: the report reads it as mean pooling."""
+
+    pooling, n_layers = "mean", 0
+
+    def __init__(self, model: str):
+        from model2vec import StaticModel
+
+        self.model = load_model(model, StaticModel.from_pretrained)
+        self.dim = self.model.dim
+
+    def encode_chunks(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
+                      layers: list[int] | None = None, chunk: int | None = None,
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        if (layers or [0]) != [0]:
+            raise ValueError(f"a static model has one layer (0), not layers {layers}")
+        chunk = chunk or max(1, len(texts))
+        with StageProgress(len(texts), "texts") as progress:
+            for start in range(0, len(texts), chunk):
+                part = texts[start : start + chunk]
+                vectors = self.model.encode(part, max_length=max_length, batch_size=max(batch_size, 1024))
+                progress.advance(len(part))
+                # (1 layer, POOLINGS, texts, dim): the one vector under every pooling
+                yield np.arange(start, start + len(part)), np.broadcast_to(vectors, (1, len(POOLINGS), *vectors.shape))
+
+
+class PooledEncoder(Encoder):
     """A model loaded once, then used for every text set an evaluation needs. With an `onnx` or
     `openvino` backend it runs exported on the CPU (`quantized`: its int8 variant), and gives the
     last layer only."""
@@ -160,16 +230,3 @@ class PooledEncoder:
             copied.synchronize()
             return home.numpy()
         return arrived
-
-    def encode_layers(self, texts: list[str], max_length: int = 256, batch_size: int = 32,
-                      layers: list[int] | None = None) -> np.ndarray:
-        """Embeddings of shape (len(layers), len(POOLINGS), len(texts), dim); layers default to the last."""
-        layers = [self.n_layers] if layers is None else layers
-        out = np.empty((len(layers), len(POOLINGS), len(texts), self.dim), dtype=np.float32)
-        for positions, emb in self.encode_chunks(texts, max_length, batch_size, layers):
-            out[:, :, positions] = emb
-        return out
-
-    def encode(self, texts: list[str], max_length: int = 256, batch_size: int = 32) -> np.ndarray:
-        """Last layer, this encoder's pooling."""
-        return self.encode_layers(texts, max_length, batch_size)[0, POOLINGS.index(self.pooling)]

@@ -52,6 +52,7 @@ from tasks.config.evaluation import LocalTaskConfig, MtebSettings
 from tasks.core.eval_sets import read_pairs, read_table, rows_of_split
 from tasks.core.rng import global_rng_kept
 from tasks.encoders.budget import char_budget, cut_texts, over_budget
+from tasks.encoders.encode import is_static
 from tasks.encoders.models import POOLING_MODES, load_model, pick_device
 
 with global_rng_kept():  # importing mteb seeds the process-wide generators with 42
@@ -253,11 +254,15 @@ class BoundedTransformer(models.Transformer):
 
 def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name: str,
                  revision: str | None) -> SentenceTransformerEncoderWrapper:
-    """The model as mteb evaluates it, under `name` and `revision` (what mteb files its results by)."""
-    transformer = load_model(model, lambda p: BoundedTransformer(p, max_seq_length=cfg.max_length))
-    pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
-    encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device))
-    encoder.to(getattr(torch, cfg.dtype))
+    """The model as mteb evaluates it, under `name` and `revision` (what mteb files its results by). A static
+    model (tasks/static.py) as sentence-transformers loads it: its StaticEmbedding, which pools itself."""
+    if is_static(model):
+        encoder = load_model(model, lambda p: SentenceTransformer(p, device=pick_device(device)))
+    else:
+        transformer = load_model(model, lambda p: BoundedTransformer(p, max_seq_length=cfg.max_length))
+        pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
+        encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device))
+        encoder.to(getattr(torch, cfg.dtype))
     wrapped = SentenceTransformerEncoderWrapper(encoder)
     wrapped.mteb_model_meta = wrapped.mteb_model_meta.model_copy(update={"name": name, "revision": revision})
     return wrapped
@@ -348,7 +353,7 @@ def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskCo
     for r in rows:
         log.info("%s %s/%s %s = %.4f (n=%s)", name, r["split"], r["subset"], main_score,
                  r["value"], r["n"])
-    cut = encoder.model[0].cut
+    cut = getattr(encoder.model[0], "cut", 0)  # a static model's StaticEmbedding cuts nothing by characters
     if cut:
         log.warning("%s: %d text(s) over %s characters cut to that before tokenizing", name, cut,
                     f"{char_budget(cfg.max_length):,}")

@@ -201,7 +201,9 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
                       {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS), "limit": 80}]}
     methods = [{"name": "crops", "recipe": "crops", "train": {"eval_every": 3}},
                {"name": "crops-held-out", "recipe": "crops", "knn_holdout": True}]
-    config = tiny_config(tmp_path, methods=methods, evaluate={"layerwise": True, "mteb": mteb})
+    # A static model distilled from crops (docs/static.md) is evaluated like any other model.
+    static = {"of": ["crops"], "pca_dims": 16, "sentences": 300}
+    config = tiny_config(tmp_path, methods=methods, evaluate={"layerwise": True, "mteb": mteb}, static=static)
     first, state = run(config)
     assert state.is_completed()
     store = ArtifactStore(tmp_path / "store")
@@ -222,11 +224,16 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     scores = pd.DataFrame(catalog.query("SELECT label, metric, layer, pooling, step, value, status, task_type, "
                                         "main_score, mteb_version, revision FROM run_metrics WHERE run_id = ?",
                                         [first]))
-    # Layer-wise kNN: embedding layer and the one transformer layer, three poolings, for both models.
+    # Layer-wise kNN: embedding layer and the one transformer layer, three poolings, for both models; the
+    # static model's one vector (layer 0) under each pooling.
     layerwise = scores[scores["metric"] == "knn_accuracy_layerwise"]
     assert set(zip(layerwise["label"], layerwise["layer"], layerwise["pooling"])) == {
         (m, layer, p) for m in ("base (random init)", "crops", "crops-held-out") for layer in (0, 1)
-        for p in ("mean", "cls", "sep")}
+        for p in ("mean", "cls", "sep")} | {("crops static", 0, p) for p in ("mean", "cls", "sep")}
+    static_knn = layerwise[layerwise["label"] == "crops static"]["value"]
+    assert static_knn.nunique() == 1  # the same vectors under every pooling
+    assert set(scores[scores["label"] == "crops static"]["metric"]) >= {"knn_accuracy", "uniformity",
+                                                                         "STSB-slice", "ohsumed-clusters"}
     # The learning curve is in the catalog too (only the trained model has one).
     curve = scores[scores["metric"] == "knn_accuracy_curve"]
     assert set(curve["label"]) == {"crops"} and list(curve["step"]) == [0, 3, 6, 8]  # 128 pairs / 16: 8 batches
@@ -235,7 +242,7 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     skipped = mteb_rows[mteb_rows["status"] == "skipped"]
     assert set(skipped["metric"]) == {"STS16", "ArxivClusteringP2P"}
     local = mteb_rows[mteb_rows["status"] == "ok"].set_index(["label", "metric"])
-    assert set(local.index) == {(m, t) for m in ("base (random init)", "crops", "crops-held-out")
+    assert set(local.index) == {(m, t) for m in ("base (random init)", "crops", "crops-held-out", "crops static")
                                 for t in ("STSB-slice", "ohsumed-clusters")}
     assert local["value"].between(-1, 1).all() and local["revision"].notna().all()
     assert set(local["main_score"]) == {"cosine_spearman", "v_measure"}
@@ -244,7 +251,7 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     report_dir = store.root / "artifacts" / "report" / report
     markdown = (report_dir / "report.md").read_text()
     assert "| sts: STSB-slice (cosine_spearman) |" in markdown
-    assert "| sts: STS16 (cosine_spearman) | skipped | skipped | skipped |" in markdown
+    assert "| sts: STS16 (cosine_spearman) | skipped | skipped | skipped | skipped |" in markdown
     assert "skipped: STS16: data not reachable" in markdown
     assert "| block mean: clustering (1 task) |" in markdown and "average of block means (clustering, sts)" in markdown
     # Pictures exist next to the metrics and the report links them.

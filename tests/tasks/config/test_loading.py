@@ -263,3 +263,16 @@ def test_a_sweep_expands_into_one_method_per_combination_of_values(tmp_path):
     dropout = cfg.methods[3:]
     assert [(m.n_sentences, cfg.train_for(m).temperature) for m in dropout] == [(1, 0.05), (1, 0.1), (2, 0.05),
                                                                                   (2, 0.1)]
+
+
+def test_static_names_the_run_s_methods_or_base(tmp_path):
+    (tmp_path / "docs.parquet").touch()
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndata: {path: docs.parquet}\nmethods:\n  - {name: a, recipe: crops}\n"
+                    "static: {of: [a, base]}\n")
+    assert load_config(path).static.of == ["a", "base"]
+    with pytest.raises(ConfigError, match=r"c.yaml: .*static.of: \['crops'\] are not methods of this config; "
+                                          r"it has \['base', 'a'\]"):
+        load_config(path, {"static.of": ["a", "crops"]})
+    with pytest.raises(ConfigError, match=r"c.yaml: static.pca_dims: Input should be greater than or equal to 2"):
+        load_config(path, {"static.pca_dims": 1})
