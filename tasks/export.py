@@ -203,18 +203,25 @@ def start_model(store: ArtifactStore, manifest: dict) -> str:
 
 def provenance(store: ArtifactStore, model: ExportedModel) -> str:
     """The card's embforge section: what ST's template has no place for."""
-    m, corpus = model.manifest, model.corpus
-    base = model.train.get("base_model") or start_model(store, m)
+    m, corpus, extra = model.manifest, model.corpus, model.manifest.get("extra", {})
     lines = ["", "## Trained and scored by embforge", "",
-             f"- **Recipe:** `{model.recipe}` (pooling: {model.pooling}); artifact `{model.ref.address}`",
-             f"- **Start model:** {base}"]
+             f"- **Recipe:** `{model.recipe}` (pooling: {model.pooling}); artifact `{model.ref.address}`"]
+    if model.ref.stage == "static":
+        c = m["config"]
+        lines.append(f"- **Static model:** distilled from `{extra['teacher']}` with model2vec ({extra['vocabulary']:,} "
+                     f"tokens x {extra['dim']} dims; PCA {c['pca_dims']}, SIF {c['sif_coefficient']})"
+                     + (f", then trained with tokenlearn on the teacher's vectors of {extra['sentences']:,} sentences "
+                        "of the corpus" if c["tokenlearn"] else "")
+                     + f"; {m['wall_s']:.0f} s, finished {m['created_at']}")
+    else:
+        lines.append(f"- **Start model:** {model.train.get('base_model') or start_model(store, m)}")
     if corpus:
         lines.append(f"- **Corpus:** {corpus['name']}, {corpus['documents']:,} documents, "
                      f"digest `{corpus['digest']}` (`{corpus['artifact']}`)")
-    extra = m.get("extra", {})
-    lines.append(f"- **Training:** {m['wall_s']:.0f} s on {extra.get('hardware', 'unrecorded hardware')}, "
-                 f"{extra.get('steps', '?')} steps, final loss {extra.get('final_loss') or float('nan'):.4f}, "
-                 f"finished {m['created_at']}")
+    if model.ref.stage != "static":
+        lines.append(f"- **Training:** {m['wall_s']:.0f} s on {extra.get('hardware', 'unrecorded hardware')}, "
+                     f"{extra.get('steps', '?')} steps, final loss {extra.get('final_loss') or float('nan'):.4f}, "
+                     f"finished {m['created_at']}")
     if model.scores:
         lines += ["", "| score | dataset | value | spread (sd) | n | split | revision |",
                   "|---|---|---|---|---|---|---|"]
@@ -294,7 +301,12 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
         st = SentenceTransformer(str(work), device="cpu", model_card_data=card_data(model, repo))
         for evaluator in evaluators(model):
             st.model_card_data.set_evaluation_metrics(evaluator, evaluator.metrics)
-        st.save(str(work))  # writes the card (README.md) with the rest; the backend files stay
+        if encode.is_static(str(work)):  # sentence-transformers would write its own weight names, which model2vec
+            with tempfile.TemporaryDirectory() as card:  # cannot read: only the card is taken from it
+                st.save(card)
+                shutil.copyfile(Path(card) / "README.md", work / "README.md")
+        else:
+            st.save(str(work))  # writes the card (README.md) with the rest; the backend files stay
         with open(work / "README.md", "a") as card:
             card.write(provenance(catalog.store, model))
         if to.exists():  # empty, checked above, and perhaps the working directory: filled, not replaced
