@@ -102,3 +102,13 @@ def test_paper_configs_scale_every_paper_config_and_train_one_at_cpu_size(tmp_pa
         assert method["health"] == "healthy" and method["chance"] == pytest.approx(4.159, abs=1e-3)  # ln 64
         assert 0 < method["loss_last"] and 0 <= method["knn"] <= 1
     assert 0 <= run["untrained_knn"] <= 1
+
+
+def test_static_encode_times_the_static_model_beside_its_teacher(tiny_dir):
+    out = json.loads(benchmark("static_encode.py", "--teacher", tiny_dir, "--docs", "40", "--limit", "60",
+                               "--rounds", "2", "--pca-dims", "16", "--sentences", "200"))
+    assert (out["docs"], out["rounds"]) == (40, 2)
+    assert set(out["docs_per_s"]) == {"static (embforge's encoder)", "teacher (SentenceTransformer.encode)"}
+    assert all(len(r) == 2 and min(r) > 0 for r in out["rounds_docs_per_s"].values())
+    assert out["ratio"] > 0 and out["distill_s"] > 0 and out["distill_and_tokenlearn_s"] > 0
+    assert 0 < out["size_ratio"] and out["size_mb"]["static"] > 0
