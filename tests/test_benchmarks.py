@@ -3,6 +3,7 @@
 of its 2,000 documents): train_gpu.py guessed 1,800 and stopped at batch 256 and 512."""
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -10,6 +11,9 @@ import sys
 
 import pytest
 
+from storage.base import ArtifactRef
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow  # benchmark processes: the demo corpus's views, two trainers each
@@ -98,8 +102,12 @@ def test_paper_configs_scale_every_paper_config_and_train_one_at_cpu_size(tmp_pa
                                "--store", str(tmp_path / "b" / "store")))
     run = out["crops_vs_dropout"]
     assert run["status"] == "completed" and set(run["methods"]) == {"crops", "dropout"}
-    for method in run["methods"].values():
-        assert method["health"] == "healthy" and method["chance"] == pytest.approx(4.159, abs=1e-3)  # ln 64
+    catalog = Catalog(ArtifactStore(tmp_path / "b" / "store"))
+    for name, method in run["methods"].items():
+        # the chance level of its largest batch: 64 rows, or an epoch's rows when the view of 64 documents has fewer
+        [pairs] = catalog.query("SELECT key FROM run_stages WHERE stage = 'pairs' AND label = ?", [name])
+        rows = catalog.store.manifest(ArtifactRef("pairs", pairs["key"]))["extra"]["documents"]
+        assert method["health"] == "healthy" and method["chance"] == pytest.approx(math.log(min(64, rows)), abs=1e-3)
         assert 0 < method["loss_last"] and 0 <= method["knn"] <= 1
     assert 0 <= run["untrained_knn"] <= 1
 
