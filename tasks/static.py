@@ -53,6 +53,7 @@ def corpus_sentences(store: ArtifactStore, ref: ArtifactRef, limit: int) -> list
 def build_static(store: ArtifactStore, job: StaticJob, inputs: StaticInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     from model2vec.distill import distill
+    from model2vec.model import quantize_model
     from tokenlearn.train import train_model
     from tokenlearn.utils import create_vocab
 
@@ -83,6 +84,7 @@ def build_static(store: ArtifactStore, job: StaticJob, inputs: StaticInputs,
             teacher_encoder = encode.PooledEncoder(teacher, job.device, job.pooling)
             vectors = teacher_encoder.encode(texts, FEATURIZE_LENGTH, FEATURIZE_BATCH)  # (sentences, dim)
             model = train_model(model, texts, vectors, device=device, pca_dims=job.pca_dims or dim)
+    model = quantize_model(model, quantize_to=job.dtype)  # trained in float32, stored as asked
     model.save_pretrained(str(out.folder / "model"))
     out.extra.update(teacher=inputs.model_name(job.model), vocabulary=model.tokenizer.get_vocab_size(),
                      dim=int(model.dim), sentences=len(texts) if job.tokenlearn else 0)

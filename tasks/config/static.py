@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from tasks.config.base import DEVICE_HELP, Device, Section
@@ -24,6 +26,8 @@ class StaticSettings(Section):
                              "corpus's sentences (tokenlearn): what adapts it to the corpus.")
     sentences: int = Field(100_000, ge=10, description="At most this many of the corpus's sentences are embedded "
                            "by the teacher for tokenlearn (the first ones, in corpus order).")
+    dtype: Literal["float16", "float32"] = Field("float16", description="How the table is stored: float16 (half "
+                                                 "the size; model2vec's default) or float32.")
     device: Device = Field("auto", description=DEVICE_HELP)
 
 

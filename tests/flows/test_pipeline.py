@@ -235,7 +235,8 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     assert static_knn.nunique() == 1  # the same vectors under every pooling
     assert set(scores[scores["label"] == "crops static"]["metric"]) >= {"knn_accuracy", "uniformity",
                                                                          "STSB-slice", "ohsumed-clusters"}
-    # Exported, it loads in model2vec and sentence-transformers alike, with the same vectors, and its card says
+    # Exported, it loads in model2vec and sentence-transformers alike, with the same vectors (to float16's
+    # precision: the table is stored so), and its card says
     # what it was distilled from.
     from model2vec import StaticModel
 
@@ -244,7 +245,7 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     assert main(["export", "crops static", "--to", str(tmp_path / "static"), "--store", str(store.root)]) == 0
     texts = ["Aspirin lowers the risk of stroke.", "Insulin resistance in type 2 diabetes."]
     np.testing.assert_allclose(SentenceTransformer(str(tmp_path / "static")).encode(texts),
-                               StaticModel.from_pretrained(str(tmp_path / "static")).encode(texts), atol=1e-6)
+                               StaticModel.from_pretrained(str(tmp_path / "static")).encode(texts), atol=1e-3)
     assert "- **Static model:** distilled from `train/" in (tmp_path / "static" / "README.md").read_text()
     # The learning curve is in the catalog too (only the trained model has one).
     curve = scores[scores["metric"] == "knn_accuracy_curve"]
