@@ -236,8 +236,7 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     assert set(scores[scores["label"] == "crops static"]["metric"]) >= {"knn_accuracy", "uniformity",
                                                                          "STSB-slice", "ohsumed-clusters"}
     # Exported, it loads in model2vec and sentence-transformers alike, with the same vectors (to float16's
-    # precision: the table is stored so), and its card says
-    # what it was distilled from.
+    # precision: the table is stored so), and its card says what it was distilled from.
     from model2vec import StaticModel
 
     from flows.cli import main
