@@ -23,7 +23,6 @@ from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.static import StaticSettings
-from tasks.core.parallel import GLOBAL_RNG
 from tasks.core.stage import Stage
 from tasks.encoders import encode
 from tasks.encoders.models import ModelInputs, load_model, model_identity, pick_device, resolve_model
@@ -73,17 +72,15 @@ def build_static(store: ArtifactStore, job: StaticJob, inputs: StaticInputs,
              inputs.model_name(job.model), dim, job.pooling,
              f"its own + up to {job.corpus_words:,} corpus words" if vocabulary else "its own", job.pca_dims,
              job.sif_coefficient)
-    with GLOBAL_RNG:  # PCA and tokenlearn's shuffling draw from the global generators: seeded, one at a time
-        torch.manual_seed(0)
-        np.random.seed(0)
-        model = distill(model_name=teacher, vocabulary=vocabulary, device=device, pca_dims=job.pca_dims,
-                        sif_coefficient=job.sif_coefficient, quantize_to="float32",
-                        pooling=DISTILL_POOLING[job.pooling])
-        if job.tokenlearn:
-            log.info("featurizing %d sentences with the teacher, then training the table on its vectors", len(texts))
-            teacher_encoder = encode.PooledEncoder(teacher, job.device, job.pooling)
-            vectors = teacher_encoder.encode(texts, FEATURIZE_LENGTH, FEATURIZE_BATCH)  # (sentences, dim)
-            model = train_model(model, texts, vectors, device=device, pca_dims=job.pca_dims or dim)
+    torch.manual_seed(0)  # PCA and tokenlearn's shuffling draw from the global generators (the stage holds them)
+    np.random.seed(0)
+    model = distill(model_name=teacher, vocabulary=vocabulary, device=device, pca_dims=job.pca_dims,
+                    sif_coefficient=job.sif_coefficient, quantize_to="float32", pooling=DISTILL_POOLING[job.pooling])
+    if job.tokenlearn:
+        log.info("featurizing %d sentences with the teacher, then training the table on its vectors", len(texts))
+        teacher_encoder = encode.PooledEncoder(teacher, job.device, job.pooling)
+        vectors = teacher_encoder.encode(texts, FEATURIZE_LENGTH, FEATURIZE_BATCH)  # (sentences, dim)
+        model = train_model(model, texts, vectors, device=device, pca_dims=job.pca_dims or dim)
     model = quantize_model(model, quantize_to=job.dtype)  # trained in float32, stored as asked
     model.save_pretrained(str(out.folder / "model"))
     out.extra.update(teacher=inputs.model_name(job.model), vocabulary=model.tokenizer.get_vocab_size(),
@@ -93,4 +90,4 @@ def build_static(store: ArtifactStore, job: StaticJob, inputs: StaticInputs,
 
 
 STATIC = Stage("static", build_static, extra_key=lambda job: model_identity(job.model) if job.model else None,
-               gpu=True)
+               gpu=True, seeds_global_rng=True)
