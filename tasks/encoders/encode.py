@@ -6,7 +6,8 @@ head (e.g. a Normalize module) does not change the metric. Pooling is mean (the 
 or the token a recipe trained: CLS (first) or SEP (last unpadded).
 `encode_layers` gives every hidden layer and every pooling from one forward pass, which is what
 the embeddings cache stores (layer 0 = the embedding layer); `encode_chunks` gives the same a
-chunk of texts at a time, so a corpus of any size is encoded in bounded memory.
+chunk of texts at a time, so a corpus of any size is encoded in bounded memory. A static model
+(tasks/static.py) is encoded through model2vec instead (`StaticEncoder`; `encoder_at` picks).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class StaticEncoder(Encoder):
         with StageProgress(len(texts), "texts") as progress:
             for start in range(0, len(texts), chunk):
                 part = texts[start : start + chunk]
+                # a batch of table lookups costs next to nothing: at least model2vec's own default of 1,024
                 vectors = self.model.encode(part, max_length=max_length, batch_size=max(batch_size, 1024))
                 progress.advance(len(part))
                 # (1 layer, POOLINGS, texts, dim): the one vector under every pooling
