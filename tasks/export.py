@@ -33,6 +33,7 @@ from tasks.encoders import backends, encode
 from tasks.encoders.models import model_path
 from tasks.methods.health import HEALTH_METRICS
 from tasks.metrics.sts import sts_spearman
+from tasks.static import STATIC
 
 log = logging.getLogger("embforge.export")
 
@@ -204,9 +205,10 @@ def start_model(store: ArtifactStore, manifest: dict) -> str:
 def provenance(store: ArtifactStore, model: ExportedModel) -> str:
     """The card's embforge section: what ST's template has no place for."""
     m, corpus, extra = model.manifest, model.corpus, model.manifest.get("extra", {})
+    static = model.ref.stage == STATIC.name  # distilled, not trained
     lines = ["", "## Trained and scored by embforge", "",
              f"- **Recipe:** `{model.recipe}` (pooling: {model.pooling}); artifact `{model.ref.address}`"]
-    if model.ref.stage == "static":
+    if static:
         c = m["config"]
         lines.append(f"- **Static model:** distilled from `{extra['teacher']}` with model2vec ({extra['vocabulary']:,} "
                      f"tokens x {extra['dim']} dims; PCA {c['pca_dims']}, SIF {c['sif_coefficient']})"
@@ -218,7 +220,7 @@ def provenance(store: ArtifactStore, model: ExportedModel) -> str:
     if corpus:
         lines.append(f"- **Corpus:** {corpus['name']}, {corpus['documents']:,} documents, "
                      f"digest `{corpus['digest']}` (`{corpus['artifact']}`)")
-    if model.ref.stage != "static":
+    if not static:
         lines.append(f"- **Training:** {m['wall_s']:.0f} s on {extra.get('hardware', 'unrecorded hardware')}, "
                      f"{extra.get('steps', '?')} steps, final loss {extra.get('final_loss') or float('nan'):.4f}, "
                      f"finished {m['created_at']}")

@@ -219,6 +219,7 @@ def _data_digest(cfg: DataConfig) -> str | None:
 
 
 NUMBER = r"^\s*[-+]?[0-9]+([.,][0-9]+)?\s*$"
+MIN_DOCUMENTS = 2
 
 
 class Texts:
@@ -246,8 +247,6 @@ class Texts:
             return f"all {rows} documents have the same text; a run needs at least {MIN_DOCUMENTS} different texts"
         return None
 
-
-MIN_DOCUMENTS = 2
 
 
 def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,

@@ -43,9 +43,15 @@ class StaticInputs(ModelInputs):
 
 
 def corpus_sentences(store: ArtifactStore, ref: ArtifactRef, limit: int) -> list[str]:
-    """The first `limit` kept sentences of the corpus, in corpus order."""
-    table = store.read_table(ref, "sentences", columns=["text", "kept"])
-    texts = table.filter(table["kept"])["text"].to_pylist()
+    """The first `limit` kept sentences of the corpus, in corpus order: read a row group at a time, as far as
+    they go (the table grows with the corpus, the limit does not)."""
+    texts: list[str] = []
+    with store.open_table(ref, "sentences") as table:
+        for g in range(table.num_row_groups):
+            if len(texts) >= limit:
+                break
+            group = table.read_row_group(g, columns=["text", "kept"])
+            texts += group.filter(group["kept"])["text"].to_pylist()
     return texts[:limit]
 
 
