@@ -59,7 +59,8 @@ def tiny_config(tmp_path: Path, **overrides) -> Path:
         "model": {"random_init": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64}},
         "methods": [{"name": "crops", "recipe": "crops"}, {"name": "dropout", "recipe": "dropout"}],
         "train": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_length": 64, "checkpoint_every": 2},
-        "evaluate": {"max_length": 64, "knn": {"repeats": 3}, "sts": {"path": str(tiny_sts())}},
+        # t-SNE of a sample of 50 (its sampled path; 150 documents cost ~0.4 s of CPU a model)
+        "evaluate": {"max_length": 64, "knn": {"repeats": 3}, "sts": {"path": str(tiny_sts())}, "tsne_max": 50},
     }
     for section, value in overrides.items():
         cfg[section] = {**cfg.get(section, {}), **value} if isinstance(value, dict) else value
