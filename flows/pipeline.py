@@ -18,7 +18,7 @@ from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from tasks.config.base import ConfigError
 from tasks.config.pipeline import PipelineConfig
-from tasks.config.static import BASE
+from tasks.config.static import BASE, StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import Inputs, NoInputs, Stage
 from tasks.core.text_sets import TextSetInputs
@@ -36,6 +36,7 @@ from tasks.queries import QUERIES, QueriesInputs
 from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob, publish_report
 from tasks.semantic import SEMANTIC, SemanticInputs, SemanticJob
 from tasks.sentences import SENTENCES, SentencesInputs
+from tasks.speed import SPEED, SpeedInputs, SpeedJob
 from tasks.static import STATIC, StaticInputs, StaticJob
 from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
@@ -171,18 +172,33 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
 
 def static_model(run: Run, teacher: ReportedModel, sentences: ArtifactRef) -> ReportedModel:
     """The static embedding model distilled from `teacher` (tasks/static.py), reported beside it."""
-    job = StaticJob(model=teacher.external, pooling=teacher.pooling, **run.cfg.static.model_dump(exclude={"of"}))
+    job = StaticJob(model=teacher.external, pooling=teacher.pooling,
+                    **run.cfg.static.model_dump(include=set(StaticSettings.model_fields)))
     static = run.stage(STATIC, job, StaticInputs(model=teacher.artifact, sentences=sentences), teacher.label,
                        STATIC.name)
-    return ReportedModel(f"{teacher.label} static", STATIC.name, static)
+    return ReportedModel(f"{teacher.label} static", STATIC.name, static, teacher=teacher.label)
+
+
+def cpu_speed(run: Run, static: ReportedModel, teacher: ReportedModel, docs: ArtifactRef) -> ArtifactRef:
+    """A static model's and its teacher's CPU documents/s, measured side by side: a score of the static model."""
+    ev = run.cfg.evaluate
+    job = SpeedJob(teacher=teacher.external, pooling=teacher.pooling, dataset=run.cfg.data.display_name,
+                   documents=run.cfg.static.speed_documents, max_length=ev.max_length, batch_size=ev.batch_size)
+    return run.stage(SPEED, job, SpeedInputs(model=teacher.artifact, static=static.artifact, documents=docs),
+                     static.label, static.method)
 
 
 def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: bool = False) -> ArtifactRef:
     """Score every model (cached per model and task), then the report, shown in the Prefect UI."""
     scores = {m.label: evaluate_model(run, m, corpus.docs, corpus.summaries, force, corpus.queries)
               for m in models}
+    by_label = {m.label: m for m in models}
+    for m in models:
+        if m.teacher in by_label and run.cfg.static and run.cfg.static.speed_documents:
+            scores[m.label].append(cpu_speed(run, m, by_label[m.teacher], corpus.docs))
     job = ReportJob(title=f"{run.cfg.name}: {run.cfg.data.display_name}",
-                    entries=[ReportEntry(label=m.label, method=m.method, swept=m.swept) for m in models])
+                    entries=[ReportEntry(label=m.label, method=m.method, swept=m.swept, teacher=m.teacher)
+                             for m in models])
     report = run.stage(REPORT, job, ReportInputs(scores=scores))
     run.wait()
     publish_report(run.store.url, report)

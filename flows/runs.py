@@ -46,19 +46,20 @@ class ReportedModel:
     # trained model keep that tokenizer), so the models of a run, any reference model with the same tokenizer, and
     # every later evaluation of them, embed a text set from the same stored token ids (tasks/text_tokens.py).
     tokenizer: str | None = None
+    teacher: str | None = None  # a static model's: the label of the model it was distilled from
 
     def registration(self) -> dict:
         """The model's entry in the run record: the catalog's `models` view reads these."""
         return dict(label=self.label, method=self.method, artifact=self.artifact.address if self.artifact else None,
                     external=self.external, pooling=self.pooling, knn_holdout=self.knn_holdout,
-                    tokenizer=self.tokenizer)
+                    tokenizer=self.tokenizer, teacher=self.teacher)
 
     @classmethod
     def registered(cls, label: str, row: dict) -> ReportedModel:
         """A model as a catalog `models` row registered it (`registration`), under `label`."""
         artifact = ArtifactRef.parse(row["artifact"]) if row["artifact"] else None
         return cls(label, row["method"], artifact, row["external"], row["pooling"], knn_holdout=row["knn_holdout"],
-                   tokenizer=row["tokenizer"])
+                   tokenizer=row["tokenizer"], teacher=row["teacher"])
 
 
 @dataclass

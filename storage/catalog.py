@@ -37,7 +37,7 @@ from storage.store import ArtifactStore
 log = logging.getLogger("embforge.catalog")
 
 # The stages whose artifacts hold a metrics.parquet: a run's scores are their artifacts.
-SCORE_STAGES = ("evaluate", "semantic", "mteb")
+SCORE_STAGES = ("evaluate", "semantic", "mteb", "speed")
 STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
 QUERY_SCORES = "query_scores"  # each query's nDCG@10: the held-out generated ones (evaluate), local retrieval (mteb)
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
@@ -228,7 +228,7 @@ class Catalog:
             CREATE VIEW models AS
             SELECT m->>'label' AS label, m->>'method' AS method, m->>'artifact' AS artifact,
                    m->>'external' AS external, m->>'pooling' AS pooling,
-                   (m->>'knn_holdout')::BOOLEAN AS knn_holdout, m->>'tokenizer' AS tokenizer,
+                   (m->>'knn_holdout')::BOOLEAN AS knn_holdout, m->>'tokenizer' AS tokenizer, m->>'teacher' AS teacher,
                    r.name AS experiment, r.run_id,
                    r.started_at AS registered_at
             FROM runs r, range(coalesce(json_array_length(r.models), 0)::BIGINT) AS t(i),

@@ -32,6 +32,7 @@ from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import (
     POINTS,
+    beside_teacher,
     comparison_table,
     curve_rows,
     long_rows,
@@ -45,6 +46,7 @@ class ReportEntry(Section):
     label: str
     method: str
     swept: dict = {}  # {field: value} of a method made by a sweep (tasks/config/training.py, expand_sweeps)
+    teacher: str | None = None  # a static model's: the label of the model it was distilled from
 
 
 class ReportJob(Section):
@@ -122,8 +124,10 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
                 + tsne_pictures(store, entries, ref))
     paired = paired_differences(catalog, entries)
     out.write_table(PAIRED, pa.Table.from_pandas(paired, preserve_index=False))
+    labels = {e.label for e in job.entries}
+    beside = [beside_teacher(long, e.label, e.teacher) for e in job.entries if e.teacher in labels]
     markdown = to_markdown(job.title, comparison_table(catalog, entries), notes(catalog, entries), pictures,
-                           paired)
+                           paired, beside)
     out.write_text("report.md", markdown)
     log.info("\n%s", markdown)
 

@@ -6,6 +6,10 @@ model2vec's `distill` embeds every token of the teacher's vocabulary with the te
 `pca_dims` principal components and weights the tokens by frequency (SIF). With `tokenlearn` the table
 is then trained to give, for each of the corpus's sentences, the teacher's vector of it (featurize: the
 teacher embeds them with its own pooling): what adapts a static model to the corpus.
+The teacher's vectors of the sentences are kept in the store's `featurized` pool, a shard per
+FEATURIZE_SHARD sentences, keyed by the teacher, its pooling and FEATURIZE_LENGTH: a stage killed while
+featurizing resumes from the shards written, and a table made again with other settings (PCA, SIF,
+vocabulary) reuses them instead of running the teacher again.
 Output `model/`: a folder that `model2vec.StaticModel.from_pretrained` and `SentenceTransformer` (its
 StaticEmbedding) both load; the embed stage encodes it like any model (tasks/encoders/encode.py).
 """
@@ -16,10 +20,12 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 from transformers import AutoConfig
 
-from storage.base import ArtifactRef
+from storage.base import ArtifactRef, stable_hash
+from storage.shards import ShardPool
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.static import StaticSettings
@@ -31,6 +37,7 @@ from tasks.encoders.models import ModelInputs, load_model, model_identity, pick_
 DISTILL_POOLING = {"mean": "mean", "cls": "first", "sep": "last"}
 FEATURIZE_LENGTH = 256  # tokens of a sentence the teacher reads when it featurizes the corpus
 FEATURIZE_BATCH = 64
+FEATURIZE_SHARD = 2048  # sentences a shard of the featurized pool holds: what a killed stage loses at most
 
 
 class StaticJob(StaticSettings):
@@ -53,6 +60,29 @@ def corpus_sentences(store: ArtifactStore, ref: ArtifactRef, limit: int) -> list
             group = table.read_row_group(g, columns=["text", "kept"])
             texts += group.filter(group["kept"])["text"].to_pylist()
     return texts[:limit]
+
+
+def featurized(pool: ShardPool, texts: list[str], encode_texts, log: logging.Logger) -> np.ndarray:
+    """The teacher's vectors of `texts` (texts, dim): each FEATURIZE_SHARD-sentence slice read from `pool` if a
+    shard holds it, else encoded with `encode_texts` and written as a shard before the next slice is started.
+    A slice is encoded whole, in the same batches, however often it was interrupted: the same vectors."""
+    have = pool.read()
+    known = dict(zip(have["digest"].to_pylist(), have["vectors"].to_numpy(zero_copy_only=False))) if have else {}
+    parts, reused = [], 0
+    for start in range(0, len(texts), FEATURIZE_SHARD):
+        part = texts[start : start + FEATURIZE_SHARD]
+        digest = stable_hash(part)
+        if digest in known:
+            reused += 1
+        else:
+            vectors = encode_texts(part)  # (len(part), dim)
+            pool.write(pa.table({"digest": [digest], "vectors": pa.array([vectors.ravel()], pa.list_(pa.float32()))}))
+            known[digest] = vectors.ravel()
+        parts.append(np.asarray(known[digest], dtype=np.float32).reshape(len(part), -1))  # (len(part), dim)
+    if reused:
+        log.info("featurized: %d of %d slices of up to %d sentences read from the pool", reused, len(parts),
+                 FEATURIZE_SHARD)
+    return np.concatenate(parts)
 
 
 def build_static(store: ArtifactStore, job: StaticJob, inputs: StaticInputs,
@@ -85,7 +115,10 @@ def build_static(store: ArtifactStore, job: StaticJob, inputs: StaticInputs,
     if job.tokenlearn:
         log.info("featurizing %d sentences with the teacher, then training the table on its vectors", len(texts))
         teacher_encoder = encode.PooledEncoder(teacher, job.device, job.pooling)
-        vectors = teacher_encoder.encode(texts, FEATURIZE_LENGTH, FEATURIZE_BATCH)  # (sentences, dim)
+        pool = store.pool("featurized", stable_hash(inputs.model_name(job.model), model_identity(job.model)
+                                                    if job.model else None, job.pooling, FEATURIZE_LENGTH))
+        vectors = featurized(pool, texts, lambda part: teacher_encoder.encode(part, FEATURIZE_LENGTH, FEATURIZE_BATCH),
+                             log)  # (sentences, dim)
         model = train_model(model, texts, vectors, device=device, pca_dims=job.pca_dims or dim)
     model = quantize_model(model, quantize_to=job.dtype)  # trained in float32, stored as asked
     model.save_pretrained(str(out.folder / "model"))

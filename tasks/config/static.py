@@ -34,3 +34,6 @@ class StaticSettings(Section):
 class StaticConfig(StaticSettings):
     of: list[str] = Field(min_length=1, description="The models to distil: method names, and `base` for the "
                           "run's untrained model (e.g. `[crops, base]`).")
+    speed_documents: int = Field(256, ge=0, description="The report's CPU documents/s of each static model and its "
+                                 "teacher, measured side by side on this many of the corpus's documents; 0: not "
+                                 "measured.")

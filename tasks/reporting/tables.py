@@ -48,7 +48,13 @@ LEGEND = {
     "probe_mean_cosine": "mean cosine of a fixed batch of 64 training texts at the last probe (1 = one vector for all)",
     "grad_norm_min": "smallest gradient norm of a step, before clipping",
     "grad_norm_max": "largest gradient norm of a step, before clipping",
+    "cpu_docs_per_s": "a static model's documents encoded a second on the CPU (median of rounds, docs/static.md)",
+    "teacher_cpu_docs_per_s": "its teacher's, on the same documents, measured in turn with it (the same rounds)",
 }
+
+# Scores where higher is better that a static model keeps as a share of its teacher's (every MTEB task's main
+# score too); the geometry and the semantic ranks are not "kept" (lower is better, or neither).
+KEPT = ("knn_accuracy", "knn_accuracy_splits", "sts_spearman", "query_ndcg_at_10", "semantic_same_label_5nn")
 
 # Long form: one row per (model, score), models in the order given by `entries`.
 LONG_SQL = """
@@ -224,8 +230,30 @@ def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
                for r in _query(catalog, CUT_SQL).itertuples()])
 
 
+def beside_teacher(long: pd.DataFrame, static: str, teacher: str) -> pd.DataFrame:
+    """A static model's scores beside its teacher's (`long`: the report's long rows): each KEPT score and MTEB
+    task both have, with the share the static model keeps, then both CPU documents/s and the speed-up."""
+    scored = long[long["status"] == "ok"]
+    mteb = scored["dataset"] == "mteb"
+    values = pd.concat([
+        scored[~mteb & scored["metric"].isin(KEPT)].assign(score=lambda f: f["dataset"] + ": " + f["metric"]),
+        scored[mteb].assign(score=lambda f: "mteb: " + f["metric"] + " (" + f["main_score"].fillna("") + ")"),
+    ]).groupby(["score", "model"])["value"].mean().unstack()  # a task's subsets and splits averaged, as MTEB does
+    rows = [dict(score=score, teacher=_cell(r[teacher]), static=_cell(r[static]),
+                 kept=f"{r[static] / r[teacher]:.1%}" if r[teacher] > 0 else "")
+            for score, r in values.reindex(columns=[teacher, static]).dropna().iterrows()]
+    speed = scored[(scored["model"] == static) & scored["metric"].isin(("cpu_docs_per_s", "teacher_cpu_docs_per_s"))]
+    rates = dict(zip(speed["metric"], speed["value"]))
+    if len(rates) == 2:
+        rows.append(dict(score=f"CPU documents/s ({int(speed['n'].iloc[0]):,} documents, in turn)",
+                         teacher=f"{rates['teacher_cpu_docs_per_s']:,.1f}", static=f"{rates['cpu_docs_per_s']:,.1f}",
+                         kept=f"{rates['cpu_docs_per_s'] / rates['teacher_cpu_docs_per_s']:,.1f}x faster"))
+    return pd.DataFrame(rows, columns=["score", "teacher", "static", "kept"]).rename(
+        columns={"teacher": teacher, "static": static})
+
+
 def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures: list[tuple[str, str]] = (),
-                paired: pd.DataFrame | None = None) -> str:
+                paired: pd.DataFrame | None = None, beside: list[pd.DataFrame] = ()) -> str:
     cols = list(table.columns)
     lines = [f"# {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
@@ -238,5 +266,12 @@ def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures
                   "nDCG@10 over the same queries (held-out generated queries, local retrieval tasks; t interval):",
                   "",
                   *[f"- {line}" for line in paired_lines(paired)]]
+    for frame in beside:
+        cols = list(frame.columns)
+        lines += ["", f"## {cols[2]} beside its teacher {cols[1]}", "",
+                  "kept: the static model's score as a share of its teacher's; CPU documents/s: both encoders "
+                  "took the same documents in turn on the CPU, in the same run (median of the rounds).", "",
+                  "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+                  *["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]]
     lines += [line for caption, path in pictures for line in ("", f"![{caption}]({path})")]
     return "\n".join(lines) + "\n"

@@ -203,7 +203,7 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     methods = [{"name": "crops", "recipe": "crops", "train": {"eval_every": 3}},
                {"name": "crops-held-out", "recipe": "crops", "knn_holdout": True}]
     # A static model distilled from crops (docs/static.md) is evaluated like any other model.
-    static = {"of": ["crops"], "pca_dims": 16, "sentences": 300}
+    static = {"of": ["crops"], "pca_dims": 16, "sentences": 300, "speed_documents": 30}
     config = tiny_config(tmp_path, methods=methods, evaluate={"layerwise": True, "mteb": mteb}, static=static)
     first, state = run(config)
     assert state.is_completed()
@@ -266,6 +266,18 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     assert "| sts: STS16 (cosine_spearman) | skipped | skipped | skipped | skipped |" in markdown
     assert "skipped: STS16: data not reachable" in markdown
     assert "| block mean: clustering (1 task) |" in markdown and "average of block means (clustering, sts)" in markdown
+    # The static model beside its teacher: the share of each score it keeps, and both CPU speeds from one stage.
+    beside = markdown.split("## crops static beside its teacher crops")[1].split("\n\n")[2].splitlines()
+    assert beside[0] == "| score | crops | crops static | kept |"
+    kept = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in beside[2:]}
+    assert set(kept) == {"ohsumed-tiny: knn_accuracy", "ohsumed-tiny: knn_accuracy_splits",
+                         "ohsumed-tiny: sts_spearman", "mteb: STSB-slice (cosine_spearman)",
+                         "mteb: ohsumed-clusters (v_measure)", "CPU documents/s (30 documents, in turn)"}
+    crops_knn = scores[(scores["label"] == "crops") & (scores["metric"] == "knn_accuracy")]["value"].item()
+    static_knn = scores[(scores["label"] == "crops static") & (scores["metric"] == "knn_accuracy")]["value"].item()
+    assert kept["ohsumed-tiny: knn_accuracy"][2] == f"{static_knn / crops_knn:.1%} |"
+    speeds = scores[scores["metric"].isin(["cpu_docs_per_s", "teacher_cpu_docs_per_s"])]
+    assert set(speeds["label"]) == {"crops static"} and (speeds["value"] > 0).all()
     # Pictures exist next to the metrics and the report links them.
     for name in ("layerwise.png", "learning_curve.png"):
         assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

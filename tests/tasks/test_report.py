@@ -4,7 +4,7 @@ import pytest
 
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tasks.reporting.tables import comparison_table, long_rows, to_markdown
+from tasks.reporting.tables import beside_teacher, comparison_table, long_rows, to_markdown
 from tests.helpers import write_scores
 
 # Two models; block means by hand: clustering (0.2+0.4)/2=0.3 and 0.5; sts (0.8) and 0.6.
@@ -60,3 +60,25 @@ def test_long_rows_and_markdown_agree_with_the_catalog(entries):
                            [("curve", "layerwise.png")])
     assert "| task | a | b |" in markdown and "| average of block means (clustering, sts) | 0.550 | 0.550 |" in markdown
     assert "- skipped: hub: data not reachable" in markdown and "![curve](layerwise.png)" in markdown
+
+
+def test_a_static_model_is_set_beside_its_teacher_with_the_share_it_keeps_and_both_speeds(entries):
+    """b as a static model of a: the scores where higher is better, kept as a share, and the two CPU speeds."""
+    catalog, rows = entries
+    store = catalog.store
+    rows.append(write_scores(store, "speed", "speed-b", [dict(metric="cpu_docs_per_s", value=3000.0, n=256),
+                                                          dict(metric="teacher_cpu_docs_per_s", value=25.0, n=256)],
+                             model="b", dataset="docs", status="ok"))
+    catalog = Catalog(store)  # its views list the files there when opened
+    table = beside_teacher(long_rows(catalog, rows), "b", "a").set_index("score")
+    assert list(table.columns) == ["a", "b", "kept"]
+    assert table.loc["docs: knn_accuracy"].tolist() == ["0.500", "0.250", "50.0%"]
+    assert table.loc["docs: knn_accuracy_splits"].tolist() == ["0.400", "0.400", "100.0%"]
+    assert table.loc["mteb: clust1 (score)"].tolist() == ["0.200", "0.500", "250.0%"]
+    assert table.loc["mteb: sts1 (score)"].tolist() == ["0.800", "0.600", "75.0%"]  # the mean of its two subsets
+    assert "mteb: hub (score)" not in table.index  # skipped: nothing to keep
+    assert table.loc["CPU documents/s (256 documents, in turn)"].tolist() == ["25.0", "3,000.0", "120.0x faster"]
+    assert len(table) == 6  # nothing else: layer-wise points, the speeds themselves are not "kept"
+    markdown = to_markdown("t", comparison_table(catalog, rows), beside=[beside_teacher(long_rows(catalog, rows),
+                                                                                       "b", "a")])
+    assert "## b beside its teacher a" in markdown and "| docs: knn_accuracy | 0.500 | 0.250 | 50.0% |" in markdown

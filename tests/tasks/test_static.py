@@ -10,12 +10,14 @@ from model2vec import StaticModel
 from sentence_transformers import SentenceTransformer
 
 from storage.store import ArtifactStore
+from tasks import static
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.core.stage import NoInputs
 from tasks.encoders.encode import POOLINGS, PooledEncoder, encoder_at, is_static
 from tasks.ingest import INGEST
 from tasks.sentences import SENTENCES, SentencesInputs
+from tasks.speed import SPEED, SpeedInputs, SpeedJob
 from tasks.static import STATIC, StaticInputs, StaticJob, corpus_sentences
 from tests.helpers import DEMO_DOCS
 
@@ -23,11 +25,18 @@ log = logging.getLogger("test")
 TEXTS = ["Aspirin lowers the risk of a second heart attack.", "A man is playing a guitar.", "Insulin and diabetes."]
 
 
+DOCS = DataConfig(path=str(DEMO_DOCS), limit=150)
+
+
+def sentences_in(store: ArtifactStore):
+    docs = INGEST.run(store, DOCS, NoInputs())
+    return SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     store = ArtifactStore(tmp_path_factory.mktemp("static") / "store")
-    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=150), NoInputs())
-    return store, SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
+    return store, sentences_in(store)
 
 
 def test_a_distilled_model_loads_in_both_libraries_and_embeds_as_they_do(corpus, tiny_dir):
@@ -86,3 +95,50 @@ def test_bad_settings_are_one_error_naming_the_field(corpus, tiny_dir, job, said
     store, sentences = corpus
     with pytest.raises(InputError, match=said):
         STATIC.run(store, StaticJob(**{"model": tiny_dir, **job}), StaticInputs(sentences=sentences))
+
+
+def test_a_stage_killed_while_featurizing_resumes_from_the_pool_to_the_same_table(tmp_path, tiny_dir, monkeypatch):
+    """The teacher's vectors go to the store's pool a slice at a time: a failed stage keeps the slices done, the
+    rerun encodes only the others and makes the table an uninterrupted run makes; other settings reuse them all."""
+    monkeypatch.setattr(static, "FEATURIZE_SHARD", 128)  # 300 sentences: slices of 128, 128 and 44
+    encoded, real = [], PooledEncoder.encode
+
+    def encode(self, texts, *args):
+        if len(encoded) == 1 and fail:
+            raise RuntimeError("killed")
+        encoded.append(len(texts))
+        return real(self, texts, *args)
+
+    monkeypatch.setattr(PooledEncoder, "encode", encode)
+    store = ArtifactStore(tmp_path / "store")
+    job, inputs = StaticJob(model=tiny_dir, pca_dims=16, sentences=300), StaticInputs(sentences=sentences_in(store))
+    fail = True
+    with pytest.raises(RuntimeError, match="killed"):
+        STATIC.run(store, job, inputs)
+    assert encoded == [128] and not list((store.root / "artifacts").glob("static/*"))
+    fail = False
+    ref = STATIC.run(store, job, inputs)
+    assert encoded == [128, 128, 44]  # the first slice was read from the pool
+    other = ArtifactStore(tmp_path / "other")  # an uninterrupted run, pool and all, elsewhere
+    uninterrupted = STATIC.run(other, job, StaticInputs(sentences=sentences_in(other)))
+    assert uninterrupted.key == ref.key and encoded == [128, 128, 44, 128, 128, 44]
+    tables = [StaticModel.from_pretrained(str(s.path(r) / "model")).embedding
+              for s, r in ((store, ref), (other, uninterrupted))]
+    np.testing.assert_array_equal(*tables)
+    assert STATIC.run(store, job.model_copy(update={"pca_dims": 8}), inputs) != ref
+    assert len(encoded) == 6  # another table from the same teacher's vectors: no sentence encoded again
+
+
+def test_the_speed_stage_times_the_static_model_and_its_teacher_in_turn(corpus, tiny_dir):
+    store, sentences = corpus
+    made = STATIC.run(store, StaticJob(model=tiny_dir, pca_dims=16, tokenlearn=False),
+                      StaticInputs(sentences=sentences))
+    job = SpeedJob(teacher=tiny_dir, dataset="demo", documents=40, max_length=64, batch_size=16, rounds=2)
+    ref = SPEED.run(store, job, SpeedInputs(static=made, documents=INGEST.run(store, DOCS, NoInputs())))
+    rows = store.read_table(ref, "metrics").to_pandas().set_index("metric")
+    assert list(rows.index) == ["cpu_docs_per_s", "teacher_cpu_docs_per_s"]
+    assert (rows["value"] > 0).all() and set(rows["n"]) == {40} and set(rows["repeats"]) == {2}
+    assert set(rows["model"]) == {made.address} and set(rows["dataset"]) == {"demo"}
+    rounds = store.manifest(ref)["extra"]["rounds"]
+    assert [len(r) for r in rounds.values()] == [2, 2]
+    assert SPEED.run(store, job, SpeedInputs(static=made, documents=INGEST.run(store, DOCS, NoInputs()))) == ref

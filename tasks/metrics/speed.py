@@ -1,0 +1,30 @@
+"""Encoding speed measured side by side: every side encodes the same texts in turn, the order flipping each
+round so that the machine's drift (turbo, a neighbour's load) falls on all sides alike; a side's figure is
+the median of its rounds (docs/results.md: compare ratios from one run, never seconds across runs)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sized
+
+
+def documents_per_second(sides: dict[str, Callable[[list[str]], Sized]], texts: list[str], rounds: int = 3,
+                         warm_up: int = 32) -> dict[str, list[float]]:
+    """Each side's documents/s in each round (side → one figure a round), after one call on the first `warm_up`
+    texts each (the first call pays for lazy set-up: threads, allocations). A side must give one vector a text."""
+    for encode in sides.values():
+        encode(texts[:warm_up])
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(rounds):
+        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            start = time.perf_counter()
+            vectors = sides[name](texts)
+            rates[name].append(len(texts) / (time.perf_counter() - start))
+            if len(vectors) != len(texts):
+                raise ValueError(f"{name}: {len(vectors)} vectors for {len(texts)} texts")
+    return rates
+
+
+def medians(rates: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(values) for name, values in rates.items()}

@@ -1,0 +1,33 @@
+"""tasks/metrics/speed.py: sides timed in turn, the order flipping every round, after one warm-up call each."""
+
+import time
+
+import pytest
+
+from tasks.metrics.speed import documents_per_second, medians
+
+TEXTS = [f"text {i}" for i in range(10)]
+
+
+def test_sides_take_turns_and_the_slower_side_measures_slower():
+    calls = []
+
+    def side(name: str, seconds_per_text: float):
+        def encode(texts):
+            calls.append((name, len(texts)))
+            time.sleep(seconds_per_text * len(texts))
+            return texts
+        return encode
+
+    rates = documents_per_second({"fast": side("fast", 0.0002), "slow": side("slow", 0.002)}, TEXTS, rounds=3,
+                                 warm_up=2)
+    assert calls == [("fast", 2), ("slow", 2),  # warm-up on the first texts, then rounds in turn, the order flipped
+                     ("fast", 10), ("slow", 10), ("slow", 10), ("fast", 10), ("fast", 10), ("slow", 10)]
+    assert [len(r) for r in rates.values()] == [3, 3]
+    fast, slow = medians(rates).values()
+    assert fast > 3 * slow and slow < 10 / (10 * 0.002) * 1.01  # no faster than its sleeps allow
+
+
+def test_a_side_that_drops_texts_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="short: 9 vectors for 10 texts"):
+        documents_per_second({"whole": lambda texts: texts, "short": lambda texts: texts[1:]}, TEXTS, rounds=1)
