@@ -5,8 +5,9 @@ The static model is made by embforge's static stage from --teacher (default all-
 corpus's sentences, twice in one store: distilled only (model2vec), then distilled and trained on the
 teacher's vectors of the sentences (tokenlearn); each is timed. Then the tokenlearn model (through the
 encoder the embed stage uses) and the teacher (`SentenceTransformer.encode`, max length --max-length,
-batch --batch-size) encode the first --docs abstracts in turn, --rounds times (the order flips every round);
-the figure is the median docs/s of each, and both must give one vector per text.
+batch --batch-size) encode the first --docs abstracts in turn, --rounds times (the order flips every round,
+as the speed stage times them: tasks/metrics/speed.py); the figure is the median docs/s of each, and both
+must give one vector per text.
 Usage:
     python benchmarks/static_encode.py [--teacher NAME] [--docs 2000] [--max-length 256] [--batch-size 32]
                                        [--rounds 3] [--pca-dims 256] [--sentences 100000] [--limit N]
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +35,7 @@ from tasks.core.stage import NoInputs
 from tasks.encoders.encode import encoder_at
 from tasks.encoders.models import resolve_model
 from tasks.ingest import INGEST
+from tasks.metrics.speed import documents_per_second, medians
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.static import STATIC, StaticInputs, StaticJob
 from tests.helpers import DEMO_DOCS
@@ -72,18 +73,10 @@ def main() -> None:
         static = encoder_at(made[True])
         teacher = SentenceTransformer(resolve_model(args.teacher), device="cpu")
         teacher.max_seq_length = args.max_length
-        sides = {"static (embforge's encoder)": lambda: static.encode(texts, args.max_length, args.batch_size),
-                 "teacher (SentenceTransformer.encode)": lambda: teacher.encode(texts, batch_size=args.batch_size)}
-        for encode in sides.values():  # warm-up
-            encode()
-        rates = {name: [] for name in sides}
-        for r in range(args.rounds):
-            for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-                start = time.perf_counter()
-                vectors = sides[name]()
-                rates[name].append(len(texts) / (time.perf_counter() - start))
-                assert len(vectors) == len(texts), f"{name}: {len(vectors)} vectors for {len(texts)} texts"
-        docs_per_s = {name: statistics.median(r) for name, r in rates.items()}
+        sides = {"static (embforge's encoder)": lambda part: static.encode(part, args.max_length, args.batch_size),
+                 "teacher (SentenceTransformer.encode)": lambda part: teacher.encode(part, batch_size=args.batch_size)}
+        rates = documents_per_second(sides, texts, args.rounds)
+        docs_per_s = medians(rates)
         static_rate, teacher_rate = docs_per_s.values()
         sizes = {"static": folder_mb(made[True]), "teacher": folder_mb(resolve_model(args.teacher))}
 

@@ -16,6 +16,7 @@ from storage.base import ArtifactRef
 from storage.catalog import metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
+from tasks.core import progress
 from tasks.core.stage import Stage
 from tasks.encoders import encode
 from tasks.encoders.models import ModelInputs, model_identity, model_path
@@ -53,9 +54,10 @@ def build_speed(store: ArtifactStore, job: SpeedJob, inputs: SpeedInputs,
     static = encode.StaticEncoder(model_path(store, inputs.static))
     teacher = encode.PooledEncoder(inputs.model_location(store, job.teacher), "cpu", job.pooling)
     log.info("timing %d documents on the CPU, static model and teacher in turn, %d rounds", len(texts), job.rounds)
-    rates = speed.documents_per_second(
-        {name: lambda part, e=encoder: e.encode(part, job.max_length, job.batch_size)
-         for name, encoder in zip(SPEED_METRICS, (static, teacher))}, texts, job.rounds)
+    with progress.silenced():  # no progress bar or API call inside the timed calls
+        rates = speed.documents_per_second(
+            {name: lambda part, e=encoder: e.encode(part, job.max_length, job.batch_size)
+             for name, encoder in zip(SPEED_METRICS, (static, teacher))}, texts, job.rounds)
     rows = [dict(metric=name, value=value, n=len(texts), max_length=job.max_length, batch_size=job.batch_size,
                  repeats=job.rounds) for name, value in speed.medians(rates).items()]
     out.write_table("metrics", metrics_table(rows, key=ref.key, model=f"static/{inputs.static.key}",

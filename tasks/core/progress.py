@@ -7,15 +7,28 @@ being built (`embed[crops]`, set by Stage.run), so the UI says which model or re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from contextvars import ContextVar
 
 log = logging.getLogger("embforge.progress")
 
 # What is being built, e.g. ("embed[crops]", its key): set by Stage.run around a build.
 current_stage: ContextVar[tuple[str, str]] = ContextVar("current_stage", default=("", ""))
+_silenced: ContextVar[bool] = ContextVar("silenced", default=False)
+
+
+@contextlib.contextmanager
+def silenced() -> Iterator[None]:
+    """Progress inside shows nothing (no API call, no bar): for work that is timed (tasks/speed.py)."""
+    token = _silenced.set(True)
+    try:
+        yield
+    finally:
+        _silenced.reset(token)
 
 
 class StageProgress:
@@ -34,7 +47,8 @@ class StageProgress:
         self._artifact_id = None
         # A task run implies Prefect is loaded: plain scripts do not pay its import (~1.5 s).
         context = sys.modules.get("prefect.context")
-        self._reporting = context is not None and context.TaskRunContext.get() is not None
+        self.shown = not _silenced.get()  # whether a bar may show it too
+        self._reporting = self.shown and context is not None and context.TaskRunContext.get() is not None
         if self._reporting:
             self._send()
 

@@ -175,7 +175,8 @@ class PooledEncoder(Encoder):
                 waiting = started
 
         with StageProgress(len(texts), "texts") as progress, \
-                tqdm(total=-(-len(texts) // batch_size), desc=progress.label, unit="batch", mininterval=5) as bar, \
+                tqdm(total=-(-len(texts) // batch_size), desc=progress.label, unit="batch", mininterval=5,
+                     disable=not progress.shown) as bar, \
                 contextlib.closing(prefetched(tokenized())) as batches:
             for first, vectors in pooled(batches):
                 start, end = first - first % chunk, min(first - first % chunk + chunk, len(texts))

@@ -92,6 +92,7 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
     ("short-collapse", "error: crops recipe: training collapsed at step 21 (lr 30): the loss has been"),
     ("infinite-gradients", "error: crops recipe: training diverged at step 20 (lr 0.001): the gradient norm has been "
                            "inf at each of the last 20 steps"),
+    ("static-pca-dims", "error: static.pca_dims: 64 is more than the teacher's 32 dimensions (init/"),
 ])
 def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_in_the_log(tmp_path, case, message):
     data = {"missing-columns": "text,label\nhello world,a\n", "empty-corpus": "doc_id,title,text,label\n",
@@ -106,6 +107,7 @@ def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_i
                                  "methods": [{"name": "crops", "recipe": "crops"}]},
               "infinite-gradients": {"train": {"temperature": 1e-30, "epochs": 3},
                                      "methods": [{"name": "crops", "recipe": "crops"}]},
+              "static-pca-dims": {"static": {"of": ["base"], "pca_dims": 64}},  # the tiny encoder has 32
               }.get(case, {"data": {"path": str(tmp_path / "bad.csv")}})
     config = tiny_config(tmp_path, **change)
     result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,

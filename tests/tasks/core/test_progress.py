@@ -9,7 +9,7 @@ from prefect.runtime import flow_run
 
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
-from tasks.core.progress import StageProgress, current_stage
+from tasks.core.progress import StageProgress, current_stage, silenced
 from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.ingest import INGEST
@@ -61,6 +61,27 @@ def test_updates_land_on_the_task_runs_artifact_and_end_at_100():
     [artifact] = progress_artifacts(state.state_details.flow_run_id)
     assert (artifact.description, artifact.data) == ("progress: 5 of 5 items", 100.0)
     assert artifact.task_run_id is not None
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_silenced_progress_sends_nothing_so_timed_work_times_no_api_call():
+    @task
+    def count():
+        with silenced(), StageProgress(5, "items") as quiet:
+            quiet.min_interval_s = 0
+            quiet.advance(5)
+        with StageProgress(2, "items") as shown:  # after the block: shown again
+            shown.advance(2)
+        return quiet.shown, shown.shown
+
+    @flow
+    def counting():
+        return count()
+
+    state = counting(return_state=True)
+    assert state.result() == (False, True)
+    [artifact] = progress_artifacts(state.state_details.flow_run_id)
+    assert artifact.description == "progress: 2 of 2 items"
 
 
 @pytest.mark.usefixtures("prefect_harness")

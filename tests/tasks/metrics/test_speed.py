@@ -20,12 +20,20 @@ def test_sides_take_turns_and_the_slower_side_measures_slower():
         return encode
 
     rates = documents_per_second({"fast": side("fast", 0.0002), "slow": side("slow", 0.002)}, TEXTS, rounds=3,
-                                 warm_up=2)
+                                 warm_up=2, min_seconds=0)
     assert calls == [("fast", 2), ("slow", 2),  # warm-up on the first texts, then rounds in turn, the order flipped
                      ("fast", 10), ("slow", 10), ("slow", 10), ("fast", 10), ("fast", 10), ("slow", 10)]
     assert [len(r) for r in rates.values()] == [3, 3]
     fast, slow = medians(rates).values()
     assert fast > 3 * slow and slow < 10 / (10 * 0.002) * 1.01  # no faster than its sleeps allow
+
+
+def test_a_fast_side_encodes_again_until_the_round_has_lasted_min_seconds():
+    calls = []
+    rates = documents_per_second({"fast": lambda texts: calls.append(len(texts)) or texts}, TEXTS, rounds=2,
+                                 warm_up=2, min_seconds=0.05)
+    assert calls[0] == 2 and len(calls) > 10 and set(calls[1:]) == {10}
+    assert len(rates["fast"]) == 2
 
 
 def test_a_side_that_drops_texts_is_an_error_naming_it():
