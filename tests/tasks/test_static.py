@@ -13,9 +13,12 @@ from storage.store import ArtifactStore
 from tasks import static
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.evaluation import SemanticConfig
 from tasks.core.stage import NoInputs
+from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.encoders.encode import POOLINGS, PooledEncoder, encoder_at, is_static
 from tasks.ingest import INGEST
+from tasks.semantic import SEMANTIC, SemanticInputs, SemanticJob
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.speed import SPEED, SpeedInputs, SpeedJob
 from tasks.static import STATIC, StaticInputs, StaticJob, corpus_sentences
@@ -142,3 +145,19 @@ def test_the_speed_stage_times_the_static_model_and_its_teacher_in_turn(corpus, 
     rounds = store.manifest(ref)["extra"]["rounds"]
     assert [len(r) for r in rounds.values()] == [2, 2]
     assert SPEED.run(store, job, SpeedInputs(static=made, documents=INGEST.run(store, DOCS, NoInputs()))) == ref
+
+
+def test_the_semantic_benchmark_encodes_titles_and_halves_with_the_static_model(corpus, tiny_dir):
+    """The semantic stage reads the static model's document vectors and encodes the rest through model2vec."""
+    store, sentences = corpus
+    made = STATIC.run(store, StaticJob(model=tiny_dir, pca_dims=16, tokenlearn=False),
+                      StaticInputs(sentences=sentences))
+    docs = INGEST.run(store, DOCS, NoInputs())
+    embedded = EMBED.run(store, EmbedJob(max_length=64, batch_size=16), EmbedInputs(model=made, documents=docs))
+    ref = SEMANTIC.run(store, SemanticJob(label="static", dataset="demo", semantic=SemanticConfig(limit=50),
+                                          max_length=64, batch_size=16),
+                       SemanticInputs(documents=docs, embeddings=embedded, model=made))
+    rows = store.read_table(ref, "metrics").to_pandas().set_index("metric")
+    assert {"semantic_rank_title_abstract", "semantic_rank_halves", "semantic_same_label_5nn"} <= set(rows.index)
+    assert rows.loc["semantic_rank_halves", "value"] < 25  # of 50: better than chance, the halves found
+    assert set(rows["layer"]) == {0} and set(rows["model"]) == {made.address}
