@@ -39,6 +39,7 @@ from rich.table import Table
 from sentence_transformers import SentenceTransformer
 from train_gpu import model_folder
 
+from tasks.config.data import DEMO_DOCS, DEMO_STSB
 from tasks.core.eval_sets import read_pairs
 from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.inputs import column_values
@@ -48,7 +49,6 @@ from tasks.metrics.knn import knn_accuracy_spread
 from tasks.metrics.sts import sts_spearman
 from tasks.text_tokens import text_ids
 
-DATA = Path(__file__).resolve().parent.parent / "configs" / "data"
 WARMUP_TEXTS = 8
 MIN_COSINE = {"fp32": 0.999}  # bf16/fp16: the two sides round differently (weights vs autocast)
 MAX_SCORE_CHANGE = 0.001
@@ -79,9 +79,9 @@ def main() -> None:
     args = p.parse_args()
     gpu = args.device.startswith("cuda")  # the GPU defaults: the setting of the GPU figures in docs/results.md
     args.docs, args.batch_size = args.docs or (2000 if gpu else 300), args.batch_size or (256 if gpu else 32)
-    docs = pd.read_parquet(DATA / "ohsumed_demo.parquet", columns=["text", "label"]).head(args.docs)
+    docs = pd.read_parquet(DEMO_DOCS, columns=["text", "label"]).head(args.docs)
     texts = docs["text"].tolist()
-    sts = read_pairs(str(DATA / "stsb.parquet"), "test", args.sts_pairs)
+    sts = read_pairs(str(DEMO_STSB), "test", args.sts_pairs)
 
     if args.random_init:
         args.model = model_folder("bert-base", Path(tempfile.mkdtemp(prefix="embforge-encode-bench-")))

@@ -39,9 +39,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repo's stages, not another checkout's editable install
 
+from tasks.config.data import DEMO_DATA, DEMO_DOCS  # noqa: E402
+
 PAPER = REPO / "configs" / "paper"
-DEMO_DOCS = REPO / "configs" / "data" / "ohsumed_demo.parquet"
-NEWSGROUPS = REPO / "configs" / "data" / "newsgroups_demo.parquet"
+NEWSGROUPS = DEMO_DATA / "newsgroups_demo.parquet"
 PAPER_WIDTH = 768  # every paper config's encoder: BERT-base, MPNet-base, SciDeBERTa, the from-scratch BERT
 
 

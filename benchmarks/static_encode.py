@@ -30,7 +30,7 @@ from rich.table import Table
 from sentence_transformers import SentenceTransformer
 
 from storage.store import ArtifactStore
-from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.data import DEMO_DOCS, DataConfig, SentenceConfig
 from tasks.core.stage import NoInputs
 from tasks.encoders.encode import encoder_at
 from tasks.encoders.models import resolve_model
@@ -38,7 +38,6 @@ from tasks.ingest import INGEST
 from tasks.metrics.speed import documents_per_second, medians
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.static import STATIC, StaticInputs, StaticJob
-from tests.helpers import DEMO_DOCS
 
 
 def folder_mb(folder: str) -> float:

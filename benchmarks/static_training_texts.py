@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from storage.store import ArtifactStore
-from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.data import DEMO_DOCS, DEMO_STSB, DataConfig, SentenceConfig
 from tasks.core.stage import NoInputs
 from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.models import resolve_model
@@ -34,7 +34,6 @@ from tasks.ingest import INGEST
 from tasks.metrics.knn import knn_accuracy_splits
 from tasks.metrics.sts import cosine_spearman, pair_cosines
 from tasks.sentences import SENTENCES, SentencesInputs
-from tests.helpers import DEMO_DOCS, STSB
 
 VARIANTS = ["kept:256", "kept:none", "kept+docs:256", "all:256", "all+docs:256"]
 
@@ -54,7 +53,7 @@ def main() -> None:
         ref = SENTENCES.run(store, SentenceConfig(), SentencesInputs(
             documents=INGEST.run(store, DataConfig(path=str(DEMO_DOCS)), NoInputs())))
         sentences = store.read_table(ref, "sentences").to_pandas()
-    sts = pd.read_parquet(STSB).query("split == 'test'")
+    sts = pd.read_parquet(DEMO_STSB).query("split == 'test'")
     teacher_dir = resolve_model(args.teacher)
     teacher = PooledEncoder(teacher_dir, "cpu", "mean")
     texts = {"kept": sentences[sentences["kept"]]["text"].tolist(), "all": sentences["text"].tolist(),

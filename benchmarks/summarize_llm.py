@@ -43,11 +43,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from tasks.config.data import DEMO_DOCS
 from tasks.config.summaries import DEFAULT_LLM
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 ROWS = ("vllm", "vllm_no_prefix_cache", "transformers", "vllm_bf16")
 DEFAULT_ROWS = ROWS[:3]
 SOURCE = DEFAULT_LLM
@@ -70,7 +70,7 @@ def workload(model_dir: str, documents: int) -> tuple[list[str], list[str]]:
     from tasks.generation.pool import build_prompt
     from tasks.llm import prompt_prefix
 
-    docs = pd.read_parquet(DATA, columns=["title", "text"]).head(documents + 1).to_dict("records")
+    docs = pd.read_parquet(DEMO_DOCS, columns=["title", "text"]).head(documents + 1).to_dict("records")
     if len(docs) <= documents:
         raise SystemExit(f"the demo corpus has {len(docs)} documents, {documents} + 1 are needed")
     prefix = prompt_prefix(model_dir)

@@ -59,7 +59,7 @@ except ImportError:
     from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
 from storage.store import ArtifactStore
-from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.data import DEMO_DOCS, DataConfig, SentenceConfig
 from tasks.config.model import RandomInitConfig
 from tasks.config.training import PER_ROW, MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
@@ -74,14 +74,13 @@ from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.tokens import tokenized
 
-DATA = Path(__file__).resolve().parent.parent / "configs" / "data" / "ohsumed_demo.parquet"
 WARMUP = 1  # untimed first step of each side
 
 
 def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
     """The first n rows of `recipe`'s pairs from the demo corpus, built by the pipeline's stages: as many
     epochs (passes with fresh views) as n needs, counted from the rows one epoch really gives."""
-    docs = INGEST.run(store, DataConfig(path=str(DATA)), NoInputs())
+    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS)), NoInputs())
     sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
 
     def passes(epochs: int) -> pa.Table:

@@ -27,6 +27,7 @@ from storage.base import ArtifactRef, DamagedArtifactError
 from storage.catalog import FINAL_SCORE, Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import InputError, OutsideFault
+from tasks.config.data import DEMO_STSB
 from tasks.config.training import TrainConfig
 from tasks.core.eval_sets import read_pairs
 from tasks.encoders import backends, encode
@@ -38,8 +39,6 @@ from tasks.static import STATIC
 log = logging.getLogger("embforge.export")
 
 MODEL_STAGES = ("train", "init")
-# The backends' scores are measured on the STS pairs the model's run evaluated on, else on the demo's.
-DEMO_STSB = Path(__file__).resolve().parents[1] / "configs" / "data" / "stsb.parquet"
 
 
 @dataclass

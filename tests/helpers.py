@@ -19,9 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from tasks.config.data import DEMO_DOCS, DEMO_STSB
+
 REPO = Path(__file__).resolve().parents[1]
-DEMO_DOCS = REPO / "configs" / "data" / "ohsumed_demo.parquet"
-STSB = REPO / "configs" / "data" / "stsb.parquet"
+STSB = DEMO_STSB
 # In the test server's environment; must never show up in anything it writes.
 SECRET = "hf_embforge_test_secret_never_logged"
 

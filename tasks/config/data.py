@@ -9,6 +9,11 @@ from pydantic import Field, model_validator
 
 from tasks.config.base import Section
 
+# The embedded default's data, shipped in the repository: the demo corpus and STS-B (configs/data/README.md).
+DEMO_DATA = Path(__file__).resolve().parents[2] / "configs" / "data"
+DEMO_DOCS = DEMO_DATA / "ohsumed_demo.parquet"
+DEMO_STSB = DEMO_DATA / "stsb.parquet"
+
 
 class ColumnMap(Section):
     id: str = Field("doc_id", description="Column holding a unique document id.")

@@ -13,9 +13,10 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
+from tasks.config.data import DEMO_DATA
 from tasks.methods.health import HEALTH_METRICS
 from tasks.methods.recipes import RECIPES as REGISTRY
-from tests.helpers import DEMO_DOCS, REPO, STSB, tiny_config, tiny_sts
+from tests.helpers import DEMO_DOCS, STSB, tiny_config, tiny_sts
 
 SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores
 # The ids of both text sets once, for the first model: the trained ones have its tokenizer.
@@ -446,9 +447,8 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
     negatives = {"k": 3, "duplicate_similarity": 0.99999, "cross_encoder": tiny_cross_encoder_dir}
     methods = [{"name": "gpl", "recipe": "gpl"}, {"name": "inpars", "recipe": "inpars", "round_trip": 10},
                {"name": "gpl_margin", "recipe": "gpl_margin"}]
-    data = REPO / "configs" / "data"
-    scifact = {"name": "SciFact", "type": "retrieval", "path": str(data / "scifact_test.parquet"),
-               "queries": str(data / "scifact_test_queries.parquet"), "limit": 12}
+    scifact = {"name": "SciFact", "type": "retrieval", "path": str(DEMO_DATA / "scifact_test.parquet"),
+               "queries": str(DEMO_DATA / "scifact_test_queries.parquet"), "limit": 12}
     config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries, negatives=negatives,
                          train={"epochs": 2, "batch_size": 4, "max_length": 32},
                          evaluate={"max_length": 64, "knn": {"repeats": 3},

@@ -18,12 +18,13 @@ import pytest
 
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tasks.config.data import DEMO_DATA
 from tests.flows.conftest import embforge_server
-from tests.helpers import REPO, SECRET, prefect_home, tiny_config
+from tests.helpers import SECRET, prefect_home, tiny_config
 
 pytestmark = pytest.mark.slow  # a real server, flow runs in subprocesses: minutes
 PREFECT = str(Path(sys.executable).with_name("prefect"))
-SICK = REPO / "configs" / "data" / "sick_test.parquet"
+SICK = DEMO_DATA / "sick_test.parquet"
 
 
 def test_server_binds_loopback_only(service):
@@ -179,7 +180,7 @@ def test_nightly_twice_scores_nothing_new_the_second_time(service, tmp_path):
 
     # A new task is scored for every model; what was scored stays as it is.
     twitter = {"name": "TwitterURL-40", "type": "pair_classification",
-               "path": str(REPO / "configs" / "data" / "twitter_url_test.parquet"), "limit": 40}
+               "path": str(DEMO_DATA / "twitter_url_test.parquet"), "limit": 40}
     third, more = night(overrides={"evaluate.mteb.local": [
         {"name": "SICK-R-40", "type": "sts", "path": str(SICK), "limit": 40}, twitter]})
     assert third["new"] == 3 and third["unchanged"] == first["new"]

@@ -1,5 +1,4 @@
 import os
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -7,12 +6,10 @@ import pytest
 
 from storage.store import ArtifactStore
 from tasks import sentences
-from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.data import DEMO_DOCS, DataConfig, SentenceConfig
 from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
 from tasks.sentences import SENTENCES, SentencesInputs, sentence_table, split_blingfire
-
-DEMO_CORPUS = Path(__file__).parents[2] / "configs" / "data" / "ohsumed_demo.parquet"
 
 LONG = "x" * 120
 
@@ -37,7 +34,7 @@ def test_blingfire_keeps_abbreviations_and_decimals_inside_sentences():
 def split_corpus(root, sentences: SentenceConfig) -> pa.Table:
     """The sentences artifact of the demo corpus's first 300 documents, built in its own store."""
     store = ArtifactStore(root)
-    docs = INGEST.run(store, DataConfig(path=str(DEMO_CORPUS), limit=300), NoInputs())
+    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=300), NoInputs())
     return store.read_table(SENTENCES.run(store, sentences, SentencesInputs(documents=docs)), "sentences")
 
 

@@ -12,9 +12,7 @@ from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.models import sentence_model
 from tasks.methods.precision import MixedPrecision, autocast_dtype
 from tasks.metrics.sts import sts_spearman
-from tests.helpers import REPO
-
-STSB = REPO / "configs" / "data" / "stsb.parquet"
+from tests.helpers import STSB
 
 
 @pytest.fixture(scope="module")

