@@ -7,7 +7,8 @@ model2vec's `distill` embeds every token of the teacher's vocabulary with the te
 is then trained to give, for each of the corpus's sentences, the teacher's vector of it (featurize: the
 teacher embeds them with its own pooling): what adapts a static model to the corpus.
 The teacher's vectors of the sentences are kept in the store's `featurized` pool, a shard per
-FEATURIZE_SHARD sentences, keyed by the teacher, its pooling and FEATURIZE_LENGTH: a stage killed while
+FEATURIZE_SHARD sentences, keyed by the teacher, its pooling, FEATURIZE_LENGTH and the encoder's code
+(tasks/encoders/encode.py and what it imports): a stage killed while
 featurizing resumes from the shards written, and a table made again with other settings (PCA, SIF,
 vocabulary) reuses them instead of running the teacher again.
 Output `model/`: a folder that `model2vec.StaticModel.from_pretrained` and `SentenceTransformer` (its
@@ -29,6 +30,7 @@ from storage.shards import ShardPool
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.static import StaticSettings
+from tasks.core.identity import code_version
 from tasks.core.stage import Stage
 from tasks.encoders import encode
 from tasks.encoders.models import ModelInputs, load_model, model_identity, pick_device, resolve_model
@@ -115,8 +117,10 @@ def build_static(store: ArtifactStore, job: StaticJob, inputs: StaticInputs,
     if job.tokenlearn:
         log.info("featurizing %d sentences with the teacher, then training the table on its vectors", len(texts))
         teacher_encoder = encode.PooledEncoder(teacher, job.device, job.pooling)
+        # per teacher, pooling and length, and the encoder's code: vectors of changed code are made again
         pool = store.pool("featurized", stable_hash(inputs.model_name(job.model), model_identity(job.model)
-                                                    if job.model else None, job.pooling, FEATURIZE_LENGTH))
+                                                    if job.model else None, job.pooling, FEATURIZE_LENGTH,
+                                                    code_version(encode.__name__)))
         vectors = featurized(pool, texts, lambda part: teacher_encoder.encode(part, FEATURIZE_LENGTH, FEATURIZE_BATCH),
                              log)  # (sentences, dim)
         model = train_model(model, texts, vectors, device=device, pca_dims=job.pca_dims or dim)

@@ -12,7 +12,7 @@ from tasks.ingest import INGEST
 from tasks.methods.tsdae import deletion_mask, keep_words
 from tasks.pairs import PAIRS, HeldOut, PairsConfig, PairsInputs, Replacement, draw_query_pairs, draw_summary_pairs
 from tasks.sentences import SENTENCES, SentencesInputs
-from tests.tasks.test_sentences import DEMO_CORPUS
+from tests.helpers import DEMO_DOCS
 
 
 def sentence(doc, j, n=120):
@@ -142,7 +142,7 @@ def in_memory_pairs(sentences: pa.Table, cfg: PairsConfig, test: set[str]) -> li
 def test_streamed_pairs_equal_the_in_memory_rule_on_the_demo_corpus(tmp_path, monkeypatch, view, n, held_out):
     monkeypatch.setattr(pairs_module, "ROWS_PER_GROUP", 97)  # many row groups: every boundary is crossed
     monkeypatch.setattr(pairs_module, "READ_ROWS", 101)  # a document's sentences cut across read batches
-    rows = drawn_pairs(tmp_path, DEMO_CORPUS, view, epochs=2, seed=3, n=n, held_out=held_out, limit=400)
+    rows = drawn_pairs(tmp_path, DEMO_DOCS, view, epochs=2, seed=3, n=n, held_out=held_out, limit=400)
     store = ArtifactStore(tmp_path / "store")
     (sentences,) = store.artifacts("sentences")
     cfg = PairsConfig(view=view, n_sentences=n, seed=3, epochs=2, held_out=held_out,

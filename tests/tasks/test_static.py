@@ -130,6 +130,9 @@ def test_a_stage_killed_while_featurizing_resumes_from_the_pool_to_the_same_tabl
     np.testing.assert_array_equal(*tables)
     assert STATIC.run(store, job.model_copy(update={"pca_dims": 8}), inputs) != ref
     assert len(encoded) == 6  # another table from the same teacher's vectors: no sentence encoded again
+    monkeypatch.setattr(static, "code_version", lambda module: "edited")  # the encoder's code changed
+    STATIC.run(store, job.model_copy(update={"pca_dims": 4}), inputs)
+    assert encoded[6:] == [128, 128, 44]  # its vectors are not trusted: made again
 
 
 def test_the_speed_stage_times_the_static_model_and_its_teacher_in_turn(corpus, tiny_dir):
