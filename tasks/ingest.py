@@ -248,7 +248,6 @@ class Texts:
         return None
 
 
-
 def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     work = out.work

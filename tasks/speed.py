@@ -18,11 +18,10 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
 from tasks.core import progress
 from tasks.core.stage import Stage
+from tasks.core.text_sets import first_texts
 from tasks.encoders import encode
 from tasks.encoders.models import ModelInputs, model_identity, model_path
 from tasks.metrics import speed
-
-SPEED_METRICS = ("cpu_docs_per_s", "teacher_cpu_docs_per_s")  # the static model's, its teacher's
 
 
 class SpeedJob(Section):
@@ -44,20 +43,14 @@ class SpeedInputs(ModelInputs):
 
 def build_speed(store: ArtifactStore, job: SpeedJob, inputs: SpeedInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    texts: list[str] = []
-    with store.open_table(inputs.documents, "documents") as table:  # a row group at a time, as far as needed
-        for g in range(table.num_row_groups):
-            if len(texts) >= job.documents:
-                break
-            texts += table.read_row_group(g, columns=["text"])["text"].to_pylist()
-    texts = texts[: job.documents]
+    texts = first_texts(store, inputs.documents, "documents", job.documents)
     static = encode.StaticEncoder(model_path(store, inputs.static))
     teacher = encode.PooledEncoder(inputs.model_location(store, job.teacher), "cpu", job.pooling)
     log.info("timing %d documents on the CPU, static model and teacher in turn, %d rounds", len(texts), job.rounds)
     with progress.silenced():  # no progress bar or API call inside the timed calls
         rates = speed.documents_per_second(
             {name: lambda part, e=encoder: e.encode(part, job.max_length, job.batch_size)
-             for name, encoder in zip(SPEED_METRICS, (static, teacher))}, texts, job.rounds)
+             for name, encoder in zip(speed.SPEED_METRICS, (static, teacher))}, texts, job.rounds)
     rows = [dict(metric=name, value=value, n=len(texts), max_length=job.max_length, batch_size=job.batch_size,
                  repeats=job.rounds) for name, value in speed.medians(rates).items()]
     out.write_table("metrics", metrics_table(rows, key=ref.key, model=f"static/{inputs.static.key}",

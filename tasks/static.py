@@ -18,6 +18,7 @@ StaticEmbedding) both load; the embed stage encodes it like any model (tasks/enc
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from tasks.config.base import InputError
 from tasks.config.static import StaticSettings
 from tasks.core.identity import code_version
 from tasks.core.stage import Stage
+from tasks.core.text_sets import first_texts
 from tasks.encoders import encode
 from tasks.encoders.models import ModelInputs, load_model, model_identity, pick_device, resolve_model
 
@@ -52,22 +54,17 @@ class StaticInputs(ModelInputs):
 
 
 def corpus_sentences(store: ArtifactStore, ref: ArtifactRef, limit: int) -> list[str]:
-    """The first `limit` kept sentences of the corpus, in corpus order: read a row group at a time, as far as
-    they go (the table grows with the corpus, the limit does not)."""
-    texts: list[str] = []
-    with store.open_table(ref, "sentences") as table:
-        for g in range(table.num_row_groups):
-            if len(texts) >= limit:
-                break
-            group = table.read_row_group(g, columns=["text", "kept"])
-            texts += group.filter(group["kept"])["text"].to_pylist()
-    return texts[:limit]
+    """The first `limit` kept sentences of the corpus, in corpus order."""
+    return first_texts(store, ref, "sentences", limit, kept="kept")
 
 
-def featurized(pool: ShardPool, texts: list[str], encode_texts, log: logging.Logger) -> np.ndarray:
+def featurized(pool: ShardPool, texts: list[str], load_teacher: Callable[[], encode.Encoder],
+               log: logging.Logger) -> np.ndarray:
     """The teacher's vectors of `texts` (texts, dim): each FEATURIZE_SHARD-sentence slice read from `pool` if a
-    shard holds it, else encoded with `encode_texts` and written as a shard before the next slice is started.
-    A slice is encoded whole, in the same batches, however often it was interrupted: the same vectors."""
+    shard holds it, else encoded by the teacher (loaded by `load_teacher` at the first such slice) and written as
+    a shard before the next slice is started. A slice is encoded whole, in the same batches, however often it
+    was interrupted: the same vectors."""
+    teacher = None
     have = pool.read()
     known = dict(zip(have["digest"].to_pylist(), have["vectors"].to_numpy(zero_copy_only=False))) if have else {}
     parts, reused = [], 0
@@ -77,7 +74,8 @@ def featurized(pool: ShardPool, texts: list[str], encode_texts, log: logging.Log
         if digest in known:
             reused += 1
         else:
-            vectors = encode_texts(part)  # (len(part), dim)
+            teacher = teacher or load_teacher()
+            vectors = teacher.encode(part, FEATURIZE_LENGTH, FEATURIZE_BATCH)  # (len(part), dim)
             pool.write(pa.table({"digest": [digest], "vectors": pa.array([vectors.ravel()], pa.list_(pa.float32()))}))
             known[digest] = vectors.ravel()
         parts.append(np.asarray(known[digest], dtype=np.float32).reshape(len(part), -1))  # (len(part), dim)
@@ -116,12 +114,11 @@ def build_static(store: ArtifactStore, job: StaticJob, inputs: StaticInputs,
                     sif_coefficient=job.sif_coefficient, quantize_to="float32", pooling=DISTILL_POOLING[job.pooling])
     if job.tokenlearn:
         log.info("featurizing %d sentences with the teacher, then training the table on its vectors", len(texts))
-        teacher_encoder = encode.PooledEncoder(teacher, job.device, job.pooling)
         # per teacher, pooling and length, and the encoder's code: vectors of changed code are made again
         pool = store.pool("featurized", stable_hash(inputs.model_name(job.model), model_identity(job.model)
                                                     if job.model else None, job.pooling, FEATURIZE_LENGTH,
                                                     code_version(encode.__name__)))
-        vectors = featurized(pool, texts, lambda part: teacher_encoder.encode(part, FEATURIZE_LENGTH, FEATURIZE_BATCH),
+        vectors = featurized(pool, texts, lambda: encode.PooledEncoder(teacher, job.device, job.pooling),
                              log)  # (sentences, dim)
         model = train_model(model, texts, vectors, device=device, pca_dims=job.pca_dims or dim)
     model = quantize_model(model, quantize_to=job.dtype)  # trained in float32, stored as asked

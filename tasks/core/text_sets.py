@@ -51,3 +51,16 @@ def text_set_identity(job: TextSet) -> list:
     """A job's key material beyond its fields and inputs: the external model's files, the pairs file's bytes."""
     return [model_identity(job.model) if job.model else None,
             file_digest(job.pairs_path) if job.pairs_path else None]
+
+
+def first_texts(store: ArtifactStore, ref: ArtifactRef, table: str, limit: int, kept: str | None = None) -> list[str]:
+    """The first `limit` texts of an artifact's `table` (of its rows whose boolean column `kept` is true, if named),
+    read a row group at a time as far as they go: the table grows with the corpus, the limit does not."""
+    texts: list[str] = []
+    with store.open_table(ref, table) as parquet:
+        for g in range(parquet.num_row_groups):
+            if len(texts) >= limit:
+                break
+            group = parquet.read_row_group(g, columns=["text", *([kept] if kept else [])])
+            texts += (group.filter(group[kept]) if kept else group)["text"].to_pylist()
+    return texts[:limit]

@@ -8,6 +8,9 @@ import statistics
 import time
 from collections.abc import Callable, Sized
 
+# The speed stage's score rows of a static model (tasks/speed.py): its documents/s, its teacher's.
+SPEED_METRICS = ("cpu_docs_per_s", "teacher_cpu_docs_per_s")
+
 
 def documents_per_second(sides: dict[str, Callable[[list[str]], Sized]], texts: list[str], rounds: int = 3,
                          warm_up: int = 32, min_seconds: float = 1.0) -> dict[str, list[float]]:

@@ -12,6 +12,7 @@ import pandas as pd
 from storage.catalog import QUERY_SCORES, STS_PAIRS, Catalog
 from tasks.encoders.budget import CHARS_PER_TOKEN
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
+from tasks.metrics.speed import SPEED_METRICS
 
 # Scores that are points of a curve (written by the evaluate stage): drawn as pictures, not listed
 # as table rows.
@@ -242,21 +243,27 @@ def beside_teacher(long: pd.DataFrame, static: str, teacher: str) -> pd.DataFram
     rows = [dict(score=score, teacher=_cell(r[teacher]), static=_cell(r[static]),
                  kept=f"{r[static] / r[teacher]:.1%}" if r[teacher] > 0 else "")
             for score, r in values.reindex(columns=[teacher, static]).dropna().iterrows()]
-    speed = scored[(scored["model"] == static) & scored["metric"].isin(("cpu_docs_per_s", "teacher_cpu_docs_per_s"))]
+    speed = scored[(scored["model"] == static) & scored["metric"].isin(SPEED_METRICS)]
     rates = dict(zip(speed["metric"], speed["value"]))
     if len(rates) == 2:
+        static_rate, teacher_rate = (rates[name] for name in SPEED_METRICS)
         rows.append(dict(score=f"CPU documents/s ({int(speed['n'].iloc[0]):,} documents, in turn)",
-                         teacher=f"{rates['teacher_cpu_docs_per_s']:,.1f}", static=f"{rates['cpu_docs_per_s']:,.1f}",
-                         kept=f"{rates['cpu_docs_per_s'] / rates['teacher_cpu_docs_per_s']:,.1f}x faster"))
+                         teacher=f"{teacher_rate:,.1f}", static=f"{static_rate:,.1f}",
+                         kept=f"{static_rate / teacher_rate:,.1f}x faster"))
     return pd.DataFrame(rows, columns=["score", "teacher", "static", "kept"]).rename(
         columns={"teacher": teacher, "static": static})
 
 
+def markdown_rows(table: pd.DataFrame) -> list[str]:
+    """`table` as a Markdown table: its header, the rule, a line per row."""
+    cols = list(table.columns)
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+            *["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]]
+
+
 def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures: list[tuple[str, str]] = (),
                 paired: pd.DataFrame | None = None, beside: list[pd.DataFrame] = ()) -> str:
-    cols = list(table.columns)
-    lines = [f"# {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    lines = [f"# {title}", "", *markdown_rows(table)]
     shown = " ".join(table["task"])
     lines += ["", *[f"- **{m}**: {text}" for m, text in LEGEND.items() if m in shown]]
     lines += [f"- {note}" for note in notes]
@@ -266,12 +273,10 @@ def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures
                   "nDCG@10 over the same queries (held-out generated queries, local retrieval tasks; t interval):",
                   "",
                   *[f"- {line}" for line in paired_lines(paired)]]
-    for frame in beside:
-        cols = list(frame.columns)
-        lines += ["", f"## {cols[2]} beside its teacher {cols[1]}", "",
+    for frame in beside:  # columns: score, the teacher, the static model, kept
+        lines += ["", f"## {frame.columns[2]} beside its teacher {frame.columns[1]}", "",
                   "kept: the static model's score as a share of its teacher's; CPU documents/s: both encoders "
                   "took the same documents in turn on the CPU, in the same run (median of the rounds).", "",
-                  "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
-                  *["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]]
+                  *markdown_rows(frame)]
     lines += [line for caption, path in pictures for line in ("", f"![{caption}]({path})")]
     return "\n".join(lines) + "\n"
