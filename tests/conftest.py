@@ -50,6 +50,14 @@ def tiny_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_decoder_dir(tmp_path_factory) -> str:
+    """A randomly initialised 2-layer, 32-wide Llama decoder with a 400-token byte-level BPE tokenizer."""
+    from tests.helpers import tiny_decoder
+
+    return tiny_decoder(tmp_path_factory.mktemp("tiny-decoder") / "model")
+
+
+@pytest.fixture(scope="session")
 def tiny_cross_encoder_dir(tmp_path_factory) -> str:
     """A randomly initialised 1-layer, 32-wide BERT cross-encoder with MiniLM's tokenizer: a real model for
     the teacher's code path (no cross-encoder package works offline)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from tasks.config.base import DEFAULT_MODEL, Section
@@ -10,7 +12,10 @@ from tasks.config.training import MethodConfig, TrainConfig, merged_train
 
 
 class RandomInitConfig(Section):
-    layers: int = Field(2, ge=1, description="Transformer layers of the randomly initialised BERT encoder.")
+    architecture: Literal["bert", "llama"] = Field(
+        "bert", description="`bert`: an encoder; `llama`: a decoder (causal attention, for the decoder recipes "
+        "`mntp` and `llm2vec`; its tokenizer, `name_or_path`'s, needs an EOS token).")
+    layers: int = Field(2, ge=1, description="Transformer layers of the randomly initialised model.")
     hidden: int = Field(256, ge=8, description="Hidden size.")
     heads: int = Field(4, ge=1, description="Attention heads (must divide `hidden`).")
     intermediate: int = Field(1024, ge=8, description="Feed-forward size.")
@@ -39,7 +44,7 @@ class ModelConfig(Section):
     name_or_path: str = Field(DEFAULT_MODEL, description="Base model: a Hub name, a local folder, or "
                               "`package:<pypi-name>` for a model shipped inside an installed package.")
     random_init: RandomInitConfig | None = Field(
-        None, description="If set, train a randomly initialised BERT encoder of this size instead of "
+        None, description="If set, train a randomly initialised model of this size instead of "
         "the pre-trained weights; the tokenizer still comes from `name_or_path`.")
     pretrain: PretrainConfig | None = Field(
         None, description="Optional stage 1 on a generic corpus before the methods (stage 2).")

@@ -13,7 +13,7 @@ from tasks.config.queries import NegativesConfig, QueriesConfig
 from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
 from tasks.config.static import BASE, StaticConfig
 from tasks.config.summaries import SummaryConfig
-from tasks.config.training import MethodConfig, TrainConfig, expand_sweeps, merged_train
+from tasks.config.training import MethodConfig, TrainConfig, expand_chains, expand_sweeps, merged_train
 from tasks.methods.recipes import RECIPES
 
 
@@ -25,7 +25,8 @@ class PipelineConfig(Section):
     sentences: SentenceConfig = Field(default_factory=SentenceConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     methods: list[MethodConfig] = Field(default_factory=list, description="Training recipes to compare; a "
-                                        "method's `sweep: {field: [values]}` expands into one method per value.")
+                                        "method's `sweep: {field: [values]}` expands into one method per value, and "
+                                        "a chained recipe (llm2vec) into one method per stage.")
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     summaries: SummaryConfig | None = Field(None, description="LLM summaries of the documents (SemCSE's "
@@ -44,7 +45,7 @@ class PipelineConfig(Section):
     @field_validator("methods", mode="before")
     @classmethod
     def _sweeps(cls, methods):
-        return expand_sweeps(methods) if isinstance(methods, list) else methods
+        return expand_chains(expand_sweeps(methods)) if isinstance(methods, list) else methods
 
     @model_validator(mode="after")
     def _valid_methods(self) -> PipelineConfig:
@@ -64,6 +65,9 @@ class PipelineConfig(Section):
             if RECIPES[method.recipe].margins and not self.negatives.cross_encoder:
                 raise ValueError(f"methods.{i}: recipe {method.recipe} learns a cross-encoder's margins, set "
                                  "`negatives.cross_encoder` (GPL's: cross-encoder/ms-marco-MiniLM-L-6-v2)")
+            if method.start_from is not None and method.start_from not in names[:i]:
+                raise ValueError(f"methods.{i}.start_from: {method.start_from!r} is not a method before it; "
+                                 f"those are {names[:i]}")
             if method.knn_holdout and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.knn_holdout: holds out kNN's test split, set `evaluate.knn`")
         unknown = sorted(set(self.static.of) - {BASE, *names}) if self.static else []
@@ -71,6 +75,8 @@ class PipelineConfig(Section):
             raise ValueError(f"static.of: {unknown} are not methods of this config; it has {[BASE, *names]}")
         if self.model.pretrain:
             self.model.pretrain.train_for()
+            if self.model.pretrain.method.start_from:
+                raise ValueError("model.pretrain.method.start_from: stage 1 starts from the base model")
             recipe = RECIPES[self.model.pretrain.method.recipe]
             if recipe.needs_summaries or recipe.needs_queries:
                 raise ValueError("model.pretrain.method: stage 1 runs on a generic corpus without summaries or "

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
-from tasks.methods.recipes import RECIPES, pooling_help, recipe_help
+from tasks.methods.recipes import CHAINS, RECIPES, pooling_help, recipe_help
 
 GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (the HF Trainer's megabatch)
 # `padding_free: auto` packs encoders at least this wide: on 2 CPU cores a 2-layer 256-wide BERT's crops step ran
@@ -51,6 +51,10 @@ class MethodConfig(Section):
                                    "passage the start model ranks within this top (default: the recipe's "
                                    "own: " + ", ".join(f"{r.round_trip} for {r.name}" for r in RECIPES.values()
                                                        if r.round_trip) + "; none for the others).")
+    start_from: str | None = Field(None, description="Start from the model an earlier method of the config "
+                                   "trains, instead of the base model (how a chained recipe's stages follow each "
+                                   "other: " + ", ".join(f"`{c.name}`: {' then '.join(r for r, _ in c.stages)}"
+                                                         for c in CHAINS.values()) + ").")
     knn_holdout: bool = Field(False, description="Train on the documents of the kNN train split only "
                               "(evaluate.knn's test_size and seed), so the documents kNN accuracy is "
                               "measured on are never seen in training.")
@@ -161,6 +165,13 @@ class TrainConfig(Section):
         "step (its place and shape) once and replay them (torch.compile's `reduce-overhead`), for batches too small "
         "to keep a GPU busy; on a CPU it is `true`. "
         "Dropout draws other masks, so it is part of the key.")
+    bidirectional: bool | None = Field(
+        None, description="Decoder models: train with bidirectional attention (true) or the causal attention they "
+        "were made with (false); the trained model keeps it. Default: bidirectional for the recipes that need it (" +
+        ", ".join(r.name for r in RECIPES.values() if r.decoder_only) + "), else the start model's own.")
+    dropout: float | None = Field(None, ge=0, lt=1, description="Set every dropout probability of the model's "
+                                  "config to this for training (default: the model's own). Decoders have none, "
+                                  "which leaves dropout views identical: LLM2Vec's SimCSE stage trains with 0.3.")
     gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
                                          "backward pass instead of keeping them: less memory for long inputs, "
                                          "about a third more compute; the same numbers, so not part of the key.")
@@ -213,7 +224,29 @@ def expand_sweeps(methods: list) -> list:
 
 
 SWEEPABLE = (set(TrainConfig.model_fields) | set(MethodConfig.model_fields)) - {"name", "recipe", "train", "swept",
-                                                                                 "sweep_of"}
+                                                                                 "sweep_of", "start_from"}
+
+
+def expand_chains(methods: list) -> list:
+    """A method of a chained recipe (CHAINS: llm2vec) becomes one method per stage, each starting from the model of
+    the stage before (`start_from`): the last keeps the method's name (and a sweep's value), the others are named
+    `<name>-<recipe>`. The method's `train` applies to every stage, over the chain's own defaults."""
+    expanded = []
+    for method in methods:
+        chain = CHAINS.get(method.get("recipe")) if isinstance(method, dict) else None
+        if chain is None:
+            expanded.append(method)
+            continue
+        before = method.get("start_from")
+        for i, (recipe, defaults) in enumerate(chain.stages):
+            stage = {**method, "recipe": recipe, "train": {**defaults, **method.get("train", {})},
+                     "start_from": before}
+            if i < len(chain.stages) - 1:
+                stage = {k: v for k, v in stage.items() if k not in ("swept", "sweep_of")}
+                stage["name"] = f"{method.get('name')}-{recipe}"
+            expanded.append(stage)
+            before = stage["name"]
+    return expanded
 
 
 def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainConfig:
@@ -242,6 +275,12 @@ def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainCo
         raise ValueError(f"{where}: a projection head cannot be combined with matryoshka_dims "
                          "(the truncated prefixes are the embeddings that are kept)")
     return cfg
+
+
+def bidirectional_for(recipe: str, cfg: TrainConfig) -> bool | None:
+    """A decoder's attention in training: the configured one, else bidirectional for the recipes that need it,
+    else None (as the start model was saved)."""
+    return cfg.bidirectional if cfg.bidirectional is not None else (True if RECIPES[recipe].decoder_only else None)
 
 
 def pooling_for(recipe: str, cfg: TrainConfig) -> str:

@@ -3,7 +3,7 @@
 Loads any model folder or Hub name through `AutoModel.from_pretrained` (or runs it exported, on
 ONNX Runtime or OpenVINO: tasks/encoders/backends.py) and pools token states itself, so the model's own
 head (e.g. a Normalize module) does not change the metric. Pooling is mean (the papers' default)
-or the token a recipe trained: CLS (first) or SEP (last unpadded).
+or the token a recipe trained: CLS (first) or SEP (the last real one: a decoder's appended EOS).
 `encode_layers` gives every hidden layer and every pooling from one forward pass, which is what
 the embeddings cache stores (layer 0 = the embedding layer); `encode_chunks` gives the same a
 chunk of texts at a time, so a corpus of any size is encoded in bounded memory. A static model
@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel
 
 from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
-from tasks.encoders import backends
+from tasks.encoders import backends, decoders
 from tasks.encoders.inputs import Tokens, encoder_tokenize, padded_ids
-from tasks.encoders.models import load_model, pick_device, resolve_model, to_device, token_arrays
+from tasks.encoders.models import load_model, load_tokenizer, pick_device, resolve_model, to_device, token_arrays
 from tasks.methods import precision
 
 POOLINGS = ("mean", "cls", "sep")
@@ -41,8 +41,9 @@ MODEL_MASK = "model_attention_mask"
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
     if pooling == "cls":
         return hidden[:, 0]
-    if pooling == "sep":
-        return hidden[torch.arange(len(hidden), device=hidden.device), attention_mask.sum(1) - 1]
+    if pooling == "sep":  # the last real token, whichever side the padding is on
+        last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)
+        return hidden[torch.arange(len(hidden), device=hidden.device), last]
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(1) / mask.sum(1)
 
@@ -125,10 +126,11 @@ class PooledEncoder(Encoder):
     def __init__(self, model: str, device: str = "auto", pooling: str = "mean", dtype: str = "fp32",
                  backend: str = "torch", quantized: bool = False):
         self.pooling, self.backend = pooling, backend
-        self.tokenizer = load_model(model, AutoTokenizer.from_pretrained)
+        self.tokenizer = load_tokenizer(model)
         self.config = load_model(model, AutoConfig.from_pretrained)
         if backend == "torch":
             self.model = load_model(model, lambda p: AutoModel.from_pretrained(p, dtype=torch.float32))
+            decoders.loaded_attention(self.model)
             self.model = self.model.to(pick_device(device)).eval()
             self.dtype = precision.autocast_dtype(dtype, self.model.device)
             if self.model.device.type == "cuda":  # weights held in the dtype, not re-cast by autocast every batch

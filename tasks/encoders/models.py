@@ -16,7 +16,16 @@ from typing import TypeVar
 import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer, models
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, BertModel
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    LlamaConfig,
+    LlamaModel,
+    PreTrainedTokenizerBase,
+)
 
 from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore
@@ -25,7 +34,7 @@ from tasks.config.model import RandomInitConfig
 from tasks.config.training import COMPILE_PAD, COMPILE_ROW_TOKENS
 from tasks.core.parallel import GLOBAL_RNG
 from tasks.core.stage import Inputs
-from tasks.encoders import packed
+from tasks.encoders import decoders, packed
 
 T = TypeVar("T")
 
@@ -67,6 +76,12 @@ def load_model(name_or_path: str, load: Callable[[str], T]) -> T:
         reason = next(iter(str(e).strip().splitlines()), "") or type(e).__name__
         raise InputError(f"model {name_or_path!r}: not a local folder, not an installed package "
                          f"(package:<name>), and not loadable from the Hugging Face Hub: {reason}") from None
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """A model's tokenizer as embforge uses it: a decoder's pads, and ends every text with EOS (decoders.py)."""
+    tokenizer = load_model(name_or_path, AutoTokenizer.from_pretrained)
+    return decoders.ready_tokenizer(tokenizer, load_model(name_or_path, AutoConfig.from_pretrained))
 
 
 def model_identity(name_or_path: str) -> str:
@@ -116,7 +131,7 @@ def transformer_blocks(encoder: torch.nn.Module) -> torch.nn.ModuleList:
 
 def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean",
                    layer: int | None = None, padding_free: bool | str = False, compile: bool | str = False,
-                   ) -> SentenceTransformer:
+                   bidirectional: bool | None = None, dropout: float | None = None) -> SentenceTransformer:
     """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train.
 
     `layer` = L keeps only the first L transformer layers: its last hidden state is then
@@ -129,10 +144,21 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
     a few shapes compiles once. `cuda_graphs`: compiled with CUDA graphs (`reduce-overhead`: the kernels of each
     encoder call of a step, by its place and shape, recorded once, then replayed with one launch; train_model marks
     where each step begins).
+    `bidirectional`: a decoder's attention made bidirectional (True) or causal (False); None keeps what it was
+    saved with (tasks/encoders/decoders.py). `dropout`: every dropout probability of the model's config.
     """
+    dropouts = decoders.dropout_fields(load_model(path, AutoConfig.from_pretrained)) if dropout is not None else []
     # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
     transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
-                                                                model_kwargs={"dtype": torch.float32}))
+                                                                model_kwargs={"dtype": torch.float32},
+                                                                config_kwargs=dict.fromkeys(dropouts, dropout)))
+    decoders.ready_transformer(transformer)
+    config = transformer.auto_model.config
+    if bidirectional is not None:
+        if not decoders.is_decoder(config):
+            raise InputError(f"{path} is a {config.model_type} encoder: bidirectional attention (train.bidirectional, "
+                             "the decoder recipes mntp and llm2vec) applies to decoder models")
+        decoders.set_bidirectional(transformer.auto_model, bidirectional)
     if layer is not None:
         encoder = transformer.auto_model
         blocks = transformer_blocks(encoder)
@@ -142,7 +168,6 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
         encoder.config.num_hidden_layers = layer
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     model = SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
-    config = transformer.auto_model.config
     pack = packed.applies(padding_free, config.model_type, config.hidden_size, model.device)
     if pack:
         packed.padding_free(model, COMPILE_ROW_TOKENS if compile else None)
@@ -187,14 +212,19 @@ def freeze(model: SentenceTransformer, embeddings: bool, layers: int) -> None:
 
 
 def save_random_encoder(tokenizer_source: str, cfg: RandomInitConfig, folder: Path) -> None:
-    """Save a randomly initialised BERT encoder, with `tokenizer_source`'s tokenizer, as a
-    sentence-transformers model folder (mean pooling)."""
+    """Save a randomly initialised BERT encoder or Llama decoder (`cfg.architecture`), with `tokenizer_source`'s
+    tokenizer, as a sentence-transformers model folder (mean pooling)."""
     tokenizer = load_model(tokenizer_source, AutoTokenizer.from_pretrained)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-                        num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
-                        max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id)
+    size = dict(vocab_size=len(tokenizer), hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
+                num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate, max_position_embeddings=512)
     torch.manual_seed(cfg.seed)
-    BertModel(config).save_pretrained(folder)
+    if cfg.architecture == "llama":  # its word embeddings double as the LM head (MNTP's), as in SmolLM2's
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        LlamaModel(LlamaConfig(**size, num_key_value_heads=cfg.heads, tie_word_embeddings=True, pad_token_id=pad,
+                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+                   ).save_pretrained(folder)
+    else:
+        BertModel(BertConfig(**size, pad_token_id=tokenizer.pad_token_id)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     sentence_model(str(folder), max_length=512).save(str(folder))
 

@@ -61,17 +61,26 @@ def selected_ce(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> 
 
 
 class MaskedLMLoss(nn.Module):
-    def __init__(self, model: SentenceTransformer, mask_ratio: float):
+    """MLM's loss; MNTP's (tasks/methods/mntp.py) is this with the targets one position on (`shift`), another head,
+    mask token and maskable positions."""
+
+    shift = 0  # the token at position i is predicted from the state at i - shift
+
+    def __init__(self, model: SentenceTransformer, mask_ratio: float, head: nn.Module | None = None,
+                 mask_id: int | None = None):
         super().__init__()
         self.model = model  # a submodule, so the optimiser over this loss's parameters trains it
-        self.head = masked_lm_head(model)
+        self.head = masked_lm_head(model) if head is None else head
         self.mask_ratio = mask_ratio
+        self.mask_id = model.tokenizer.mask_token_id if mask_id is None else mask_id
+
+    def maskable(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return maskable_positions(self.model, input_ids, attention_mask)
 
     def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
         features = to_device(sentence_features[0], self.model.device)
-        ids = features["input_ids"]
-        maskable = maskable_positions(self.model, ids, features["attention_mask"])
-        masked, targets = mask_tokens(ids, maskable, self.mask_ratio, self.model.tokenizer.mask_token_id,
-                                      len(self.model.tokenizer))
+        ids = features["input_ids"]  # (B, L)
+        masked, targets = mask_tokens(ids, self.maskable(ids, features["attention_mask"]), self.mask_ratio,
+                                      self.mask_id, len(self.model.tokenizer))
         hidden = self.model.transformers_model(input_ids=masked, **encoder_inputs(features)).last_hidden_state
-        return selected_ce(self.head, hidden, targets)
+        return selected_ce(self.head, hidden[:, : hidden.shape[1] - self.shift], targets[:, self.shift :])

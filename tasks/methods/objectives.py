@@ -24,6 +24,7 @@ from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
 from tasks.methods.distributed import Gather, gather_rows, no_gather
 from tasks.methods.infonce import InfoNCELoss
 from tasks.methods.mlm import MaskedLMLoss
+from tasks.methods.mntp import MaskedNextTokenLoss
 from tasks.methods.recipes import RECIPES, Pair, Recipe
 from tasks.methods.retromae import RetroMAELoss, retromae_features
 from tasks.methods.triplet import TripletInBatchLoss
@@ -100,8 +101,12 @@ def tsdae(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
 
 
 def masked_lm(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
-    # The MLM and RetroMAE losses move their own inputs to the device.
+    # The MLM, MNTP and RetroMAE losses move their own inputs to the device.
     return Objective(MaskedLMLoss(model, mask_ratio), lambda batch: [features(model, [a for a, _ in batch])])
+
+
+def masked_next_token(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
+    return Objective(MaskedNextTokenLoss(model, mask_ratio), lambda batch: [features(model, [a for a, _ in batch])])
 
 
 def retromae(with_infonce: bool) -> ObjectiveFn:
@@ -116,7 +121,7 @@ OBJECTIVES: dict[str, ObjectiveFn] = {
     "crops": info_nce(False), "dropout": info_nce(False), "simcse": info_nce(True), "tsdae": tsdae,
     "ct": contrastive_tension, "mlm": masked_lm, "retromae": retromae(False), "retromae_infonce": retromae(True),
     "semcse": semcse_triplet, "semcse_infonce": semcse_info_nce, "gpl": info_nce(False), "gpl_margin": margin_mse,
-    "inpars": info_nce(False),
+    "inpars": info_nce(False), "mntp": masked_next_token,
 }
 if set(OBJECTIVES) != set(RECIPES):
     raise RuntimeError(f"objectives and recipe registry disagree: {sorted(set(OBJECTIVES) ^ set(RECIPES))}")

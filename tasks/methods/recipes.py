@@ -43,6 +43,8 @@ class Recipe:
     round_trip: int | None = None
     # Each row also carries a cross-encoder's margin, score(query, passage) - score(query, negative): GPL's teacher.
     margins: bool = False
+    # Trains decoder models only, with their attention made bidirectional (LLM2Vec's MNTP).
+    decoder_only: bool = False
 
     @property
     def whole_word_masking(self) -> bool:
@@ -86,11 +88,35 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("inpars", "InfoNCE between an LLM-written query and its passage, keeping only queries whose passage the "
            "start model ranks first (InPars / Promptagator's round-trip filter; needs `queries`)", "queries",
            in_batch_negatives=True, sentence_head=True, mini_batches=True, round_trip=1),
+    Recipe("mntp", "masked next-token prediction on a decoder made bidirectional: a masked token is predicted "
+           "from the position before it (LLM2Vec's step 2; decoder models only)", "same", mask_ratio=0.2,
+           decoder_only=True),
 ]}
 
 
+@dataclass(frozen=True)
+class Chain:
+    """A method trained in stages: each stage an ordinary method of one recipe, starting from the model of the
+    stage before (`start_from`); the stages before the last are reported too, as `<name>-<recipe>`."""
+
+    name: str
+    description: str
+    stages: tuple[tuple[str, dict[str, Any]], ...]  # (recipe, its `train` defaults), in order
+
+
+CHAINS: dict[str, Chain] = {c.name: c for c in [
+    # LLM2Vec (BehnamGhader et al., 2024): bidirectional attention, MNTP, then unsupervised SimCSE with mean
+    # pooling; a decoder has no dropout of its own, and SimCSE's views need some: the paper's 0.3.
+    Chain("llm2vec", "LLM2Vec: a decoder made bidirectional trains with `mntp`, then from that model with "
+          "unsupervised SimCSE (`dropout`'s views at dropout 0.3, mean pooling); decoder models only",
+          (("mntp", {}), ("dropout", {"bidirectional": True, "dropout": 0.3}))),
+]}
+if set(CHAINS) & set(RECIPES):
+    raise RuntimeError(f"chains and recipes share names: {sorted(set(CHAINS) & set(RECIPES))}")
+
+
 def recipe_help() -> str:
-    return "; ".join(f"`{r.name}`: {r.description}" for r in RECIPES.values()) + "."
+    return "; ".join(f"`{r.name}`: {r.description}" for r in [*RECIPES.values(), *CHAINS.values()]) + "."
 
 
 def pooling_help() -> str:

@@ -51,6 +51,7 @@ from tasks.config.base import InputError
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
 from tasks.core.eval_sets import read_pairs, read_table, rows_of_split
 from tasks.core.rng import global_rng_kept
+from tasks.encoders import decoders
 from tasks.encoders.budget import char_budget, cut_texts, over_budget
 from tasks.encoders.encode import is_static
 from tasks.encoders.models import POOLING_MODES, load_model, pick_device
@@ -260,6 +261,7 @@ def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name:
         encoder = load_model(model, lambda p: SentenceTransformer(p, device=pick_device(device)))
     else:
         transformer = load_model(model, lambda p: BoundedTransformer(p, max_seq_length=cfg.max_length))
+        decoders.ready_transformer(transformer)
         pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
         encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device))
         encoder.to(getattr(torch, cfg.dtype))

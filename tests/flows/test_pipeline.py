@@ -149,7 +149,9 @@ def test_tiny_config_helper_overrides(tmp_path):
 
 
 # Every recipe that trains without an LLM: the SemCSE and GPL/InPars tests below run the others with one.
-RECIPES = [name for name, recipe in REGISTRY.items() if not (recipe.needs_summaries or recipe.needs_queries)]
+# The encoder recipes; those of LLM summaries and queries, and of decoders, have tests of their own below.
+RECIPES = [name for name, recipe in REGISTRY.items()
+           if not (recipe.needs_summaries or recipe.needs_queries or recipe.decoder_only)]
 
 
 @pytest.mark.slow  # the whole pipeline, every recipe
@@ -193,6 +195,32 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     assert {label: cfg["padding_free"] for label, cfg in trained.items()} == {  # auto: padded, 32 wide
         "stage1": "auto", **{m["name"]: True if m["name"] not in ("crops", "dropout") else "auto" for m in methods}}
     assert {label for label, cfg in trained.items() if cfg["group_by_length"]} == {"tsdae", "mlm", "retromae"}
+
+
+@pytest.mark.slow  # the whole pipeline on a decoder: three trainings
+@pytest.mark.usefixtures("prefect_harness")
+def test_llm2vec_and_a_contrastive_recipe_train_a_decoder_from_config_alone(tmp_path, tiny_decoder_dir):
+    config = tiny_config(tmp_path, data={"limit": 100}, model={"name_or_path": tiny_decoder_dir, "random_init": None},
+                         methods=[{"name": "llm2vec", "recipe": "llm2vec"}, {"name": "crops", "recipe": "crops"}],
+                         train={"max_length": 32})
+    first, state = run(config)
+    assert state.is_completed()
+    store = ArtifactStore(tmp_path / "store")
+    catalog = Catalog(store)
+    rows = catalog.query("SELECT label, method, value FROM run_metrics WHERE run_id = ? AND metric = 'knn_accuracy'",
+                         [first])
+    assert {(r["label"], r["method"]) for r in rows} == {
+        (f"base ({tiny_decoder_dir})", "none"), ("llm2vec-mntp", "mntp"), ("llm2vec", "dropout"), ("crops", "crops")}
+    trains = {r["label"]: ArtifactRef("train", r["key"]) for r in catalog.query(
+        "SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])}
+    assert trains["llm2vec-mntp"].key in store.manifest(trains["llm2vec"])["inputs"]  # SimCSE from MNTP's model
+    saved = {label: json.loads((store.path(ref) / "model" / "config.json").read_text())
+             for label, ref in trains.items()}
+    assert [saved[label].get("is_causal", True) for label in ("llm2vec-mntp", "llm2vec", "crops")] == [
+        False, False, True]  # bidirectional as trained; crops keeps the decoder's own attention
+    assert saved["llm2vec"]["attention_dropout"] == 0.3 and saved["crops"]["attention_dropout"] == 0.0
+    model = SentenceTransformer(str(store.path(trains["llm2vec"]) / "model"), device="cpu")
+    assert model.tokenizer("Fever.")["input_ids"][-1] == model.tokenizer.eos_token_id
 
 
 @pytest.mark.slow  # the whole pipeline, every evaluation
@@ -392,20 +420,24 @@ def test_a_sweep_of_three_values_trains_three_models_cached_on_a_rerun_and_draws
         base, trained[1]]
 
 
-def test_methods_are_selected_by_name_or_by_their_sweeps_name(tmp_path):
+def test_methods_are_selected_by_name_or_by_their_sweeps_name_with_the_stages_they_start_from(tmp_path):
     from flows.pipeline import selected_methods
     from tasks.config.base import ConfigError
     from tasks.config.loading import load_config
 
     config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops", "sweep": {"lr": [1e-4, 1e-3]}},
-                                            {"name": "dropout", "recipe": "dropout"}])
+                                            {"name": "dropout", "recipe": "dropout"},
+                                            {"name": "l2v", "recipe": "llm2vec"}])
     cfg = load_config(config)
     names = lambda *picked: [m.name for m in selected_methods(cfg, list(picked))]  # noqa: E731
-    assert names() == names("crops", "dropout") == ["crops-lr-0.0001", "crops-lr-0.001", "dropout"]
+    assert names() == names("crops", "dropout", "l2v") == ["crops-lr-0.0001", "crops-lr-0.001", "dropout",
+                                                            "l2v-mntp", "l2v"]
     assert names("crops") == ["crops-lr-0.0001", "crops-lr-0.001"]
     assert names("crops-lr-0.001", "dropout") == ["crops-lr-0.001", "dropout"]
+    assert names("l2v") == ["l2v-mntp", "l2v"]  # a chained recipe's stage with the stage it starts from
+    assert names("l2v-mntp") == ["l2v-mntp"]
     with pytest.raises(ConfigError, match=r"methods \['nope'\] are not in the config; it has \['crops', "
-                                          r"'crops-lr-0.0001', 'crops-lr-0.001', 'dropout'\]"):
+                                          r"'crops-lr-0.0001', 'crops-lr-0.001', 'dropout', 'l2v-mntp', 'l2v'\]"):
         selected_methods(cfg, ["nope"])
 
 

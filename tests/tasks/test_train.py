@@ -236,3 +236,25 @@ def test_a_learning_curve_of_nothing_is_refused(labels, reason):
     docs = pa.table({"text": [f"text {i}" for i in range(len(labels))], "label": labels})
     with pytest.raises(InputError, match=f"train.eval_every: {reason}.*two labels or more"):
         knn_curve(None, docs, KnnConfig(k=3), 8)
+
+
+def test_mntp_on_a_decoder_resumes_after_a_kill_bit_identically(tiny_decoder_dir, tmp_path):
+    def mntp(folder, on_step=None):
+        model = sentence_model(tiny_decoder_dir, CFG.max_length, bidirectional=True)
+        history = train_model_on(build_objective(model, "mntp", CFG, 0.2, None), PAIRS, CFG, Checkpoints(folder),
+                                 on_step=on_step)
+        return model, history
+
+    def crash(entry):
+        if entry.step == 7:
+            raise KeyboardInterrupt("killed")
+
+    straight, full = mntp(tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        mntp(tmp_path / "b", crash)
+    resumed, rest = mntp(tmp_path / "b")
+    assert [h.loss for h in rest] == [h.loss for h in full]
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    untrained = weights(sentence_model(tiny_decoder_dir, CFG.max_length))
+    assert not all(torch.equal(a[k], untrained[k]) for k in a)

@@ -49,7 +49,7 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "'semcse_infonce', 'gpl', 'inpars'), not to 'tsdae'"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops}]\ntrain: {group_by_length: true}\n",
      "methods.0.train: group_by_length applies to the recipes whose loss is per row ('tsdae', 'mlm', 'retromae', "
-     "'gpl_margin'), not to 'crops'"),
+     "'gpl_margin', 'mntp'), not to 'crops'"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops}]\ntrain: {mini_batch_size: 8, devices: 2}\n",
      "mini_batch_size runs on one device"),
     ("name: x\ndata: {path: a.csv}\ntrain: {devices: 0}\n", "train.devices: Value error, must be at least 1"),
@@ -89,6 +89,12 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "methods.0.sweep.lr: a list of values"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, sweep: {lr: [0, 1]}}]\n",
      "methods.0.train.lr: Input should be greater than 0"),  # each value checked as the field it sets
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, start_from: d}, {name: d, recipe: mlm}]\n",
+     "methods.0.start_from: 'd' is not a method before it; those are []"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: l, recipe: llm2vec, train: {dropout: 1.5}}]\n",
+     "methods.0.train.dropout: Input should be less than 1"),
+    ("name: x\ndata: {path: a.csv}\nmodel: {pretrain: {data: {path: b.csv}, method: {name: m, recipe: mlm, "
+     "start_from: m}}}\n", "model.pretrain.method.start_from: stage 1 starts from the base model"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, body, expected):
     path = tmp_path / "bad.yaml"
@@ -240,11 +246,11 @@ def test_a_config_is_parsed_once_per_version_of_the_file(tmp_path, monkeypatch):
 
 
 def test_recipe_help_and_defaults_come_from_the_registry():
-    from tasks.methods.recipes import RECIPES
+    from tasks.methods.recipes import CHAINS, RECIPES
 
     fields = MethodConfig.model_fields
     assert set(fields["recipe"].annotation.__args__) == set(RECIPES)
-    for recipe in RECIPES.values():
+    for recipe in [*RECIPES.values(), *CHAINS.values()]:
         assert f"`{recipe.name}`: {recipe.description}" in fields["recipe"].description
     pooling = TrainConfig.model_fields["pooling"].description
     groups = pooling[pooling.index("own (") + 5 : pooling.rindex(")")].split("; ")
@@ -253,13 +259,18 @@ def test_recipe_help_and_defaults_come_from_the_registry():
     assert stated["semcse"] == "cls"  # the help once said mean while training used CLS
 
 
-def test_a_sweep_expands_into_one_method_per_combination_of_values(tmp_path):
-    path = tmp_path / "sweep.yaml"
+def with_methods(tmp_path, train: str, methods: list[str]):
+    """The config of a one-document corpus with this `train` section and these methods (YAML flow mappings)."""
     (tmp_path / "a.csv").write_text("doc_id,text\n1,a\n")
-    path.write_text("name: x\ndata: {path: a.csv}\ntrain: {epochs: 2}\nmethods:\n"
-                    "  - {name: crops, recipe: crops, train: {batch_size: 8}, sweep: {lr: [1.0e-5, 2.0e-5, 5.0e-5]}}\n"
-                    "  - {name: d, recipe: dropout, sweep: {n_sentences: [1, 2], temperature: [0.05, 0.1]}}\n")
-    cfg = load_config(path)
+    (tmp_path / "c.yaml").write_text(f"name: x\ndata: {{path: a.csv}}\ntrain: {train}\nmethods:\n" +
+                                     "".join(f"  - {m}\n" for m in methods))
+    return load_config(tmp_path / "c.yaml")
+
+
+def test_a_sweep_expands_into_one_method_per_combination_of_values(tmp_path):
+    cfg = with_methods(tmp_path, "{epochs: 2}", [
+        "{name: crops, recipe: crops, train: {batch_size: 8}, sweep: {lr: [1.0e-5, 2.0e-5, 5.0e-5]}}",
+        "{name: d, recipe: dropout, sweep: {n_sentences: [1, 2], temperature: [0.05, 0.1]}}"])
     assert [m.name for m in cfg.methods] == [
         "crops-lr-1e-05", "crops-lr-2e-05", "crops-lr-5e-05", "d-n_sentences-1-temperature-0.05",
         "d-n_sentences-1-temperature-0.1", "d-n_sentences-2-temperature-0.05", "d-n_sentences-2-temperature-0.1"]
@@ -269,6 +280,22 @@ def test_a_sweep_expands_into_one_method_per_combination_of_values(tmp_path):
     dropout = cfg.methods[3:]
     assert [(m.n_sentences, cfg.train_for(m).temperature) for m in dropout] == [(1, 0.05), (1, 0.1), (2, 0.05),
                                                                                   (2, 0.1)]
+
+
+def test_a_chained_recipe_expands_into_one_method_per_stage_each_starting_from_the_one_before(tmp_path):
+    cfg = with_methods(tmp_path, "{lr: 1.0e-4}", [
+        "{name: l2v, recipe: llm2vec, mask_ratio: 0.4, train: {batch_size: 8}}",
+        "{name: l, recipe: llm2vec, train: {dropout: 0.1}, sweep: {lr: [1.0e-5, 2.0e-5]}}"])
+    assert [(m.name, m.recipe, m.start_from) for m in cfg.methods] == [
+        ("l2v-mntp", "mntp", None), ("l2v", "dropout", "l2v-mntp"),
+        ("l-lr-1e-05-mntp", "mntp", None), ("l-lr-1e-05", "dropout", "l-lr-1e-05-mntp"),
+        ("l-lr-2e-05-mntp", "mntp", None), ("l-lr-2e-05", "dropout", "l-lr-2e-05-mntp")]
+    trains = [cfg.train_for(m) for m in cfg.methods]
+    assert [(t.batch_size, t.lr, t.bidirectional, t.dropout) for t in trains[:2]] == [
+        (8, 1e-4, None, None), (8, 1e-4, True, 0.3)]  # the chain's SimCSE stage: bidirectional, LLM2Vec's dropout
+    assert cfg.methods[0].resolved_mask_ratio == 0.4
+    assert [(t.lr, t.dropout) for t in trains[2:]] == [(1e-5, 0.1)] * 2 + [(2e-5, 0.1)] * 2  # the method's own wins
+    assert [m.swept for m in cfg.methods[2:]] == [{}, {"lr": 1e-5}, {}, {"lr": 2e-5}]  # the swept value's model
 
 
 def test_static_names_the_run_s_methods_or_base(tmp_path):
