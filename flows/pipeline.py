@@ -28,6 +28,7 @@ from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.init import INIT, InitConfig
 from tasks.llm import LLM, LlmJob, is_gguf_model, needs_conversion
+from tasks.merge import MERGE, MergeInputs, MergeJob
 from tasks.methods.recipes import RECIPES
 from tasks.mteb import MTEB, MtebJob
 from tasks.negatives import NEGATIVES, NegativesInputs, NegativesJob
@@ -56,6 +57,9 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
     job = TrainJob.for_method(base_model, method, train, knn)
     trained = run.stage(TRAIN, job, TrainInputs(pairs=pairs, tokens=tokens, start=start,
                                                 documents=docs if job.knn else None), method.name, method.recipe)
+    if train.lora:  # the adapter added into the model it trained on: what is evaluated, chained on and exported
+        trained = run.stage(MERGE, MergeJob(base_model=base_model, save_dtype=train.save_dtype),
+                            MergeInputs(adapter=trained, start=start), method.name, method.recipe)
     return ReportedModel(method.name, method.recipe, trained, pooling=pooling_for(method.recipe, train),
                          knn_holdout=method.knn_holdout, swept=method.swept)
 

@@ -29,6 +29,7 @@ from tasks.core import eval_sets
 from tasks.core.stage import Stage
 from tasks.core.text_sets import held_out_queries
 from tasks.encoders.encode import POOLINGS
+from tasks.encoders.models import trained_ref
 from tasks.methods import health
 from tasks.metrics import geometry, knn, retrieval, sts
 from tasks.reporting import plots
@@ -82,6 +83,7 @@ def layerwise_rows(store: ArtifactStore, emb_ref: ArtifactRef, labelled: np.ndar
 
 def learning_curve_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> list[dict]:
     """kNN accuracy measured during training (train.eval_every), as catalog rows."""
+    model_ref = trained_ref(store, model_ref)
     if model_ref is None or model_ref.stage != "train":
         return []
     steps = store.read_table(model_ref, "training").to_pandas()
@@ -95,6 +97,7 @@ def learning_curve_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> 
 def training_health_rows(store: ArtifactStore, model_ref: ArtifactRef | None, x: np.ndarray) -> list[dict]:
     """How training went (collapse, divergence, a trivial view: tasks/methods/health.py) and whether the
     evaluated documents `x` ended at one vector, as catalog rows."""
+    model_ref = trained_ref(store, model_ref)
     if model_ref is None or model_ref.stage != "train":
         return []
     found = store.manifest(model_ref)["extra"].get("health")  # absent in artifacts of older versions

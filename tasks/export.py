@@ -31,14 +31,14 @@ from tasks.config.data import DEMO_STSB
 from tasks.config.training import TrainConfig
 from tasks.core.eval_sets import read_pairs
 from tasks.encoders import backends, encode
-from tasks.encoders.models import model_path
+from tasks.encoders.models import MERGED, model_path, trained_ref
 from tasks.methods.health import HEALTH_METRICS
 from tasks.metrics.sts import sts_spearman
 from tasks.static import STATIC
 
 log = logging.getLogger("embforge.export")
 
-MODEL_STAGES = ("train", "init")
+MODEL_STAGES = ("train", "init", MERGED)
 
 
 @dataclass
@@ -107,8 +107,8 @@ def describe(catalog: Catalog, name: str) -> ExportedModel:
     store = catalog.store
     found = find_model(catalog, name)
     ref = ArtifactRef.parse(found["artifact"])
-    manifest = store.manifest(ref)
-    train = manifest["config"] if ref.stage == "train" else {}
+    manifest = store.manifest(trained_ref(store, ref))  # how it trained: a merged model's adapter artifact
+    train = manifest["config"] if manifest["stage"] == "train" else {}
     pooling = found["pooling"] or "mean"
     corpus = {}
     if docs := ancestor(store, ref, "ingest"):

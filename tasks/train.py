@@ -5,7 +5,8 @@ init or stage-1 artifact the encoder starts from, if any), and `documents` when 
 for (`train.eval_every`).
 Only the encoder is saved: decoders, MLM heads and projection heads are training-only.
 Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
-Output: `model/` (loads with `SentenceTransformer(path)`) and `training.parquet` (the per-step loss,
+Output: `model/` (loads with `SentenceTransformer(path)`; with `train.lora`, the adapter alone, which the merge
+stage adds into the start model: tasks/merge.py) and `training.parquet` (the per-step loss,
 learning rate, gradient norm and probe cosine, and with `eval_every` the kNN accuracy from step 0 on:
 the learning curve); the manifest's `health` is the model's health summary (tasks/methods/health.py).
 """
@@ -39,7 +40,7 @@ from tasks.config.evaluation import KnnConfig
 from tasks.config.training import MethodConfig, TrainConfig, bidirectional_for, pooling_for
 from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
-from tasks.encoders import models, packed
+from tasks.encoders import lora, models, packed
 from tasks.encoders.inputs import model_tokenizer_digest
 from tasks.encoders.models import base_model_identity, model_path, pick_device, sentence_model
 from tasks.methods import distributed, health, objectives, training
@@ -139,6 +140,8 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
         raise InputError(f"{inputs.tokens.address}: its ids were made by another tokenizer or max length than the "
                          "one training loads (a Hub model updated since?): remove that artifact from the store and "
                          "run again")
+    if cfg.lora:
+        lora.attach_lora(model, cfg.lora, cfg.seed)
     if cfg.gradient_checkpointing:
         models.checkpoint_activations(model)
     objective = frozen_objective(model, job)
@@ -165,7 +168,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
         except health.TrainingUnhealthy as e:
             raise health.TrainingUnhealthy(f"{job.recipe} recipe: {e}") from None
     if rank == 0:
-        model.to(getattr(torch, cfg.save_dtype)).save(str(folder / "model"))
+        lora.save_with_adapter(model.to(getattr(torch, cfg.save_dtype)), folder / "model")
     return start + [vars(h) for h in history], training.health_of(batches, cfg, history)
 
 

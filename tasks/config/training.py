@@ -89,6 +89,17 @@ class MethodConfig(Section):
         return self
 
 
+class LoraSettings(Section):
+    """Low-rank adapters (LoRA, through peft) instead of training every weight: LLM2Vec's way with decoders."""
+
+    r: int = Field(16, ge=1, description="Rank of each adapter (LLM2Vec: 16).")
+    alpha: float = Field(32, gt=0, description="Scale of the adapters' update: alpha / r times it (LLM2Vec: 2r).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the adapters' input (LLM2Vec: 0.05).")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="The linear layers that get an adapter, by name (e.g. [q_proj, v_proj]); "
+        "`all-linear`: every linear layer of the transformer blocks (a Llama's seven projections, as LLM2Vec).")
+
+
 class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="Passes over the documents (one pair per document each).")
     batch_size: int = Field(64, ge=2, description="Pairs per batch; the other pairs are the negatives.")
@@ -172,6 +183,10 @@ class TrainConfig(Section):
     dropout: float | None = Field(None, ge=0, lt=1, description="Set every dropout probability of the model's "
                                   "config to this for training (default: the model's own). Decoders have none, "
                                   "which leaves dropout views identical: LLM2Vec's SimCSE stage trains with 0.3.")
+    lora: LoraSettings | None = Field(None, description="Train low-rank adapters (peft's LoRA) and keep every weight "
+                                     "of the model fixed: the train artifact holds the adapter (a few MB), and the "
+                                     "`merge` stage the model with it added in, which is evaluated and exported; "
+                                     "`lora: {}` takes LLM2Vec's settings.")
     gradient_checkpointing: bool = Field(False, exclude=True, description="Recompute activations in the "
                                          "backward pass instead of keeping them: less memory for long inputs, "
                                          "about a third more compute; the same numbers, so not part of the key.")
@@ -230,18 +245,24 @@ SWEEPABLE = (set(TrainConfig.model_fields) | set(MethodConfig.model_fields)) - {
 def expand_chains(methods: list) -> list:
     """A method of a chained recipe (CHAINS: llm2vec) becomes one method per stage, each starting from the model of
     the stage before (`start_from`): the last keeps the method's name (and a sweep's value), the others are named
-    `<name>-<recipe>`. The method's `train` applies to every stage, over the chain's own defaults."""
+    `<name>-<recipe>`. Each stage's `train` is the chain's defaults, then the method's `train`, then the method's
+    `stages: {<recipe>: {...}}` for that stage (LLM2Vec trains MNTP and SimCSE at other batch sizes and lengths)."""
     expanded = []
-    for method in methods:
+    for i, method in enumerate(methods):
         chain = CHAINS.get(method.get("recipe")) if isinstance(method, dict) else None
         if chain is None:
             expanded.append(method)
             continue
+        own = method.get("stages", {})
+        if set(own) - {r for r, _ in chain.stages}:
+            raise ValueError(f"methods.{i}.stages: {sorted(own)}: the stages of {chain.name} are "
+                             f"{[r for r, _ in chain.stages]}")
         before = method.get("start_from")
-        for i, (recipe, defaults) in enumerate(chain.stages):
-            stage = {**method, "recipe": recipe, "train": {**defaults, **method.get("train", {})},
+        for j, (recipe, defaults) in enumerate(chain.stages):
+            train = {**defaults, **method.get("train", {}), **own.get(recipe, {})}
+            stage = {**{k: v for k, v in method.items() if k != "stages"}, "recipe": recipe, "train": train,
                      "start_from": before}
-            if i < len(chain.stages) - 1:
+            if j < len(chain.stages) - 1:
                 stage = {k: v for k, v in stage.items() if k not in ("swept", "sweep_of")}
                 stage["name"] = f"{method.get('name')}-{recipe}"
             expanded.append(stage)

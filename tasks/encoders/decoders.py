@@ -29,29 +29,32 @@ def is_decoder(config: PretrainedConfig) -> bool:
             and config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
 
-def appends_eos(tokenizer: PreTrainedTokenizerBase) -> bool:
-    return tokenizer("a")["input_ids"][-1:] == [tokenizer.eos_token_id]
+def end_token(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The token that ends a text: EOS, or [SEP] for a BERT tokenizer (a random decoder may be built with one)."""
+    return tokenizer.eos_token or tokenizer.sep_token
 
 
 def ready_tokenizer(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig) -> PreTrainedTokenizerBase:
-    """A decoder's tokenizer made to pad (with EOS where it has no padding token) and to end every text with EOS,
-    keeping the tokens it puts first (Llama 3's BOS); an encoder's as it is. In place; safe to apply again."""
+    """A decoder's tokenizer made to pad (with its end token where it has no padding token) and to end every text
+    with its end token, keeping the tokens it puts first (Llama 3's BOS); an encoder's as it is. In place; safe to
+    apply again."""
     if not is_decoder(config):
         return tokenizer
-    if tokenizer.eos_token_id is None:
+    end = end_token(tokenizer)
+    if end is None:
         raise ValueError(f"{config.model_type} tokenizer has no EOS token to end texts with")
+    end_id = tokenizer.convert_tokens_to_ids(end)
     if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if not appends_eos(tokenizer):
+        tokenizer.pad_token = end
+    if tokenizer("a")["input_ids"][-1:] != [end_id]:
         if not tokenizer.is_fast:
-            raise ValueError(f"{type(tokenizer).__name__}: a slow tokenizer cannot be made to append EOS")
+            raise ValueError(f"{type(tokenizer).__name__}: a slow tokenizer cannot be made to append {end}")
         plain = tokenizer("a", add_special_tokens=False)["input_ids"]
         first = tokenizer("a")["input_ids"][: -len(plain)]  # the special tokens it puts first (BOS), if any
         names = tokenizer.convert_ids_to_tokens(first)
-        eos = tokenizer.eos_token
         tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-            single=" ".join([*names, "$A", eos]), pair=" ".join([*names, "$A", eos, "$B:1", f"{eos}:1"]),
-            special_tokens=sorted({*zip(names, first), (eos, tokenizer.eos_token_id)}))
+            single=" ".join([*names, "$A", end]), pair=" ".join([*names, "$A", end, "$B:1", f"{end}:1"]),
+            special_tokens=sorted({*zip(names, first), (end, end_id)}))
     return tokenizer
 
 

@@ -242,8 +242,19 @@ def save_random_cross_encoder(tokenizer_source: str, cfg: RandomInitConfig, fold
 
 
 def model_path(store: ArtifactStore, ref: ArtifactRef) -> str:
-    """Folder of the encoder held by a train or init artifact."""
+    """Folder of the encoder held by a train, merge or init artifact."""
     return str(store.path(ref) / "model")
+
+
+MERGED = "merge"  # the stage that adds a LoRA adapter into the model it trained on (tasks/merge.py)
+
+
+def trained_ref(store: ArtifactStore, ref: ArtifactRef | None) -> ArtifactRef | None:
+    """The train artifact behind a model (how it trained: health, learning curve): a merged model's adapter, else
+    the model's own artifact."""
+    if ref is None or ref.stage != MERGED:
+        return ref
+    return ArtifactRef("train", store.manifest(ref)["input_roles"]["adapter"])
 
 
 class ModelInputs(Inputs):

@@ -199,28 +199,47 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
 
 @pytest.mark.slow  # the whole pipeline on a decoder: three trainings
 @pytest.mark.usefixtures("prefect_harness")
-def test_llm2vec_and_a_contrastive_recipe_train_a_decoder_from_config_alone(tmp_path, tiny_decoder_dir):
+def test_llm2vec_with_lora_and_a_contrastive_recipe_train_a_decoder_from_config_alone(tmp_path, tiny_decoder_dir):
+    methods = [{"name": "llm2vec", "recipe": "llm2vec", "train": {"lora": {"r": 4}}},
+               {"name": "crops", "recipe": "crops"}]
     config = tiny_config(tmp_path, data={"limit": 100}, model={"name_or_path": tiny_decoder_dir, "random_init": None},
-                         methods=[{"name": "llm2vec", "recipe": "llm2vec"}, {"name": "crops", "recipe": "crops"}],
-                         train={"max_length": 32})
+                         methods=methods, train={"max_length": 32})
     first, state = run(config)
     assert state.is_completed()
     store = ArtifactStore(tmp_path / "store")
     catalog = Catalog(store)
-    rows = catalog.query("SELECT label, method, value FROM run_metrics WHERE run_id = ? AND metric = 'knn_accuracy'",
-                         [first])
-    assert {(r["label"], r["method"]) for r in rows} == {
-        (f"base ({tiny_decoder_dir})", "none"), ("llm2vec-mntp", "mntp"), ("llm2vec", "dropout"), ("crops", "crops")}
-    trains = {r["label"]: ArtifactRef("train", r["key"]) for r in catalog.query(
-        "SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'train'", [first])}
-    assert trains["llm2vec-mntp"].key in store.manifest(trains["llm2vec"])["inputs"]  # SimCSE from MNTP's model
+    rows = catalog.query("SELECT label, method, metric FROM run_metrics WHERE run_id = ? "
+                         "AND metric IN ('knn_accuracy', 'health')", [first])
+    assert {(r["label"], r["method"], r["metric"]) for r in rows} == {
+        (f"base ({tiny_decoder_dir})", "none", "knn_accuracy"),
+        *{(label, recipe, metric) for label, recipe in [("llm2vec-mntp", "mntp"), ("llm2vec", "dropout"),
+                                                        ("crops", "crops")] for metric in ("knn_accuracy", "health")}}
+    made = {(r["stage"], r["label"]): ArtifactRef(r["stage"], r["key"]) for r in catalog.query(
+        "SELECT stage, label, key FROM run_stages WHERE run_id = ? AND stage IN ('train', 'merge')", [first])}
+    assert sorted(made) == [("merge", "llm2vec"), ("merge", "llm2vec-mntp"), ("train", "crops"), ("train", "llm2vec"),
+                            ("train", "llm2vec-mntp")]
+    # LLM2Vec's SimCSE stage trains from the MNTP adapter merged into the decoder; each adapter artifact is small
+    assert made["merge", "llm2vec-mntp"].key in store.manifest(made["train", "llm2vec"])["inputs"]
+    for label in ("llm2vec-mntp", "llm2vec"):
+        adapter = store.path(made["train", label]) / "model"
+        assert (adapter / "adapter_model.safetensors").is_file() and not (adapter / "model.safetensors").exists()
+        assert (adapter / "adapter_model.safetensors").stat().st_size < (
+            store.path(made["merge", label]) / "model" / "model.safetensors").stat().st_size / 4
     saved = {label: json.loads((store.path(ref) / "model" / "config.json").read_text())
-             for label, ref in trains.items()}
+             for (stage, label), ref in made.items() if stage == "merge" or label == "crops"}
     assert [saved[label].get("is_causal", True) for label in ("llm2vec-mntp", "llm2vec", "crops")] == [
         False, False, True]  # bidirectional as trained; crops keeps the decoder's own attention
     assert saved["llm2vec"]["attention_dropout"] == 0.3 and saved["crops"]["attention_dropout"] == 0.0
-    model = SentenceTransformer(str(store.path(trains["llm2vec"]) / "model"), device="cpu")
+    model = SentenceTransformer(str(store.path(made["merge", "llm2vec"]) / "model"), device="cpu")
     assert model.tokenizer("Fever.")["input_ids"][-1] == model.tokenizer.eos_token_id
+
+    from tasks.export import export_model  # the merged model ships, with how its adapter trained on the card
+    exported = export_model(catalog, "llm2vec", tmp_path / "out", [])
+    assert exported.ref == made["merge", "llm2vec"] and exported.train["train"]["lora"]["r"] == 4
+    assert (tmp_path / "out" / "model.safetensors").is_file() and not list((tmp_path / "out").glob("adapter_*"))
+    texts = ["Fever in infants.", "Insulin for type 1 diabetes."]
+    np.testing.assert_allclose(SentenceTransformer(str(tmp_path / "out"), device="cpu").encode(texts),
+                               model.encode(texts), atol=1e-5)
 
 
 @pytest.mark.slow  # the whole pipeline, every evaluation

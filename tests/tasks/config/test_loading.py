@@ -93,6 +93,10 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "methods.0.start_from: 'd' is not a method before it; those are []"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: l, recipe: llm2vec, train: {dropout: 1.5}}]\n",
      "methods.0.train.dropout: Input should be less than 1"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: l, recipe: llm2vec, stages: {simcse: {lr: 1}}}]\n",
+     "methods.0.stages: ['simcse']: the stages of llm2vec are ['mntp', 'dropout']"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, stages: {crops: {lr: 1}}}]\n",
+     "methods.0.stages: Extra inputs are not permitted"),
     ("name: x\ndata: {path: a.csv}\nmodel: {pretrain: {data: {path: b.csv}, method: {name: m, recipe: mlm, "
      "start_from: m}}}\n", "model.pretrain.method.start_from: stage 1 starts from the base model"),
 ])
@@ -284,15 +288,15 @@ def test_a_sweep_expands_into_one_method_per_combination_of_values(tmp_path):
 
 def test_a_chained_recipe_expands_into_one_method_per_stage_each_starting_from_the_one_before(tmp_path):
     cfg = with_methods(tmp_path, "{lr: 1.0e-4}", [
-        "{name: l2v, recipe: llm2vec, mask_ratio: 0.4, train: {batch_size: 8}}",
+        "{name: l2v, recipe: llm2vec, mask_ratio: 0.4, train: {batch_size: 8}, stages: {mntp: {max_length: 64}}}",
         "{name: l, recipe: llm2vec, train: {dropout: 0.1}, sweep: {lr: [1.0e-5, 2.0e-5]}}"])
     assert [(m.name, m.recipe, m.start_from) for m in cfg.methods] == [
         ("l2v-mntp", "mntp", None), ("l2v", "dropout", "l2v-mntp"),
         ("l-lr-1e-05-mntp", "mntp", None), ("l-lr-1e-05", "dropout", "l-lr-1e-05-mntp"),
         ("l-lr-2e-05-mntp", "mntp", None), ("l-lr-2e-05", "dropout", "l-lr-2e-05-mntp")]
     trains = [cfg.train_for(m) for m in cfg.methods]
-    assert [(t.batch_size, t.lr, t.bidirectional, t.dropout) for t in trains[:2]] == [
-        (8, 1e-4, None, None), (8, 1e-4, True, 0.3)]  # the chain's SimCSE stage: bidirectional, LLM2Vec's dropout
+    assert [(t.batch_size, t.lr, t.bidirectional, t.dropout, t.max_length) for t in trains[:2]] == [
+        (8, 1e-4, None, None, 64), (8, 1e-4, True, 0.3, 256)]  # SimCSE's stage: bidirectional, LLM2Vec's dropout
     assert cfg.methods[0].resolved_mask_ratio == 0.4
     assert [(t.lr, t.dropout) for t in trains[2:]] == [(1e-5, 0.1)] * 2 + [(2e-5, 0.1)] * 2  # the method's own wins
     assert [m.swept for m in cfg.methods[2:]] == [{}, {"lr": 1e-5}, {}, {"lr": 2e-5}]  # the swept value's model
