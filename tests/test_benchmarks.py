@@ -89,6 +89,16 @@ def test_train_gpu_runs_on_the_cpu():
     assert all(c["step_s"] > 0 and c["tokens_per_s"] > 0 and c["mfu"] is None for c in result["ceiling"].values())
 
 
+def test_train_decoder_times_llm2vecs_stages_with_lora_on_the_cpu():
+    out = json.loads(benchmark("train_decoder.py", "--batch-size", "4", "--max-length", "32", "--steps", "2",
+                               "--device", "cpu"))
+    assert out["shape"] == "tiny" and out["lora"] and out["checkpointing"]
+    assert set(out["stages"]) == {"mntp", "dropout"}
+    for stage in out["stages"].values():
+        assert stage["tokens_per_s"] > 0 and stage["peak_memory_gib"] is None  # no CUDA here
+        assert 0 < stage["trainable_share"] < 0.5  # the adapters only
+
+
 def test_rows_beyond_one_epoch_come_from_more_epochs(tmp_path):
     rows = benchmark("-c", "import sys; from train_step import demo_rows; from storage.store import ArtifactStore; "
                      f"print(demo_rows('crops', 2000, ArtifactStore({str(tmp_path)!r})).num_rows)")
