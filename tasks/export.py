@@ -189,15 +189,19 @@ def card_data(model: ExportedModel, repo: str | None) -> SentenceTransformerMode
 
 
 def start_model(store: ArtifactStore, manifest: dict) -> str:
-    """What a model without a base model started from: a random encoder (its shape) or a stage-1 model."""
-    start = next((ArtifactRef.parse(a) for a in manifest.get("input_files", {}) if a.startswith(("init/", "train/"))),
-                 None)
+    """What a model without a base model started from: a random model (its shape), a converted GGUF LLM, or a model
+    trained before it (stage 1, or a chained recipe's earlier stage)."""
+    start = next((ArtifactRef.parse(a) for a in manifest.get("input_files", {})
+                  if a.startswith(("init/", "train/", f"{MERGED}/", "llm/"))), None)
     if start is None:
         return "unknown"
-    if start.stage == "train":
-        return f"the stage-1 model `{start.address}`"
+    if start.stage in ("train", MERGED):
+        return f"the model trained before it, `{start.address}`"
     c = store.manifest(start)["config"]
-    return (f"a random BERT encoder ({c['layers']} layers, hidden {c['hidden']}, {c['heads']} heads, seed {c['seed']}; "
+    if start.stage == "llm":
+        return f"{c['source']}, converted from its GGUF file, `{start.address}`"
+    kind = "Llama decoder" if c.get("architecture") == "llama" else "BERT encoder"
+    return (f"a random {kind} ({c['layers']} layers, hidden {c['hidden']}, {c['heads']} heads, seed {c['seed']}; "
             f"tokenizer of {c['tokenizer']}), `{start.address}`")
 
 

@@ -237,6 +237,8 @@ def test_llm2vec_with_lora_and_a_contrastive_recipe_train_a_decoder_from_config_
     exported = export_model(catalog, "llm2vec", tmp_path / "out", [])
     assert exported.ref == made["merge", "llm2vec"] and exported.train["train"]["lora"]["r"] == 4
     assert (tmp_path / "out" / "model.safetensors").is_file() and not list((tmp_path / "out").glob("adapter_*"))
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"the model trained before it, `{made['merge', 'llm2vec-mntp'].address}`" in card
     texts = ["Fever in infants.", "Insulin for type 1 diabetes."]
     np.testing.assert_allclose(SentenceTransformer(str(tmp_path / "out"), device="cpu").encode(texts),
                                model.encode(texts), atol=1e-5)
