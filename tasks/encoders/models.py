@@ -39,16 +39,23 @@ from tasks.encoders import decoders, packed
 T = TypeVar("T")
 
 
+def package_folder(name: str) -> Path | None:
+    """The folder of the installed package a `package:<pypi-name>` names; None for other names and packages not
+    installed."""
+    if not name.startswith("package:"):
+        return None
+    spec = importlib.util.find_spec(name.removeprefix("package:").replace("-", "_"))
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent
+
+
 def resolve_model(name_or_path: str) -> str:
     """`package:<name>` → the model folder inside that installed package; anything else as is."""
     if not name_or_path.startswith("package:"):
         return name_or_path
-    package = name_or_path.removeprefix("package:")
-    spec = importlib.util.find_spec(package.replace("-", "_"))
-    if spec is None or spec.origin is None:
-        raise InputError(f"model {name_or_path!r}: package {package!r} is not installed "
-                         f"(pip install {package})")
-    folder = Path(spec.origin).parent / "model"
+    if (package := package_folder(name_or_path)) is None:
+        name = name_or_path.removeprefix("package:")
+        raise InputError(f"model {name_or_path!r}: package {name!r} is not installed (pip install {name})")
+    folder = package / "model"
     if not (folder / "config.json").is_file():
         raise InputError(f"model {name_or_path!r}: no model folder at {folder}")
     return str(folder)
