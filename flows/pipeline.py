@@ -52,9 +52,10 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
     knn = run.cfg.evaluate.knn
     views = PairsConfig.for_method(method, train.epochs, knn, train.batch_size)
     pairs = run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
-    tokens = run.stage(TOKENS, TokensJob.for_method(base_model, method, train), TokensInputs(pairs=pairs, start=start),
-                       method.name)
-    job = TrainJob.for_method(base_model, method, train, knn)
+    prompts = run.cfg.model.prompts
+    tokens = run.stage(TOKENS, TokensJob.for_method(base_model, method, train, prompts),
+                       TokensInputs(pairs=pairs, start=start), method.name)
+    job = TrainJob.for_method(base_model, method, train, knn, prompts)
     trained = run.stage(TRAIN, job, TrainInputs(pairs=pairs, tokens=tokens, start=start,
                                                 documents=docs if job.knn else None), method.name, method.recipe)
     if train.lora:  # the adapter added into the model it trained on: what is evaluated, chained on and exported
@@ -68,17 +69,17 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
                    force: bool = False, queries: ArtifactRef | None = None) -> list[ArtifactRef]:
     """Embed (cached per model and text set, from the text set's token ids), then score: the evaluate
     artifact, the semantic benchmark's, then one per MTEB task."""
-    ev, dataset = run.cfg.evaluate, run.cfg.data.display_name
+    ev, dataset, prompts = run.cfg.evaluate, run.cfg.data.display_name, run.cfg.model.prompts
     embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device,
                  dtype=ev.dtype, backend=ev.backend)
 
     def stage(kind: Stage, job, inputs: Inputs, again: bool = False) -> ArtifactRef:
         return run.stage(kind, job, inputs, model.label, model.method, again)
 
-    def embedded(text_set: dict, inputs: dict, **job) -> ArtifactRef:
+    def embedded(text_set: dict, inputs: dict, prompt: str = prompts.document, **job) -> ArtifactRef:
         tokenizer = model.tokenizer or model.external  # named: shared by every model that has it
         tokens = None if model.method == STATIC.name else stage(  # a static model tokenizes its texts itself
-            TEXT_TOKENS, TextTokensJob(model=tokenizer, max_length=ev.max_length, **text_set),
+            TEXT_TOKENS, TextTokensJob(model=tokenizer, max_length=ev.max_length, prompt=prompt, **text_set),
             TextSetInputs(model=None if tokenizer else model.artifact, **inputs))
         return stage(EMBED, EmbedJob(store_dtype=ev.store_dtype, **text_set, **embed, **job),
                      EmbedInputs(model=model.artifact, tokens=tokens, **inputs))
@@ -86,7 +87,7 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
     docs_emb = embedded({}, dict(documents=docs), layers="all" if ev.layerwise else "last")
     sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None
     held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
-    query_emb = embedded({}, dict(held_out_queries=held_out)) if held_out else None
+    query_emb = embedded({}, dict(held_out_queries=held_out), prompts.query) if held_out else None
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
@@ -94,13 +95,14 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
                                                   queries=held_out, query_embeddings=query_emb,
                                                   model=model.artifact), force)]
     if ev.semantic:
-        job = SemanticJob(label=model.label, dataset=dataset, pooling=model.pooling, semantic=ev.semantic, **embed)
+        job = SemanticJob(label=model.label, dataset=dataset, pooling=model.pooling, semantic=ev.semantic,
+                          prompt=prompts.document, **embed)
         scores.append(stage(SEMANTIC, job, SemanticInputs(documents=docs, embeddings=docs_emb, summaries=summaries,
                                                           model=model.artifact), force))
     if ev.mteb:
         for task in [*ev.mteb.task_names, *ev.mteb.local]:
             job = MtebJob(model=model.external, pooling=model.pooling, task=task, settings=ev.mteb.settings,
-                          device=ev.device)
+                          device=ev.device, prompts=prompts)
             scores.append(stage(MTEB, job, ModelInputs(model=model.artifact), force))
     return scores
 
@@ -138,7 +140,7 @@ def mine_queries(run: Run, methods: list[MethodConfig], docs: ArtifactRef,
     if written is None:
         return None, None
     job = NegativesJob(model=start.external, pooling=start.pooling, negatives=run.cfg.negatives,
-                       device=run.cfg.evaluate.device, dtype=run.cfg.evaluate.dtype)
+                       device=run.cfg.evaluate.device, dtype=run.cfg.evaluate.dtype, prompts=run.cfg.model.prompts)
     return written, run.stage(NEGATIVES, job, NegativesInputs(documents=docs, queries=written, model=start.artifact))
 
 

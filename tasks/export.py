@@ -31,6 +31,7 @@ from tasks.config.data import DEMO_STSB
 from tasks.config.training import TrainConfig
 from tasks.core.eval_sets import read_pairs
 from tasks.encoders import backends, encode
+from tasks.encoders.inputs import prompted
 from tasks.encoders.models import MERGED, model_path, trained_ref
 from tasks.methods.health import HEALTH_METRICS
 from tasks.metrics.sts import sts_spearman
@@ -264,14 +265,23 @@ def add_backends(folder: Path, variants: list[str]) -> None:
                 shutil.copy2(part, target.parent / part.name)
 
 
+def default_prompt(folder: Path) -> str:
+    """The prompt the model folder's `encode` puts before texts (the document one it trained with), or ''."""
+    config = folder / "config_sentence_transformers.json"
+    saved = json.loads(config.read_text()) if config.is_file() else {}
+    return (saved.get("prompts") or {}).get(saved.get("default_prompt_name") or "", "")
+
+
 def sts_by_backend(folder: Path, pooling: str, sts: dict, variants: list[str]) -> dict[str, float]:
-    """Spearman on the STS pairs (`path`, `split`) for torch and each variant."""
-    pairs = read_pairs(sts["path"], sts.get("split"))
+    """Spearman on the STS pairs (`path`, `split`) for torch and each variant, read as evaluation read them (after
+    the document prompt)."""
+    pairs, prompt = read_pairs(sts["path"], sts.get("split")), default_prompt(folder)
     scores = {}
     for name in ["torch", *variants]:
         backend, quantized = VARIANTS.get(name, ("torch", False))
         encoder = encode.PooledEncoder(str(folder), "cpu", pooling, "fp32", backend, quantized)
-        a, b = (encoder.encode(pairs[c].tolist()) for c in ("sentence1", "sentence2"))  # evaluation's defaults
+        a, b = (encoder.encode(prompted(pairs[c].tolist(), prompt))  # evaluation's defaults
+                for c in ("sentence1", "sentence2"))
         scores[name] = sts_spearman(a, b, pairs["score"].to_numpy())
         log.info("STS Spearman with %s: %.4f", name, scores[name])
     return scores

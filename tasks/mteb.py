@@ -26,6 +26,7 @@ from storage.catalog import QUERY_SCORES, metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
+from tasks.config.model import Prompts
 from tasks.core.stage import Stage
 from tasks.encoders.models import ModelInputs, model_identity, resolve_model
 
@@ -36,6 +37,8 @@ class MtebJob(Section):
     task: str | LocalTaskConfig
     settings: MtebSettings
     device: str = "auto"
+    prompts: Prompts = Field(default_factory=Prompts, description="model.prompts: queries after the query one, "
+                             "every other text after the document one.")
 
 
 def build_scores(store: ArtifactStore, job: MtebJob, inputs: ModelInputs,
@@ -43,7 +46,8 @@ def build_scores(store: ArtifactStore, job: MtebJob, inputs: ModelInputs,
     from tasks.metrics import mteb_tasks  # mteb takes ~1.3 s to import: only where a task is scored
 
     scored = mteb_tasks.evaluate_mteb(inputs.model_location(store, job.model), job.pooling, job.settings,
-                                      job.task, job.device, out.folder / RESULTS, results_meta(store, job, inputs), log)
+                                      job.task, job.device, out.folder / RESULTS, results_meta(store, job, inputs), log,
+                                      job.prompts)
     out.write_table("metrics", metrics_table(scored.rows, key=ref.key, model=inputs.model_name(job.model),
                                              dataset="mteb", pooling=job.pooling))
     if scored.per_query is not None:  # a local retrieval task: paired over its queries in the report

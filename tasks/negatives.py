@@ -33,10 +33,12 @@ from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Precision, Section
 from tasks.config.evaluation import EvaluateConfig
+from tasks.config.model import Prompts
 from tasks.config.queries import NegativesConfig
 from tasks.core.stage import Stage
 from tasks.encoders import encode
 from tasks.encoders.budget import char_budget, over_budget
+from tasks.encoders.inputs import prompted
 from tasks.encoders.models import ModelInputs, load_model, model_identity, pick_device
 from tasks.metrics import BLOCK_BYTES, block_rows, ranks_of_own, unit_rows
 
@@ -56,6 +58,8 @@ class NegativesJob(Section):
     negatives: NegativesConfig = Field(default_factory=NegativesConfig)
     device: str = "auto"
     dtype: Precision = EvaluateConfig.model_fields["dtype"].default
+    prompts: Prompts = Field(default_factory=Prompts, description="The start model reads the queries after the "
+                             "query prompt and the passages after the document one (model.prompts).")
 
 
 class NegativesInputs(ModelInputs):
@@ -188,7 +192,7 @@ def build_negatives(store: ArtifactStore, job: NegativesJob, inputs: NegativesIn
 
     encoder = encode.PooledEncoder(inputs.model_location(store, job.model), job.device, dtype=job.dtype)
     passage_vecs = np.empty((len(passages), encoder.dim), dtype=np.float32)  # (p × dim), held
-    for positions, vecs in unit_vectors(encoder, passages, job.pooling, cfg):
+    for positions, vecs in unit_vectors(encoder, prompted(passages, job.prompts.document), job.pooling, cfg):
         passage_vecs[positions] = vecs
     if not cfg.cross_encoder:  # the teacher reads them again
         del passages
@@ -199,7 +203,7 @@ def build_negatives(store: ArtifactStore, job: NegativesJob, inputs: NegativesIn
     positive_score = np.empty(len(texts), dtype=np.float32)
     # Each chunk is mined as soon as it is encoded (the encoder's progress counts both), so only
     # one chunk's query vectors are held; results land at the queries' own positions.
-    for positions, vecs in unit_vectors(encoder, texts, job.pooling, cfg):
+    for positions, vecs in unit_vectors(encoder, prompted(texts, job.prompts.query), job.pooling, cfg):
         found = mine(vecs, passage_vecs, positives[positions], cfg.k, cfg.duplicate_similarity)
         neg_idx[positions], neg_scores[positions], positive_rank[positions], positive_score[positions] = found
 

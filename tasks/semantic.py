@@ -30,6 +30,7 @@ from tasks.config.base import Precision, Section
 from tasks.config.evaluation import Backend, EvaluateConfig, SemanticConfig
 from tasks.core.stage import Stage
 from tasks.encoders import encode
+from tasks.encoders.inputs import prompted
 from tasks.encoders.models import model_identity
 from tasks.metrics import semantic
 
@@ -45,6 +46,8 @@ class SemanticJob(Section):
     device: str = "auto"
     dtype: Precision = EvaluateConfig.model_fields["dtype"].default
     backend: Backend = EvaluateConfig.model_fields["backend"].default
+    prompt: str = Field("", description="Put before the titles, halves and summaries, as before the abstracts "
+                        "(model.prompts' document one).")
 
 
 class SemanticInputs(embed.EmbeddedDocumentsInputs):
@@ -61,7 +64,7 @@ def build_semantic(store: ArtifactStore, job: SemanticJob, inputs: SemanticInput
 
     def vectors(texts: list[str], what: str) -> np.ndarray:
         log.info("encoding %d %s", len(texts), what)
-        return encoder.encode(texts, job.max_length, job.batch_size)
+        return encoder.encode(prompted(texts, job.prompt), job.max_length, job.batch_size)
 
     rows = []
     titled = np.flatnonzero(docs["title"].iloc[:n].fillna("").str.strip().str.len().to_numpy() > 0)

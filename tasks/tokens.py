@@ -3,7 +3,9 @@ step only pads them (tasks/encoders/inputs.py). Every epoch, every resume, and e
 the same tokenizer on the same view reads them; tokenizing in the step took 37% of a BERT-base step at
 batch 64 on an H200 (docs/results.md).
 
-The key holds what tokenizes: the start model (its files, or the artifact it is in) and the max length.
+The key holds what tokenizes: the start model (its files, or the artifact it is in), the max length and the prompt
+each text column is read with (`model.prompts`: a query recipe's anchors, the generated queries, the query one; every
+other text the document one).
 Inputs: `pairs`; `start` when the encoder is an artifact (a random init, stage 1's model).
 Output `tokens.parquet`: the pairs' rows in the same order and row groups, each text column (anchor,
 positive[, negative]) as its ids (list<int32>: special tokens in, truncated to max_length, unpadded), with
@@ -24,6 +26,7 @@ from tqdm.auto import tqdm
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
+from tasks.config.model import Prompts
 from tasks.config.training import MethodConfig, TrainConfig
 from tasks.core import duck
 from tasks.core.progress import StageProgress
@@ -33,6 +36,7 @@ from tasks.encoders.inputs import (
     LABEL_COLUMNS,
     TEXT_COLUMNS,
     model_tokenizer_digest,
+    prompted,
     text_chunks,
     tokenize,
     unknown_tokens,
@@ -49,11 +53,16 @@ class TokensJob(Section):
     base_model: str | None = Field(description="The tokenizer's model (name or path); None: the `start` input's.")
     max_length: int
     word_ids: bool = Field(False, description="Also each token's word, for whole-word masking (RetroMAE).")
+    prompts: dict[str, str] = Field(default_factory=dict, description="A text column's prompt, put before its texts.")
 
     @classmethod
-    def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig) -> TokensJob:
-        return cls(base_model=base_model, max_length=train.max_length,
-                   word_ids=RECIPES[method.recipe].whole_word_masking)
+    def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
+                   prompts: Prompts | None = None) -> TokensJob:
+        recipe, prompts = RECIPES[method.recipe], prompts or Prompts()
+        by_column = {column: prompts.for_role(query=recipe.needs_queries and column == "anchor")
+                     for column in TEXT_COLUMNS}
+        return cls(base_model=base_model, max_length=train.max_length, word_ids=recipe.whole_word_masking,
+                   prompts={column: prompt for column, prompt in by_column.items() if prompt})
 
 
 class TokensInputs(Inputs):
@@ -83,19 +92,22 @@ def column_tokens(model: SentenceTransformer, texts: list[str], word_ids: bool,
     return pa.chunked_array(ids, IDS), pa.chunked_array(words, IDS) if word_ids else None
 
 
-def tokenized(model: SentenceTransformer, rows: pa.Table, word_ids: bool) -> pa.Table:
-    """A row group of pairs as the tokens file holds it (tokens_schema). A column equal to the one before it (the
-    `same` view's positive) is tokenized once."""
-    schema = tokens_schema(rows.schema, word_ids)
+def tokenized(model: SentenceTransformer, rows: pa.Table, word_ids: bool, prompts: dict[str, str] | None = None,
+              ) -> pa.Table:
+    """A row group of pairs as the tokens file holds it (tokens_schema), each column's texts after its prompt. A
+    column equal to the one before it and read with the same prompt (the `same` view's positive) is tokenized
+    once."""
+    schema, prompts = tokens_schema(rows.schema, word_ids), prompts or {}
     columns = {name: rows[name] for name in schema.names if name in KEPT}
     previous = None
     for name in (n for n in schema.names if n in TEXT_COLUMNS):
-        if previous is not None and rows[name].equals(rows[previous]):
+        if previous is not None and rows[name].equals(rows[previous]) and prompts.get(name) == prompts.get(previous):
             columns[name] = columns[previous]
             if word_ids:
                 columns[words_column(name)] = columns[words_column(previous)]
         else:
-            columns[name], words = column_tokens(model, rows[name].to_pylist(), word_ids)
+            texts = prompted(rows[name].to_pylist(), prompts.get(name, ""))
+            columns[name], words = column_tokens(model, texts, word_ids)
             if word_ids:
                 columns[words_column(name)] = words
         previous = name
@@ -113,7 +125,7 @@ def build_tokens(store: ArtifactStore, job: TokensJob, inputs: TokensInputs,
                 tqdm(total=pairs.metadata.num_rows, desc=progress.label, unit="row", mininterval=5) as bar:
             def groups():
                 for g in range(pairs.num_row_groups):
-                    table = tokenized(model, pairs.read_row_group(g, columns=read), job.word_ids)
+                    table = tokenized(model, pairs.read_row_group(g, columns=read), job.word_ids, job.prompts)
                     progress.advance(table.num_rows)
                     bar.update(table.num_rows)
                     yield table

@@ -37,6 +37,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from storage.stores import store_at
 from tasks.config.base import InputError, Section
 from tasks.config.evaluation import KnnConfig
+from tasks.config.model import Prompts
 from tasks.config.training import MethodConfig, TrainConfig, bidirectional_for, pooling_for
 from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
@@ -56,12 +57,15 @@ class TrainJob(Section):
     decoder_visible: float | None  # RetroMAE's decoder
     train: TrainConfig
     knn: KnnConfig | None = Field(None, description="Protocol of the learning curve (set with eval_every).")
+    prompts: Prompts = Field(default_factory=Prompts, description="Saved with the model (its texts were tokenized "
+                             "with them: tasks/tokens.py); the learning curve's documents are encoded with them.")
 
     @classmethod
     def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
-                   knn: KnnConfig | None) -> TrainJob:
+                   knn: KnnConfig | None, prompts: Prompts | None = None) -> TrainJob:
         return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.resolved_mask_ratio,
-                   decoder_visible=method.resolved_decoder_visible, train=train, knn=knn if train.eval_every else None)
+                   decoder_visible=method.resolved_decoder_visible, train=train, knn=knn if train.eval_every else None,
+                   prompts=prompts or Prompts())
 
 
 def boundary_signals() -> tuple[int, ...]:
@@ -73,11 +77,14 @@ def boundary_signals() -> tuple[int, ...]:
 
 
 def training_model(path: str, job: TrainJob, device: str) -> SentenceTransformer:
-    """The model at `path` as the job trains it: its pooling, layer, packing, compiling, attention and dropout,
-    with a LoRA adapter (`train.lora`) and gradient checkpointing where the config asks."""
+    """The model at `path` as the job trains it: its pooling, layer, packing, compiling, attention, dropout and
+    prompts (its `encode` reads texts as documents), with a LoRA adapter (`train.lora`) and gradient checkpointing
+    where the config asks."""
     cfg = job.train
     model = sentence_model(path, cfg.max_length, device, pooling_for(job.recipe, cfg), cfg.layer, cfg.padding_free,
                            cfg.compile, bidirectional_for(job.recipe, cfg), cfg.dropout)
+    for name, value in job.prompts.sentence_transformers().items():
+        setattr(model, name, value)
     if cfg.lora:
         lora.attach_lora(model, cfg.lora, cfg.seed)
     if cfg.gradient_checkpointing:

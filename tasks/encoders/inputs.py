@@ -42,6 +42,12 @@ class Tokens(NamedTuple):
     words: np.ndarray | None = None  # (tokens,) int32
 
 
+def prompted(texts: list[str], prompt: str) -> list[str]:
+    """`texts` each after `prompt` (model.prompts), as sentence-transformers' `encode(prompt=...)` reads them: the
+    prompt is cut with the text to the character budget and tokenized with it."""
+    return [prompt + text for text in texts] if prompt else texts
+
+
 def tokenizer_digest(tokenizer: PreTrainedTokenizerBase, max_length: int, lower_case: bool = False) -> str:
     """What decides a text's ids: the tokenizer's definition (vocabulary, normalizer, special tokens, not the
     truncation and padding a call last set), the max length, and the lowercasing sentence-transformers may add."""

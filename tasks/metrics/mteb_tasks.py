@@ -49,6 +49,7 @@ from sentence_transformers import SentenceTransformer, models
 from storage.base import file_digest, stable_hash
 from tasks.config.base import InputError
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
+from tasks.config.model import Prompts
 from tasks.core.eval_sets import read_pairs, read_table, rows_of_split
 from tasks.core.rng import global_rng_kept
 from tasks.encoders import decoders
@@ -254,8 +255,9 @@ class BoundedTransformer(models.Transformer):
 
 
 def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name: str,
-                 revision: str | None) -> SentenceTransformerEncoderWrapper:
-    """The model as mteb evaluates it, under `name` and `revision` (what mteb files its results by). A static
+                 revision: str | None, prompts: Prompts | None = None) -> SentenceTransformerEncoderWrapper:
+    """The model as mteb evaluates it, under `name` and `revision` (what mteb files its results by), with `prompts`
+    (mteb reads queries with the query one, documents and symmetric tasks' texts with the document one). A static
     model (tasks/static.py) as sentence-transformers loads it: its StaticEmbedding, which pools itself."""
     if is_static(model):
         encoder = load_model(model, lambda p: SentenceTransformer(p, device=pick_device(device)))
@@ -263,7 +265,8 @@ def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name:
         transformer = load_model(model, lambda p: BoundedTransformer(p, max_seq_length=cfg.max_length))
         decoders.ready_transformer(transformer)
         pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
-        encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device))
+        encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device),
+                                      **(prompts or Prompts()).sentence_transformers())
         encoder.to(getattr(torch, cfg.dtype))
     wrapped = SentenceTransformerEncoderWrapper(encoder)
     wrapped.mteb_model_meta = wrapped.mteb_model_meta.model_copy(update={"name": name, "revision": revision})
@@ -317,15 +320,16 @@ class Scored(NamedTuple):
 
 
 def evaluate_mteb(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskConfig, device: str,
-                  results: Path, meta: tuple[str, str | None], log: logging.Logger) -> Scored:
+                  results: Path, meta: tuple[str, str | None], log: logging.Logger, prompts: Prompts | None = None,
+                  ) -> Scored:
     """Score one model on one MTEB task (a Hub task name or a local task). mteb writes its result
     files under `results` (a ResultCache folder), the model named and revised as `meta` says."""
     with global_rng_kept():  # mteb seeds the process-wide generators (task objects, evaluation)
-        return _scores(model, pooling, cfg, task, device, results, meta, log)
+        return _scores(model, pooling, cfg, task, device, results, meta, log, prompts)
 
 
 def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskConfig, device: str,
-            results: Path, meta: tuple[str, str | None], log: logging.Logger) -> Scored:
+            results: Path, meta: tuple[str, str | None], log: logging.Logger, prompts: Prompts | None) -> Scored:
     name = task if isinstance(task, str) else task.name
     mteb_task = None
     try:
@@ -343,7 +347,7 @@ def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskCo
             task_type=task_type(mteb_task), main_score=mteb_task.metadata.main_score,
             revision=mteb_task.metadata.revision, split=",".join(mteb_task.eval_splits))
         return Scored([row(cfg, name, status="skipped", note=str(e), **known)], 0)
-    encoder = mteb_encoder(model, pooling, cfg, device, *meta)
+    encoder = mteb_encoder(model, pooling, cfg, device, *meta, prompts)
     result = mteb.evaluate(encoder, mteb_task, cache=mteb.ResultCache(results), overwrite_strategy="always",
                            encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": False},
                            co2_tracker=False, show_progress_bar=False).task_results[0]

@@ -14,6 +14,7 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.data import DEMO_DATA
+from tasks.embed import read_embeddings
 from tasks.methods.health import HEALTH_METRICS
 from tasks.methods.recipes import RECIPES as REGISTRY
 from tests.helpers import DEMO_DOCS, STSB, tiny_config, tiny_sts
@@ -202,8 +203,9 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
 def test_llm2vec_with_lora_and_a_contrastive_recipe_train_a_decoder_from_config_alone(tmp_path, tiny_decoder_dir):
     methods = [{"name": "llm2vec", "recipe": "llm2vec", "train": {"lora": {"r": 4}}},
                {"name": "crops", "recipe": "crops"}]
-    config = tiny_config(tmp_path, data={"limit": 100}, model={"name_or_path": tiny_decoder_dir, "random_init": None},
-                         methods=methods, train={"max_length": 32})
+    prompts = {"query": "Instruct: Find the abstract that answers the question.\nQuery: ", "document": "Abstract: "}
+    config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, train={"max_length": 32},
+                         model={"name_or_path": tiny_decoder_dir, "random_init": None, "prompts": prompts})
     first, state = run(config)
     assert state.is_completed()
     store = ArtifactStore(tmp_path / "store")
@@ -240,8 +242,23 @@ def test_llm2vec_with_lora_and_a_contrastive_recipe_train_a_decoder_from_config_
     card = (tmp_path / "out" / "README.md").read_text()
     assert f"the model trained before it, `{made['merge', 'llm2vec-mntp'].address}`" in card
     texts = ["Fever in infants.", "Insulin for type 1 diabetes."]
-    np.testing.assert_allclose(SentenceTransformer(str(tmp_path / "out"), device="cpu").encode(texts),
-                               model.encode(texts), atol=1e-5)
+    shipped = SentenceTransformer(str(tmp_path / "out"), device="cpu")
+    np.testing.assert_allclose(shipped.encode(texts), model.encode(texts), atol=1e-5)
+    # The prompts it trained with ship with it: encode_query reads queries after the query one, encode (as
+    # encode_document) documents after the document one, as the evaluation embedded them.
+    assert shipped.prompts == prompts and shipped.default_prompt_name == "document"
+    np.testing.assert_allclose(shipped.encode_query(texts), shipped.encode([prompts["query"] + t for t in texts],
+                                                                           prompt=""), atol=1e-5)
+    [docs] = [ArtifactRef("ingest", r["key"]) for r in catalog.query(
+        "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'ingest'", [first])]
+    abstracts = store.read_table(docs, "documents")["text"].to_pylist()
+    [embedded] = [ArtifactRef("embed", r["key"]) for r in catalog.query(
+        "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'embed' AND label = 'llm2vec'", [first])
+        if not store.manifest(ArtifactRef("embed", r["key"]))["config"]["pairs_path"]]  # not the STS pairs
+    shipped.max_seq_length = 64  # evaluate.max_length
+    stored = read_embeddings(store, embedded, "mean")
+    np.testing.assert_allclose(stored, shipped.encode(abstracts), atol=1e-4)
+    assert not np.allclose(stored, shipped.encode(abstracts, prompt=""), atol=1e-2)
 
 
 @pytest.mark.slow  # the whole pipeline, every evaluation

@@ -10,6 +10,7 @@ from sentence_transformers.cross_encoder import CrossEncoder
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
+from tasks.config.model import Prompts
 from tasks.config.queries import NegativesConfig
 from tasks.core.stage import NoInputs
 from tasks.encoders.encode import PooledEncoder
@@ -135,13 +136,17 @@ def test_no_row_lists_its_own_passage_or_a_copy_of_it(mined):
         assert len(set(row["negatives"])) == len(row["negatives"])
 
 
-def test_scores_are_the_cosines_of_the_encoders_vectors(mined, tiny_dir):
-    store, ref, _, _, docs, rows = mined
+@pytest.mark.parametrize("prompts", [Prompts(), Prompts(query="query: ", document="passage: ")],
+                         ids=["no-prompts", "prompts"])
+def test_scores_are_the_cosines_of_the_encoders_vectors(mined, tiny_dir, prompts):
+    store, ref, job, inputs, docs, rows = mined
+    if prompts != job.prompts:  # the start model reads queries and passages after their prompts
+        ref = NEGATIVES.run(store, job.model_copy(update={"prompts": prompts}), inputs)
     table = store.read_table(ref, "negatives").to_pandas()
     encoder = PooledEncoder(tiny_dir, "cpu")
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
-    passages = unit(encoder.encode(docs["text"].tolist(), 64, 4))
-    queries = unit(encoder.encode(table["query"].tolist(), 64, 4))
+    passages = unit(encoder.encode([prompts.document + t for t in docs["text"]], 64, 4))
+    queries = unit(encoder.encode([prompts.query + q for q in table["query"]], 64, 4))
     row_of = {d: i for i, d in enumerate(docs["doc_id"])}
     own = (queries * passages[[row_of[d] for d in table["doc_id"]]]).sum(1)
     np.testing.assert_allclose(table["positive_score"], own, atol=1e-5)

@@ -53,6 +53,19 @@ def test_the_ids_are_each_texts_as_the_encoder_tokenizes_it_in_the_text_sets_ord
     assert extra["lengths"]["unknown"] == pytest.approx((ids == tokenizer.unk_token_id).mean(), abs=1e-4)
 
 
+def test_a_prompt_is_tokenized_with_each_text_and_keys_its_own_ids(store_with_docs):
+    store, docs = store_with_docs
+    prompt = "Instruct: Given a question, find the abstract that answers it\nQuery: "
+    job = TextTokensJob(model=MODEL, max_length=LENGTH, prompt=prompt)
+    tokens = TEXT_TOKENS.run(store, job, TextSetInputs(documents=docs))
+    assert tokens != TEXT_TOKENS.ref(TextTokensJob(model=MODEL, max_length=LENGTH), TextSetInputs(documents=docs))
+    texts = store.read_table(docs, "documents")["text"].to_pylist()
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(MODEL))
+    expected = [tokenizer(prompt + t, truncation=True, max_length=LENGTH)["input_ids"] for t in texts]
+    assert store.read_table(tokens, "tokens")["text"].to_pylist() == expected
+    assert all(ids[1:4] == tokenizer("instruct: given")["input_ids"][1:4] for ids in expected)
+
+
 def test_a_pairs_file_text_set_is_its_sentence1_rows_then_its_sentence2_rows(store_with_docs, tmp_path):
     store, _ = store_with_docs
     pairs = pd.read_parquet(STSB).query("split == 'test'").head(5)

@@ -4,6 +4,7 @@ import json
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -13,6 +14,7 @@ from tasks import pairs as pairs_stage
 from tasks import tokens as tokens_stage
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.model import Prompts
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
 from tasks.encoders.inputs import model_tokenizer_digest, tokenize, word_tokenize
@@ -114,6 +116,29 @@ def test_a_positive_that_is_its_anchor_is_tokenized_once(demo, tiny_dir, monkeyp
     ids = store.read_table(TOKENS.run(store, job, TokensInputs(pairs=ref)), "tokens")
     rows = store.read_table(ref, "pairs").num_rows
     assert sum(calls) == rows and ids["anchor"].equals(ids["positive"])
+
+
+def test_each_text_column_is_tokenized_after_its_roles_prompt(demo, tiny_dir):
+    store, pairs = demo
+    prompts = Prompts(query="query: ", document="passage: ")
+    gpl = TokensJob.for_method(tiny_dir, MethodConfig(name="gpl", recipe="gpl"), CFG, prompts)
+    assert gpl.prompts == {"anchor": "query: ", "positive": "passage: ", "negative": "passage: "}
+    dropout = MethodConfig(name="dropout", recipe="dropout")
+    assert TokensJob.for_method(tiny_dir, dropout, CFG, Prompts(query="query: ")).prompts == {}  # no query here
+    ref = pairs("dropout")
+    job = TokensJob.for_method(tiny_dir, dropout, CFG, prompts)
+    assert TOKENS.ref(job, TokensInputs(pairs=ref)) != TOKENS.ref(TokensJob.for_method(tiny_dir, dropout, CFG),
+                                                                  TokensInputs(pairs=ref))
+    ids = store.read_table(TOKENS.run(store, job, TokensInputs(pairs=ref)), "tokens")
+    model = sentence_model(tiny_dir, CFG.max_length)
+    texts = store.read_table(ref, "pairs")["anchor"].to_pylist()
+    assert ids["anchor"].to_pylist() == tokenize(model, [f"passage: {t}" for t in texts], padded=False)["input_ids"]
+    assert ids["anchor"].equals(ids["positive"])
+    # one text as a query and as a document: two prompts, two tokenizations
+    same = pa.table({"anchor": texts[:3], "positive": texts[:3]})
+    asked = tokens_stage.tokenized(model, same, False, gpl.prompts)
+    assert asked["anchor"].to_pylist() == tokenize(model, [f"query: {t}" for t in texts[:3]], padded=False)["input_ids"]
+    assert asked["positive"].to_pylist() == ids["anchor"].to_pylist()[:3]
 
 
 def test_training_refuses_ids_another_tokenizer_or_max_length_made(demo, tiny_dir):

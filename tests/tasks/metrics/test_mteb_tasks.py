@@ -12,15 +12,19 @@ import time
 
 import datasets
 import huggingface_hub
+import mteb
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from mteb.models.sentence_transformer_wrapper import _resolve_prompt
+from mteb.types import PromptType
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from tasks.config.base import InputError
 from tasks.config.data import DEMO_DATA
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
+from tasks.config.model import Prompts
 from tasks.encoders.budget import char_budget
 from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.models import resolve_model
@@ -117,6 +121,19 @@ def test_mteb_cuts_a_long_text_before_tokenizing_counts_it_and_keeps_its_tokens(
     whole = encoder[0].tokenizer([long, "a short one"], padding=True, truncation=True, max_length=SHORT.max_length,
                                  return_tensors="pt")
     assert cut["input_ids"].tolist() == whole["input_ids"].tolist()
+
+
+def test_mteb_reads_queries_after_the_query_prompt_and_other_texts_after_the_document_one():
+    prompts = Prompts(query="query: ", document="passage: ")
+    wrapped = mteb_tasks.mteb_encoder(MODEL, "mean", SHORT, "cpu", "local/test-model", None, prompts)
+    metadata = mteb.get_task("SciFact").metadata
+    assert [_resolve_prompt(wrapped.model_prompts, metadata, role) for role in (PromptType.query, PromptType.document,
+                                                                                None)] == ["query: ", "passage: ", None]
+    model, texts = wrapped.model, ["Fever in infants.", "Insulin for type 1 diabetes."]
+    for encoded, prompt in [(model.encode_query(texts), "query: "), (model.encode_document(texts), "passage: "),
+                            (model.encode(texts), "passage: ")]:  # mteb's symmetric tasks: `encode`, no prompt named
+        np.testing.assert_allclose(encoded, model.encode([prompt + t for t in texts], prompt=""), atol=1e-6)
+    assert not np.allclose(model.encode_query(texts), model.encode(texts, prompt=""), atol=1e-3)
 
 
 def test_local_pair_classification(cache_dir):
