@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from tasks.config.training import TrainConfig
+from tasks.config.training import LoraSettings, TrainConfig
+from tasks.encoders.lora import attach_lora
 from tasks.encoders.models import sentence_model
 from tasks.methods import distributed
 from tasks.methods.batches import PairBatches
@@ -27,14 +28,17 @@ def with_negatives(pairs: str) -> str:
     return str(Path(pairs).with_name("pairs-negatives.parquet"))
 
 
-def three_steps(init_dir: str, pairs: str, recipe: str, gather: bool, scratch: Path, compile: bool = False) -> dict:
+def three_steps(init_dir: str, pairs: str, recipe: str, gather: bool, scratch: Path, compile: bool = False,
+                lora: bool = False) -> dict:
     """The loss at each step (the global batch's), the weights after the last, and the graphs compiled (`compile`:
-    `train.compile`'s encoder)."""
+    `train.compile`'s encoder); `lora`: only a LoRA adapter trains (train.lora)."""
     pairs = with_negatives(pairs) if REGISTRY[recipe].hard_negatives else pairs
     torch.manual_seed(0)  # the same projection head (SimCSE's MLP) everywhere
     # Mean pooling for all: a 1-layer random encoder gives nearly the same CLS vector for every text,
     # and Adam turns the tiny gradients of such a batch into full steps of noise.
     model = sentence_model(init_dir, CFG.max_length, compile=compile)
+    if lora:
+        attach_lora(model, LoraSettings(r=4, dropout=0.0), seed=0)  # no masks: each process would draw its own
     objective = build_objective(model, recipe, CFG, None, None, None if gather else no_gather)
     graphs = counters["stats"]["unique_graphs"]
     history = train_model(objective, PairBatches(pq.ParquetFile(pairs), CFG.batch_size), CFG, Checkpoints(scratch))
@@ -43,14 +47,15 @@ def three_steps(init_dir: str, pairs: str, recipe: str, gather: bool, scratch: P
 
 
 def main(init_dir: str, pairs: str, out: str, compiled: str = "") -> None:
-    """Every recipe with and without the gather; `compiled`: crops only, DistributedDataParallel around a
-    compiled encoder (train.compile with devices > 1)."""
+    """Every recipe with and without the gather, and crops with a LoRA adapter; `compiled`: crops only,
+    DistributedDataParallel around a compiled encoder (train.compile with devices > 1)."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     scratch = Path(out).parent / f"scratch-{compiled}{rank}"
     results = ({"compiled": three_steps(init_dir, pairs, "crops", True, scratch, compile=True)} if compiled else
                {(recipe, gather): three_steps(init_dir, pairs, recipe, gather, scratch)
-                for recipe in RECIPES for gather in (True, False)})
+                for recipe in RECIPES for gather in (True, False)}
+               | {"lora": three_steps(init_dir, pairs, "crops", True, scratch, lora=True)})
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()

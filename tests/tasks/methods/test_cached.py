@@ -5,7 +5,8 @@ import pytest
 import torch
 from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
-from tasks.config.training import TrainConfig
+from tasks.config.training import LoraSettings, TrainConfig
+from tasks.encoders.lora import attach_lora
 from tasks.encoders.models import sentence_model
 from tasks.methods.cached import CachedLoss, mini_batches
 from tasks.methods.objectives import build_objective
@@ -26,9 +27,12 @@ def no_dropout(tmp_path_factory):
     return encoder(tmp_path_factory, 0.0)
 
 
-def gradients(init: str, recipe: str, cfg: TrainConfig, seed: int = 0, compile: bool = False) -> tuple[float, dict]:
+def gradients(init: str, recipe: str, cfg: TrainConfig, seed: int = 0, compile: bool = False,
+              lora: bool = False) -> tuple[float, dict]:
     torch.manual_seed(seed)  # the same projection head on both sides
     model = sentence_model(init, cfg.max_length, compile=compile)
+    if lora:  # without dropout, which would draw masks
+        attach_lora(model, LoraSettings(r=4, dropout=0.0), seed)
     objective = build_objective(model, recipe, cfg, None, None)
     objective.loss.train()
     loss = objective.loss(objective.collate(BATCH), None)
@@ -48,6 +52,14 @@ def test_cached_gradients_equal_the_full_batch_s(no_dropout, recipe):
     full_loss, full = gradients(no_dropout, recipe, FULL)
     cached_loss, cached = gradients(no_dropout, recipe, CACHED)
     assert cached_loss == pytest.approx(full_loss, rel=1e-6)
+    assert_same(full, {n.removeprefix("loss."): g for n, g in cached.items()})
+
+
+def test_cached_gradients_of_a_lora_adapter_equal_the_full_batch_s(no_dropout):
+    full_loss, full = gradients(no_dropout, "crops", FULL, lora=True)
+    cached_loss, cached = gradients(no_dropout, "crops", CACHED, lora=True)
+    assert cached_loss == pytest.approx(full_loss, rel=1e-6)
+    assert full and all("lora_" in name for name in full)  # only the adapter has gradients
     assert_same(full, {n.removeprefix("loss."): g for n, g in cached.items()})
 
 

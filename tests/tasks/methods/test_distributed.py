@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tasks.encoders.models import sentence_model
 from tasks.methods.distributed import gather_rows, shard
 from tasks.methods.recipes import RECIPES
 from tests.helpers import REPO, tiny_encoder
@@ -73,6 +74,20 @@ def test_two_processes_of_8_rows_train_as_one_of_16(two_processes, recipe, tmp_p
     alone = trained[(recipe, False)]
     assert alone["losses"][0] != pytest.approx(one["losses"][0], rel=1e-3)
     assert any(not torch.allclose(alone["weights"][n], w, rtol=1e-4, atol=1e-5) for n, w in one["weights"].items())
+
+
+def test_two_processes_train_a_lora_adapter_as_one(two_processes, tmp_path):
+    init, pairs, trained = two_processes
+    one, two = three_steps(init, pairs, "crops", True, tmp_path, lora=True), trained["lora"]
+    assert one["losses"] == pytest.approx(two["losses"], rel=1e-5, abs=1e-6)
+    assert one["weights"].keys() == two["weights"].keys()
+    for name, weight in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], weight, rtol=1e-5, atol=1e-5, msg=name)
+    # only the adapter trained: every weight of the model itself is the init's (peft names it `base_layer`)
+    base = sentence_model(init, 32).state_dict()
+    frozen = {name.replace(".base_layer", ""): w for name, w in two["weights"].items() if "lora_" not in name}
+    assert frozen.keys() == base.keys() and all(torch.equal(w, base[name]) for name, w in frozen.items())
+    assert any(name.endswith("lora_B.default.weight") and w.abs().sum() > 0 for name, w in two["weights"].items())
 
 
 @pytest.mark.slow  # compiling
