@@ -1,14 +1,18 @@
 """Train: fine-tune an encoder with one recipe on a pairs artifact; save it in sentence-transformers format.
 
 Inputs: `pairs` and their `tokens` (the rows trained on, as token ids: tasks/tokens.py), `start` (the
-init or stage-1 artifact the encoder starts from, if any), and `documents` when a learning curve is asked
-for (`train.eval_every`).
+init or stage-1 artifact the encoder starts from, if any), `documents` when a learning curve is asked
+for (`train.eval_every`), and `resume`: a rung, the train artifact of the same job stopped at an earlier step.
 Only the encoder is saved: decoders, MLM heads and projection heads are training-only.
 Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
 Output: `model/` (loads with `SentenceTransformer(path)`; with `train.lora`, the adapter alone, which the merge
 stage adds into the start model: tasks/merge.py) and `training.parquet` (the per-step loss,
 learning rate, gradient norm and probe cosine, and with `eval_every` the kNN accuracy from step 0 on:
 the learning curve); the manifest's `health` is the model's health summary (tasks/methods/health.py).
+A rung (the job's `until`: a short run of a search over recipes) stops after that step of the full schedule and
+also keeps its training state (`state.pt`: weights, optimiser, schedule, RNG, the steps so far), from which a later
+train job (a later rung, or the whole budget) continues: no step is trained twice, and the weights are those of one
+uninterrupted run.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,6 +64,8 @@ class TrainJob(Section):
     knn: KnnConfig | None = Field(None, description="Protocol of the learning curve (set with eval_every).")
     prompts: Prompts = Field(default_factory=Prompts, description="Saved with the model (its texts were tokenized "
                              "with them: tasks/tokens.py); the learning curve's documents are encoded with them.")
+    until: int | None = Field(None, ge=1, description="Stop after this step of the schedule, keeping the training "
+                              "state (a rung); None: train the whole schedule.")
 
     @classmethod
     def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
@@ -139,6 +146,24 @@ class TrainInputs(Inputs):
     tokens: ArtifactRef  # the pairs as token ids: what trains
     start: ArtifactRef | None = None  # the init or stage-1 encoder; else job.base_model
     documents: ArtifactRef | None = None  # the learning curve's (with train.eval_every)
+    resume: ArtifactRef | None = None  # a rung of the same job, stopped at an earlier step: training goes on from it
+
+
+STATE = "state.pt"  # a rung's training state, in its artifact
+
+
+def resumed_state(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, checkpoints: training.Checkpoints) -> None:
+    """A rung's state as this run's checkpoint, where this run has none of its own yet (a kill after its first
+    checkpoint resumes from that). The rung must be this job stopped earlier: the same training, the same schedule."""
+    rung = store.manifest(inputs.resume)
+    same = {k: v for k, v in job.model_dump(mode="json").items() if k != "until"}
+    if {k: v for k, v in rung["config"].items() if k != "until"} != same or (rung["config"]["until"] or 0) > (
+            job.until or float("inf")):
+        raise InputError(f"{inputs.resume.address}: not a rung of this training (another job, or a later step); "
+                         "a run continues only its own earlier rung")
+    if distributed.world()[0] == 0 and not checkpoints.path.is_file():
+        shutil.copyfile(store.path(inputs.resume) / STATE, checkpoints.path)
+    distributed.from_process_0(True)  # under torchrun: the others load it once it is there
 
 
 def compiled_as(compile: bool | str, device: torch.device) -> str:
@@ -176,14 +201,18 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
         with store.open_table(inputs.pairs, "pairs") as pairs:
             probe_texts = pairs.read_row_group(0, columns=["anchor"])["anchor"].to_pylist()[:health.PROBE_ROWS]
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
+        if inputs.resume:
+            resumed_state(store, job, inputs, checkpoints)
         try:
             history = training.train_model(objective, batches, cfg, checkpoints, log, measure=measure,
                                            probe=probe_cosine(model, probe_texts) if rank == 0 else None,
-                                           stop_signals=boundary_signals() if size == 1 else ())
+                                           stop_signals=boundary_signals() if size == 1 else (), until=job.until)
         except health.TrainingUnhealthy as e:
             raise health.TrainingUnhealthy(f"{job.recipe} recipe: {e}") from None
     if rank == 0:
         lora.save_with_adapter(model.to(getattr(torch, cfg.save_dtype)), folder / "model")
+        if job.until and len(history) < len(batches):  # a rung: its state, for the run that goes on from it
+            shutil.copyfile(checkpoints.path, folder / STATE)
     return start + [vars(h) for h in history], training.health_of(batches, cfg, history)
 
 

@@ -138,8 +138,11 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                 on_step: Callable[[StepLog], None] | None = None,
                 measure: Callable[[], float] | None = None,
                 probe: Callable[[], float] | None = None, stop_signals: tuple[int, ...] = SIGNALS,
-                profile: StepTimes | None = None) -> list[StepLog]:
+                profile: StepTimes | None = None, until: int | None = None) -> list[StepLog]:
     """Train the objective's model in place; resume from `checkpoints` if a state is there.
+
+    `until`: stop after that step of the schedule, its state checkpointed (a rung of a search: a later call
+    continues from it to a later step, and the weights are then those of one uninterrupted run).
 
     `measure` (e.g. kNN accuracy of the current model) is recorded every `cfg.eval_every` steps
     and after the last one; `probe` (the probe batch's mean cosine, tasks/methods/health.py) after
@@ -180,11 +183,12 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             torch.cuda.set_rng_state(state["cuda_rng"][rank])
         history = [StepLog(**h) for h in state["history"]]
         log.info("resuming from checkpoint at step %d of %d", len(history), len(batches))
+    end = len(batches) if until is None else min(until, len(batches))  # the step this call stops after
 
     loss_fn.train()  # dropout on: it is what makes the two views of dropout, SimCSE and CT differ
     forward = distributed.data_parallel(loss_fn)
-    progress = StageProgress(len(batches), "steps", done=len(history)) if rank == 0 else None
-    bar = tqdm(total=len(batches), initial=len(history), desc=progress.label if progress else "train", unit="batch",
+    progress = StageProgress(end, "steps", done=len(history)) if rank == 0 else None
+    bar = tqdm(total=end, initial=len(history), desc=progress.label if progress else "train", unit="batch",
                mininterval=5, disable=rank != 0)
     def save() -> None:
         rng = distributed.from_every_process(torch.get_rng_state())
@@ -213,7 +217,8 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
         with tokenizer_free:
             return epoch, len(batch), objective.collate(rows), labels
 
-    inputs = prefetched(itertools.starmap(prepared, batches.from_step(len(history))),
+    inputs = prefetched(itertools.starmap(prepared, itertools.islice(batches.from_step(len(history)),
+                                                                     max(0, end - len(history)))),
                         on_prepared=profile.prepared.append if profile else None)
     with stopping or contextlib.nullcontext(), contextlib.closing(inputs):
         for step, (epoch, rows, features, labels) in enumerate(inputs, start=len(history)):
@@ -232,7 +237,7 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                             chance=objective.chance(rows) if objective.chance else None, grad_norm=norm)
             schedule.step()
             history.append(entry)
-            last = step + 1 == len(batches)
+            last = step + 1 == end
             if rank == 0 and measure and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
                 with tokenizer_free, eager():
                     entry.knn_accuracy = measure()
@@ -253,7 +258,7 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             bar.set_postfix(loss=f"{entry.loss:.3f}")
             if progress:
                 progress.advance()
-            due = (step + 1) % cfg.checkpoint_every == 0 and step + 1 < len(batches)
+            due = (step + 1) % cfg.checkpoint_every == 0 and step + 1 < len(batches) or last and end < len(batches)
             if due:
                 save()
             if on_step:

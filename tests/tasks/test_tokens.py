@@ -9,42 +9,21 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from storage.store import ArtifactStore
 from tasks import pairs as pairs_stage
 from tasks import tokens as tokens_stage
 from tasks.config.base import InputError
-from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.model import Prompts
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
-from tasks.core.stage import NoInputs
 from tasks.encoders.inputs import model_tokenizer_digest, tokenize, word_tokenize
 from tasks.encoders.models import sentence_model
-from tasks.ingest import INGEST
 from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, train_model
-from tasks.pairs import PAIRS, PairsConfig, PairsInputs
-from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
-from tests.helpers import DEMO_DOCS
 
 CFG = TrainConfig(batch_size=8, lr=1e-3, max_length=32, checkpoint_every=100)
 LONG = 96  # tokens: some 2-sentence crops of the demo are longer, most shorter
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """A store with 60 demo documents' sentences, and a function building a method's pairs in it."""
-    store = ArtifactStore(tmp_path_factory.mktemp("tokens") / "store")
-    docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=60), NoInputs())
-    sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
-
-    def pairs(recipe: str, epochs: int = 2):
-        view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=epochs)
-        return PAIRS.run(store, view, PairsInputs.for_view(view, sentences, docs, None))
-
-    return store, pairs
 
 
 def test_the_tokens_are_each_pair_texts_ids_row_for_row_in_the_pairs_row_groups(demo, tiny_dir, monkeypatch):

@@ -1,17 +1,21 @@
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
+from storage.base import ArtifactRef
 from tasks.config.base import InputError
 from tasks.config.evaluation import KnnConfig
 from tasks.config.model import ModelConfig, RandomInitConfig
 from tasks.config.training import MethodConfig, TrainConfig
 from tasks.encoders.models import checkpoint_activations, save_random_encoder, sentence_model
+from tasks.methods import training
 from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, train_model
-from tasks.train import TrainJob, frozen_objective, knn_curve
+from tasks.tokens import TOKENS, TokensInputs, TokensJob
+from tasks.train import STATE, TRAIN, TrainInputs, TrainJob, frozen_objective, knn_curve
 from tests.helpers import model_tokens_file
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
@@ -258,3 +262,45 @@ def test_mntp_on_a_decoder_resumes_after_a_kill_bit_identically(tiny_decoder_dir
     assert all(torch.equal(a[k], b[k]) for k in a)
     untrained = weights(sentence_model(tiny_decoder_dir, CFG.max_length))
     assert not all(torch.equal(a[k], untrained[k]) for k in a)
+
+
+def test_rungs_train_each_step_once_and_end_as_one_uninterrupted_run(demo, tiny_dir, monkeypatch):
+    store, pairs = demo
+    method, cfg = MethodConfig(name="crops", recipe="crops"), CFG.model_copy(update={"checkpoint_every": 100})
+    ref = pairs("crops")
+    tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, method, cfg), TokensInputs(pairs=ref))
+    inputs = TrainInputs(pairs=ref, tokens=tokens)
+    trained = []  # the steps each train job takes
+    stepped = training.precision.MixedPrecision.step
+    monkeypatch.setattr(training.precision.MixedPrecision, "step",
+                        lambda self, *a: trained.__setitem__(-1, trained[-1] + 1) or stepped(self, *a))
+
+    def train(until=None, resume=None) -> ArtifactRef:
+        trained.append(0)
+        job = TrainJob.for_method(tiny_dir, method, cfg, None).model_copy(update={"until": until})
+        return TRAIN.run(store, job, inputs.model_copy(update={"resume": resume}))
+
+    whole = train()
+    steps = store.manifest(whole)["extra"]["steps"]
+    first = train(until=3)
+    second = train(until=7, resume=first)
+    last = train(resume=second)
+    assert steps > 7 and trained == [steps, 3, 4, steps - 7]  # every step once across the rungs
+    assert [store.manifest(r)["extra"]["steps"] for r in (first, second, last)] == [3, 7, steps]
+    assert (store.path(first) / STATE).is_file() and not (store.path(last) / STATE).exists()
+    # the same steps, and the health probe at each rung's end too (it draws nothing: the same weights)
+    rungs, once = (store.read_table(r, "training").drop_columns("probe_cosine").to_pylist() for r in (last, whole))
+    assert rungs == once
+    probed = store.read_table(last, "training").filter(pc.is_valid(pc.field("probe_cosine")))["step"].to_pylist()
+    assert {3, 7} <= set(probed) and not {3, 7} & set(store.read_table(whole, "training").filter(
+        pc.is_valid(pc.field("probe_cosine")))["step"].to_pylist())
+    a = SentenceTransformer(str(store.path(whole) / "model")).state_dict()
+    b = SentenceTransformer(str(store.path(last) / "model")).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert len({whole, first, second, last}) == 4 and train(until=3) == first  # each rung cached as itself
+
+    other = TrainJob.for_method(tiny_dir, method, cfg.model_copy(update={"lr": 2e-3}), None)
+    with pytest.raises(InputError, match=f"{first.address}: not a rung of this training"):
+        TRAIN.run(store, other, inputs.model_copy(update={"resume": first}))
+    with pytest.raises(InputError, match=f"{second.address}: not a rung of this training"):
+        train(until=5, resume=second)  # a rung past the step asked for
