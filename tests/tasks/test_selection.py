@@ -1,0 +1,68 @@
+"""tasks/selection.py: successive halving over candidate recipes through Optuna, on scores given by a function."""
+
+import pytest
+
+from tasks.selection import Candidate, rung_steps, successive_halving
+
+NINE = [Candidate(recipe, lr) for recipe in ("crops", "dropout", "tsdae") for lr in (1e-4, 3e-4, 1e-3)]
+
+
+def test_rungs_are_eta_apart_and_below_the_budget():
+    assert rung_steps(900, 9, 3) == [100, 300]
+    assert rung_steps(100, 9, 3) == [11, 33]  # multiples of the first: the pruner's rungs exactly
+    assert rung_steps(100, 10, 3) == [3, 9, 27]  # a tenth candidate: one more halving
+    assert rung_steps(100, 2, 2) == [50]
+    assert rung_steps(100, 1, 3) == []
+    assert rung_steps(4, 9, 3) == [1, 3]
+    with pytest.raises(ValueError, match=r"a budget of 3 steps is too small for 9 candidates at eta 3: its rungs "
+                                         r"\(1, 3 steps\) must stay below it; at least 4 steps"):
+        rung_steps(3, 9, 3)
+    with pytest.raises(ValueError, match="at least 1 step"):
+        rung_steps(0, 9, 3)
+
+
+def quality(candidate: Candidate, steps: int) -> float:
+    """A score that grows with steps, at a rate set by the candidate (dropout at 3e-4 learns fastest)."""
+    rate = {"crops": 0.5, "dropout": 1.0, "tsdae": 0.2}[candidate.recipe] * {1e-4: 0.5, 3e-4: 1.0, 1e-3: 0.8}[
+        candidate.lr]
+    return rate * steps / (steps + 100)
+
+
+def test_the_best_third_goes_on_from_each_rung_and_the_last_trains_the_whole_budget():
+    calls = []
+    ladder = successive_halving(NINE, 900, 3, lambda c, s: calls.append((c.name, s)) or quality(c, s))
+    assert ladder.winner == Candidate("dropout", 3e-4)
+    assert [s for _, s in calls] == [100] * 9 + [300] * 3 + [900]
+    assert {c for c, s in calls if s == 300} == {"dropout@0.0003", "dropout@0.001", "crops@0.0003"}
+    # each candidate's steps once: 9 x 100, 3 more x 200, the winner 600 more; against 9 x 900 trained fully
+    assert ladder.trained_steps == 9 * 100 + 3 * 200 + 600 == 2_100
+    assert ladder.trained_steps / (9 * 900) < 0.35
+    rows = ladder.rows()
+    assert [(r["candidate"], r["steps"], r["dropped"]) for r in rows if r["dropped"]] == [
+        *[(c.name, 100, "pruned") for c in NINE if c.name not in {"dropout@0.0003", "dropout@0.001", "crops@0.0003"}],
+        ("crops@0.0003", 300, "pruned"), ("dropout@0.001", 300, "pruned")]
+    assert [r["winner"] for r in rows].count(True) == 3 and rows[-1]["steps"] == 900
+
+
+def test_a_candidate_the_health_check_stops_is_dropped_with_its_reason():
+    def score(candidate, steps):
+        if candidate == Candidate("dropout", 3e-4) and steps == 300:
+            return "training collapsed at step 180"
+        return quality(candidate, steps)
+
+    ladder = successive_halving(NINE, 900, 3, score)
+    assert ladder.winner == Candidate("dropout", 1e-3)
+    assert ("dropout@0.0003", 300, "training collapsed at step 180") in [
+        (r["candidate"], r["steps"], r["dropped"]) for r in ladder.rows()]
+
+
+def test_every_candidate_stopped_leaves_no_winner():
+    ladder = successive_halving(NINE[:3], 90, 3, lambda c, s: "diverged")
+    assert ladder.winner is None and {r["dropped"] for r in ladder.rows()} == {"diverged"}
+
+
+def test_one_candidate_trains_the_whole_budget_at_once():
+    ladder = successive_halving(NINE[:1], 90, 3, quality)
+    assert ladder.winner == NINE[0] and [(r["steps"], r["winner"]) for r in ladder.rows()] == [(90, True)]
+    with pytest.raises(ValueError, match="candidates must differ"):
+        successive_halving([NINE[0], NINE[0]], 90, 3, quality)
