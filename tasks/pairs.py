@@ -41,7 +41,7 @@ from pydantic import Field
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Section
-from tasks.config.evaluation import KnnConfig
+from tasks.config.evaluation import KnnConfig, YardstickConfig
 from tasks.config.queries import TRAIN
 from tasks.config.training import MethodConfig
 from tasks.core import duck
@@ -49,6 +49,7 @@ from tasks.core.stage import Inputs, Stage
 from tasks.methods.recipes import RECIPES, View
 from tasks.methods.tsdae import deletion_mask, keep_words
 from tasks.metrics import knn
+from tasks.yardstick import held_out_documents
 
 
 class HeldOut(Section):
@@ -73,6 +74,7 @@ class PairsConfig(Section):
     epochs: int = Field(1, ge=1)
     deletion_ratio: float | None = None
     held_out: HeldOut | None = None
+    yardstick: YardstickConfig | None = None  # its held-out documents are left out too (tasks/yardstick.py)
     replacement: Replacement | None = None  # the summaries view's
     round_trip: int | None = None  # the queries view's
     hard_negatives: bool = False  # the queries view's
@@ -81,7 +83,7 @@ class PairsConfig(Section):
 
     @property
     def needs_documents(self) -> bool:
-        return self.held_out is not None or self.view in ("summaries", "queries")
+        return self.held_out is not None or self.yardstick is not None or self.view in ("summaries", "queries")
 
     @classmethod
     def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None,
@@ -361,6 +363,10 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
     test = knn_test_documents(docs, cfg.held_out) if cfg.held_out else set()
     if test:
         log.info("%d kNN test documents held out of training", len(test))
+    if cfg.yardstick:
+        yardstick = held_out_documents(docs["doc_id"].to_pylist(), cfg.yardstick)
+        log.info("%d yardstick documents held out of training", len(yardstick - test))
+        test |= yardstick
     if cfg.view == "summaries":
         summaries = {d: s for d, s in ok_summaries(store, inputs.summaries).items() if d not in test}
         titles = dict(zip(docs["doc_id"].to_pylist(), docs["title"].to_pylist()))
@@ -391,7 +397,8 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
                                                          epoch_pairs(sentences, counts, drawn, epoch, cfg, out.work)))
     if rows // cfg.epochs < MIN_ROWS:  # refused before a train stage publishes a model trained on nothing
         raise InputError(f"the {cfg.view} view made {rows // cfg.epochs} row(s) per epoch from the corpus"
-                         f"{f' ({len(test)} documents held out for kNN)' if test else ''}; training needs at least "
+                         f"{f' ({len(test)} documents held out for kNN or the yardstick)' if test else ''}; training "
+                         f"needs at least "
                          f"{MIN_ROWS} (a batch's in-batch negatives): a larger corpus or settings that keep more of it")
     out.extra.update(documents=rows // cfg.epochs)
     log.info("%s view: %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"], rows, cfg.epochs)

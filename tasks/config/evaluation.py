@@ -90,6 +90,16 @@ Backend = Literal["torch", "onnx", "openvino"]  # tasks/encoders/backends.py
 TSNE_MAX = 5000
 
 
+class YardstickConfig(Section):
+    """A score without labels: a held-out share of the corpus made into a retrieval task (tasks/yardstick.py)."""
+
+    kind: Literal["titles"] = Field("titles", description="`titles`: each held-out document's title finds its "
+                                    "text among the corpus's.")
+    held_out: float = Field(0.1, gt=0, lt=1, description="Share of the documents held out of every training view, "
+                            "drawn by a hash of (seed, doc_id): the same documents in every run.")
+    seed: int = 0
+
+
 class EvaluateConfig(Section):
     max_length: int = Field(256, ge=8, description="Truncate evaluated texts to this many tokens.")
     batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")

@@ -1,8 +1,8 @@
-"""tasks/selection.py: successive halving over candidate recipes through Optuna, on scores given by a function."""
+"""tasks/core/selection.py: successive halving over candidate recipes, on scores given by a function."""
 
 import pytest
 
-from tasks.selection import Candidate, rung_steps, successive_halving
+from tasks.core.selection import Candidate, rung_steps, successive_halving
 
 NINE = [Candidate(recipe, lr) for recipe in ("crops", "dropout", "tsdae") for lr in (1e-4, 3e-4, 1e-3)]
 

@@ -1,0 +1,96 @@
+"""tasks/yardstick.py: a held-out share of the corpus as a retrieval task without labels, kept out of training."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from storage.store import ArtifactStore
+from tasks.config.base import InputError
+from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.evaluation import KnnConfig, YardstickConfig
+from tasks.config.training import MethodConfig
+from tasks.core.stage import NoInputs
+from tasks.core.text_sets import held_out_queries
+from tasks.embed import EMBED, EmbedInputs, EmbedJob
+from tasks.encoders.encode import PooledEncoder
+from tasks.evaluate import EVALUATE, QUERY_SCORES, EvalJob, EvaluateInputs
+from tasks.ingest import INGEST
+from tasks.metrics import retrieval
+from tasks.pairs import PAIRS, PairsConfig, PairsInputs
+from tasks.sentences import SENTENCES, SentencesInputs
+from tasks.yardstick import YARDSTICK, YardstickInputs, held_out_documents
+from tests.helpers import DEMO_DOCS
+
+CFG = YardstickConfig(held_out=0.2)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A store with 80 demo documents (titled, the last 10 without a title), their sentences and the yardstick."""
+    tmp = tmp_path_factory.mktemp("yardstick")
+    docs = pd.read_parquet(DEMO_DOCS).head(80)
+    docs.loc[docs.index[-10:], "title"] = [None, "", "  "] * 3 + [None]
+    docs.to_parquet(tmp / "docs.parquet")
+    store = ArtifactStore(tmp / "store")
+    documents = INGEST.run(store, DataConfig(path=str(tmp / "docs.parquet")), NoInputs())
+    sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=documents))
+    return store, documents, sentences, docs, YARDSTICK.run(store, CFG, YardstickInputs(documents=documents))
+
+
+def test_the_held_out_documents_are_a_share_drawn_by_document_alone():
+    ids = [f"doc-{i}" for i in range(4_000)]
+    held = held_out_documents(ids, CFG)
+    assert 0.17 < len(held) / len(ids) < 0.23
+    assert held_out_documents(ids[:1_000], CFG) == held & set(ids[:1_000])  # a larger corpus moves none
+    assert held_out_documents(ids, CFG.model_copy(update={"seed": 1})) != held
+
+
+def test_each_titled_held_out_document_asks_for_itself_by_its_title(corpus):
+    store, _, _, docs, ref = corpus
+    queries = held_out_queries(store, ref).to_pandas()  # as the in-domain retrieval evaluation reads queries
+    held = held_out_documents(docs["doc_id"].tolist(), CFG)
+    titled = docs[docs["title"].fillna("").str.strip().str.len() > 0]
+    assert set(queries["doc_id"]) == held & set(titled["doc_id"]) and len(queries) >= 2
+    assert len(held - set(titled["doc_id"])) > 0  # the untitled held-out ones ask nothing
+    assert (queries["query"] == queries["doc_id"].map(dict(zip(docs["doc_id"], docs["title"])))).all()
+    assert store.manifest(ref)["extra"] == {"kind": "titles", "held_out": len(held), "queries": len(queries)}
+
+
+def test_no_training_view_reads_a_held_out_document(corpus):
+    store, documents, sentences, docs, _ = corpus
+    held = held_out_documents(docs["doc_id"].tolist(), CFG)
+    for recipe in ("crops", "dropout", "tsdae"):  # the crops, same and noise views
+        view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=1)
+        plain = store.read_table(PAIRS.run(store, view, PairsInputs.for_view(view, sentences, documents, None)),
+                                 "pairs")
+        assert held & set(plain["doc_id"].to_pylist())  # without the yardstick, some are trained on
+        view = view.model_copy(update={"yardstick": CFG})
+        kept = store.read_table(PAIRS.run(store, view, PairsInputs.for_view(view, sentences, documents, None)),
+                                "pairs")
+        assert kept.num_rows and not held & set(kept["doc_id"].to_pylist()), recipe
+
+
+def test_the_evaluation_ranks_each_title_s_document_among_the_corpus(corpus, tiny_dir):
+    store, documents, _, docs, ref = corpus
+    embed = dict(model=tiny_dir, max_length=64, batch_size=16)
+    doc_emb = EMBED.run(store, EmbedJob(**embed), EmbedInputs(documents=documents))
+    query_emb = EMBED.run(store, EmbedJob(**embed), EmbedInputs(held_out_queries=ref))
+    job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=KnnConfig(k=3, repeats=1), sts=None, tsne=False)
+    scores = EVALUATE.run(store, job, EvaluateInputs(documents=documents, embeddings=doc_emb, queries=ref,
+                                                     query_embeddings=query_emb))
+    queries = held_out_queries(store, ref).to_pandas()
+    encoder = PooledEncoder(tiny_dir, "cpu")
+    position = {d: i for i, d in enumerate(docs["doc_id"])}
+    ranks = retrieval.relevant_ranks(encoder.encode(queries["query"].tolist(), 64), encoder.encode(
+        docs["text"].tolist(), 64), np.array([position[d] for d in queries["doc_id"]]))
+    assert store.read_table(scores, QUERY_SCORES)["rank"].to_pylist() == ranks.tolist()
+
+
+def test_a_corpus_without_titles_is_one_clear_error(tmp_path):
+    docs = pd.read_parquet(DEMO_DOCS).head(30).assign(title=None)
+    docs.to_parquet(tmp_path / "docs.parquet")
+    store = ArtifactStore(tmp_path / "store")
+    documents = INGEST.run(store, DataConfig(path=str(tmp_path / "docs.parquet")), NoInputs())
+    with pytest.raises(InputError, match=r"yardstick titles: 0 of the \d+ held-out documents \(20% of the corpus\) "
+                                         "have a title; it needs at least 2"):
+        YARDSTICK.run(store, CFG, YardstickInputs(documents=documents))
