@@ -50,7 +50,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
     if titled.num_rows < MIN_QUERIES:
         raise InputError(f"yardstick titles: {titled.num_rows} of the {len(held)} held-out documents "
                          f"({cfg.held_out:.0%} of the corpus) have a title; it needs at least {MIN_QUERIES}: a larger "
-                         "corpus, a larger evaluate.yardstick.held_out, or documents with titles")
+                         "corpus, a larger held-out share, or documents with titles")
     n = titled.num_rows
     out.write_table("queries", pa.table({"query_id": pc.binary_join_element_wise("title-", titled["doc_id"], ""),
                                          "doc_id": titled["doc_id"], "split": pa.array([HELD_OUT] * n),

@@ -91,7 +91,8 @@ TSNE_MAX = 5000
 
 
 class YardstickConfig(Section):
-    """A score without labels: a held-out share of the corpus made into a retrieval task (tasks/yardstick.py)."""
+    """A score without labels: a held-out share of the corpus made into a retrieval task (tasks/yardstick.py), for
+    the search over recipes of issue 44 (`embforge select`, not yet a command)."""
 
     kind: Literal["titles"] = Field("titles", description="`titles`: each held-out document's title finds its "
                                     "text among the corpus's.")
