@@ -92,7 +92,7 @@ TSNE_MAX = 5000
 
 class YardstickConfig(Section):
     """A score without labels: a held-out share of the corpus made into a retrieval task (tasks/yardstick.py), for
-    the search over recipes of issue 44 (`embforge select`, not yet a command)."""
+    the search over recipes (`embforge select`, still to come)."""
 
     kind: Literal["titles"] = Field("titles", description="`titles`: each held-out document's title finds its "
                                     "text among the corpus's.")
