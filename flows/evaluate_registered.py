@@ -15,7 +15,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.params import EvaluateParams
-from flows.pipeline import Corpus, report_models, summarize_corpus, write_queries
+from flows.pipeline import Corpus, report_models, summarize_corpus, write_queries, yardstick_of
 from flows.runs import ReportedModel, open_run, recorded
 from storage.base import ArtifactRef
 from storage.catalog import CHANGES_SCHEMA, SCORE_STAGES, Catalog
@@ -126,7 +126,7 @@ def evaluate(params: EvaluateParams) -> dict:
         docs = run.stage(INGEST, cfg.data, NoInputs())
         summaries = summarize_corpus(run, docs) if cfg.evaluate.semantic else None
         queries = write_queries(run, cfg.methods, docs)  # as the pipeline: held-out queries scored when trained on
-        report_models(run, models, Corpus(docs, summaries, queries), params.force)
+        report_models(run, models, Corpus(docs, summaries, queries, yardstick_of(run, docs)), params.force)
         return publish_changes(store, run.record.run_id, earlier,
                                f"{cfg.name}: scores of {len(models)} registered models")
 

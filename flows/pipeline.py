@@ -17,6 +17,7 @@ from flows.params import RunParams, TrainParams
 from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from tasks.config.base import ConfigError
+from tasks.config.evaluation import YardstickConfig
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.static import BASE, StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
@@ -43,14 +44,17 @@ from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
+from tasks.yardstick import YARDSTICK, YardstickInputs
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
                  base_model: str | None, start: ArtifactRef | None,
-                 summaries: ArtifactRef | None = None, negatives: ArtifactRef | None = None) -> ReportedModel:
-    """Pairs, their tokens, then training, for one method; `start` is the encoder artifact to start from, if any."""
+                 summaries: ArtifactRef | None = None, negatives: ArtifactRef | None = None,
+                 yardstick: YardstickConfig | None = None) -> ReportedModel:
+    """Pairs, their tokens, then training, for one method; `start` is the encoder artifact to start from, if any;
+    `yardstick`: its documents are left out of the pairs."""
     knn = run.cfg.evaluate.knn
-    views = PairsConfig.for_method(method, train.epochs, knn, train.batch_size)
+    views = PairsConfig.for_method(method, train.epochs, knn, train.batch_size, yardstick)
     pairs = run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
     prompts = run.cfg.model.prompts
     tokens = run.stage(TOKENS, TokensJob.for_method(base_model, method, train, prompts),
@@ -65,10 +69,10 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
                          knn_holdout=method.knn_holdout, swept=method.swept)
 
 
-def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries: ArtifactRef | None = None,
-                   force: bool = False, queries: ArtifactRef | None = None) -> list[ArtifactRef]:
+def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool = False) -> list[ArtifactRef]:
     """Embed (cached per model and text set, from the text set's token ids), then score: the evaluate
     artifact, the semantic benchmark's, then one per MTEB task."""
+    docs, summaries, queries = corpus.docs, corpus.summaries, corpus.queries
     ev, dataset, prompts = run.cfg.evaluate, run.cfg.data.display_name, run.cfg.model.prompts
     embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device,
                  dtype=ev.dtype, backend=ev.backend)
@@ -88,11 +92,13 @@ def evaluate_model(run: Run, model: ReportedModel, docs: ArtifactRef, summaries:
     sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None
     held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
     query_emb = embedded({}, dict(held_out_queries=held_out), prompts.query) if held_out else None
+    titles = embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query) if corpus.yardstick else None
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
     scores = [stage(EVALUATE, job, EvaluateInputs(documents=docs, embeddings=docs_emb, sts_embeddings=sts_emb,
                                                   queries=held_out, query_embeddings=query_emb,
+                                                  yardstick=corpus.yardstick, yardstick_embeddings=titles,
                                                   model=model.artifact), force)]
     if ev.semantic:
         job = SemanticJob(label=model.label, dataset=dataset, pooling=model.pooling, semantic=ev.semantic,
@@ -112,6 +118,13 @@ class Corpus:
     docs: ArtifactRef  # the config's documents: kNN's labels, the semantic benchmark's papers
     summaries: ArtifactRef | None
     queries: ArtifactRef | None = None  # the generated queries (their held-out ones are scored)
+    yardstick: ArtifactRef | None = None  # evaluate.yardstick's held-out titles (tasks/yardstick.py)
+
+
+def yardstick_of(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
+    """The label-free yardstick's queries, if the config asks (its documents are then left out of training)."""
+    cfg = run.cfg.evaluate.yardstick
+    return run.stage(YARDSTICK, cfg, YardstickInputs(documents=docs)) if cfg else None
 
 
 def summarize_corpus(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
@@ -172,7 +185,8 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
     for method in methods:
         after = trained[method.start_from].artifact if method.start_from else None  # a chained recipe's stage
         trained[method.name] = train_method(run, method, cfg.train_for(method), docs, sentences,
-                                            None if after else base, after or start, summaries, negatives)
+                                            None if after else base, after or start, summaries, negatives,
+                                            cfg.evaluate.yardstick)
     models += trained.values()
     if not converted:  # the init's and training's tokenizer (a converted one is read from each model)
         models = [replace(m, tokenizer=cfg.model.name_or_path) for m in models]
@@ -180,7 +194,7 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         named = [m for m in models if (BASE if m.method == "none" else m.label) in cfg.static.of]
         models += [static_model(run, m, sentences) for m in named]
     run.register(models)
-    return models, Corpus(docs, summaries, queries)
+    return models, Corpus(docs, summaries, queries, yardstick_of(run, docs))
 
 
 def static_model(run: Run, teacher: ReportedModel, sentences: ArtifactRef) -> ReportedModel:
@@ -203,8 +217,7 @@ def cpu_speed(run: Run, static: ReportedModel, teacher: ReportedModel, docs: Art
 
 def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: bool = False) -> ArtifactRef:
     """Score every model (cached per model and task), then the report, shown in the Prefect UI."""
-    scores = {m.label: evaluate_model(run, m, corpus.docs, corpus.summaries, force, corpus.queries)
-              for m in models}
+    scores = {m.label: evaluate_model(run, m, corpus, force) for m in models}
     by_label = {m.label: m for m in models}
     for m in models:
         if m.teacher in by_label and run.cfg.static and run.cfg.static.speed_documents:

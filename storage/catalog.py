@@ -40,6 +40,7 @@ log = logging.getLogger("embforge.catalog")
 SCORE_STAGES = ("evaluate", "semantic", "mteb", "speed")
 STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
 QUERY_SCORES = "query_scores"  # each query's nDCG@10: the held-out generated ones (evaluate), local retrieval (mteb)
+YARDSTICK_SCORES = "yardstick_scores"  # each yardstick query's (tasks/yardstick.py: a held-out title) rank and nDCG@10
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.
@@ -106,6 +107,7 @@ _EMPTY = {
     " NULL::VARCHAR model, NULL::VARCHAR backend, NULL::VARCHAR sampling, NULL::BIGINT seed WHERE false",
     STS_PAIRS: "SELECT NULL::VARCHAR key, NULL::INTEGER pair, NULL::DOUBLE score, NULL::FLOAT cosine WHERE false",
     QUERY_SCORES: "SELECT NULL::VARCHAR key, NULL::VARCHAR query_id, NULL::BIGINT rank, NULL::DOUBLE ndcg WHERE false",
+    YARDSTICK_SCORES: f"SELECT * FROM {QUERY_SCORES}",
     PAIRED: "SELECT NULL::VARCHAR key, NULL::VARCHAR dataset, NULL::VARCHAR metric, NULL::VARCHAR model,"
     " NULL::VARCHAR versus, NULL::DOUBLE difference, NULL::DOUBLE low, NULL::DOUBLE high, NULL::BIGINT n,"
     " NULL::VARCHAR interval, NULL::BOOLEAN significant WHERE false",
@@ -215,6 +217,7 @@ class Catalog:
         per_artifact("summaries", "summarize")
         per_artifact(STS_PAIRS, "evaluate")
         per_artifact(QUERY_SCORES, "evaluate", "mteb")
+        per_artifact(YARDSTICK_SCORES, "evaluate")
         per_artifact(PAIRED, "report")
         self.con.execute("""
             CREATE VIEW run_stages AS

@@ -19,7 +19,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from storage.base import ArtifactRef
-from storage.catalog import QUERY_SCORES, STS_PAIRS, metrics_table
+from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
@@ -108,21 +108,23 @@ class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     sts_embeddings: ArtifactRef | None = None
     queries: ArtifactRef | None = None  # with query_embeddings: the held-out generated queries (docs/gpl.md)
     query_embeddings: ArtifactRef | None = None
+    yardstick: ArtifactRef | None = None  # with yardstick_embeddings: the titles of tasks/yardstick.py
+    yardstick_embeddings: ArtifactRef | None = None
 
 
-def held_out_query_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, doc_ids: list[str],
-                        pooling: str, out: ArtifactWriter) -> list[dict]:
-    """Retrieval of the held-out generated queries: each one's own document among all the corpus's, by
-    cosine. Each query's rank and nDCG@10 are kept too: the report pairs two models over the queries."""
-    held = held_out_queries(store, inputs.queries)
+def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: ArtifactRef, x: np.ndarray,
+                        doc_ids: list[str], pooling: str, out: ArtifactWriter, prefix: str, table: str) -> list[dict]:
+    """Retrieval of held-out queries (the generated ones: prefix `query_`; the yardstick's titles: `title_`): each
+    one's own document among all the corpus's, by cosine. Each query's rank and nDCG@10 are kept too, in `table`:
+    the report pairs two models over the queries."""
+    held = held_out_queries(store, queries)
     if held.num_rows == 0:  # a small corpus can draw no held-out document: nothing to score
         return []
     position = {d: i for i, d in enumerate(doc_ids)}
-    queries = embed.read_embeddings(store, inputs.query_embeddings, pooling)
-    ranks = retrieval.relevant_ranks(queries, x, np.array([position[d] for d in held["doc_id"].to_pylist()]))
-    out.write_table(QUERY_SCORES, pa.table({"query_id": held["query_id"], "rank": ranks,
-                                            "ndcg": retrieval.ndcg_at(ranks)}))
-    return [dict(row, split=HELD_OUT) for row in retrieval.retrieval_rows(ranks, prefix="query_")]
+    vectors = embed.read_embeddings(store, embeddings, pooling)
+    ranks = retrieval.relevant_ranks(vectors, x, np.array([position[d] for d in held["doc_id"].to_pylist()]))
+    out.write_table(table, pa.table({"query_id": held["query_id"], "rank": ranks, "ndcg": retrieval.ndcg_at(ranks)}))
+    return [dict(row, split=HELD_OUT) for row in retrieval.retrieval_rows(ranks, prefix=prefix)]
 
 
 def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
@@ -157,7 +159,11 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     if job.geometry:
         rows += geometry.geometry_rows(x, pos_a, pos_b)
     if inputs.query_embeddings:
-        rows += held_out_query_rows(store, inputs, x, docs["doc_id"].tolist(), job.pooling, out)
+        rows += held_out_query_rows(store, inputs.queries, inputs.query_embeddings, x, docs["doc_id"].tolist(),
+                                    job.pooling, out, "query_", QUERY_SCORES)
+    if inputs.yardstick_embeddings:
+        rows += held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, x, docs["doc_id"].tolist(),
+                                    job.pooling, out, "title_", YARDSTICK_SCORES)
     rows += learning_curve_rows(store, inputs.model) + training_health_rows(store, inputs.model, x)
     for row in rows:  # the headline rows are the model's own pooling on its last layer
         row.setdefault("layer", last)
@@ -166,7 +172,8 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     out.write_table("metrics", table)
     # Texts cut to the character budget before they were embedded (docs and STS pairs), for the report.
     out.extra.update(cut=sum(store.manifest(e)["extra"].get("cut", 0)
-                             for e in (docs_emb, inputs.sts_embeddings, inputs.query_embeddings) if e is not None))
+                             for e in (docs_emb, inputs.sts_embeddings, inputs.query_embeddings,
+                                       inputs.yardstick_embeddings) if e is not None))
     draw_pictures(job, x[labelled], labels, table.to_pandas(), out)
     for r in rows:
         if r["metric"] not in POINTS and r["value"] is not None:

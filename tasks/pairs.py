@@ -87,7 +87,7 @@ class PairsConfig(Section):
 
     @classmethod
     def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None,
-                   batch_size: int | None = None) -> PairsConfig:
+                   batch_size: int | None = None, yardstick: YardstickConfig | None = None) -> PairsConfig:
         # Only what shapes the rows is part of the identity: recipes that read the same view (and
         # renamed methods) share one artifact.
         recipe = RECIPES[method.recipe]
@@ -99,7 +99,7 @@ class PairsConfig(Section):
                    seed=method.seed, epochs=epochs, deletion_ratio=method.deletion_ratio if view == "noise" else None,
                    held_out=held_out, replacement=replacement if view == "summaries" else None,
                    round_trip=method.resolved_round_trip, hard_negatives=hard_negatives, margins=recipe.margins,
-                   batch_size=batch_size if hard_negatives else None)
+                   batch_size=batch_size if hard_negatives else None, yardstick=yardstick)
 
 
 def knn_test_documents(docs: pa.Table, held_out: HeldOut) -> set[str]:

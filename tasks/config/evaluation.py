@@ -91,8 +91,7 @@ TSNE_MAX = 5000
 
 
 class YardstickConfig(Section):
-    """A score without labels: a held-out share of the corpus made into a retrieval task (tasks/yardstick.py), for
-    the search over recipes (`embforge select`, still to come)."""
+    """A score without labels: a held-out share of the corpus made into a retrieval task (tasks/yardstick.py)."""
 
     kind: Literal["titles"] = Field("titles", description="`titles`: each held-out document's title finds its "
                                     "text among the corpus's.")
@@ -121,6 +120,10 @@ class EvaluateConfig(Section):
                                             "of title↔abstract, half↔half and summary↔paper (with "
                                             "`summaries`), and the k-NN same-label proportion.")
     mteb: MtebConfig | None = Field(None, description="MTEB tasks, from the Hub or from local files.")
+    yardstick: YardstickConfig | None = Field(
+        None, description="A score without labels: a held-out share of the documents, left out of every method's "
+        "training, whose titles each find their own text (title_ndcg_at_10, title_mrr_at_10, title_recall_at_10, "
+        "paired between models in the report).")
     reference_models: list[str] = Field(
         default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
         "(e.g. a pre-trained sentence model as a yardstick).")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from storage.catalog import QUERY_SCORES, STS_PAIRS, Catalog
+from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, Catalog
 from tasks.encoders.budget import CHARS_PER_TOKEN
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
@@ -162,17 +162,19 @@ WHERE a.metric = 'sts_spearman' AND b.metric = 'sts_spearman'
 GROUP BY ALL HAVING bool_and(pa.score = pb.score) AND count(*) = any_value(a.n) AND any_value(a.n) = any_value(b.n)
 ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
 
-# The same for nDCG@10 over the queries both models were scored on: the held-out generated queries
-# (evaluate) and each local retrieval task (mteb: metric = the task, main score nDCG@10).
-QUERY_PAIRED_SQL = f"""
+# The same for nDCG@10 over the queries both models were scored on, each set in its table: the held-out generated
+# queries (evaluate) and each local retrieval task (mteb: metric = the task, main score nDCG@10); the yardstick's
+# held-out titles (evaluate).
+QUERY_PAIRED_SQL = """
 SELECT a.dataset, a.metric, b.model, a.model AS versus, list(qb.ndcg ORDER BY qa.query_id) AS scores,
        list(qa.ndcg ORDER BY qa.query_id) AS versus_scores
 FROM scores a JOIN scores b ON a.dataset = b.dataset AND a.metric = b.metric
      AND a.split IS NOT DISTINCT FROM b.split AND a.ord < b.ord
-JOIN {QUERY_SCORES} qa ON qa.key = a.score_key JOIN {QUERY_SCORES} qb ON qb.key = b.score_key
-     AND qb.query_id = qa.query_id
-WHERE a.metric = 'query_ndcg_at_10' OR (a.dataset = 'mteb' AND a.main_score = 'ndcg_at_10')
+JOIN {table} qa ON qa.key = a.score_key JOIN {table} qb ON qb.key = b.score_key AND qb.query_id = qa.query_id
+WHERE {scored}
 GROUP BY ALL ORDER BY any_value(b.ord), any_value(a.ord), a.dataset, a.metric"""
+QUERY_SETS = {QUERY_SCORES: "a.metric = 'query_ndcg_at_10' OR (a.dataset = 'mteb' AND a.main_score = 'ndcg_at_10')",
+              YARDSTICK_SCORES: "a.metric = 'title_ndcg_at_10'"}
 
 PAIRED_COLUMNS = ["dataset", "metric", "model", "versus", "difference", "low", "high", "n", "interval", "significant"]
 
@@ -186,7 +188,8 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     """Each model minus each model before it, with a 95% interval (tasks/metrics/significance.py):
     kNN accuracy paired over the splits both were scored on (t interval), then STS Spearman over the
     pairs both scored (bootstrap of the pairs), then nDCG@10 over the queries both were scored on (t
-    interval): the held-out generated queries, and each local retrieval task (its metric: the task)."""
+    interval): the held-out generated queries, each local retrieval task (its metric: the task), and the
+    yardstick's titles."""
     catalog, rows = _load(catalog, entries), []
     for r in _query(catalog, PAIRED_SQL).itertuples():
         if len(r.scores) >= 2:
@@ -196,10 +199,11 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
         if len(r.gold) >= 3:
             d = bootstrap_spearman_difference(np.array(r.scores), np.array(r.versus_scores), np.array(r.gold))
             rows.append(_paired_row(r, "sts_spearman", "bootstrap", d))
-    for r in _query(catalog, QUERY_PAIRED_SQL).itertuples():
-        if len(r.scores) >= 2:
-            d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
-            rows.append(_paired_row(r, r.metric, "t", d))
+    for table, scored in QUERY_SETS.items():
+        for r in _query(catalog, QUERY_PAIRED_SQL.format(table=table, scored=scored)).itertuples():
+            if len(r.scores) >= 2:
+                d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
+                rows.append(_paired_row(r, r.metric, "t", d))
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 

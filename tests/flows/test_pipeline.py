@@ -521,7 +521,7 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
                "queries": str(DEMO_DATA / "scifact_test_queries.parquet"), "limit": 12}
     config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries, negatives=negatives,
                          train={"epochs": 2, "batch_size": 4, "max_length": 32},
-                         evaluate={"max_length": 64, "knn": {"repeats": 3},
+                         evaluate={"max_length": 64, "knn": {"repeats": 3}, "yardstick": {"held_out": 0.2},
                                    "mteb": {"tasks": [], "max_length": 32, "local": [scifact]}})
     first, state = run(config)
     assert state.is_completed()
@@ -540,6 +540,16 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
         pairs = pd.read_parquet(store.root / "artifacts" / "pairs" / keys["pairs", label] / "pairs.parquet")
         assert not set(pairs["doc_id"]) & held_out and ("negative" in pairs) == negative
         assert set(pairs["anchor"]) <= set(mined["query"]) and ("margin" in pairs) == (label == "gpl_margin")
+    # The yardstick's documents (their titles ask for them) are in no method's pairs, as anchor, passage or negative.
+    titles = pd.read_parquet(store.root / "artifacts" / "yardstick" / keys["yardstick", ""] / "queries.parquet")
+    docs = pd.read_parquet(DEMO_DOCS).head(40)
+    yardstick_texts = set(docs.loc[docs["doc_id"].isin(titles["doc_id"]), "text"])
+    title_of = dict(zip(docs["doc_id"], docs["title"]))
+    assert len(titles) >= 2 and (titles["query"] == titles["doc_id"].map(title_of)).all()
+    for label in ("gpl", "inpars", "gpl_margin"):
+        pairs = pd.read_parquet(store.root / "artifacts" / "pairs" / keys["pairs", label] / "pairs.parquet")
+        assert not set(pairs["doc_id"]) & set(titles["doc_id"])
+        assert not yardstick_texts & (set(pairs["positive"]) | set(pairs.get("negative", pd.Series(dtype=str))))
     kept = mined[(mined["split"] == "train") & (mined["positive_rank"] <= 10)]
     inpars = pd.read_parquet(store.root / "artifacts" / "pairs" / keys["pairs", "inpars"] / "pairs.parquet")
     assert set(inpars["anchor"]) <= set(kept["query"])  # the round trip: passages ranked within the top 10
@@ -554,6 +564,14 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
                                                          ("mteb", 12)}  # and SciFact's queries (below)
     paired = catalog.query("SELECT model, versus, n FROM paired WHERE metric = 'query_ndcg_at_10'")
     assert {(r["model"], r["versus"]) for r in paired} == {(m, v) for i, m in enumerate(models) for v in models[:i]}
+    # The yardstick beside them: each model's titles retrieval, paired over the titles in their own table.
+    title_ndcg = {r["label"]: r["value"] for r in catalog.query(
+        "SELECT label, value FROM run_metrics WHERE run_id = ? AND metric = 'title_ndcg_at_10'", [first])}
+    assert set(title_ndcg) == set(models) and all(0 <= v <= 1 for v in title_ndcg.values())
+    assert catalog.query("SELECT DISTINCT count(*) AS n FROM yardstick_scores GROUP BY key") == [{"n": len(titles)}]
+    paired = catalog.query("SELECT model, versus, n FROM paired WHERE metric = 'title_ndcg_at_10'")
+    assert {(r["model"], r["versus"], r["n"]) for r in paired} == {
+        (m, v, len(titles)) for i, m in enumerate(models) for v in models[:i]}
     # SciFact too (a local retrieval task scored by mteb): paired over its queries, each one's nDCG@10 from mteb.
     scifact_paired = catalog.query("SELECT model, versus, n FROM paired WHERE dataset = 'mteb' AND metric = 'SciFact'")
     assert {(r["model"], r["versus"], r["n"]) for r in scifact_paired} == {
@@ -575,3 +593,6 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
         "SELECT label, value FROM run_metrics WHERE run_id = ? AND metric = 'query_ndcg_at_10'",
         [str(state.state_details.flow_run_id)])}
     assert nightly == ndcg
+    assert {r["label"]: r["value"] for r in Catalog(store).query(
+        "SELECT label, value FROM run_metrics WHERE run_id = ? AND metric = 'title_ndcg_at_10'",
+        [str(state.state_details.flow_run_id)])} == title_ndcg
