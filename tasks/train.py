@@ -157,10 +157,13 @@ def resumed_state(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, chec
     checkpoint resumes from that). The rung must be this job stopped earlier: the same training, the same schedule."""
     rung = store.manifest(inputs.resume)
     same = {k: v for k, v in job.model_dump(mode="json").items() if k != "until"}
-    if {k: v for k, v in rung["config"].items() if k != "until"} != same or (rung["config"]["until"] or 0) > (
-            job.until or float("inf")):
-        raise InputError(f"{inputs.resume.address}: not a rung of this training (another job, or a later step); "
-                         "a run continues only its own earlier rung")
+    roles = ("pairs", "tokens", "start")  # what it trained on, and from
+    ours = {role: ref.key if (ref := getattr(inputs, role)) else None for role in roles}
+    if ({k: v for k, v in rung["config"].items() if k != "until"} != same or rung["config"]["until"] is None
+            or rung["config"]["until"] > (job.until or float("inf"))
+            or {role: rung["input_roles"].get(role) for role in roles} != ours):
+        raise InputError(f"{inputs.resume.address}: not a rung of this training (another job or other inputs, a "
+                         "whole run, or a later step); a run continues only its own earlier rung")
     if distributed.world()[0] == 0 and not checkpoints.path.is_file():
         shutil.copyfile(store.path(inputs.resume) / STATE, checkpoints.path)
     distributed.from_process_0(True)  # under torchrun: the others load it once it is there

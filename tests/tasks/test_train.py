@@ -304,3 +304,10 @@ def test_rungs_train_each_step_once_and_end_as_one_uninterrupted_run(demo, tiny_
         TRAIN.run(store, other, inputs.model_copy(update={"resume": first}))
     with pytest.raises(InputError, match=f"{second.address}: not a rung of this training"):
         train(until=5, resume=second)  # a rung past the step asked for
+    with pytest.raises(InputError, match=f"{whole.address}: not a rung of this training"):
+        train(resume=whole)  # a whole run keeps no state to go on from
+    other_pairs = pairs("crops", epochs=1)
+    other_tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, method, cfg), TokensInputs(pairs=other_pairs))
+    with pytest.raises(InputError, match=f"{first.address}: not a rung of this training"):
+        TRAIN.run(store, TrainJob.for_method(tiny_dir, method, cfg, None).model_copy(update={"until": 5}),
+                  TrainInputs(pairs=other_pairs, tokens=other_tokens, resume=first))
