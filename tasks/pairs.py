@@ -1,5 +1,6 @@
-"""Pairs: a recipe's training view, (anchor, positive) rows built from the sentences table
-(docs/methods.md §1). Which view a recipe reads is in the recipe registry (tasks/methods/recipes.py).
+"""Pairs: a recipe's training view, (anchor, positive) rows built from the sentences table (docs/methods.md §1).
+Which view a recipe reads is in the recipe registry (tasks/methods/recipes.py). It is over 400 lines: five views are
+one stage's, sharing the crop counts, the documents held out of training and the row-group writing.
 
 crops: two distinct crops of the same document, drawn uniformly (crops, retromae_infonce);
 same:  one crop used twice (dropout, simcse, ct: the model's dropout makes the views differ;
@@ -11,18 +12,18 @@ queries: anchor = an LLM-written query of the document (training split only), po
        passage, and with `hard_negatives` a passage the start model ranks high for the query, drawn from
        the ones the negatives stage mined; `round_trip` keeps only queries whose passage the start model
        ranked within that top (gpl, inpars; docs/gpl.md).
-A crop is n consecutive kept sentences; documents with fewer than 2 crops are dropped for every
-view, so that all recipes train on the same documents with the same budget. Each epoch has one
-row per document in a fresh random order, so no document appears twice in a batch.
+A crop is n consecutive kept sentences; documents with fewer than 2 crops are dropped for every view, so that all
+recipes train on the same documents with the same budget. Each epoch has one row per document in a fresh random
+order, so no document appears twice in a batch.
 
-Inputs: `sentences`; `documents` when kNN's test split is held out (`held_out`: kNN accuracy is
-then measured on documents the model never trained on) or titles are needed (summaries);
-`summaries` (the summarize artifact) for the summaries view; `negatives` (the negatives artifact,
-which carries the queries) for the queries view.
+Inputs: `sentences`; `documents` when documents are held out of training (`held_out`: kNN's test split, so that
+kNN accuracy is measured on documents the model never trained on; `yardstick`: tasks/yardstick.py's) or titles are
+needed (summaries); `summaries` (the summarize artifact) for the summaries view; `negatives` (the negatives
+artifact, which carries the queries) for the queries view.
 
-Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order (the summaries view
-adds positive_kind: summary, title, sentence or same; the queries view with hard negatives adds
-negative, and with margins (gpl_margin) the cross-encoder's margin).
+Output `pairs.parquet`: epoch, doc_id, anchor, positive, in training order (the summaries view adds positive_kind:
+summary, title, sentence or same; the queries view with hard negatives adds negative, and with margins
+(gpl_margin) the cross-encoder's margin).
 """
 
 from __future__ import annotations
@@ -361,12 +362,10 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
     columns = ["doc_id", "label"] + {"summaries": ["title"], "queries": ["text"]}.get(cfg.view, [])
     docs = store.read_table(inputs.documents, "documents", columns) if cfg.needs_documents else None
     test = knn_test_documents(docs, cfg.held_out) if cfg.held_out else set()
-    if test:
-        log.info("%d kNN test documents held out of training", len(test))
     if cfg.yardstick:
-        yardstick = held_out_documents(docs["doc_id"].to_pylist(), cfg.yardstick)
-        log.info("%d yardstick documents held out of training", len(yardstick - test))
-        test |= yardstick
+        test |= held_out_documents(docs["doc_id"].to_pylist(), cfg.yardstick)
+    if test:
+        log.info("%d documents held out of training (kNN's test split, the yardstick's)", len(test))
     if cfg.view == "summaries":
         summaries = {d: s for d, s in ok_summaries(store, inputs.summaries).items() if d not in test}
         titles = dict(zip(docs["doc_id"].to_pylist(), docs["title"].to_pylist()))
@@ -397,8 +396,7 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
                                                          epoch_pairs(sentences, counts, drawn, epoch, cfg, out.work)))
     if rows // cfg.epochs < MIN_ROWS:  # refused before a train stage publishes a model trained on nothing
         raise InputError(f"the {cfg.view} view made {rows // cfg.epochs} row(s) per epoch from the corpus"
-                         f"{f' ({len(test)} documents held out for kNN or the yardstick)' if test else ''}; training "
-                         f"needs at least "
+                         f"{f' ({len(test)} documents held out of training)' if test else ''}; training needs at least "
                          f"{MIN_ROWS} (a batch's in-batch negatives): a larger corpus or settings that keep more of it")
     out.extra.update(documents=rows // cfg.epochs)
     log.info("%s view: %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"], rows, cfg.epochs)
