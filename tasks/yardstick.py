@@ -23,12 +23,11 @@ from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
-from tasks.config.queries import HELD_OUT
+from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
 from tasks.core.stage import Inputs, Stage
 from tasks.queries import split_of
 
-SCHEMA = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), ("split", pa.string()),
-                    ("query", pa.string()), ("status", pa.string())])
+SCHEMA = pa.schema([(column, pa.string()) for column in QUERY_COLUMNS])  # what the queries' readers read
 MIN_QUERIES = 2  # a ranking of candidates needs more than one query to be paired over
 
 

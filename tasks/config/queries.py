@@ -9,6 +9,9 @@ from tasks.config.base import Section
 from tasks.config.summaries import GenerationConfig, Sampling
 
 TRAIN, HELD_OUT = "train", "held_out"  # a document's split: its queries are trained on, or only evaluated
+# What the held-out query text set and the in-domain retrieval read of a queries table (the queries stage's, the
+# yardstick's): each query, its one relevant document, its split and its status.
+QUERY_COLUMNS = ("query_id", "doc_id", "split", "query", "status")
 # An instruction the small offline LLM follows as a continuation; a bigger LLM takes any template.
 QUERY_PROMPT = "Write a short search query that this passage answers.\nQuery:"
 

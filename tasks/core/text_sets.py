@@ -14,7 +14,7 @@ from pydantic import Field
 from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore
 from tasks.config.base import Section
-from tasks.config.queries import HELD_OUT
+from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
 from tasks.core import eval_sets
 from tasks.encoders.models import ModelInputs, model_identity
 
@@ -43,7 +43,7 @@ def read_texts(store: ArtifactStore, text_set: TextSet, inputs: TextSetInputs) -
 def held_out_queries(store: ArtifactStore, ref: ArtifactRef) -> pa.Table:
     """The usable held-out queries (never trained on) of a queries artifact, in its order: the in-domain
     retrieval evaluation's queries (query) and their one relevant document (doc_id)."""
-    table = store.read_table(ref, "queries", columns=["query_id", "doc_id", "split", "query", "status"])
+    table = store.read_table(ref, "queries", columns=list(QUERY_COLUMNS))
     return table.filter(pc.and_(pc.equal(table["split"], HELD_OUT), pc.equal(table["status"], "ok")))
 
 
