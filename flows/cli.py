@@ -13,12 +13,13 @@ from pathlib import Path
 
 import duckdb
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
 from flows.params import RunParams
-from storage.base import disk_fault
+from storage.base import ArtifactRef, disk_fault
 from storage.catalog import SCORE_STAGES, Catalog, QueryError
 from storage.store import ArtifactStore
 from storage.stores import open_store
@@ -30,6 +31,7 @@ from tasks.reporting.tables import comparison_table, long_rows, notes, paired_di
 # Wide enough for the report when piped to a file or CI log (rich defaults to 80 columns there). Warnings
 # go to stderr through the root logger's handler, which importing Prefect sets up: stdout stays the report.
 console = Console(width=None if sys.stdout.isatty() else 160)
+DEFAULT_SELECT = Path(__file__).resolve().parents[1] / "configs" / "select.yaml"
 
 
 def _store(args: argparse.Namespace) -> ArtifactStore:
@@ -107,6 +109,48 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_table("cached artifacts built with other library versions (--rebuild-stale-versions rebuilds them)",
                      stale)
     console.print(f"artifacts in {store.url}; query them with `embforge sql` or DuckDB")
+    return 0
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    from flows.params import SelectParams
+
+    cfg = load_config(args.config, {})  # its store, then the run's parameters checked against it
+    store = open_store(args.store, cfg.store)
+    try:
+        params = SelectParams(config=args.config, corpus=args.corpus, budget=args.budget,
+                              recipes=args.recipes or [], out=args.out, overrides=overrides(args.set), store=store.url)
+    except ValidationError as e:  # as the UI's form would refuse it
+        said = "; ".join(f"--{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ConfigError(said) from None
+    cfg = load_config(params.config, params.changes())  # a bad corpus path, budget or recipe: exit 2 before Prefect
+    store.check_writable()
+    from flows.api import prefect_api
+
+    api = prefect_api()
+    from flows.logs import logged
+    from flows.runners import outcome
+    from flows.select import select
+
+    with api, logged(store.log_file("select")) as log_file:
+        state = select(params, return_state=True)
+    store.upload(log_file)
+    if state.is_failed():
+        console.print(f"the full log, with tracebacks: {log_file}", highlight=False)
+    outcome(state, None)
+    catalog = Catalog(store)
+    key = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'select'",
+                        [str(state.state_details.flow_run_id)])[0]["key"]
+    from flows.select import export_folder
+    from tasks.core.selection import BASE
+    from tasks.select import SECTION
+
+    folder = store.path(ArtifactRef("select", key))
+    console.print((folder / SECTION).read_text(), highlight=False)
+    chosen = store.manifest(ArtifactRef("select", key))["extra"]["decision"]["chosen"]
+    console.print(f"the model: {export_folder(cfg)}" if chosen != BASE else
+                  f"the model: {cfg.model.name_or_path}, as it is (nothing exported)", highlight=False)
+    console.print(f"the decision, its ladder and picture: {folder}", highlight=False)
     return 0
 
 
@@ -307,6 +351,18 @@ def parser() -> argparse.ArgumentParser:
                      "methods.0.train.lr=1e-4 (YAML values, checked like the file; repeatable)")
     run.add_argument("--rebuild-stale-versions", action="store_true",
                      help=RunParams.model_fields["rebuild_stale_versions"].description)
+    select = add("select", cmd_select, "pick the recipe for a corpus on a label-free yardstick, train the winner "
+                 "and export it (docs/select.md)", config=None)
+    select.add_argument("corpus", nargs="?", help="the corpus file (Parquet, CSV or JSONL; a text column, titles for "
+                        "the yardstick); default: the config's data.path")
+    select.add_argument("--config", default=str(DEFAULT_SELECT), help="defaults to start from (default: "
+                        "configs/select.yaml)")
+    select.add_argument("--budget", type=int, help="training steps of the winner (default: the config's "
+                        "select.budget)")
+    select.add_argument("--recipes", nargs="+", metavar="RECIPE", help="candidate recipes (default: the config's)")
+    select.add_argument("--out", help="folder to export the chosen model to (default: selected/<name>)")
+    select.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change a config field, e.g. --set select.lrs=[3e-5]")
     report = add("report", cmd_report, "show the task × model table of a run, or of the latest scores "
                  "matching filters")
     report.add_argument("--run", help="run id (default: the latest run)")

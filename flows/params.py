@@ -39,6 +39,10 @@ class RunParams(BaseModel):
             raise ValueError(f"config file not found: {path} (relative paths start in {Path.cwd().name}/)")
         return path
 
+    def changes(self) -> dict[str, Any]:
+        """The config fields this run changes: `overrides`, and a flow's own parameters for them."""
+        return self.overrides
+
 
 class TrainParams(RunParams):
     methods: list[str] = Field(default_factory=list, description="Train only these methods of the config "
@@ -52,3 +56,23 @@ class EvaluateParams(RunParams):
                               "artifact (train/<key>); see `embforge models`. Empty: every registered model.")
     force: bool = Field(False, description="Score again even what is already scored with the same model, "
                         "task, task revision and settings.")
+
+
+class SelectParams(RunParams):
+    """Pick the recipe for a corpus without labels, train the winner and export it (docs/select.md)."""
+
+    config: str = Field("configs/select.yaml", pattern=r"\.ya?ml$", description="Config with the defaults (the "
+                        "model, the candidates, the yardstick): configs/select.yaml, or a copy of it.")
+    corpus: str | None = Field(None, description="The corpus file (Parquet, CSV or JSONL with a text column; titles "
+                               "for the yardstick). Empty: the config's `data.path`.")
+    budget: int | None = Field(None, ge=2, description="Training steps of the winner. Empty: the config's "
+                               "`select.budget`.")
+    recipes: list[str] = Field(default_factory=list, description="Candidate recipes. Empty: the config's "
+                               "`select.recipes`.")
+    out: str | None = Field(None, description="Folder to export the chosen model to (new or empty). Empty: the "
+                            "config's `select.out`, else selected/<name>.")
+
+    def changes(self) -> dict[str, Any]:
+        own = {"data.path": str(Path(self.corpus).resolve()) if self.corpus else None, "select.budget": self.budget,
+               "select.recipes": self.recipes or None, "select.out": self.out}
+        return {**self.overrides, **{k: v for k, v in own.items() if v is not None}}

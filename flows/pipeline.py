@@ -50,17 +50,19 @@ from tasks.yardstick import YARDSTICK, YardstickInputs
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
                  base_model: str | None, start: ArtifactRef | None,
                  summaries: ArtifactRef | None = None, negatives: ArtifactRef | None = None,
-                 yardstick: YardstickConfig | None = None) -> ReportedModel:
+                 yardstick: YardstickConfig | None = None, until: int | None = None,
+                 resume: ArtifactRef | None = None) -> ReportedModel:
     """Pairs, their tokens, then training, for one method; `start` is the encoder artifact to start from, if any;
-    `yardstick`: its documents are left out of the pairs."""
+    `yardstick`: its documents are left out of the pairs; `until` and `resume`: a rung of a search
+    (tasks/train.py), going on from the train artifact `resume`."""
     knn = run.cfg.evaluate.knn
     views = PairsConfig.for_method(method, train.epochs, knn, train.batch_size, yardstick)
     pairs = run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
     prompts = run.cfg.model.prompts
     tokens = run.stage(TOKENS, TokensJob.for_method(base_model, method, train, prompts),
                        TokensInputs(pairs=pairs, start=start), method.name)
-    job = TrainJob.for_method(base_model, method, train, knn, prompts)
-    trained = run.stage(TRAIN, job, TrainInputs(pairs=pairs, tokens=tokens, start=start,
+    job = TrainJob.for_method(base_model, method, train, knn, prompts).model_copy(update={"until": until})
+    trained = run.stage(TRAIN, job, TrainInputs(pairs=pairs, tokens=tokens, start=start, resume=resume,
                                                 documents=docs if job.knn else None), method.name, method.recipe)
     if train.lora:  # the adapter added into the model it trained on: what is evaluated, chained on and exported
         trained = run.stage(MERGE, MergeJob(base_model=base_model, save_dtype=train.save_dtype),
@@ -157,8 +159,21 @@ def mine_queries(run: Run, methods: list[MethodConfig], docs: ArtifactRef,
     return written, run.stage(NEGATIVES, job, NegativesInputs(documents=docs, queries=written, model=start.artifact))
 
 
-def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedModel], Corpus]:
-    """The base encoder, stage 1 (if any) and every method's model; registered in the run record."""
+@dataclass(frozen=True)
+class Start:
+    """What every method of a run trains on and from."""
+
+    docs: ArtifactRef
+    sentences: ArtifactRef
+    summaries: ArtifactRef | None
+    base: ReportedModel  # the untrained model, scored beside the trained ones
+    base_model: str | None  # the named model training starts from, or None when `start` holds it
+    start: ArtifactRef | None  # the random init or the converted GGUF decoder
+    converted: bool  # a converted decoder: each model has its own tokenizer
+
+
+def start_of(run: Run) -> Start:
+    """The corpus, its sentences and summaries, and the model training starts from."""
     cfg = run.cfg
     docs = run.stage(INGEST, cfg.data, NoInputs())
     splitting = cfg.sentences.model_copy(update={"workers": cfg.run.workers})
@@ -167,14 +182,28 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
     # A GGUF decoder (the offline default LLM) is converted to a folder first, which training starts from.
     converted = (run.stage(LLM, LlmJob(source=cfg.model.name_or_path), NoInputs())
                  if not init and is_gguf_model(cfg.model.name_or_path) else None)
-    summaries = summarize_corpus(run, docs)
-
     start = init or converted
-    base = None if start else cfg.model.name_or_path
-    models = [ReportedModel("base (random init)", "none", init) if init else
-              ReportedModel(f"base ({cfg.model.name_or_path})", "none", converted, base)]
+    base = (ReportedModel("base (random init)", "none", init) if init else
+            ReportedModel(f"base ({cfg.model.name_or_path})", "none", converted, cfg.model.name_or_path))
+    return Start(docs, sentences, summarize_corpus(run, docs), base, None if start else cfg.model.name_or_path,
+                 start, converted is not None)
+
+
+def with_tokenizer(run: Run, start: Start, models: list[ReportedModel]) -> list[ReportedModel]:
+    """The init's and training's tokenizer named on each model (a converted one is read from each model)."""
+    return models if start.converted else [replace(m, tokenizer=run.cfg.model.name_or_path) for m in models]
+
+
+def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedModel], Corpus]:
+    """The base encoder, stage 1 (if any) and every method's model; registered in the run record."""
+    cfg = run.cfg
+    begun = start_of(run)
+    docs, sentences, summaries = begun.docs, begun.sentences, begun.summaries
+    base, start = begun.base_model, begun.start
+    models = [begun.base]
     if cfg.model.pretrain:  # stage 1 on a generic corpus; every method starts from its result
         pre = cfg.model.pretrain
+        splitting = cfg.sentences.model_copy(update={"workers": cfg.run.workers})
         generic = run.stage(INGEST, pre.data, NoInputs(), "stage 1")
         generic_sentences = run.stage(SENTENCES, splitting, SentencesInputs(documents=generic), "stage 1")
         stage1 = train_method(run, pre.method, pre.train_for(), generic, generic_sentences, base, start)
@@ -187,9 +216,7 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         trained[method.name] = train_method(run, method, cfg.train_for(method), docs, sentences,
                                             None if after else base, after or start, summaries, negatives,
                                             cfg.evaluate.yardstick)
-    models += trained.values()
-    if not converted:  # the init's and training's tokenizer (a converted one is read from each model)
-        models = [replace(m, tokenizer=cfg.model.name_or_path) for m in models]
+    models = with_tokenizer(run, begun, models + list(trained.values()))
     if cfg.static:  # the models `static.of` names: methods by name, the untrained model as `base`
         named = [m for m in models if (BASE if m.method == "none" else m.label) in cfg.static.of]
         models += [static_model(run, m, sentences) for m in named]

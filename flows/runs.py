@@ -90,7 +90,7 @@ class Run:
         self._recording = threading.Lock()
         self.forced: set[str] = set()  # keys built again on request this run
         self.record = RunRecord(store, str(flow_run.id or f"local-{os.getpid()}"), name=cfg.name, flow=flow_name,
-                                config_path=params.config, overrides=params.overrides,
+                                config_path=params.config, overrides=params.changes(),
                                 config=cfg.model_dump(mode="json"))
 
     @contextlib.contextmanager
@@ -148,13 +148,22 @@ class Run:
             if submitted.future.state.is_failed() or submitted.future.state.is_crashed():
                 submitted.future.state.result()
 
+    def settled(self, ref: ArtifactRef) -> dict:
+        """The manifest of a stage this run asked for, once it is built (with a task runner: waited for), or the
+        stage's own error, raised: for a flow that decides what to run next from what a stage made (a search)."""
+        if submitted := self.submitted.get(ref.key):
+            submitted.future.wait()
+            self._finished(submitted)
+            outcome(submitted.future.state, None)
+        return self.store.manifest(ref)
+
     def register(self, models: list[ReportedModel]) -> None:
         self.record.register([m.registration() for m in models])
 
 
 def open_run(params: RunParams, flow_name: str) -> Run:
     """Load the config with the run's overrides (a bad one fails here, before any task) and start the record."""
-    cfg = load_config(params.config, params.overrides)
+    cfg = load_config(params.config, params.changes())
     store = open_store(params.store, cfg.store)
     store.check_writable()  # a served run too: one line naming the store, before any stage
     folders, freed = store.clear_leftovers()

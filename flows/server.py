@@ -32,6 +32,7 @@ from sqlalchemy.exc import ArgumentError
 from flows.api import SERVER_PROCESS, api_url, stop, wait_healthy
 from flows.evaluate_registered import evaluate
 from flows.pipeline import pipeline, summarize, train
+from flows.select import select
 from tasks.config.base import ConfigError
 
 NIGHTLY_CRON = "0 3 * * *"
@@ -41,7 +42,7 @@ LOOPBACK_NAMES = {"127.0.0.1": ("localhost",), "localhost": ("127.0.0.1",)}
 
 def deployments(nightly_config: str, cron: str | None = None, timezone: str | None = None,
                 **options) -> list[RunnerDeployment]:
-    """`pipeline`, `train`, `evaluate`, `summarize`, and `nightly`: `evaluate` of every registered
+    """`pipeline`, `train`, `evaluate`, `summarize`, `select`, and `nightly`: `evaluate` of every registered
     model on `nightly_config`'s benchmark set, on a cron schedule (default 03:00 local time).
     `options` go to every `to_deployment` (a work pool's entrypoint type and job variables)."""
     tags = ["embforge"]
@@ -58,6 +59,8 @@ def deployments(nightly_config: str, cron: str | None = None, timezone: str | No
                                description="Nightly re-evaluation of every registered model.", **options),
         summarize.to_deployment(name="summarize", tags=tags, description="Generate a config's LLM summaries.",
                                 **options),
+        select.to_deployment(name="select", tags=tags, description="Pick the recipe for a corpus without labels, "
+                             "train the winner and export it.", **options),
     ]
 
 

@@ -287,9 +287,10 @@ def sts_by_backend(folder: Path, pooling: str, sts: dict, variants: list[str]) -
     return scores
 
 
-def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], repo: str | None = None) -> ExportedModel:
+def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], repo: str | None = None,
+                 notes: str = "") -> ExportedModel:
     """Write the model `name` (a label or an artifact address) into `to`, which must not hold anything and
-    must be outside the store (its folders are the store's to write)."""
+    must be outside the store (its folders are the store's to write); `notes` (Markdown) end its card."""
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise InputError(f"--to {to}: exists and is not an empty folder; export never overwrites")
     to = to.resolve()  # `.` has no name or parent to build next to
@@ -323,7 +324,7 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
         else:
             st.save(str(work))  # writes the card (README.md) with the rest; the backend files stay
         with open(work / "README.md", "a") as card:
-            card.write(provenance(catalog.store, model))
+            card.write(provenance(catalog.store, model) + (f"\n{notes}" if notes else ""))
         if to.exists():  # empty, checked above, and perhaps the working directory: filled, not replaced
             for entry in work.iterdir():
                 entry.rename(to / entry.name)

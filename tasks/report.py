@@ -144,11 +144,15 @@ def publish_report(store_root: str, report: ArtifactRef) -> None:
     table = rows[["model", "method", "dataset", "metric", "value", "std", "n", "layer", "pooling", "status"]]
     create_table_artifact(table=table.astype(object).where(table.notna(), None).to_dict("records"),
                           key="embforge-metrics", description="Metrics of this run's models")
-    # The UI cannot open files relative to the report's folder: name pictures by their place in the store.
-    folder = store.path(report).relative_to(store.root).as_posix()
+    create_markdown_artifact(markdown=markdown_for_ui(store, report, "report.md"), key="embforge-report",
+                             description="Task × model report")
+
+
+def markdown_for_ui(store: ArtifactStore, ref: ArtifactRef, name: str) -> str:
+    """An artifact's Markdown file as the Prefect UI shows it: it cannot open files relative to the artifact's
+    folder, so pictures are named by their place in the store."""
+    folder = store.path(ref).relative_to(store.root).as_posix()
     markdown = re.sub(r"\]\((?!https?:)([^)]+\.png)\)",
                       lambda m: f"]({posixpath.normpath(posixpath.join(folder, m.group(1)))})",
-                      (store.path(report) / "report.md").read_text())
-    create_markdown_artifact(markdown=markdown + "\nPictures and Parquet files are in the artifact store "
-                                      f"under `{folder}`.\n",
-                             key="embforge-report", description="Task × model report")
+                      (store.path(ref) / name).read_text())
+    return markdown + f"\nPictures and Parquet files are in the artifact store under `{folder}`.\n"

@@ -191,7 +191,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
                if inputs.documents and rank == 0 else None)
     with store.open_table(inputs.tokens, "tokens") as tokens:
-        batches = PairBatches(tokens, cfg.batch_size, cfg.group_by_length, cfg.seed)
+        batches = PairBatches(tokens, cfg.batch_size, cfg.group_by_length, cfg.seed, cfg.max_steps)
         log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s; %s%s%s", job.recipe,
                  batches.epoch_rows[0], len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
                  f" and {size - 1} more process(es)" if size > 1 else "",

@@ -5,8 +5,7 @@ text, among all the corpus's. The held-out documents are drawn by a hash of (see
 split_of: the same documents whatever else the corpus holds) and are left out of every training view (tasks/pairs.py,
 `PairsConfig.yardstick`), so no candidate trained on them. The output has the queries stage's columns, so the
 held-out query text set, the evaluate stage's in-domain retrieval (each query's rank and nDCG@10) and the report's
-paired intervals read it as they read generated queries. Known bias: a title names its document's topic in few
-words, so it favours models that match short texts to long ones by topic (query-trained recipes, SemCSE's titles).
+paired intervals read it as they read generated queries. Its known bias is BIAS (the select report states it).
 
 Inputs: `documents`. Output `queries.parquet`: query_id, doc_id, split (`held_out`), query (the title), status
 (`ok`); the manifest gives how many documents were held out and how many had a title.
@@ -28,6 +27,9 @@ from tasks.core.stage import Inputs, Stage
 from tasks.queries import split_of
 
 SCHEMA = pa.schema([(column, pa.string()) for column in QUERY_COLUMNS])  # what the queries' readers read
+# What a reader of a decision made on the yardstick must know, by kind.
+BIAS = {"titles": "a title names its document's topic in a few words, so the yardstick favours models that match "
+                  "short texts to long ones by topic (the query-trained recipes, SemCSE with titles as positives)"}
 MIN_QUERIES = 2  # a ranking of candidates needs more than one query to be paired over
 
 

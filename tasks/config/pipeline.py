@@ -11,9 +11,11 @@ from tasks.config.evaluation import EvaluateConfig
 from tasks.config.model import ModelConfig
 from tasks.config.queries import NegativesConfig, QueriesConfig
 from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
+from tasks.config.selection import SelectConfig
 from tasks.config.static import BASE, StaticConfig
 from tasks.config.summaries import SummaryConfig
 from tasks.config.training import MethodConfig, TrainConfig, expand_chains, expand_sweeps, merged_train
+from tasks.core.selection import rung_steps
 from tasks.methods.recipes import RECIPES
 
 
@@ -41,6 +43,8 @@ class PipelineConfig(Section):
     tracking: TrackingConfig | None = Field(None, description="Log every run to an experiment tracker too.")
     static: StaticConfig | None = Field(None, description="Static embedding models distilled from the run's "
                                         "models (model2vec, tokenlearn): `static: {of: [crops]}` (docs/static.md).")
+    select: SelectConfig | None = Field(None, description="What `embforge select` searches: candidate recipes, "
+                                        "learning rates, the step budget (docs/select.md); `embforge run` ignores it.")
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -73,6 +77,8 @@ class PipelineConfig(Section):
         unknown = sorted(set(self.static.of) - {BASE, *names}) if self.static else []
         if unknown:
             raise ValueError(f"static.of: {unknown} are not methods of this config; it has {[BASE, *names]}")
+        if self.select:
+            self._valid_select()
         if self.model.pretrain:
             self.model.pretrain.train_for()
             if self.model.pretrain.method.start_from:
@@ -82,6 +88,27 @@ class PipelineConfig(Section):
                 raise ValueError("model.pretrain.method: stage 1 runs on a generic corpus without summaries or "
                                  f"queries, {recipe.name} cannot be its recipe")
         return self
+
+    def _valid_select(self) -> None:
+        if self.evaluate.yardstick is None:
+            raise ValueError("select: the search ranks candidates on the label-free yardstick, set "
+                             "`evaluate.yardstick` (`{}` for the defaults)")
+        recipes = self.select.candidate_recipes(self.summaries is not None, self.queries is not None)
+        for recipe in map(RECIPES.get, recipes):
+            needs = "summaries" if recipe.needs_summaries else "queries" if recipe.needs_queries else None
+            if needs and getattr(self, needs) is None:
+                raise ValueError(f"select.recipes: {recipe.name} trains on LLM {needs}, add a `{needs}` section "
+                                 f"(`{needs}: {{}}` for the defaults)")
+            if recipe.margins and not self.negatives.cross_encoder:
+                raise ValueError(f"select.recipes: {recipe.name} learns a cross-encoder's margins, set "
+                                 "`negatives.cross_encoder`")
+        try:
+            rung_steps(self.select.budget, len(recipes) * len(self.select.lrs), self.select.eta)
+        except ValueError as e:
+            raise ValueError(f"select.budget: {e}") from None
+        if self.model.pretrain:
+            raise ValueError("select: the search starts every candidate from the model itself; "
+                             "`model.pretrain` is for `embforge run`")
 
     def train_for(self, method: MethodConfig, where: str = "train") -> TrainConfig:
         """The `train` section with the method's own overrides applied and checked."""

@@ -102,6 +102,9 @@ class LoraSettings(Section):
 
 class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="Passes over the documents (one pair per document each).")
+    max_steps: int | None = Field(None, ge=1, description="Cut the schedule to this many steps (the epochs must "
+                                  "make at least as many batches): one length for recipes whose views differ in "
+                                  "rows, as `embforge select` trains them. None: every batch of the epochs.")
     batch_size: int = Field(64, ge=2, description="Pairs per batch; the other pairs are the negatives.")
     lr: float = Field(2e-5, gt=0, description="Adam learning rate (no weight decay).")
     temperature: float = Field(0.05, gt=0, description="InfoNCE temperature τ (0.05 = cosine × 20).")

@@ -16,6 +16,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from tasks.metrics.significance import PairedDifference, paired_difference
+
 # A candidate's score on the yardstick after `steps` (higher is better), or the reason it cannot go on (the
 # health check stopped it).
 Score = Callable[["Candidate", int], "float | str"]
@@ -81,6 +85,25 @@ class Ladder:
             reached[step.candidate] = max(reached.get(step.candidate, 0), step.steps)
         return sum(reached.values())
 
+    @classmethod
+    def from_rows(cls, rows: list[dict], total: int, eta: int) -> Ladder:
+        """The ladder `rows` made (a select artifact's)."""
+        steps = [Step(Candidate(r["recipe"], r["lr"]), r["steps"], r["score"], r["dropped"]) for r in rows]
+        winner = next((s.candidate for s, r in zip(steps, rows) if r["winner"]), None)
+        return cls(total, eta, steps, winner)
+
+    def runner_up(self) -> tuple[Step, Step] | None:
+        """(the winner's step, the best other candidate's) on the last rung they were scored on together: the
+        decision the search made last."""
+        for steps in sorted({s.steps for s in self.steps if s.steps < self.total}, reverse=True):
+            rung = [s for s in self.steps if s.steps == steps]
+            won = next((s for s in rung if s.candidate == self.winner), None)
+            others = sorted((s for s in rung if s.candidate != self.winner and s.score is not None),
+                            key=lambda s: -s.score)
+            if won and others:
+                return won, others[0]
+        return None
+
     def rows(self) -> list[dict]:
         return [dict(candidate=s.candidate.name, recipe=s.candidate.recipe, lr=s.candidate.lr, steps=s.steps,
                      score=s.score, dropped=s.dropped, winner=s.candidate == self.winner) for s in self.steps]
@@ -106,3 +129,45 @@ def successive_halving(candidates: list[Candidate], total: int, eta: int, score:
         ladder.steps.append(last := Step.scored(live[0], total, score))
         ladder.winner = None if last.dropped else live[0]
     return ladder
+
+
+BASE = "base"  # the decision's name for the untrained model
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to "which recipe on this corpus": the model to ship and the evidence, in one sentence."""
+
+    chosen: str  # the winning candidate's name, or BASE
+    said: str
+    versus_base: PairedDifference | None  # the winner at the budget minus the untrained model, per yardstick query
+    versus_runner_up: PairedDifference | None  # the winner minus the runner-up, both at the last rung they shared
+    runner_up: str | None = None
+
+
+def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
+           rung: tuple[np.ndarray, np.ndarray] | None = None) -> Decision:
+    """The winner if it beats the untrained model significantly (its paired interval over the yardstick's
+    queries leaves out 0, above it), else the base, said plainly. `winner`, `base`: per-query scores in the same
+    query order; `rung`: the winner's and the runner-up's on their last shared rung."""
+    if ladder.winner is None or winner is None:
+        return Decision(BASE, "every candidate was stopped by its health check: the answer is the base model as it "
+                        "is", None, None)
+    name = ladder.winner.name
+    shared = ladder.runner_up()
+    runner_up = shared[1].candidate.name if shared else None
+    versus_runner_up = paired_difference(*rung) if rung is not None else None
+    versus_base = paired_difference(winner, base)
+    if versus_base.significant and versus_base.mean > 0:
+        said = f"{name} beats the untrained model by {_interval(versus_base)}"
+        if versus_runner_up is not None:
+            said += (f"; against the runner-up {runner_up} at {shared[0].steps} steps: {_interval(versus_runner_up)}"
+                     + ("" if versus_runner_up.significant else " (not told apart: either would do)"))
+        return Decision(name, said, versus_base, versus_runner_up, runner_up)
+    return Decision(BASE, f"no candidate beats the untrained model significantly (the best, {name}: "
+                    f"{_interval(versus_base)}): the answer is the base model as it is", versus_base,
+                    versus_runner_up, runner_up)
+
+
+def _interval(d: PairedDifference) -> str:
+    return f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] over {d.n} queries"

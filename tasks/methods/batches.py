@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tasks.config.base import InputError
 from tasks.config.training import GROUP_WINDOW
 from tasks.encoders.inputs import LABEL_COLUMNS, TEXT_COLUMNS, column_values, words_column
 from tasks.methods.recipes import Pair
@@ -74,7 +75,8 @@ class PairBatches:
     read a row group at a time: the plan comes from the `epoch` column (and with grouping the ids' lengths) alone,
     so the rows held at any moment are those of the row groups the current batch spans, whatever the file's size."""
 
-    def __init__(self, source: pq.ParquetFile, batch_size: int, group_by_length: bool = False, seed: int = 0):
+    def __init__(self, source: pq.ParquetFile, batch_size: int, group_by_length: bool = False, seed: int = 0,
+                 max_steps: int | None = None):
         self.source = source
         names = source.schema_arrow.names
         # (anchor, positive) rows, or (anchor, positive, negative) where the view mined hard negatives, and
@@ -91,13 +93,20 @@ class PairBatches:
         self.epoch_rows: list[int] = np.bincount(epochs).tolist()
         lengths = token_lengths(source, texts) if group_by_length else None
         self.plan = plan_batches(self.epoch_rows, batch_size, lengths, seed)
+        if max_steps is not None and max_steps > len(self.plan):
+            raise InputError(f"train.max_steps: {max_steps} steps, but the pairs make {len(self.plan)} batches of "
+                             f"{batch_size} over {len(self.epoch_rows)} epoch(s); raise train.epochs")
+        # the first epoch's batches, before the plan is cut to `max_steps` (the warm-up's share is of them)
+        self._epoch_steps = len(self.plan) // len(self.epoch_rows)
+        self.plan = self.plan[:max_steps]
 
     def __len__(self) -> int:
         return len(self.plan)
 
     @property
     def steps_per_epoch(self) -> int:
-        return len(self.plan) // len(self.epoch_rows)
+        """The batches of one epoch, or all of them when the plan is cut within the first."""
+        return min(self._epoch_steps, len(self.plan))
 
     def from_step(self, step: int) -> Iterator[tuple[int, list[Pair]]]:
         """(epoch, pairs) of every batch from `step` (0-based) on; row groups wholly before it are not read."""

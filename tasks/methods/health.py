@@ -174,6 +174,12 @@ def summary(history: Sequence, warmup: int) -> dict:
         grad_norm_min=min(norms) if norms else None, grad_norm_max=max(norms) if norms else None)
 
 
+def fatal_verdict(found: dict) -> str | None:
+    """The problems of a health summary that stop training by default (`train.on_unhealthy: stop`), or None."""
+    fatal = [part for part in found["verdict"].split("; ") if part != "healthy" and not part.startswith("trivial")]
+    return "; ".join(fatal) or None
+
+
 def evaluated(found: dict, mean_cosine: float | None) -> dict:
     """A trained model's health with what the evaluation saw: its documents at one vector is a collapse,
     whatever training said (a run stopped short of the probe's rules, a view the probe texts do not show)."""

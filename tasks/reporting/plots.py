@@ -143,3 +143,20 @@ def learning_curve_png(frame: pd.DataFrame, path: str | Path, title: str) -> Pat
     """kNN accuracy vs training batches (columns model, step, value), a line per model."""
     lines = {(model, ""): group for model, group in frame.groupby("model", sort=False)}
     return line_png(lines, "step", "training batches (0 = before training)", path, title)
+
+
+def ladder_png(frame: pd.DataFrame, base: float, metric: str, path: str | Path, title: str) -> Path:
+    """A search's yardstick score against training steps (columns candidate, steps, score), a line per candidate
+    through the rungs it reached, the untrained model as a dashed line; a log axis (rungs are eta apart)."""
+    fig = figure(FIGSIZE)
+    ax = fig.add_subplot()
+    for i, (candidate, points) in enumerate(frame.dropna(subset=["score"]).groupby("candidate", sort=False)):
+        points = points.sort_values("steps")
+        ax.plot(points["steps"], points["score"], marker="o", markersize=3, color=palette()[i % len(palette())],
+                label=candidate)
+    ax.axhline(base, color="grey", linestyle="--", label="untrained model")
+    ax.set_xscale("log")
+    ax.set(title=title, xlabel="training steps (log)", ylabel=metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save(fig, path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, Catalog
+from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_METRIC, YARDSTICK_SCORES, Catalog
 from tasks.encoders.budget import CHARS_PER_TOKEN
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
@@ -174,7 +174,7 @@ JOIN {table} qa ON qa.key = a.score_key JOIN {table} qb ON qb.key = b.score_key 
 WHERE {scored}
 GROUP BY ALL ORDER BY any_value(b.ord), any_value(a.ord), a.dataset, a.metric"""
 QUERY_SETS = {QUERY_SCORES: "a.metric = 'query_ndcg_at_10' OR (a.dataset = 'mteb' AND a.main_score = 'ndcg_at_10')",
-              YARDSTICK_SCORES: "a.metric = 'title_ndcg_at_10'"}
+              YARDSTICK_SCORES: f"a.metric = '{YARDSTICK_METRIC}'"}
 
 PAIRED_COLUMNS = ["dataset", "metric", "model", "versus", "difference", "low", "high", "n", "interval", "significant"]
 

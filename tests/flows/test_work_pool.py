@@ -63,7 +63,8 @@ def test_deploy_creates_the_pool_and_registers_every_deployment(deployed):
     registered = svc.call("POST", "/deployments/filter", {})
     assert {f"{d['entrypoint']}/{d['name']}" for d in registered} == {
         "flows.pipeline.pipeline/pipeline", "flows.pipeline.train/train", "flows.pipeline.summarize/summarize",
-        "flows.evaluate_registered.evaluate/evaluate", "flows.evaluate_registered.evaluate/nightly"}
+        "flows.evaluate_registered.evaluate/evaluate", "flows.evaluate_registered.evaluate/nightly",
+        "flows.select.select/select"}
     for d in registered:
         assert d["work_pool_name"] == POOL
         assert d["job_variables"] == {"env": {"EMBFORGE_STORE": str(store)}, "working_dir": str(config.parent)}

@@ -1,8 +1,10 @@
 """tasks/core/selection.py: successive halving over candidate recipes, on scores given by a function."""
 
+import numpy as np
 import pytest
 
-from tasks.core.selection import Candidate, rung_steps, successive_halving
+from tasks.core.selection import BASE, Candidate, Ladder, decide, rung_steps, successive_halving
+from tasks.metrics.significance import paired_difference
 
 NINE = [Candidate(recipe, lr) for recipe in ("crops", "dropout", "tsdae") for lr in (1e-4, 3e-4, 1e-3)]
 
@@ -66,3 +68,37 @@ def test_one_candidate_trains_the_whole_budget_at_once():
     assert ladder.winner == NINE[0] and [(r["steps"], r["winner"]) for r in ladder.rows()] == [(90, True)]
     with pytest.raises(ValueError, match="candidates must differ"):
         successive_halving([NINE[0], NINE[0]], 90, 3, quality)
+
+
+def test_the_winner_is_the_answer_only_when_it_beats_the_untrained_model_on_the_paired_queries():
+    ladder = successive_halving(NINE, 900, 3, quality)
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.2, 0.6, 200)  # per-query nDCG@10 of the untrained model
+    better = np.clip(base + rng.normal(0.05, 0.05, 200), 0, 1)
+    won, other = ladder.runner_up()
+    assert won.candidate == ladder.winner == Candidate("dropout", 3e-4) and won.steps == 300
+    assert other.candidate == Candidate("dropout", 1e-3)  # the best of the rest on the last rung both were on
+    decision = decide(ladder, better, base, (better, base))
+    assert decision.chosen == "dropout@0.0003" and decision.versus_base.low > 0
+    assert decision.runner_up == "dropout@0.001"
+    d = paired_difference(better, base)
+    assert decision.said.startswith(f"dropout@0.0003 beats the untrained model by {d.mean:+.3f} [{d.low:+.3f}, "
+                                    f"{d.high:+.3f}] over 200 queries")
+    assert "against the runner-up dropout@0.001 at 300 steps" in decision.said
+    # No better than the untrained model (a noisy tie): the answer is the base, said plainly.
+    tie = np.clip(base + rng.normal(0.0, 0.05, 200), 0, 1)
+    decision = decide(ladder, tie, base, (tie, tie))
+    assert decision.chosen == BASE and decision.said.startswith("no candidate beats the untrained model "
+                                                                "significantly (the best, dropout@0.0003:")
+    assert decision.said.endswith("the answer is the base model as it is")
+    worse = base - 0.1  # significantly worse is no better
+    assert decide(ladder, worse, base).chosen == BASE
+    every_stopped = successive_halving(NINE, 900, 3, lambda c, s: "collapsed")
+    assert decide(every_stopped, None, base).chosen == BASE
+
+
+def test_a_ladder_is_rebuilt_from_its_rows():
+    ladder = successive_halving(NINE, 900, 3, quality)
+    again = Ladder.from_rows(ladder.rows(), 900, 3)
+    assert again.rows() == ladder.rows() and again.winner == ladder.winner
+    assert again.trained_steps == ladder.trained_steps == 6 * 100 + 2 * 300 + 900

@@ -2,6 +2,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tasks.config.base import InputError
 from tasks.encoders.inputs import Tokens
 from tasks.methods import batches as batching
 from tasks.methods.batches import PairBatches, plan_batches
@@ -37,6 +38,17 @@ def test_steps_come_from_the_epoch_column_and_a_resume_skips_the_row_groups_befo
     assert len(batches) == 10 and source.columns_read == [["epoch"]] and source.groups_read == []
     assert next(batches.from_step(7))[1] == per_epoch[1][8:12]  # rows 28-31 of the file
     assert source.groups_read == [9, 10]  # rows 27-29 and 30-32
+
+
+def test_max_steps_cuts_the_schedule_and_keeps_the_warm_up_share_of_its_first_epoch():
+    per_epoch = [[(f"a{e}.{i}", f"p{e}.{i}") for i in range(13)] for e in range(3)]  # 4 batches of 3 an epoch
+    source = pairs_file(per_epoch, 100)
+    whole = list(PairBatches(source, 3).from_step(0))
+    cut = PairBatches(source, 3, max_steps=6)
+    assert len(cut) == 6 and list(cut.from_step(0)) == whole[:6] and cut.steps_per_epoch == 4
+    assert PairBatches(source, 3, max_steps=2).steps_per_epoch == 2  # cut within the first epoch
+    with pytest.raises(InputError, match="train.max_steps: 13 steps, but the pairs make 12 batches of 3 over 3 epoch"):
+        PairBatches(source, 3, max_steps=13)
 
 
 def test_pairs_out_of_training_order_are_refused():

@@ -1,0 +1,141 @@
+"""The `select` flow: from a corpus to a chosen, trained and exported model (`embforge select`, docs/select.md).
+
+Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs
+(tasks/core/selection.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung
+before (`until`, `resume`: no step is trained twice), merged where LoRA is on, and scored by the evaluate stage on the
+label-free yardstick (tasks/yardstick.py), whose documents no candidate trains on. Every candidate is on one schedule
+of `select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes), so a rung means the
+same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is registered and
+exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others' rungs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from flows.params import SelectParams
+from flows.pipeline import (
+    Corpus,
+    Start,
+    evaluate_model,
+    mine_queries,
+    start_of,
+    train_method,
+    with_tokenizer,
+    yardstick_of,
+)
+from flows.runs import ReportedModel, Run, open_run, recorded
+from storage.base import ArtifactRef
+from storage.catalog import Catalog
+from tasks.config.base import InputError
+from tasks.config.pipeline import PipelineConfig
+from tasks.config.training import MethodConfig, TrainConfig
+from tasks.core.selection import BASE, Candidate, Ladder, successive_halving
+from tasks.encoders.models import trained_ref
+from tasks.export import export_model
+from tasks.methods import health
+from tasks.methods.batches import plan_batches
+from tasks.pairs import PAIRS, PairsConfig, PairsInputs
+from tasks.report import markdown_for_ui
+from tasks.select import SECTION, SELECT, SelectInputs, SelectJob, rung_name, yardstick_scores
+
+
+@dataclass(frozen=True)
+class Selection:
+    chosen: str  # the winning candidate, or BASE
+    said: str  # the decision in one sentence
+    report: str  # the select artifact's folder: selection.md, ladder.png, ladder.parquet
+    exported: str | None  # the chosen model's folder; None when the answer is the base model as it is
+
+
+def export_folder(cfg: PipelineConfig) -> Path:
+    """Where the chosen model goes: `select.out`, else selected/<name>, from the folder the run started in."""
+    return Path(cfg.select.out or Path("selected") / cfg.name).resolve()
+
+
+def budgeted(run: Run, method: MethodConfig, begun: Start, negatives: ArtifactRef | None) -> TrainConfig:
+    """The method's training on the search's schedule: `select.budget` steps over as many epochs of its view as
+    that takes (views differ in rows: one epoch is built first to count them)."""
+    train, budget = run.cfg.train_for(method), run.cfg.select.budget
+    one = PairsConfig.for_method(method, 1, run.cfg.evaluate.knn, train.batch_size, run.cfg.evaluate.yardstick)
+    pairs = run.stage(PAIRS, one, PairsInputs.for_view(one, begun.sentences, begun.docs, begun.summaries, negatives),
+                      method.name)
+    per_epoch = len(plan_batches([run.settled(pairs)["extra"]["documents"]], train.batch_size))
+    return train.model_copy(update={"epochs": math.ceil(budget / per_epoch), "max_steps": budget})
+
+
+def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None,
+           candidates: list[Candidate]) -> tuple[Ladder, dict[str, ReportedModel], dict[str, ArtifactRef]]:
+    """Successive halving over the candidates: (the ladder, each rung's model and evaluate artifact by
+    rung_name)."""
+    budget, yardstick = run.cfg.select.budget, run.cfg.evaluate.yardstick
+    models: dict[str, ReportedModel] = {}
+    scored: dict[str, ArtifactRef] = {}
+    reached: dict[Candidate, ReportedModel] = {}  # each candidate's last rung
+
+    def score(candidate: Candidate, steps: int) -> float | str:
+        # `warn`: a candidate the health check finds collapsed or diverged trains to its rung's end and is dropped
+        # from its artifact's health, so a rerun finds that cached too (a stopped stage would train again)
+        method = MethodConfig(name=candidate.name, recipe=candidate.recipe,
+                              train={"lr": candidate.lr, "on_unhealthy": "warn"})
+        before = reached.get(candidate)
+        model = train_method(run, method, budgeted(run, method, begun, negatives), begun.docs, begun.sentences,
+                             begun.base_model, begun.start, begun.summaries, negatives, yardstick,
+                             until=None if steps == budget else steps,
+                             resume=trained_ref(run.store, before.artifact) if before else None)
+        run.settled(model.artifact)
+        trained = run.store.manifest(trained_ref(run.store, model.artifact))
+        if problem := health.fatal_verdict(trained["extra"]["health"]):
+            return f"{candidate.recipe} recipe: training {problem} (lr {candidate.lr:g})"
+        name = rung_name(candidate.name, steps)
+        model = with_tokenizer(run, begun, [replace(model, label=candidate.name if steps == budget else name)])[0]
+        reached[candidate] = models[name] = model
+        scored[name] = evaluate_model(run, model, corpus)[0]
+        run.settled(scored[name])
+        return float(yardstick_scores(run.store, scored[name]).mean())
+
+    return successive_halving(candidates, budget, run.cfg.select.eta, score), models, scored
+
+
+def select_model(run: Run) -> Selection:
+    cfg, sel = run.cfg, run.cfg.select
+    out = export_folder(cfg)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # before any stage: export never overwrites
+        raise InputError(f"select.out: {out} exists and is not an empty folder; the chosen model is exported to a "
+                         "new or empty one")
+    begun = start_of(run)
+    candidates = [Candidate(recipe, lr) for recipe in sel.candidate_recipes(bool(cfg.summaries), bool(cfg.queries))
+                  for lr in sel.lrs]
+    methods = [MethodConfig(name=c.name, recipe=c.recipe) for c in candidates]
+    queries, negatives = mine_queries(run, methods, begun.docs, begun.base)
+    corpus = Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs))
+    base = with_tokenizer(run, begun, [begun.base])[0]
+    base_scores = evaluate_model(run, base, corpus)[0]
+    ladder, models, scored = search(run, begun, corpus, negatives, candidates)
+    job = SelectJob(name=cfg.name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
+                    yardstick=cfg.evaluate.yardstick, base=base.label)
+    decided = run.stage(SELECT, job, SelectInputs(base=base_scores, scored=scored))
+    decision = run.settled(decided)["extra"]["decision"]
+    chosen = models.get(rung_name(decision["chosen"], sel.budget)) if decision["chosen"] != BASE else None
+    run.register([base] + ([chosen] if chosen else []))
+    section = (run.store.path(decided) / SECTION).read_text()
+    card = "\n".join(line for line in section.splitlines() if not line.startswith("![")) + "\n"  # the picture stays
+    create_markdown_artifact(markdown=markdown_for_ui(run.store, decided, SECTION), key="embforge-select",
+                             description="Which recipe: the decision, the ladder, the compute")
+    if chosen:
+        export_model(Catalog(run.store), chosen.label, out, [], notes=card)
+    return Selection(decision["chosen"], decision["said"], run.store.location("artifacts", decided.stage, decided.key),
+                     str(out) if chosen else None)
+
+
+@flow(name="select")
+def select(params: SelectParams) -> dict:
+    """Pick the recipe for a corpus on a label-free yardstick, train the winner to the full budget and export it;
+    returns the decision, the select artifact's folder and the exported model's."""
+    run = open_run(params, "select")
+    return vars(recorded(run, lambda: select_model(run)))

@@ -1,0 +1,56 @@
+"""The `select` section: which recipes `embforge select` tries, at which learning rates, on what budget."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from tasks.config.base import Section
+from tasks.methods.recipes import CHAINS, RECIPES
+
+# Tried when the config names none: the recipes that need nothing but the corpus, and those whose section the
+# config has (an LLM's summaries or queries).
+PLAIN_RECIPES = ("crops", "dropout", "tsdae")
+WITH_SUMMARIES = ("semcse",)
+WITH_QUERIES = ("gpl", "inpars")
+
+
+class SelectConfig(Section):
+    recipes: list[str] | None = Field(None, description="Candidate recipes (the registry's names). Empty: "
+                                      f"{', '.join(PLAIN_RECIPES)}, with {', '.join(WITH_SUMMARIES)} when the config "
+                                      f"has `summaries` and {', '.join(WITH_QUERIES)} when it has `queries`.")
+    lrs: list[float] = Field([2e-5, 1e-4], min_length=1, description="Learning rates each recipe is tried at: "
+                             "candidates = recipes x learning rates.")
+    budget: int = Field(120, ge=2, description="Training steps of the winner: every candidate is on this "
+                        "schedule (`train.max_steps`) and the search stops the others at its rungs.")
+    eta: int = Field(3, ge=2, description="Successive halving's factor: 1/eta of a rung's candidates go on, to "
+                     "eta times its steps.")
+    out: str | None = Field(None, description="Folder the chosen model is exported to (empty or new); relative to "
+                            "the folder the command runs in. None: `selected/<name>`.")
+
+    @field_validator("recipes")
+    @classmethod
+    def _known(cls, recipes: list[str] | None) -> list[str] | None:
+        if recipes is None:
+            return None
+        unknown = sorted(set(recipes) - set(RECIPES) - set(CHAINS))
+        if unknown:
+            raise ValueError(f"unknown recipes {unknown}; the registry has {sorted(RECIPES)}")
+        if chained := sorted(set(recipes) & set(CHAINS)):
+            stages = [r for r, _ in CHAINS[chained[0]].stages]
+            raise ValueError(f"{chained[0]} trains in stages ({', '.join(stages)}), which the search cannot stop "
+                             "and resume as one candidate; name its stages' recipes instead")
+        if len(set(recipes)) != len(recipes):
+            raise ValueError(f"recipes must differ, got {recipes}")
+        return recipes
+
+    @field_validator("lrs")
+    @classmethod
+    def _positive(cls, lrs: list[float]) -> list[float]:
+        if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
+            raise ValueError(f"learning rates must be positive and differ, got {lrs}")
+        return lrs
+
+    def candidate_recipes(self, summaries: bool, queries: bool) -> list[str]:
+        if self.recipes is not None:
+            return self.recipes
+        return [*PLAIN_RECIPES, *(WITH_SUMMARIES if summaries else ()), *(WITH_QUERIES if queries else ())]

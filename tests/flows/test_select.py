@@ -1,0 +1,142 @@
+"""The select flow (`embforge select`): the search over recipes on a tiny corpus, under the real Prefect engine."""
+
+import math
+
+import numpy as np
+import pytest
+from sentence_transformers import SentenceTransformer
+
+from flows.cli import main
+from storage.base import ArtifactRef
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
+from tasks.config.evaluation import YardstickConfig
+from tasks.core.selection import rung_steps
+from tasks.methods.batches import plan_batches
+from tasks.yardstick import held_out_documents
+from tests.helpers import tiny_config
+
+# A quarter of 400 documents held out: ~100 titles, enough for a paired interval to tell crops from the untrained model
+YARDSTICK = {"held_out": 0.25, "seed": 0}
+# 4 candidates, halved (eta 2) at 12 and 24 steps of a 48-step schedule; lr 30 collapses (docs/health.md)
+SELECT = {"recipes": ["crops", "dropout"], "lrs": [3e-3, 30.0], "budget": 48, "eta": 2}
+
+
+def select_config(tmp_path, **select):
+    return tiny_config(tmp_path, data={"limit": 400},
+                       evaluate={"knn": None, "sts": None, "tsne": False, "yardstick": YARDSTICK},
+                       select={**SELECT, "out": str(tmp_path / "chosen"), **select})
+
+
+def run_select(config, **params):
+    from flows.params import SelectParams
+    from flows.select import select
+
+    state = select(SelectParams(config=str(config), **params), return_state=True)
+    return str(state.state_details.flow_run_id), state.result()
+
+
+@pytest.mark.slow  # a search of 4 candidates through 3 rungs, then all of it again from the cache
+@pytest.mark.usefixtures("prefect_harness")
+def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_from_the_cache(tmp_path):
+    config = select_config(tmp_path)
+    run_id, chosen = run_select(config)
+    store = ArtifactStore(tmp_path / "store")
+    catalog = Catalog(store)
+    decided = ArtifactRef("select", catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'select'",
+                                                  [run_id])[0]["key"])
+    ladder = store.read_table(decided, "ladder").to_pandas()
+    first_rung, second_rung = rung_steps(48, 4, 2)
+    assert (first_rung, second_rung) == (12, 24)
+    first = ladder[ladder["steps"] == first_rung]
+    assert len(first) == 4  # every candidate trains the first rung
+    # The collapsing candidates are dropped with the health check's finding, never scored.
+    collapsed = first[first["lr"] == 30.0]
+    assert collapsed["score"].isna().all() and collapsed["dropped"].str.contains("collapsed").all()
+    assert set(ladder[ladder["steps"] == second_rung]["candidate"]) == {"crops@0.003", "dropout@0.003"}
+    winner = ladder[ladder["winner"]]["candidate"].iloc[0]
+    assert ladder[ladder["steps"] == 48]["candidate"].tolist() == [winner]
+
+    # Each rung went on from the one before: no step trained twice, and the last holds the whole schedule.
+    trains = catalog.query("SELECT a.key FROM run_stages s JOIN artifacts a ON a.key = s.key WHERE s.run_id = ? "
+                           "AND s.stage = 'train' AND s.state = 'Completed'", [run_id])
+    rungs = {}
+    for row in trains:
+        manifest = store.manifest(ArtifactRef("train", row["key"]))
+        cfg = manifest["config"]
+        # one 48-step schedule for both views, over as many epochs as it takes
+        per_epoch = len(plan_batches([store.manifest(ArtifactRef("pairs", manifest["input_roles"]["pairs"]))
+                                      ["extra"]["documents"]], 16))
+        assert cfg["train"]["max_steps"] == 48 and cfg["train"]["epochs"] == math.ceil(48 / per_epoch) > 1
+        trained = store.read_table(ArtifactRef("train", row["key"]), "training").to_pandas()
+        resumed = manifest["input_roles"].get("resume")
+        rungs[row["key"]] = (cfg["recipe"], cfg["train"]["lr"], cfg["until"], resumed, trained["step"].max())
+    for recipe, lr, until, resumed, last in rungs.values():
+        assert last == (until or 48)
+        if resumed:  # the rung before it, of the same candidate, stopped earlier
+            before = rungs[resumed]
+            assert before[:2] == (recipe, lr) and before[2] < (until or 48)
+    optimiser_steps = sum(last - (rungs[resumed][4] if resumed else 0) for _, _, _, resumed, last in rungs.values()
+                          if not np.isnan(last))
+    cost = store.manifest(decided)["extra"]["cost"]
+    # the collapsed ones' first rung, the runner-up's rungs to 24, the winner's to 48: each step once
+    assert optimiser_steps == cost["trained_steps"] == 2 * 12 + 24 + 48
+    assert cost["exhaustive_steps"] == 4 * 48
+
+    # No candidate trained on a yardstick document.
+    docs = store.read_table(ArtifactRef("ingest", catalog.query(
+        "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'ingest'", [run_id])[0]["key"]), "documents")
+    held = held_out_documents(docs["doc_id"].to_pylist(), YardstickConfig(**YARDSTICK))
+    for row in catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [run_id]):
+        pairs = store.read_table(ArtifactRef("pairs", row["key"]), "pairs", ["doc_id"])
+        assert not held & set(pairs["doc_id"].to_pylist())
+
+    # The decision, and the model exported with it on its card.
+    decision = store.manifest(decided)["extra"]["decision"]
+    assert chosen["chosen"] == decision["chosen"] and chosen["said"] == decision["said"]
+    base = decision["versus_base"]
+    assert base["n"] >= 10 and base["low"] <= base["mean"] <= base["high"]
+    assert decision["runner_up"] in {"crops@0.003", "dropout@0.003"} - {winner}
+    section = (store.path(decided) / "selection.md").read_text()
+    assert f"**Answer: {decision['chosen']}.**" in section and "Its known bias" in section
+    assert (store.path(decided) / "ladder.png").stat().st_size > 0
+    # crops beats the untrained model by ~0.15 nDCG@10 [+0.09, +0.21] here: the winner is the answer
+    assert decision["chosen"] == winner == "crops@0.003" and base["significant"] and base["low"] > 0
+    assert chosen["exported"] == str(tmp_path / "chosen")
+    card = (tmp_path / "chosen" / "README.md").read_text()
+    assert "which recipe" in card and decision["said"] in card and "training collapsed at step" in card
+    model = catalog.query("SELECT artifact FROM models WHERE run_id = ? AND label = ?", [run_id, winner])
+    exported = SentenceTransformer(str(tmp_path / "chosen"), device="cpu")
+    stored = SentenceTransformer(str(store.path(ArtifactRef.parse(model[0]["artifact"])) / "model"), device="cpu")
+    texts = ["a short text", "another one, longer than the first"]
+    np.testing.assert_allclose(exported.encode(texts), stored.encode(texts), atol=1e-6)
+
+    # A rerun (another export folder) trains and scores nothing again, and decides the same.
+    again = select_config(tmp_path, out=str(tmp_path / "again"))
+    rerun_id, rerun = run_select(again)
+    states = Catalog(store).query("SELECT DISTINCT stage, state FROM run_stages WHERE run_id = ?", [rerun_id])
+    assert {s["state"] for s in states} == {"Cached"}, states
+    assert rerun["chosen"] == chosen["chosen"] and rerun["said"] == chosen["said"]
+
+
+def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_path, capsys):
+    cases = {"budget": ({"budget": 2}, "select.budget: a budget of 2 steps is too small for 4 candidates at eta 2"),
+             "unknown": ({"recipes": ["crops", "magic"]}, "select.recipes: Value error, unknown recipes ['magic']"),
+             "chain": ({"recipes": ["llm2vec"]}, "llm2vec trains in stages (mntp, dropout)"),
+             "queries": ({"recipes": ["gpl"]}, "select.recipes: gpl trains on LLM queries, add a `queries` section")}
+    for name, (select, said) in cases.items():
+        (tmp_path / name).mkdir()
+        config = select_config(tmp_path / name, **select)
+        assert main(["select", "--config", str(config)]) == 2
+        out = capsys.readouterr().out
+        assert said in " ".join(out.split()) and out.count("error:") == 1, out
+        assert not (tmp_path / name / "store").exists()
+    (tmp_path / "corpus").mkdir()
+    config = select_config(tmp_path / "corpus")
+    assert main(["select", str(tmp_path / "missing.parquet"), "--config", str(config)]) == 2
+    assert "missing.parquet" in capsys.readouterr().out
+    assert main(["select", "--config", str(config), "--budget", "1"]) == 2
+    assert capsys.readouterr().out == "error: --budget: Input should be greater than or equal to 2\n"
+    assert main(["select", "--config", str(config), "--budget", "3", "--recipes", "crops", "dropout", "mlm"]) == 2
+    assert "a budget of 3 steps is too small for 6 candidates at eta 2" in " ".join(capsys.readouterr().out.split())
+
