@@ -1,9 +1,14 @@
-"""The `embforge` command: run a config, show reports, list runs, models and artifacts, query the
-catalog, and run the Prefect server with embforge's deployments."""
+"""The `embforge` command: run a config, select a recipe, show reports, list runs, models and artifacts, query the
+catalog, and run the Prefect server with embforge's deployments.
+
+It is over 400 lines: a short function per command and the one parser that names them all, so that `embforge
+--help` and each command's options are read in one place; the work is in flows/ and tasks/.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -19,7 +24,7 @@ from rich.progress import track
 from rich.table import Table
 
 from flows.params import RunParams
-from storage.base import ArtifactRef, disk_fault
+from storage.base import disk_fault
 from storage.catalog import SCORE_STAGES, Catalog, QueryError
 from storage.store import ArtifactStore
 from storage.stores import open_store
@@ -75,27 +80,33 @@ def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
                          "ORDER BY position", [run_id])
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    changes = overrides(args.set)
-    cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
-    store = open_store(args.store, cfg.store)
+def run_flow(module: str, name: str, params: RunParams, store: ArtifactStore) -> str:
+    """Run the flow `module.name` against this command's own Prefect API (or PREFECT_API_URL's), its log kept in
+    the store; returns the flow run's id, or raises the run's own error (e.g. an InputError naming the bad row)."""
     store.check_writable()  # a read-only, full or unreachable store: one line now, not a stage's traceback
     from flows.api import prefect_api  # Prefect is slow to import: only when running
 
     api = prefect_api()  # its server boots while the flows import
     from flows.logs import logged
-    from flows.pipeline import pipeline
     from flows.runners import outcome
 
-    params = RunParams(config=args.config, overrides=changes, store=store.url,
-                       rebuild_stale_versions=args.rebuild_stale_versions)
-    with api, logged(store.log_file("run")) as log_file:
-        state = pipeline(params, return_state=True)
+    flow = getattr(importlib.import_module(module), name)
+    with api, logged(store.log_file(name)) as log_file:
+        state = flow(params, return_state=True)
     store.upload(log_file)  # an object store keeps it too
     if state.is_failed():
         console.print(f"the full log, with tracebacks: {log_file}", highlight=False)
-    outcome(state, None)  # raises the run's own error, e.g. an InputError naming the bad row
-    run_id, catalog = str(state.state_details.flow_run_id), Catalog(store)
+    outcome(state, None)
+    return str(state.state_details.flow_run_id)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    changes = overrides(args.set)
+    cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
+    store = open_store(args.store, cfg.store)
+    params = RunParams(config=args.config, overrides=changes, store=store.url,
+                       rebuild_stale_versions=args.rebuild_stale_versions)
+    run_id, catalog = run_flow("flows.pipeline", "pipeline", params, store), Catalog(store)
     _print_table(f"{cfg.name} (run {run_id})",
                  comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
     reused = catalog.query("SELECT stage, label FROM run_stages WHERE run_id = ? AND state = 'Cached' "
@@ -115,8 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_select(args: argparse.Namespace) -> int:
     from flows.params import SelectParams
 
-    cfg = load_config(args.config, {})  # its store, then the run's parameters checked against it
-    store = open_store(args.store, cfg.store)
+    store = open_store(args.store, load_config(args.config).store)
     try:
         params = SelectParams(config=args.config, corpus=args.corpus, budget=args.budget,
                               recipes=args.recipes or [], out=args.out, overrides=overrides(args.set), store=store.url)
@@ -124,33 +134,10 @@ def cmd_select(args: argparse.Namespace) -> int:
         said = "; ".join(f"--{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise ConfigError(said) from None
     cfg = load_config(params.config, params.changes())  # a bad corpus path, budget or recipe: exit 2 before Prefect
-    store.check_writable()
-    from flows.api import prefect_api
+    run_id = run_flow("flows.select", "select", params, store)
+    from flows.select import outcome_lines
 
-    api = prefect_api()
-    from flows.logs import logged
-    from flows.runners import outcome
-    from flows.select import select
-
-    with api, logged(store.log_file("select")) as log_file:
-        state = select(params, return_state=True)
-    store.upload(log_file)
-    if state.is_failed():
-        console.print(f"the full log, with tracebacks: {log_file}", highlight=False)
-    outcome(state, None)
-    catalog = Catalog(store)
-    key = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'select'",
-                        [str(state.state_details.flow_run_id)])[0]["key"]
-    from flows.select import export_folder
-    from tasks.core.selection import BASE
-    from tasks.select import SECTION
-
-    folder = store.path(ArtifactRef("select", key))
-    console.print((folder / SECTION).read_text(), highlight=False)
-    chosen = store.manifest(ArtifactRef("select", key))["extra"]["decision"]["chosen"]
-    console.print(f"the model: {export_folder(cfg)}" if chosen != BASE else
-                  f"the model: {cfg.model.name_or_path}, as it is (nothing exported)", highlight=False)
-    console.print(f"the decision, its ladder and picture: {folder}", highlight=False)
+    console.print(outcome_lines(store, run_id, cfg), highlight=False)
     return 0
 
 

@@ -32,6 +32,7 @@ from flows.pipeline import (
 from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
+from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.training import MethodConfig, TrainConfig
@@ -131,6 +132,16 @@ def select_model(run: Run) -> Selection:
         export_model(Catalog(run.store), chosen.label, out, [], notes=card)
     return Selection(decision["chosen"], decision["said"], run.store.location("artifacts", decided.stage, decided.key),
                      str(out) if chosen else None)
+
+
+def outcome_lines(store: ArtifactStore, run_id: str, cfg: PipelineConfig) -> str:
+    """What `embforge select` prints when its run is done: the decision's section, and where the model is."""
+    key = Catalog(store).query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'select'", [run_id])[0]["key"]
+    decided = ArtifactRef(SELECT.name, key)
+    chosen = store.manifest(decided)["extra"]["decision"]["chosen"]
+    model = export_folder(cfg) if chosen != BASE else f"{cfg.model.name_or_path}, as it is (nothing exported)"
+    return (f"{(store.path(decided) / SECTION).read_text()}\nthe model: {model}\n"
+            f"the decision, its ladder and picture: {store.path(decided)}")
 
 
 @flow(name="select")
