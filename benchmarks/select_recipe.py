@@ -1,0 +1,136 @@
+"""Benchmark `embforge select` against training every candidate fully, judged with the labels the search never saw.
+
+For each corpus (default: the demo's OHSUMED abstracts, arXiv 2007 and medical abstracts, each with titles and
+labels): `embforge select CORPUS` with --config (default configs/select.yaml: its yardstick is label-free, its kNN
+off), then an exhaustive `embforge run` of the same candidates (every recipe x learning rate on the same
+`select.budget`-step schedule, `train.max_steps`, over the epochs the search gave each) scored by labelled kNN
+accuracy over 10 splits and by the same yardstick. Reports per corpus: the selected model's kNN against the best
+candidate's, paired over the splits (the target: within the interval or above), the search's training steps against
+the exhaustive run's (target <= 35%), Kendall's tau between the yardstick's ranking of the candidates and kNN's, and
+the search's wall time.
+Usage:
+    python benchmarks/select_recipe.py [--corpora demo arxiv medical] [--config FILE] [--store DIR] [--limit N]
+                                [--set FIELD=VALUE ...]
+Prints a line per corpus, then ONE final line of JSON with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from scipy import stats
+
+from flows.cli import overrides
+from storage.base import ArtifactRef
+from storage.catalog import YARDSTICK_METRIC, Catalog
+from storage.store import ArtifactStore
+from tasks.config.loading import load_config
+from tasks.metrics.significance import paired_difference
+from tasks.reporting.tables import PER_SPLIT
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+CORPORA = {"demo": REPO / "configs" / "data" / "ohsumed_demo.parquet", "arxiv": SHARED / "arxiv2007.parquet",
+           "medical": SHARED / "medical_abstracts.parquet"}
+KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
+TARGET_SHARE = 0.35
+
+
+def embforge(*argv: str) -> float:
+    """Run an embforge command; its wall seconds."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "flows.cli", *argv], cwd=REPO, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"embforge {argv[0]} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def latest(catalog: Catalog, flow: str) -> str:
+    return catalog.query("SELECT run_id FROM runs WHERE flow = ? ORDER BY started_at DESC LIMIT 1", [flow])[0]["run_id"]
+
+
+def scores(catalog: Catalog, run_id: str, metric: str) -> dict[str, list[float]]:
+    """Each model of a run: its values of `metric`, in split order (one value for a metric without splits)."""
+    rows = catalog.query("SELECT s.label, m.value FROM run_stages s JOIN metrics m ON m.key = s.key WHERE "
+                         "s.run_id = ? AND s.stage = 'evaluate' AND m.metric = ? ORDER BY s.label, m.split",
+                         [run_id, metric])
+    found: dict[str, list[float]] = {}
+    for r in rows:
+        found.setdefault(r["label"], []).append(r["value"])
+    return found
+
+
+def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> dict:
+    sets = [*args.sets, *([f"data.limit={args.limit}"] if args.limit else []), f"name=select-{name}"]
+    changes = overrides(sets)
+    cfg = load_config(args.config, {**changes, "data.path": str(path)})
+    store_args = ["--store", args.store]
+    select_s = embforge("select", str(path), "--config", args.config, "--out", str(work / name), *store_args,
+                        *(a for s in sets for a in ("--set", s)))
+    store = ArtifactStore(args.store)
+    catalog = Catalog(store)
+    searched = latest(catalog, "select")
+    decided = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'select'", [searched])[0]["key"]
+    extra = store.manifest(ArtifactRef("select", decided))["extra"]
+    ladder = store.read_table(ArtifactRef("select", decided), "ladder").to_pandas()
+    # Every candidate trained fully on the schedule the search put it on (its epochs, as the search's rungs had).
+    epochs = {r["method"]: json.loads(r["config"])["train"]["epochs"] for r in catalog.query(
+        "SELECT s.label AS method, a.config FROM run_stages s JOIN artifacts a ON a.key = s.key "
+        "WHERE s.run_id = ? AND s.stage = 'train'", [searched])}
+    methods = [dict(name=c, recipe=r, train=dict(lr=lr, epochs=epochs[c], max_steps=cfg.select.budget,
+                                                   on_unhealthy="warn"))
+               for c, r, lr in ladder[["candidate", "recipe", "lr"]].drop_duplicates().itertuples(index=False)]
+    exhaustive_s = embforge("run", args.config, *store_args, *(a for s in sets for a in ("--set", s)),
+                            "--set", f"data.path={path}", "--set", f"methods={json.dumps(methods)}",
+                            "--set", f"evaluate.knn={json.dumps(KNN)}")
+    catalog = Catalog(store)  # the runs since
+    full = latest(catalog, "pipeline")
+    knn = scores(catalog, full, PER_SPLIT)
+    yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRIC).items()}
+    candidates = [m["name"] for m in methods]
+    base = next(label for label in knn if label.startswith("base"))
+    chosen = extra["decision"]["chosen"]
+    selected = base if chosen == "base" else chosen
+    best = max(candidates, key=lambda c: sum(knn[c]))
+    d = paired_difference(knn[selected], knn[best])
+    tau = stats.kendalltau([yardstick[c] for c in candidates], [sum(knn[c]) for c in candidates]).statistic
+    ingest = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'ingest'", [full])[0]["key"]
+    row = dict(corpus=name, documents=store.manifest(ArtifactRef("ingest", ingest))["rows"]["documents"],
+               chosen=chosen, best=best, selected_knn=sum(knn[selected]) / len(knn[selected]),
+               best_knn=sum(knn[best]) / len(knn[best]), base_knn=sum(knn[base]) / len(knn[base]),
+               difference=d.mean, low=d.low, high=d.high, within=d.high >= 0,
+               kendall_tau=tau, search_steps=extra["cost"]["trained_steps"],
+               exhaustive_steps=extra["cost"]["exhaustive_steps"], share=extra["cost"]["share"],
+               select_s=round(select_s, 1), exhaustive_s=round(exhaustive_s, 1),
+               yardstick={c: yardstick[c] for c in candidates}, knn={c: sum(knn[c]) / len(knn[c]) for c in candidates})
+    print(f"{name}: selected {chosen} (kNN {row['selected_knn']:.3f}), best {best} ({row['best_knn']:.3f}): "
+          f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]; {row['share']:.0%} of the exhaustive steps; "
+          f"Kendall's tau {tau:+.2f}; select {select_s / 60:.1f} min", flush=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=list(CORPORA))
+    p.add_argument("--config", default=str(REPO / "configs" / "select.yaml"))
+    p.add_argument("--store", default=str(REPO.parent / "embforge-store"))
+    p.add_argument("--limit", type=int, help="only the first N documents of each corpus")
+    p.add_argument("--set", dest="sets", action="append", default=[])
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        rows = [one_corpus(name, CORPORA[name], args, Path(work)) for name in args.corpora]
+    print(json.dumps(dict(corpora=rows, all_within=all(r["within"] for r in rows),
+                          max_share=max(r["share"] for r in rows), target_share=TARGET_SHARE,
+                          config=str(args.config), sets=args.sets)))
+
+
+if __name__ == "__main__":
+    main()
