@@ -347,7 +347,7 @@ def parser() -> argparse.ArgumentParser:
     select.add_argument("--budget", type=int, help="training steps of the winner (default: the config's "
                         "select.budget)")
     select.add_argument("--recipes", nargs="+", metavar="RECIPE", help="candidate recipes (default: the config's)")
-    select.add_argument("--out", help="folder to export the chosen model to (default: selected/<name>)")
+    select.add_argument("--out", help="folder to export the chosen model to (default: selected/<the corpus's name>)")
     select.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="change a config field, e.g. --set select.lrs=[3e-5]")
     report = add("report", cmd_report, "show the task × model table of a run, or of the latest scores "

@@ -70,7 +70,7 @@ class SelectParams(RunParams):
     recipes: list[str] = Field(default_factory=list, description="Candidate recipes. Empty: the config's "
                                "`select.recipes`.")
     out: str | None = Field(None, description="Folder to export the chosen model to (new or empty). Empty: the "
-                            "config's `select.out`, else selected/<name>.")
+                            "config's `select.out`, else selected/<the corpus's name>.")
 
     def changes(self) -> dict[str, Any]:
         own = {"data.path": str(Path(self.corpus).resolve()) if self.corpus else None, "select.budget": self.budget,

@@ -55,8 +55,9 @@ class Selection:
 
 
 def export_folder(cfg: PipelineConfig) -> Path:
-    """Where the chosen model goes: `select.out`, else selected/<name>, from the folder the run started in."""
-    return Path(cfg.select.out or Path("selected") / cfg.name).resolve()
+    """Where the chosen model goes: `select.out`, else selected/<the corpus's name>, from the folder the run started
+    in."""
+    return Path(cfg.select.out or Path("selected") / cfg.data.display_name).resolve()
 
 
 def budgeted(run: Run, method: MethodConfig, begun: Start, negatives: ArtifactRef | None) -> TrainConfig:
@@ -118,7 +119,7 @@ def select_model(run: Run) -> Selection:
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
     ladder, models, scored = search(run, begun, corpus, negatives, candidates)
-    job = SelectJob(name=cfg.name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
+    job = SelectJob(name=cfg.data.display_name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
                     yardstick=cfg.evaluate.yardstick, base=base.label)
     decided = run.stage(SELECT, job, SelectInputs(base=base_scores, scored=scored))
     decision = run.settled(decided)["extra"]["decision"]

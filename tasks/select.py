@@ -48,7 +48,7 @@ def yardstick_scores(store: ArtifactStore, evaluate: ArtifactRef) -> pd.Series:
 
 
 class SelectJob(Section):
-    name: str  # the experiment's, for titles
+    name: str  # the corpus's, for titles
     ladder: list[dict]  # Ladder.rows(): what the search did, with each rung's yardstick score
     total: int
     eta: int

@@ -25,7 +25,7 @@ class SelectConfig(Section):
     eta: int = Field(3, ge=2, description="Successive halving's factor: 1/eta of a rung's candidates go on, to "
                      "eta times its steps.")
     out: str | None = Field(None, description="Folder the chosen model is exported to (empty or new); relative to "
-                            "the folder the command runs in. None: `selected/<name>`.")
+                            "the folder the command runs in. None: `selected/<the corpus's name>`.")
 
     @field_validator("recipes")
     @classmethod
