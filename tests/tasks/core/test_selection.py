@@ -102,3 +102,14 @@ def test_a_ladder_is_rebuilt_from_its_rows():
     again = Ladder.from_rows(ladder.rows(), 900, 3)
     assert again.rows() == ladder.rows() and again.winner == ladder.winner
     assert again.trained_steps == ladder.trained_steps == 6 * 100 + 2 * 300 + 900
+
+
+def test_each_rung_s_candidates_are_started_together_before_any_is_scored():
+    events = []
+    successive_halving(NINE, 900, 3, lambda c, s: events.append(("score", c.name, s)) or quality(c, s),
+                       lambda live, s: events.append(("start", [c.name for c in live], s)))
+    starts = [e for e in events if e[0] == "start"]
+    assert [(len(names), s) for _, names, s in starts] == [(9, 100), (3, 300), (1, 900)]
+    for _, names, steps in starts:  # then exactly those, scored
+        at = events.index(("start", names, steps))
+        assert [e[1] for e in events[at + 1 : at + 1 + len(names)]] == names
