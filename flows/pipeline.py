@@ -17,6 +17,7 @@ from flows.params import RunParams, TrainParams
 from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from tasks.config.base import ConfigError
+from tasks.config.data import SentenceConfig
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.static import BASE, StaticSettings
@@ -172,12 +173,16 @@ class Start:
     converted: bool  # a converted decoder: each model has its own tokenizer
 
 
+def splitting(cfg: PipelineConfig) -> SentenceConfig:
+    """The sentences stage's config: the section, with the run's worker processes."""
+    return cfg.sentences.model_copy(update={"workers": cfg.run.workers})
+
+
 def start_of(run: Run) -> Start:
     """The corpus, its sentences and summaries, and the model training starts from."""
     cfg = run.cfg
     docs = run.stage(INGEST, cfg.data, NoInputs())
-    splitting = cfg.sentences.model_copy(update={"workers": cfg.run.workers})
-    sentences = run.stage(SENTENCES, splitting, SentencesInputs(documents=docs))
+    sentences = run.stage(SENTENCES, splitting(cfg), SentencesInputs(documents=docs))
     init = run.stage(INIT, InitConfig.from_model(cfg.model), NoInputs()) if cfg.model.random_init else None
     # A GGUF decoder (the offline default LLM) is converted to a folder first, which training starts from.
     converted = (run.stage(LLM, LlmJob(source=cfg.model.name_or_path), NoInputs())
@@ -203,9 +208,8 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
     models = [begun.base]
     if cfg.model.pretrain:  # stage 1 on a generic corpus; every method starts from its result
         pre = cfg.model.pretrain
-        splitting = cfg.sentences.model_copy(update={"workers": cfg.run.workers})
         generic = run.stage(INGEST, pre.data, NoInputs(), "stage 1")
-        generic_sentences = run.stage(SENTENCES, splitting, SentencesInputs(documents=generic), "stage 1")
+        generic_sentences = run.stage(SENTENCES, splitting(cfg), SentencesInputs(documents=generic), "stage 1")
         stage1 = train_method(run, pre.method, pre.train_for(), generic, generic_sentences, base, start)
         models.append(replace(stage1, label=f"stage 1 ({pre.method.name})"))
         base, start = None, stage1.artifact
