@@ -80,9 +80,10 @@ def run_entries(catalog: Catalog, run_id: str) -> list[dict]:
                          "ORDER BY position", [run_id])
 
 
-def run_flow(module: str, name: str, params: RunParams, store: ArtifactStore) -> str:
+def run_flow(command: str, module: str, name: str, params: RunParams, store: ArtifactStore) -> str:
     """Run the flow `module.name` against this command's own Prefect API (or PREFECT_API_URL's), its log kept in
-    the store; returns the flow run's id, or raises the run's own error (e.g. an InputError naming the bad row)."""
+    the store as the command's (logs/<command>-...); returns the flow run's id, or raises the run's own error (e.g.
+    an InputError naming the bad row)."""
     store.check_writable()  # a read-only, full or unreachable store: one line now, not a stage's traceback
     from flows.api import prefect_api  # Prefect is slow to import: only when running
 
@@ -91,7 +92,7 @@ def run_flow(module: str, name: str, params: RunParams, store: ArtifactStore) ->
     from flows.runners import outcome
 
     flow = getattr(importlib.import_module(module), name)
-    with api, logged(store.log_file(name)) as log_file:
+    with api, logged(store.log_file(command)) as log_file:
         state = flow(params, return_state=True)
     store.upload(log_file)  # an object store keeps it too
     if state.is_failed():
@@ -106,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     store = open_store(args.store, cfg.store)
     params = RunParams(config=args.config, overrides=changes, store=store.url,
                        rebuild_stale_versions=args.rebuild_stale_versions)
-    run_id, catalog = run_flow("flows.pipeline", "pipeline", params, store), Catalog(store)
+    run_id, catalog = run_flow("run", "flows.pipeline", "pipeline", params, store), Catalog(store)
     _print_table(f"{cfg.name} (run {run_id})",
                  comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
     reused = catalog.query("SELECT stage, label FROM run_stages WHERE run_id = ? AND state = 'Cached' "
@@ -134,7 +135,7 @@ def cmd_select(args: argparse.Namespace) -> int:
         said = "; ".join(f"--{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise ConfigError(said) from None
     cfg = load_config(params.config, params.changes())  # a bad corpus path, budget or recipe: exit 2 before Prefect
-    run_id = run_flow("flows.select", "select", params, store)
+    run_id = run_flow("select", "flows.select", "select", params, store)
     from flows.select import outcome_lines
 
     console.print(outcome_lines(store, run_id, cfg), highlight=False)

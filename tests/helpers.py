@@ -228,3 +228,11 @@ def model_tokens_file(model, pairs_per_epoch, row_group_size=3, word_ids=False) 
     from tasks.tokens import tokenized
 
     return parquet_file(tokenized(model, pairs_table(pairs_per_epoch), word_ids), row_group_size)
+
+
+@functools.cache
+def deployment_count() -> int:
+    """How many deployments `embforge server` registers: flows/server.py's list."""
+    from flows.server import deployments
+
+    return len(deployments(str(REPO / "configs" / "demo.yaml")))

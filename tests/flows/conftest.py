@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, SECRET, STSB, free_port, prefect_home, tiny_config
+from tests.helpers import REPO, SECRET, STSB, deployment_count, free_port, prefect_home, tiny_config
 from tests.workers import alone
 
 
@@ -103,7 +103,7 @@ def embforge_server(home: Path, *args: str, timed_stop: bool = False, **env_vars
         deadline = time.monotonic() + 180
         while True:
             try:
-                if len(svc.call("POST", "/deployments/filter", {})) == 5:
+                if len(svc.call("POST", "/deployments/filter", {})) == deployment_count():
                     break
             except (urllib.error.URLError, OSError):
                 pass

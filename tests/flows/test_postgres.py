@@ -16,7 +16,7 @@ import pytest
 from flows.cli import main
 from flows.server import database_url
 from tests.flows.conftest import embforge_server, pool_worker
-from tests.helpers import free_port, tiny_config
+from tests.helpers import deployment_count, free_port, tiny_config
 
 USER, PASSWORD = "embforge", "pg_secret_never_printed"
 
@@ -92,7 +92,7 @@ def test_server_on_postgresql_with_a_worker_runs_the_pipeline(postgres, tmp_path
         {"state_type": "COMPLETED"}]
     assert query(postgres, "SELECT count(*) AS n FROM task_run WHERE flow_run_id = $1::uuid", run["id"])[0]["n"] > 5
     assert {r["type"] for r in query(postgres, "SELECT type FROM work_pool WHERE name = 'pg-pool'")} == {"process"}
-    assert len(query(postgres, "SELECT name FROM deployment")) == 5
+    assert len(query(postgres, "SELECT name FROM deployment")) == deployment_count()
     assert not list(home.glob("*.db"))
     printed = (home / "server.log").read_text()
     assert "database postgresql+asyncpg://embforge:***@127.0.0.1" in printed
