@@ -130,3 +130,16 @@ def test_static_encode_times_the_static_model_beside_its_teacher(tiny_dir):
     assert all(len(r) == 2 and min(r) > 0 for r in out["rounds_docs_per_s"].values())
     assert out["ratio"] > 0 and out["distill_s"] > 0 and out["distill_and_tokenlearn_s"] > 0
     assert 0 < out["size_ratio"] and out["size_mb"]["static"] > 0
+
+
+def test_select_recipe_selects_then_trains_every_candidate_and_judges_with_the_labels(tmp_path):
+    out = json.loads(benchmark("select_recipe.py", "--corpora", "demo", "--limit", "300", "--store",
+                               str(tmp_path / "store"), "--set", "model.random_init={layers: 1, hidden: 32, heads: 2, "
+                               "intermediate: 64}", "--set", "select.budget=24", "--set", "select.lrs=[3.0e-3]",
+                               "--set", "select.recipes=[crops, dropout]", "--set", "train.batch_size=16",
+                               "--set", "train.max_length=64", "--set", "evaluate.max_length=64"))
+    [demo] = out["corpora"]
+    assert demo["documents"] == 300 and set(demo["knn"]) == set(demo["yardstick"]) == {"crops@0.003", "dropout@0.003"}
+    assert demo["best"] == max(demo["knn"], key=demo["knn"].get) and demo["low"] <= demo["difference"] <= demo["high"]
+    assert demo["search_steps"] == 8 + 24 and demo["exhaustive_steps"] == 48  # one rung of 8 steps, the winner to 24
+    assert -1 <= demo["kendall_tau"] <= 1 and out["all_within"] == demo["within"]
