@@ -57,8 +57,7 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
     `yardstick`: its documents are left out of the pairs; `until` and `resume`: a rung of a search
     (tasks/train.py), going on from the train artifact `resume`."""
     knn = run.cfg.evaluate.knn
-    views = PairsConfig.for_method(method, train.epochs, knn, train.batch_size, yardstick)
-    pairs = run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
+    pairs = method_pairs(run, method, train.epochs, train.batch_size, docs, sentences, summaries, negatives, yardstick)
     prompts = run.cfg.model.prompts
     tokens = run.stage(TOKENS, TokensJob.for_method(base_model, method, train, prompts),
                        TokensInputs(pairs=pairs, start=start), method.name)
@@ -70,6 +69,14 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
                             MergeInputs(adapter=trained, start=start), method.name, method.recipe)
     return ReportedModel(method.name, method.recipe, trained, pooling=pooling_for(method.recipe, train),
                          knn_holdout=method.knn_holdout, swept=method.swept)
+
+
+def method_pairs(run: Run, method: MethodConfig, epochs: int, batch_size: int, docs: ArtifactRef,
+                 sentences: ArtifactRef, summaries: ArtifactRef | None, negatives: ArtifactRef | None,
+                 yardstick: YardstickConfig | None) -> ArtifactRef:
+    """The pairs artifact of a method's view over `epochs` (the yardstick's documents left out)."""
+    views = PairsConfig.for_method(method, epochs, run.cfg.evaluate.knn, batch_size, yardstick)
+    return run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
 
 
 def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool = False) -> list[ArtifactRef]:

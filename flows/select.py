@@ -23,6 +23,7 @@ from flows.pipeline import (
     Corpus,
     Start,
     evaluate_model,
+    method_pairs,
     mine_queries,
     start_of,
     train_method,
@@ -33,15 +34,13 @@ from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tasks.config.base import InputError
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.training import MethodConfig, TrainConfig
 from tasks.core.selection import BASE, Candidate, Ladder, successive_halving
 from tasks.encoders.models import trained_ref
-from tasks.export import export_model
+from tasks.export import check_export_folder, export_model
 from tasks.methods import health
 from tasks.methods.batches import plan_batches
-from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.report import markdown_for_ui
 from tasks.select import SECTION, SELECT, SelectInputs, SelectJob, rung_name, yardstick_scores
 
@@ -64,9 +63,8 @@ def budgeted(run: Run, method: MethodConfig, begun: Start, negatives: ArtifactRe
     """The method's training on the search's schedule: `select.budget` steps over as many epochs of its view as
     that takes (views differ in rows: one epoch is built first to count them)."""
     train, budget = run.cfg.train_for(method), run.cfg.select.budget
-    one = PairsConfig.for_method(method, 1, run.cfg.evaluate.knn, train.batch_size, run.cfg.evaluate.yardstick)
-    pairs = run.stage(PAIRS, one, PairsInputs.for_view(one, begun.sentences, begun.docs, begun.summaries, negatives),
-                      method.name)
+    pairs = method_pairs(run, method, 1, train.batch_size, begun.docs, begun.sentences, begun.summaries, negatives,
+                         run.cfg.evaluate.yardstick)
     per_epoch = len(plan_batches([run.settled(pairs)["extra"]["documents"]], train.batch_size))
     return train.model_copy(update={"epochs": math.ceil(budget / per_epoch), "max_steps": budget})
 
@@ -111,9 +109,7 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
 def select_model(run: Run) -> Selection:
     cfg, sel = run.cfg, run.cfg.select
     out = export_folder(cfg)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # before any stage: export never overwrites
-        raise InputError(f"select.out: {out} exists and is not an empty folder; the chosen model is exported to a "
-                         "new or empty one")
+    check_export_folder(out, "select.out:")  # before any stage
     begun = start_of(run)
     candidates = [Candidate(recipe, lr) for recipe in sel.candidate_recipes(bool(cfg.summaries), bool(cfg.queries))
                   for lr in sel.lrs]

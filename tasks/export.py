@@ -287,12 +287,17 @@ def sts_by_backend(folder: Path, pooling: str, sts: dict, variants: list[str]) -
     return scores
 
 
+def check_export_folder(to: Path, field: str) -> None:
+    """An export goes to a new or empty folder (`field` names where the user set it)."""
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise InputError(f"{field} {to}: exists and is not an empty folder; export never overwrites")
+
+
 def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], repo: str | None = None,
                  notes: str = "") -> ExportedModel:
     """Write the model `name` (a label or an artifact address) into `to`, which must not hold anything and
     must be outside the store (its folders are the store's to write); `notes` (Markdown) end its card."""
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
-        raise InputError(f"--to {to}: exists and is not an empty folder; export never overwrites")
+    check_export_folder(to, "--to")
     to = to.resolve()  # `.` has no name or parent to build next to
     if to.is_relative_to(catalog.store.root.resolve()):
         raise InputError(f"--to {to}: inside the store {catalog.store.root}; export to a folder outside it")
