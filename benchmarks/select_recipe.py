@@ -1,16 +1,16 @@
 """Benchmark `embforge select` against training every candidate fully, judged with the labels the search never saw.
 
 For each corpus (default: the demo's OHSUMED abstracts, arXiv 2007 and medical abstracts, each with titles and
-labels): `embforge select CORPUS` with --config (default configs/select.yaml: its yardstick is label-free, its kNN
-off), then an exhaustive `embforge run` of the same candidates (every recipe x learning rate on the same
-`select.budget`-step schedule, `train.max_steps`, over the epochs the search gave each) scored by labelled kNN
-accuracy over 10 splits and by the same yardstick. Reports per corpus: the selected model's kNN against the best
-candidate's, paired over the splits (the target: within the interval or above), the search's training steps against
-the exhaustive run's (target <= 35%), Kendall's tau between the yardstick's ranking of the candidates and kNN's, and
-the search's wall time.
+labels): `embforge select CORPUS` with --config (default configs/select.yaml, its kNN off) on the yardstick
+--yardstick (default `titles`: the labels judge a choice made without them), then an exhaustive `embforge run` of the
+same candidates (every recipe x learning rate on the same `select.budget`-step schedule, `train.max_steps`, over the
+epochs the search gave each) scored by labelled kNN accuracy over 10 splits and by the same yardstick. Reports per
+corpus: the selected model's kNN against the best candidate's, paired over the splits (the target: within the interval
+or above), the search's training steps against the exhaustive run's (target <= 35%), Kendall's tau between the
+yardstick's ranking of the candidates and kNN's, and the search's wall time.
 Usage:
     python benchmarks/select_recipe.py [--corpora demo arxiv medical] [--config FILE] [--store DIR] [--limit N]
-                                [--set FIELD=VALUE ...]
+                                [--yardstick titles|labels] [--set FIELD=VALUE ...]
 Prints a line per corpus, then ONE final line of JSON with every figure.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from scipy import stats
 
 from flows.cli import overrides
 from storage.base import ArtifactRef
-from storage.catalog import YARDSTICK_METRIC, Catalog
+from storage.catalog import YARDSTICK_METRICS, Catalog
 from storage.store import ArtifactStore
 from tasks.config.loading import load_config
 from tasks.metrics.significance import paired_difference
@@ -69,7 +69,8 @@ def scores(catalog: Catalog, run_id: str, metric: str) -> dict[str, list[float]]
 
 
 def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> dict:
-    sets = [*args.sets, *([f"data.limit={args.limit}"] if args.limit else []), f"name=select-{name}"]
+    sets = [*args.sets, *([f"data.limit={args.limit}"] if args.limit else []), f"name=select-{name}",
+            f"evaluate.yardstick.kind={args.yardstick}"]
     changes = overrides(sets)
     cfg = load_config(args.config, {**changes, "data.path": str(path)})
     store_args = ["--store", args.store]
@@ -94,7 +95,7 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     catalog = Catalog(store)  # the runs since
     full = latest(catalog, "pipeline")
     knn = scores(catalog, full, PER_SPLIT)
-    yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRIC).items()}
+    yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRICS[args.yardstick]).items()}
     candidates = [m["name"] for m in methods]
     base = next(label for label in knn if label.startswith("base"))
     chosen = extra["decision"]["chosen"]
@@ -123,13 +124,15 @@ def main() -> None:
     p.add_argument("--config", default=str(REPO / "configs" / "select.yaml"))
     p.add_argument("--store", default=str(REPO.parent / "embforge-store"))
     p.add_argument("--limit", type=int, help="only the first N documents of each corpus")
+    p.add_argument("--yardstick", choices=["titles", "labels"], default="titles",
+                   help="what decides (evaluate.yardstick.kind); kNN on the labels judges")
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
         rows = [one_corpus(name, CORPORA[name], args, Path(work)) for name in args.corpora]
     print(json.dumps(dict(corpora=rows, all_within=all(r["within"] for r in rows),
                           max_share=max(r["share"] for r in rows), target_share=TARGET_SHARE,
-                          config=str(args.config), sets=args.sets)))
+                          config=str(args.config), yardstick=args.yardstick, sets=args.sets)))
 
 
 if __name__ == "__main__":

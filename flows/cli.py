@@ -339,10 +339,10 @@ def parser() -> argparse.ArgumentParser:
                      "methods.0.train.lr=1e-4 (YAML values, checked like the file; repeatable)")
     run.add_argument("--rebuild-stale-versions", action="store_true",
                      help=RunParams.model_fields["rebuild_stale_versions"].description)
-    select = add("select", cmd_select, "pick the recipe for a corpus on a label-free yardstick, train the winner "
+    select = add("select", cmd_select, "pick the recipe for a corpus on a held-out yardstick, train the winner "
                  "and export it (docs/select.md)", config=None)
-    select.add_argument("corpus", nargs="?", help="the corpus file (Parquet, CSV or JSONL; a text column, titles for "
-                        "the yardstick); default: the config's data.path")
+    select.add_argument("corpus", nargs="?", help="the corpus file (Parquet, CSV or JSONL; a text column, labels or "
+                        "titles for the yardstick); default: the config's data.path")
     select.add_argument("--config", default=str(DEFAULT_SELECT), help="defaults to start from (default: "
                         "configs/select.yaml)")
     select.add_argument("--budget", type=int, help="training steps of the winner (default: the config's "

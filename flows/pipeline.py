@@ -102,7 +102,8 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
     sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None
     held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
     query_emb = embedded({}, dict(held_out_queries=held_out), prompts.query) if held_out else None
-    titles = embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query) if corpus.yardstick else None
+    titles = (embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query)
+              if corpus.yardstick and run.settled(corpus.yardstick)["extra"]["kind"] == "titles" else None)
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
@@ -128,11 +129,11 @@ class Corpus:
     docs: ArtifactRef  # the config's documents: kNN's labels, the semantic benchmark's papers
     summaries: ArtifactRef | None
     queries: ArtifactRef | None = None  # the generated queries (their held-out ones are scored)
-    yardstick: ArtifactRef | None = None  # evaluate.yardstick's held-out titles (tasks/yardstick.py)
+    yardstick: ArtifactRef | None = None  # evaluate.yardstick's held-out documents (tasks/yardstick.py)
 
 
 def yardstick_of(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
-    """The label-free yardstick's queries, if the config asks (its documents are then left out of training)."""
+    """The yardstick's queries, if the config asks (its documents are then left out of training)."""
     cfg = run.cfg.evaluate.yardstick
     return run.stage(YARDSTICK, cfg, YardstickInputs(documents=docs)) if cfg else None
 

@@ -1,12 +1,13 @@
 """The `select` flow: from a corpus to a chosen, trained and exported model (`embforge select`, docs/select.md).
 
 Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs
-(tasks/core/selection.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung
-before (`until`, `resume`: no step is trained twice), merged where LoRA is on, and scored by the evaluate stage on the
-label-free yardstick (tasks/yardstick.py), whose documents no candidate trains on. Every candidate is on one schedule
-of `select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes), so a rung means the
-same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is registered and
-exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others' rungs.
+(tasks/core/selection.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung before
+(`until`, `resume`: no step is trained twice), merged where LoRA is on, and scored by the evaluate stage on the
+yardstick (tasks/yardstick.py: by labels, or by titles), whose documents no candidate trains on. Every candidate is on
+one schedule of `select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes), so a rung
+means the same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is
+registered and exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others'
+rungs.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def select_model(run: Run) -> Selection:
     ladder, models, scored = search(run, begun, corpus, negatives, candidates)
     job = SelectJob(name=cfg.data.display_name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
                     yardstick=cfg.evaluate.yardstick, base=base.label)
-    decided = run.stage(SELECT, job, SelectInputs(base=base_scores, scored=scored))
+    decided = run.stage(SELECT, job, SelectInputs(yardstick=corpus.yardstick, base=base_scores, scored=scored))
     decision = run.settled(decided)["extra"]["decision"]
     chosen = models.get(rung_name(decision["chosen"], sel.budget)) if decision["chosen"] != BASE else None
     run.register([base] + ([chosen] if chosen else []))
@@ -147,7 +148,7 @@ def outcome_lines(store: ArtifactStore, run_id: str, cfg: PipelineConfig) -> str
 
 @flow(name="select")
 def select(params: SelectParams) -> dict:
-    """Pick the recipe for a corpus on a label-free yardstick, train the winner to the full budget and export it;
+    """Pick the recipe for a corpus on the held-out yardstick, train the winner to the full budget and export it;
     returns the decision, the select artifact's folder and the exported model's."""
     run = open_run(params, "select")
     return vars(recorded(run, lambda: select_model(run)))

@@ -40,8 +40,11 @@ log = logging.getLogger("embforge.catalog")
 SCORE_STAGES = ("evaluate", "semantic", "mteb", "speed")
 STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
 QUERY_SCORES = "query_scores"  # each query's nDCG@10: the held-out generated ones (evaluate), local retrieval (mteb)
-YARDSTICK_SCORES = "yardstick_scores"  # each yardstick query's (tasks/yardstick.py: a held-out title) rank and nDCG@10
-YARDSTICK_METRIC = "title_ndcg_at_10"  # the mean of its nDCG@10: the score `embforge select` ranks by
+# Each yardstick query's (tasks/yardstick.py: a held-out document's title, or the document by its label) rank of its
+# first relevant document and nDCG@10.
+YARDSTICK_SCORES = "yardstick_scores"
+# By the yardstick's kind: the mean of its nDCG@10, the score `embforge select` ranks by (and its metric rows' prefix).
+YARDSTICK_METRICS = {"titles": "title_ndcg_at_10", "labels": "label_ndcg_at_10"}
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.

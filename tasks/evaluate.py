@@ -108,8 +108,8 @@ class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     sts_embeddings: ArtifactRef | None = None
     queries: ArtifactRef | None = None  # with query_embeddings: the held-out generated queries (docs/gpl.md)
     query_embeddings: ArtifactRef | None = None
-    yardstick: ArtifactRef | None = None  # with yardstick_embeddings: the titles of tasks/yardstick.py
-    yardstick_embeddings: ArtifactRef | None = None
+    yardstick: ArtifactRef | None = None  # tasks/yardstick.py's held-out documents
+    yardstick_embeddings: ArtifactRef | None = None  # its titles' vectors (the titles kind)
 
 
 def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: ArtifactRef, x: np.ndarray,
@@ -125,6 +125,24 @@ def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: 
     ranks = retrieval.relevant_ranks(vectors, x, np.array([position[d] for d in held["doc_id"].to_pylist()]))
     out.write_table(table, pa.table({"query_id": held["query_id"], "rank": ranks, "ndcg": retrieval.ndcg_at(ranks)}))
     return [dict(row, split=HELD_OUT) for row in retrieval.retrieval_rows(ranks, prefix=prefix)]
+
+
+def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, docs: pd.DataFrame, pooling: str,
+                   out: ArtifactWriter) -> list[dict]:
+    """The yardstick (tasks/yardstick.py) by its kind: each held-out title finds its text among the corpus (`title_`),
+    or each labelled held-out document, by its vector, finds its label's among the labelled documents not held out
+    (`label_`). Each query's scores go in YARDSTICK_SCORES, which the select stage pairs."""
+    if store.manifest(inputs.yardstick)["extra"]["kind"] == "titles":
+        return held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, x, docs["doc_id"].tolist(),
+                                   pooling, out, "title_", YARDSTICK_SCORES)
+    held = store.read_table(inputs.yardstick, "queries", columns=["query_id", "doc_id", "status"]).to_pandas()
+    asked = held[held["status"] == "ok"]
+    labels = docs["label"].to_numpy()
+    index = np.flatnonzero(docs["label"].notna().to_numpy() & ~docs["doc_id"].isin(held["doc_id"]).to_numpy())
+    queries = pd.Series(np.arange(len(docs)), index=docs["doc_id"])[asked["doc_id"]].to_numpy()
+    ranks, ndcg = retrieval.same_label_ranks(x[queries], x[index], labels[queries], labels[index])
+    out.write_table(YARDSTICK_SCORES, pa.table({"query_id": asked["query_id"], "rank": ranks, "ndcg": ndcg}))
+    return [dict(row, split=HELD_OUT) for row in retrieval.same_label_rows(ranks, ndcg, prefix="label_")]
 
 
 def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
@@ -161,9 +179,8 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     if inputs.query_embeddings:
         rows += held_out_query_rows(store, inputs.queries, inputs.query_embeddings, x, docs["doc_id"].tolist(),
                                     job.pooling, out, "query_", QUERY_SCORES)
-    if inputs.yardstick_embeddings:
-        rows += held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, x, docs["doc_id"].tolist(),
-                                    job.pooling, out, "title_", YARDSTICK_SCORES)
+    if inputs.yardstick:
+        rows += yardstick_rows(store, inputs, x, docs, job.pooling, out)
     rows += learning_curve_rows(store, inputs.model) + training_health_rows(store, inputs.model, x)
     for row in rows:  # the headline rows are the model's own pooling on its last layer
         row.setdefault("layer", last)

@@ -42,7 +42,7 @@ from pydantic import Field
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Section
-from tasks.config.evaluation import KnnConfig, YardstickConfig
+from tasks.config.evaluation import HeldOutShare, KnnConfig, YardstickConfig
 from tasks.config.queries import TRAIN
 from tasks.config.training import MethodConfig
 from tasks.core import duck
@@ -75,7 +75,7 @@ class PairsConfig(Section):
     epochs: int = Field(1, ge=1)
     deletion_ratio: float | None = None
     held_out: HeldOut | None = None
-    yardstick: YardstickConfig | None = None  # its held-out documents are left out too (tasks/yardstick.py)
+    yardstick: HeldOutShare | None = None  # its held-out documents are left out too (tasks/yardstick.py)
     replacement: Replacement | None = None  # the summaries view's
     round_trip: int | None = None  # the queries view's
     hard_negatives: bool = False  # the queries view's
@@ -100,7 +100,9 @@ class PairsConfig(Section):
                    seed=method.seed, epochs=epochs, deletion_ratio=method.deletion_ratio if view == "noise" else None,
                    held_out=held_out, replacement=replacement if view == "summaries" else None,
                    round_trip=method.resolved_round_trip, hard_negatives=hard_negatives, margins=recipe.margins,
-                   batch_size=batch_size if hard_negatives else None, yardstick=yardstick)
+                   batch_size=batch_size if hard_negatives else None,
+                   yardstick=HeldOutShare(**yardstick.model_dump(include=set(HeldOutShare.model_fields)))
+                   if yardstick else None)
 
 
 def knn_test_documents(docs: pa.Table, held_out: HeldOut) -> set[str]:

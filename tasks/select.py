@@ -1,7 +1,7 @@
 """Select: the decision of a search over recipes (`embforge select`, flows/select.py), and its report section.
 
 The flow runs the search (tasks/core/selection.py: successive halving, each rung a cached train stage scored by the
-evaluate stage on the label-free yardstick, tasks/yardstick.py) and hands this stage the ladder it climbed. Here the
+evaluate stage on the yardstick, tasks/yardstick.py) and hands this stage the ladder it climbed. Here the
 yardstick's per-query scores are paired: the winner at the full budget against the untrained model, and against the
 runner-up on the last rung they shared; the winner is the answer only if it beats the untrained model significantly.
 
@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from storage.base import ArtifactRef
-from storage.catalog import YARDSTICK_METRIC, YARDSTICK_SCORES
+from storage.catalog import YARDSTICK_METRICS, YARDSTICK_SCORES
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Section
 from tasks.config.evaluation import YardstickConfig
@@ -28,7 +28,7 @@ from tasks.core.selection import Decision, Ladder, Step, decide
 from tasks.core.stage import Inputs, Stage
 from tasks.metrics.significance import PairedDifference
 from tasks.reporting import plots
-from tasks.yardstick import BIAS
+from tasks.yardstick import ASKS, BIAS
 
 PICTURE = "ladder.png"
 SECTION = "selection.md"
@@ -41,8 +41,7 @@ def rung_name(candidate: str, steps: int) -> str:
 def yardstick_scores(store: ArtifactStore, evaluate: ArtifactRef) -> pd.Series:
     """Each yardstick query's nDCG@10 under one model (its evaluate artifact), by query id."""
     if YARDSTICK_SCORES not in store.manifest(evaluate)["rows"]:
-        raise InputError(f"{evaluate.address}: no yardstick scores: the yardstick holds out no titled document of "
-                         "this corpus (raise evaluate.yardstick.held_out, or give the documents titles)")
+        raise InputError(f"{evaluate.address}: no yardstick scores: evaluated without the yardstick")
     table = store.read_table(evaluate, YARDSTICK_SCORES, ["query_id", "ndcg"]).to_pandas()
     return table.set_index("query_id")["ndcg"].sort_index()
 
@@ -57,6 +56,7 @@ class SelectJob(Section):
 
 
 class SelectInputs(Inputs):
+    yardstick: ArtifactRef  # its queries, and the kind it is
     base: ArtifactRef  # the untrained model's evaluate artifact
     scored: dict[str, ArtifactRef]  # rung_name(candidate, steps) → that rung's evaluate artifact
 
@@ -65,14 +65,14 @@ def _difference(d: PairedDifference | None) -> dict | None:
     return None if d is None else dict(mean=d.mean, low=d.low, high=d.high, n=d.n, significant=d.significant)
 
 
-def section(job: SelectJob, ladder: Ladder, decision: Decision, base_score: float, cost: dict) -> str:
+def section(job: SelectJob, kind: str, ladder: Ladder, decision: Decision, base_score: float, cost: dict) -> str:
     """The report section: the answer, the ladder, the compute, what the yardstick is and its bias."""
     rows = pd.DataFrame(ladder.rows())
     rungs = sorted(rows["steps"].unique())
     lines = [f"# {job.name}: which recipe", "", f"**Answer: {decision.chosen}.** {decision.said}.", "",
-             f"Yardstick: {YARDSTICK_METRIC}, each of the held-out documents' titles ({job.yardstick.held_out:.0%} of "
-             "the corpus, left out of every candidate's training) finding its own text among the corpus. "
-             f"Its known bias: {BIAS[job.yardstick.kind]}.", "",
+             f"Yardstick: {YARDSTICK_METRICS[kind]}, {ASKS[kind]}; the held-out documents "
+             f"({job.yardstick.held_out:.0%} of the corpus) are left out of every candidate's training. "
+             f"Its known bias: {BIAS[kind]}.", "",
              "| candidate | " + " | ".join(f"{s} steps" for s in rungs) + " | stopped |",
              "|---|" + "---|" * (len(rungs) + 1)]
     for candidate, steps in rows.groupby("candidate", sort=False):
@@ -93,9 +93,10 @@ def section(job: SelectJob, ladder: Ladder, decision: Decision, base_score: floa
 def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     ladder = Ladder.from_rows(job.ladder, job.total, job.eta)
+    kind = store.manifest(inputs.yardstick)["extra"]["kind"]
     base = yardstick_scores(store, inputs.base)
 
-    def scores(step: Step) -> np.ndarray:  # in the base's query order: every model scores every held-out title
+    def scores(step: Step) -> np.ndarray:  # in the base's query order: every model scores every yardstick query
         return yardstick_scores(store, inputs.scored[rung_name(step.candidate.name, step.steps)])[base.index].to_numpy()
 
     final = ladder.steps[-1] if ladder.winner is not None else None
@@ -110,9 +111,9 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
                                    versus_base=_difference(decision.versus_base),
                                    versus_runner_up=_difference(decision.versus_runner_up)),
                      cost=cost, base_score=float(base.mean()))
-    plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICK_METRIC, out.folder / PICTURE,
+    plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICK_METRICS[kind], out.folder / PICTURE,
                      f"{job.name}: the search's rungs")
-    out.write_text(SECTION, section(job, ladder, decision, float(base.mean()), cost))
+    out.write_text(SECTION, section(job, kind, ladder, decision, float(base.mean()), cost))
     log.info("answer: %s. %s", decision.chosen, decision.said)
 
 

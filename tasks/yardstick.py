@@ -1,14 +1,21 @@
-"""Yardstick: a score that needs no labels, from a held-out share of the corpus (`embforge select` ranks recipes by it).
+"""Yardstick: a held-out share of the corpus made into a retrieval task (`embforge select` ranks recipes by it).
 
-`titles`: each held-out document that has a title gives a query, its title, whose one relevant document is its own
-text, among all the corpus's. The held-out documents are drawn by a hash of (seed, doc_id) (the queries stage's
-split_of: the same documents whatever else the corpus holds) and are left out of every training view (tasks/pairs.py,
-`PairsConfig.yardstick`), so no candidate trained on them. The output has the queries stage's columns, so the
-held-out query text set, the evaluate stage's in-domain retrieval (each query's rank and nDCG@10) and the report's
-paired intervals read it as they read generated queries. Its known bias is BIAS (the select report states it).
+The held-out documents are drawn by a hash of (seed, doc_id) (the queries stage's split_of: the same documents
+whatever else the corpus holds) and are left out of every training view (tasks/pairs.py, `PairsConfig.yardstick`),
+so no candidate trained on them. Two kinds, by what the corpus has (`auto`: labels if it has them, else titles):
 
-Inputs: `documents`. Output `queries.parquet`: query_id, doc_id, split (`held_out`), query (the title), status
-(`ok`); the manifest gives how many documents were held out and how many had a title.
+- `labels`, the user's own labels: each labelled held-out document is a query, by its own vector, whose relevant
+  documents are the labelled documents not held out that share its label (nDCG@10; the evaluate stage scores it).
+  A held-out document whose label no other document has asks nothing (status `no_relevant`).
+- `titles`, no labels needed: each held-out document that has a title gives a query, its title, whose one relevant
+  document is its own text, among all the corpus's.
+
+The output has the queries stage's columns, so the evaluate stage's in-domain retrieval (each query's rank and
+nDCG@10) and the report's paired intervals read it as they read generated queries. The known bias of each kind is
+BIAS (the select report states it).
+
+Inputs: `documents`. Output `queries.parquet`: query_id, doc_id, split (`held_out`), query (the title, or the
+label), status; the manifest gives the kind it is, how many documents were held out and how many ask a query.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import pyarrow.compute as pc
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
-from tasks.config.evaluation import YardstickConfig
+from tasks.config.evaluation import HeldOutShare, YardstickConfig
 from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
 from tasks.core.stage import Inputs, Stage
 from tasks.queries import split_of
@@ -29,35 +36,77 @@ from tasks.queries import split_of
 SCHEMA = pa.schema([(column, pa.string()) for column in QUERY_COLUMNS])  # what the queries' readers read
 # What a reader of a decision made on the yardstick must know, by kind.
 BIAS = {"titles": "a title names its document's topic in a few words, so the yardstick favours models that match "
-                  "short texts to long ones by topic (the query-trained recipes, SemCSE with titles as positives)"}
+                  "short texts to long ones by topic (the query-trained recipes, SemCSE with titles as positives)",
+        "labels": "it rewards models that put documents of one label near each other; if what you will use the model "
+                  "for is not that grouping (finding answers to questions, say), a recipe it ranks lower may suit "
+                  "you better"}
+# What each kind's query asks, for the reader of the decision.
+ASKS = {"titles": "each held-out document's title finding its own text among the corpus",
+        "labels": "each labelled held-out document finding the documents of its label among those not held out "
+                  "(your labels: no training used them)"}
 MIN_QUERIES = 2  # a ranking of candidates needs more than one query to be paired over
+NO_RELEVANT = "no_relevant"  # a held-out document whose label no trained-on document has
 
 
 class YardstickInputs(Inputs):
     documents: ArtifactRef
 
 
-def held_out_documents(doc_ids: list[str], cfg: YardstickConfig) -> set[str]:
+def held_out_documents(doc_ids: list[str], cfg: HeldOutShare) -> set[str]:
     """The documents the yardstick holds out of training."""
     return {d for d in doc_ids if split_of(d, cfg.seed, cfg.held_out) == HELD_OUT}
 
 
+def label_queries(docs: pa.Table, held: pa.Array) -> tuple[pa.Table, int]:
+    """The labels kind's queries: every labelled held-out document (`ok` where a document not held out shares its
+    label), and how many labels the documents not held out have."""
+    known = pc.unique(docs.filter(pc.and_(pc.invert(held), pc.is_valid(docs["label"])))["label"])
+    asked = docs.filter(pc.and_(held, pc.is_valid(docs["label"])))
+    status = pc.if_else(pc.is_in(asked["label"], known), "ok", NO_RELEVANT)
+    return _queries("label-", asked["doc_id"], asked["label"], status), len(known)
+
+
+def title_queries(docs: pa.Table, held: pa.Array) -> pa.Table:
+    """The titles kind's queries: every held-out document that has a title."""
+    asked = docs.filter(held)
+    asked = asked.filter(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(pc.fill_null(asked["title"], ""))), 0))
+    return _queries("title-", asked["doc_id"], asked["title"], pa.array(["ok"] * asked.num_rows, pa.string()))
+
+
+def _queries(prefix: str, doc_ids: pa.Array, query: pa.Array, status: pa.Array) -> pa.Table:
+    return pa.table({"query_id": pc.binary_join_element_wise(prefix, doc_ids, ""), "doc_id": doc_ids,
+                     "split": pa.array([HELD_OUT] * len(doc_ids), pa.string()), "query": query, "status": status},
+                    schema=SCHEMA)
+
+
 def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: YardstickInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
-    docs = store.read_table(inputs.documents, "documents", columns=["doc_id", "title"])
-    held = held_out_documents(docs["doc_id"].to_pylist(), cfg)
-    docs = docs.filter(pc.is_in(docs["doc_id"], pa.array(sorted(held), pa.string())))
-    titled = docs.filter(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(pc.fill_null(docs["title"], ""))), 0))
-    if titled.num_rows < MIN_QUERIES:
-        raise InputError(f"yardstick titles: {titled.num_rows} of the {len(held)} held-out documents "
-                         f"({cfg.held_out:.0%} of the corpus) have a title; it needs at least {MIN_QUERIES}: a larger "
-                         "corpus, a larger held-out share, or documents with titles")
-    n = titled.num_rows
-    out.write_table("queries", pa.table({"query_id": pc.binary_join_element_wise("title-", titled["doc_id"], ""),
-                                         "doc_id": titled["doc_id"], "split": pa.array([HELD_OUT] * n),
-                                         "query": titled["title"], "status": pa.array(["ok"] * n)}, schema=SCHEMA))
-    out.extra.update(kind=cfg.kind, held_out=len(held), queries=n)
-    log.info("%s yardstick: %d documents held out of training, %d with a title (the queries)", cfg.kind, len(held), n)
+    docs = store.read_table(inputs.documents, "documents", columns=["doc_id", "title", "label"])
+    ids = held_out_documents(docs["doc_id"].to_pylist(), cfg)
+    held = pc.is_in(docs["doc_id"], pa.array(sorted(ids), pa.string()))
+    share = f"of the {len(ids)} held-out documents ({cfg.held_out:.0%} of the corpus)"
+    problems, kind = [], None
+    if cfg.kind in ("auto", "labels"):
+        queries, labels = label_queries(docs, held)
+        asking = pc.sum(pc.equal(queries["status"], "ok")).as_py() or 0
+        if asking >= MIN_QUERIES and labels >= 2:
+            kind = "labels"
+        else:
+            problems.append(f"labels: {asking} {share} have a label that a document not held out shares, among "
+                            f"{labels} labels; it needs at least {MIN_QUERIES} and 2 labels")
+    if kind is None and cfg.kind in ("auto", "titles"):
+        queries = title_queries(docs, held)
+        asking = queries.num_rows
+        if asking >= MIN_QUERIES:
+            kind = "titles"
+        else:
+            problems.append(f"titles: {asking} {share} have a title; it needs at least {MIN_QUERIES}")
+    if kind is None:
+        raise InputError(f"yardstick {'; '.join(problems)}: a larger corpus, a larger held-out share, or documents "
+                         "with " + ("labels or titles" if cfg.kind == "auto" else cfg.kind))
+    out.write_table("queries", queries)
+    out.extra.update(kind=kind, held_out=len(ids), queries=asking)
+    log.info("%s yardstick: %d documents held out of training, %d of them ask a query", kind, len(ids), asking)
 
 
 YARDSTICK = Stage("yardstick", build_yardstick)

@@ -90,14 +90,22 @@ Backend = Literal["torch", "onnx", "openvino"]  # tasks/encoders/backends.py
 TSNE_MAX = 5000
 
 
-class YardstickConfig(Section):
-    """A score without labels: a held-out share of the corpus made into a retrieval task (tasks/yardstick.py)."""
+class HeldOutShare(Section):
+    """The yardstick's documents: a share of the corpus drawn by a hash of (seed, doc_id), left out of every training
+    view (all a pairs artifact needs to know of the yardstick, so every kind shares the training)."""
 
-    kind: Literal["titles"] = Field("titles", description="`titles`: each held-out document's title finds its "
-                                    "text among the corpus's.")
     held_out: float = Field(0.1, gt=0, lt=1, description="Share of the documents held out of every training view, "
                             "drawn by a hash of (seed, doc_id): the same documents in every run.")
     seed: int = 0
+
+
+class YardstickConfig(HeldOutShare):
+    """A held-out share of the corpus made into a retrieval task that no training sees (tasks/yardstick.py)."""
+
+    kind: Literal["auto", "labels", "titles"] = Field(
+        "auto", description="`labels` (the corpus's own label column): each held-out document finds documents of "
+        "its label among the others (nDCG@10); `titles` (no labels needed): each held-out document's title finds "
+        "its text among the corpus's; `auto`: labels where the held-out documents have them, else titles.")
 
 
 class EvaluateConfig(Section):
@@ -121,9 +129,9 @@ class EvaluateConfig(Section):
                                             "`summaries`), and the k-NN same-label proportion.")
     mteb: MtebConfig | None = Field(None, description="MTEB tasks, from the Hub or from local files.")
     yardstick: YardstickConfig | None = Field(
-        None, description="A score without labels: a held-out share of the documents, left out of every method's "
-        "training, whose titles each find their own text (title_ndcg_at_10, title_mrr_at_10, title_recall_at_10, "
-        "paired between models in the report).")
+        None, description="A held-out share of the documents, left out of every method's training, as a retrieval "
+        "task: by their labels (label_ndcg_at_10, label_mrr_at_10) or their titles (title_ndcg_at_10, "
+        "title_mrr_at_10, title_recall_at_10), paired between models in the report.")
     reference_models: list[str] = Field(
         default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
         "(e.g. a pre-trained sentence model as a yardstick).")

@@ -91,7 +91,7 @@ class PipelineConfig(Section):
 
     def _valid_select(self) -> None:
         if self.evaluate.yardstick is None:
-            raise ValueError("select: the search ranks candidates on the label-free yardstick, set "
+            raise ValueError("select: the search ranks candidates on the yardstick, set "
                              "`evaluate.yardstick` (`{}` for the defaults)")
         recipes = self.select.candidate_recipes(self.summaries is not None, self.queries is not None)
         for recipe in map(RECIPES.get, recipes):

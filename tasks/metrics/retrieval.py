@@ -1,5 +1,6 @@
 """Retrieval with one relevant document per query: the rank of that document among all of them, and
-nDCG@k, recall@k and MRR@k from it (the held-out generated queries of docs/gpl.md)."""
+nDCG@k, recall@k and MRR@k from it (the held-out generated queries of docs/gpl.md); and retrieval by label, where
+every document of a query's label is relevant (the labels yardstick of tasks/yardstick.py)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,36 @@ def retrieval_rows(ranks: np.ndarray, k: int = 10, prefix: str = "") -> list[dic
     values = {f"ndcg_at_{k}": ndcg_at(ranks, k).mean(), f"recall_at_{k}": (ranks <= k).mean(),
               f"mrr_at_{k}": np.where(ranks <= k, 1 / ranks, 0.0).mean()}
     return [dict(metric=f"{prefix}{name}", value=float(v), n=n, repeats=1) for name, v in values.items()]
+
+
+def same_label_ranks(queries: np.ndarray, docs: np.ndarray, query_labels: np.ndarray, doc_labels: np.ndarray,
+                     k: int = 10, block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's rank (cosine, ties against it) of the first of `docs` with its label, and its nDCG@k with every
+    document of its label relevant (binary gains; the ideal ranks min(k, that label's documents) first). Ties in
+    the top k count against the query too: a collapsed model scores ~0, not its documents' order. Every query's
+    label must be among `doc_labels`."""
+    q, d = unit_rows(queries, np.float32), unit_rows(docs, np.float32)
+    names, codes = np.unique(np.concatenate([doc_labels, query_labels]), return_inverse=True)
+    doc_codes, query_codes = codes[: len(d)], codes[len(d) :]
+    counts = np.bincount(doc_codes, minlength=len(names))
+    if (counts[query_codes] == 0).any():
+        raise ValueError("a query's label has no document")
+    discounts = 1 / np.log2(np.arange(2, k + 2))
+    ideal = np.cumsum(discounts)  # (k,): the ideal DCG with 1..k relevant documents
+    ranks, ndcg = np.empty(len(q), dtype=np.int64), np.empty(len(q))
+    step = block_rows(len(d), 30, block_bytes)  # float32 scores, the relevance mask, the sort's int64 order
+    for start in range(0, len(q), step):
+        block = slice(start, start + step)
+        scores = q[block] @ d.T  # (block, docs)
+        relevant = query_codes[block, None] == doc_codes[None, :]  # (block, docs)
+        ranks[block] = ranks_of_own(scores, np.where(relevant, scores, -np.inf).max(1))
+        order = np.lexsort((relevant, -scores))[:, :k]  # (block, k): best first, a tie's irrelevant ones first
+        gains = np.take_along_axis(relevant, order, axis=1) @ discounts[: order.shape[1]]  # (block,)
+        ndcg[block] = gains / ideal[np.minimum(counts[query_codes[block]], k) - 1]
+    return ranks, ndcg
+
+
+def same_label_rows(ranks: np.ndarray, ndcg: np.ndarray, k: int = 10, prefix: str = "") -> list[dict]:
+    """Metric rows of retrieval by label: nDCG@k and MRR@k (of the first document of the query's label)."""
+    values = {f"ndcg_at_{k}": ndcg.mean(), f"mrr_at_{k}": np.where(ranks <= k, 1 / ranks, 0.0).mean()}
+    return [dict(metric=f"{prefix}{name}", value=float(v), n=len(ranks), repeats=1) for name, v in values.items()]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_METRIC, YARDSTICK_SCORES, Catalog
+from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_METRICS, YARDSTICK_SCORES, Catalog
 from tasks.encoders.budget import CHARS_PER_TOKEN
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
@@ -164,7 +164,7 @@ ORDER BY any_value(b.ord), any_value(a.ord), a.dataset"""
 
 # The same for nDCG@10 over the queries both models were scored on, each set in its table: the held-out generated
 # queries (evaluate) and each local retrieval task (mteb: metric = the task, main score nDCG@10); the yardstick's
-# held-out titles (evaluate).
+# held-out documents (evaluate).
 QUERY_PAIRED_SQL = """
 SELECT a.dataset, a.metric, b.model, a.model AS versus, list(qb.ndcg ORDER BY qa.query_id) AS scores,
        list(qa.ndcg ORDER BY qa.query_id) AS versus_scores
@@ -174,7 +174,7 @@ JOIN {table} qa ON qa.key = a.score_key JOIN {table} qb ON qb.key = b.score_key 
 WHERE {scored}
 GROUP BY ALL ORDER BY any_value(b.ord), any_value(a.ord), a.dataset, a.metric"""
 QUERY_SETS = {QUERY_SCORES: "a.metric = 'query_ndcg_at_10' OR (a.dataset = 'mteb' AND a.main_score = 'ndcg_at_10')",
-              YARDSTICK_SCORES: f"a.metric = '{YARDSTICK_METRIC}'"}
+              YARDSTICK_SCORES: f"a.metric IN {tuple(YARDSTICK_METRICS.values())}"}
 
 PAIRED_COLUMNS = ["dataset", "metric", "model", "versus", "difference", "low", "high", "n", "interval", "significant"]
 
@@ -189,7 +189,7 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     kNN accuracy paired over the splits both were scored on (t interval), then STS Spearman over the
     pairs both scored (bootstrap of the pairs), then nDCG@10 over the queries both were scored on (t
     interval): the held-out generated queries, each local retrieval task (its metric: the task), and the
-    yardstick's titles."""
+    yardstick's held-out documents."""
     catalog, rows = _load(catalog, entries), []
     for r in _query(catalog, PAIRED_SQL).itertuples():
         if len(r.scores) >= 2:

@@ -521,7 +521,8 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
                "queries": str(DEMO_DATA / "scifact_test_queries.parquet"), "limit": 12}
     config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries, negatives=negatives,
                          train={"epochs": 2, "batch_size": 4, "max_length": 32},
-                         evaluate={"max_length": 64, "knn": {"repeats": 3}, "yardstick": {"held_out": 0.2},
+                         evaluate={"max_length": 64, "knn": {"repeats": 3},
+                                   "yardstick": {"kind": "titles", "held_out": 0.2},
                                    "mteb": {"tasks": [], "max_length": 32, "local": [scifact]}})
     first, state = run(config)
     assert state.is_completed()

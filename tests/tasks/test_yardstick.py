@@ -1,9 +1,11 @@
-"""tasks/yardstick.py: a held-out share of the corpus as a retrieval task without labels, kept out of training."""
+"""tasks/yardstick.py: a held-out share of the corpus as a retrieval task (by labels, or by titles), kept out of
+training."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from storage.catalog import YARDSTICK_SCORES
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
@@ -15,18 +17,20 @@ from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.encoders.encode import PooledEncoder
 from tasks.evaluate import EVALUATE, QUERY_SCORES, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
-from tasks.metrics import retrieval
+from tasks.metrics import retrieval, unit_rows
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
-from tasks.yardstick import YARDSTICK, YardstickInputs, held_out_documents
+from tasks.yardstick import NO_RELEVANT, YARDSTICK, YardstickInputs, held_out_documents
 from tests.helpers import DEMO_DOCS
 
-CFG = YardstickConfig(held_out=0.2)
+CFG = YardstickConfig(kind="titles", held_out=0.2)
+AUTO = YardstickConfig(held_out=0.2)
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A store with 80 demo documents (titled, the last 10 without a title), their sentences and the yardstick."""
+    """A store with 80 demo documents (labelled; titled, the last 10 without a title), their sentences and the titles
+    yardstick."""
     tmp = tmp_path_factory.mktemp("yardstick")
     docs = pd.read_parquet(DEMO_DOCS).head(80)
     docs.loc[docs.index[-10:], "title"] = [None, "", "  "] * 3 + [None]
@@ -61,6 +65,11 @@ def test_no_training_view_reads_a_held_out_document(corpus):
     held = held_out_documents(docs["doc_id"].tolist(), CFG)
     for recipe in ("crops", "dropout", "tsdae"):  # the crops, same and noise views
         view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=1)
+        # every kind holds out the same documents, so one pairs artifact serves them all
+        assert view.model_copy(update={"yardstick": CFG}) == PairsConfig.for_method(
+            MethodConfig(name=recipe, recipe=recipe), epochs=1, yardstick=AUTO).model_copy(update={"yardstick": CFG})
+        assert PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), 1, yardstick=AUTO) == \
+            PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), 1, yardstick=CFG)
         plain = store.read_table(PAIRS.run(store, view, PairsInputs.for_view(view, sentences, documents, None)),
                                  "pairs")
         assert held & set(plain["doc_id"].to_pylist())  # without the yardstick, some are trained on
@@ -94,3 +103,78 @@ def test_a_corpus_without_titles_is_one_clear_error(tmp_path):
     with pytest.raises(InputError, match=r"yardstick titles: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a title; it needs at least 2"):
         YARDSTICK.run(store, CFG, YardstickInputs(documents=documents))
+
+
+def test_auto_takes_the_labels_where_the_held_out_documents_have_them(corpus):
+    store, documents, _, docs, _ = corpus
+    ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents))
+    queries = store.read_table(ref, "queries").to_pandas()
+    labels = YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=documents))
+    assert store.read_table(labels, "queries").to_pandas().equals(queries)
+    held = held_out_documents(docs["doc_id"].tolist(), CFG)
+    label_of = dict(zip(docs["doc_id"], docs["label"]))
+    assert set(queries["doc_id"]) == held and (queries["query"] == queries["doc_id"].map(label_of)).all()
+    known = {label_of[d] for d in set(docs["doc_id"]) - held}
+    assert (queries["status"] == queries["query"].map(lambda label: "ok" if label in known else NO_RELEVANT)).all()
+    asking = int((queries["status"] == "ok").sum())
+    assert asking >= 2 and store.manifest(ref)["extra"] == {"kind": "labels", "held_out": len(held), "queries": asking}
+    assert len(held_out_queries(store, ref)) == asking  # what the report pairs over
+
+
+def test_a_label_no_other_document_has_asks_nothing_and_unlabelled_documents_are_not_asked(tmp_path):
+    docs = pd.read_parquet(DEMO_DOCS).head(80)
+    held = sorted(held_out_documents(docs["doc_id"].tolist(), CFG))
+    docs.loc[docs["doc_id"] == held[0], "label"] = "only here"
+    docs.loc[docs["doc_id"] == held[1], "label"] = None
+    docs.to_parquet(tmp_path / "docs.parquet")
+    store = ArtifactStore(tmp_path / "store")
+    documents = INGEST.run(store, DataConfig(path=str(tmp_path / "docs.parquet")), NoInputs())
+    queries = store.read_table(YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents)), "queries")
+    status = dict(zip(queries["doc_id"].to_pylist(), queries["status"].to_pylist()))
+    assert status[held[0]] == NO_RELEVANT and held[1] not in status and set(status) == set(held) - {held[1]}
+
+
+def test_the_labels_yardstick_ranks_each_held_out_document_s_label_among_the_documents_not_held_out(corpus, tiny_dir):
+    store, documents, _, docs, _ = corpus
+    ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents))
+    doc_emb = EMBED.run(store, EmbedJob(model=tiny_dir, max_length=64, batch_size=16), EmbedInputs(documents=documents))
+    job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
+    scores = EVALUATE.run(store, job, EvaluateInputs(documents=documents, embeddings=doc_emb, yardstick=ref))
+    got = store.read_table(scores, YARDSTICK_SCORES).to_pandas().set_index("query_id")
+    # By hand: every document's vector; each asking document against the labelled ones not held out, best first.
+    x = unit_rows(PooledEncoder(tiny_dir, "cpu").encode(docs["text"].tolist(), 64))
+    held = held_out_documents(docs["doc_id"].tolist(), CFG)
+    index = [i for i, d in enumerate(docs["doc_id"]) if d not in held]
+    labels = docs["label"].to_numpy()
+    asked = held_out_queries(store, ref).to_pandas()
+    assert len(got) == len(asked) >= 2
+    for query_id, doc in zip(asked["query_id"], asked["doc_id"]):
+        q = docs.index[docs["doc_id"] == doc][0]
+        order = sorted(index, key=lambda i: -float(x[q] @ x[i]))
+        same = [labels[i] == labels[q] for i in order]
+        ideal = sum(1 / np.log2(r + 2) for r in range(min(10, sum(same))))
+        assert got.loc[query_id, "rank"] == same.index(True) + 1
+        assert got.loc[query_id, "ndcg"] == pytest.approx(sum(s / np.log2(r + 2) for r, s in enumerate(same[:10])) /
+                                                          ideal, abs=1e-5)
+    metrics = store.read_table(scores, "metrics").to_pandas().set_index("metric")
+    assert metrics.loc["label_ndcg_at_10", "value"] == pytest.approx(got["ndcg"].mean())
+    mrr = np.where(got["rank"] <= 10, 1 / got["rank"], 0).mean()
+    assert metrics.loc["label_mrr_at_10", "value"] == pytest.approx(mrr)
+
+
+def test_labels_asked_of_an_unlabelled_corpus_and_auto_with_neither_are_one_clear_error(tmp_path):
+    docs = pd.read_parquet(DEMO_DOCS).head(30).assign(label=None)
+    docs.to_parquet(tmp_path / "titled.parquet")
+    docs.assign(title=None).to_parquet(tmp_path / "bare.parquet")
+    store = ArtifactStore(tmp_path / "store")
+    titled, bare = (INGEST.run(store, DataConfig(path=str(tmp_path / f"{name}.parquet")), NoInputs())
+                    for name in ("titled", "bare"))
+    assert store.manifest(YARDSTICK.run(store, AUTO, YardstickInputs(documents=titled)))["extra"]["kind"] == "titles"
+    with pytest.raises(InputError, match=r"yardstick labels: 0 of the \d+ held-out documents \(20% of the corpus\) "
+                                         "have a label that a document not held out shares, among 0 labels; it needs "
+                                         "at least 2 and 2 labels: a larger corpus, a larger held-out share, or "
+                                         "documents with labels$"):
+        YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=titled))
+    with pytest.raises(InputError, match=r"yardstick labels: 0 .*; titles: 0 of the \d+ held-out documents .* have a "
+                                         "title; it needs at least 2: .* documents with labels or titles$"):
+        YARDSTICK.run(store, AUTO, YardstickInputs(documents=bare))

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from tasks.metrics.retrieval import ndcg_at, relevant_ranks, retrieval_rows
+from tasks.metrics.retrieval import ndcg_at, relevant_ranks, retrieval_rows, same_label_ranks, same_label_rows
 
 
 def test_ranks_count_ties_against_the_query_and_do_not_depend_on_the_block_size():
@@ -24,3 +24,29 @@ def test_ndcg_recall_and_mrr_at_10_from_ranks():
     assert rows["query_recall_at_10"]["value"] == 0.75
     assert rows["query_mrr_at_10"]["value"] == pytest.approx((1 + 1 / 3 + 1 / 10) / 4)
     assert {r["n"] for r in rows.values()} == {4}
+
+
+def test_retrieval_by_label_ranks_the_first_document_of_the_label_and_scores_all_of_them():
+    # five documents on a circle; the query at 0 degrees sees them in the order d0, d1, d2, d3, d4
+    angles = np.radians([0, 20, 40, 60, 80])
+    docs = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    labels = np.array(["b", "a", "b", "a", "c"])
+    ranks, ndcg = same_label_ranks(np.array([[1.0, 0.0], [1.0, 0.0]]), docs, np.array(["a", "c"]), labels, k=3)
+    assert ranks.tolist() == [2, 5]
+    # "a": relevant at ranks 2 (d1) of the top 3, 2 documents in all; "c": its one document is 5th, outside the top 3
+    assert ndcg.tolist() == pytest.approx([(1 / math.log2(3)) / (1 + 1 / math.log2(3)), 0.0])
+    blocked = same_label_ranks(np.array([[1.0, 0.0], [1.0, 0.0]]), docs, np.array(["a", "c"]), labels, k=3,
+                               block_bytes=1)
+    assert blocked[0].tolist() == ranks.tolist() and blocked[1].tolist() == pytest.approx(ndcg.tolist())
+    rows = {r["metric"]: r["value"] for r in same_label_rows(ranks, ndcg, k=3, prefix="label_")}
+    assert rows == pytest.approx({"label_ndcg_at_3": ndcg.mean(), "label_mrr_at_3": (1 / 2 + 0) / 2})
+
+
+def test_retrieval_by_label_counts_ties_against_the_query():
+    # one vector for every text (a collapsed model): the first relevant is last, the top k holds the others first
+    ranks, ndcg = same_label_ranks(np.ones((1, 2)), np.ones((12, 2)), np.array(["a"]), np.array(["a", "b"] * 6))
+    assert ranks.tolist() == [12] and ndcg.tolist() == pytest.approx([(1 / math.log2(8) + 1 / math.log2(9) + 1 /
+                                                                       math.log2(10) + 1 / math.log2(11)) /
+                                                                      sum(1 / math.log2(r + 2) for r in range(6))])
+    with pytest.raises(ValueError, match="a query's label has no document"):
+        same_label_ranks(np.ones((1, 2)), np.ones((2, 2)), np.array(["z"]), np.array(["a", "b"]))
