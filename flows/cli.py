@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from flows.params import RunParams
+from flows.params import RunParams, SelectParams
 from storage.base import disk_fault
 from storage.catalog import SCORE_STAGES, Catalog, QueryError
 from storage.store import ArtifactStore
@@ -125,8 +125,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
-    from flows.params import SelectParams
-
     store = open_store(args.store, load_config(args.config).store)
     try:
         params = SelectParams(config=args.config, corpus=args.corpus, budget=args.budget,
@@ -341,8 +339,7 @@ def parser() -> argparse.ArgumentParser:
                      help=RunParams.model_fields["rebuild_stale_versions"].description)
     select = add("select", cmd_select, "pick the recipe for a corpus on a held-out yardstick, train the winner "
                  "and export it (docs/select.md)", config=None)
-    select.add_argument("corpus", nargs="?", help="the corpus file (Parquet, CSV or JSONL; a text column, labels or "
-                        "titles for the yardstick); default: the config's data.path")
+    select.add_argument("corpus", nargs="?", help=SelectParams.model_fields["corpus"].description)
     select.add_argument("--config", default=str(DEFAULT_SELECT), help="defaults to start from (default: "
                         "configs/select.yaml)")
     select.add_argument("--budget", type=int, help="training steps of the winner (default: the config's "

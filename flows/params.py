@@ -59,12 +59,13 @@ class EvaluateParams(RunParams):
 
 
 class SelectParams(RunParams):
-    """Pick the recipe for a corpus without labels, train the winner and export it (docs/select.md)."""
+    """Pick the recipe for a corpus, scored on held-out documents (by their labels, else their titles), train the
+    winner and export it (docs/select.md)."""
 
     config: str = Field("configs/select.yaml", pattern=r"\.ya?ml$", description="Config with the defaults (the "
                         "model, the candidates, the yardstick): configs/select.yaml, or a copy of it.")
-    corpus: str | None = Field(None, description="The corpus file (Parquet, CSV or JSONL with a text column; titles "
-                               "for the yardstick). Empty: the config's `data.path`.")
+    corpus: str | None = Field(None, description="The corpus file (Parquet, CSV or JSONL with a text column; labels "
+                               "or titles for the yardstick). Empty: the config's `data.path`.")
     budget: int | None = Field(None, ge=2, description="Training steps of the winner. Empty: the config's "
                                "`select.budget`.")
     recipes: list[str] = Field(default_factory=list, description="Candidate recipes. Empty: the config's "

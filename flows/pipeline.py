@@ -45,7 +45,7 @@ from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
-from tasks.yardstick import YARDSTICK, YardstickInputs
+from tasks.yardstick import YARDSTICK, YardstickInputs, yardstick_kind
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
@@ -103,7 +103,7 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
     held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
     query_emb = embedded({}, dict(held_out_queries=held_out), prompts.query) if held_out else None
     titles = (embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query)
-              if corpus.yardstick and run.settled(corpus.yardstick)["extra"]["kind"] == "titles" else None)
+              if corpus.yardstick and yardstick_kind(run.settled(corpus.yardstick)) == "titles" else None)
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))

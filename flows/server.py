@@ -59,8 +59,8 @@ def deployments(nightly_config: str, cron: str | None = None, timezone: str | No
                                description="Nightly re-evaluation of every registered model.", **options),
         summarize.to_deployment(name="summarize", tags=tags, description="Generate a config's LLM summaries.",
                                 **options),
-        select.to_deployment(name="select", tags=tags, description="Pick the recipe for a corpus without labels, "
-                             "train the winner and export it.", **options),
+        select.to_deployment(name="select", tags=tags, description="Pick the recipe for a corpus, train the winner "
+                             "and export it.", **options),
     ]
 
 

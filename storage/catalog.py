@@ -43,8 +43,9 @@ QUERY_SCORES = "query_scores"  # each query's nDCG@10: the held-out generated on
 # Each yardstick query's (tasks/yardstick.py: a held-out document's title, or the document by its label) rank of its
 # first relevant document and nDCG@10.
 YARDSTICK_SCORES = "yardstick_scores"
-# By the yardstick's kind: the mean of its nDCG@10, the score `embforge select` ranks by (and its metric rows' prefix).
-YARDSTICK_METRICS = {"titles": "title_ndcg_at_10", "labels": "label_ndcg_at_10"}
+# By the yardstick's kind: its metric rows' prefix, and the mean of its nDCG@10, the score `embforge select` ranks by.
+YARDSTICK_PREFIXES = {"titles": "title_", "labels": "label_"}
+YARDSTICK_METRICS = {kind: f"{prefix}ndcg_at_10" for kind, prefix in YARDSTICK_PREFIXES.items()}
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.

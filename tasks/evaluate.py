@@ -19,7 +19,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from storage.base import ArtifactRef
-from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, metrics_table
+from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_PREFIXES, YARDSTICK_SCORES, metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
@@ -35,6 +35,7 @@ from tasks.metrics import geometry, knn, retrieval, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import PER_SPLIT, POINTS
+from tasks.yardstick import yardstick_kind
 
 
 class EvalJob(Section):
@@ -132,9 +133,13 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
     """The yardstick (tasks/yardstick.py) by its kind: each held-out title finds its text among the corpus (`title_`),
     or each labelled held-out document, by its vector, finds its label's among the labelled documents not held out
     (`label_`). Each query's scores go in YARDSTICK_SCORES, which the select stage pairs."""
-    if store.manifest(inputs.yardstick)["extra"]["kind"] == "titles":
+    kind = yardstick_kind(store.manifest(inputs.yardstick))
+    if (kind == "titles") != (inputs.yardstick_embeddings is not None):
+        raise ValueError(f"a {kind} yardstick is scored {'with' if kind == 'titles' else 'without'} its queries' "
+                         "embeddings")
+    if kind == "titles":
         return held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, x, docs["doc_id"].tolist(),
-                                   pooling, out, "title_", YARDSTICK_SCORES)
+                                   pooling, out, YARDSTICK_PREFIXES[kind], YARDSTICK_SCORES)
     held = store.read_table(inputs.yardstick, "queries", columns=["query_id", "doc_id", "status"]).to_pandas()
     asked = held[held["status"] == "ok"]
     labels = docs["label"].to_numpy()
@@ -142,7 +147,8 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
     queries = pd.Series(np.arange(len(docs)), index=docs["doc_id"])[asked["doc_id"]].to_numpy()
     ranks, ndcg = retrieval.same_label_ranks(x[queries], x[index], labels[queries], labels[index])
     out.write_table(YARDSTICK_SCORES, pa.table({"query_id": asked["query_id"], "rank": ranks, "ndcg": ndcg}))
-    return [dict(row, split=HELD_OUT) for row in retrieval.same_label_rows(ranks, ndcg, prefix="label_")]
+    rows = retrieval.same_label_rows(ranks, ndcg, prefix=YARDSTICK_PREFIXES[kind])
+    return [dict(row, split=HELD_OUT) for row in rows]
 
 
 def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,

@@ -46,11 +46,11 @@ from tasks.config.evaluation import HeldOutShare, KnnConfig, YardstickConfig
 from tasks.config.queries import TRAIN
 from tasks.config.training import MethodConfig
 from tasks.core import duck
+from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
 from tasks.methods.recipes import RECIPES, View
 from tasks.methods.tsdae import deletion_mask, keep_words
 from tasks.metrics import knn
-from tasks.yardstick import held_out_documents
 
 
 class HeldOut(Section):

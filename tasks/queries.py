@@ -27,7 +27,8 @@ import pyarrow as pa
 from storage.base import ArtifactRef, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import llm
-from tasks.config.queries import HELD_OUT, TRAIN, QueriesConfig
+from tasks.config.queries import HELD_OUT, QueriesConfig
+from tasks.core.held_out import split_of
 from tasks.core.stage import Inputs, Stage
 from tasks.generation.pool import GENERATION_COLUMNS, document_text, pooled_rows, quality, rows_key, status_counts
 
@@ -46,12 +47,6 @@ def first_line(continuation: str) -> tuple[str, bool]:
 def query_status(query: str, ended: bool, finish: str, source: str, copied: float = 0.8) -> str:
     """`ok`, or why the query is useless: `empty` (under 2 words), `run_on` or `repeat` (copies the passage)."""
     return quality(query, ended, finish, source, min_words=2, copied=copied)
-
-
-def split_of(doc_id: str, seed: int, held_out: float) -> str:
-    """`held_out` for a share `held_out` of the documents, `train` for the others: a hash of the
-    document alone, so that adding documents or rerunning moves none between splits."""
-    return HELD_OUT if int(stable_hash(seed, doc_id), 16) % 10_000 < held_out * 10_000 else TRAIN
 
 
 def pool_key(job: QueriesConfig) -> str:

@@ -28,7 +28,18 @@ from tasks.core.selection import Decision, Ladder, Step, decide
 from tasks.core.stage import Inputs, Stage
 from tasks.metrics.significance import PairedDifference
 from tasks.reporting import plots
-from tasks.yardstick import ASKS, BIAS
+from tasks.yardstick import yardstick_kind
+
+# What a reader of a decision made on the yardstick must know, by kind.
+BIAS = {"titles": "a title names its document's topic in a few words, so the yardstick favours models that match "
+                  "short texts to long ones by topic (the query-trained recipes, SemCSE with titles as positives)",
+        "labels": "it rewards models that put documents of one label near each other; if what you will use the model "
+                  "for is not that grouping (finding answers to questions, say), a recipe it ranks lower may suit "
+                  "you better"}
+# What each kind's query asks, for the reader of the decision.
+ASKS = {"titles": "each held-out document's title finding its own text among the corpus",
+        "labels": "each labelled held-out document finding the documents of its label among those not held out "
+                  "(your labels: no training used them)"}
 
 PICTURE = "ladder.png"
 SECTION = "selection.md"
@@ -93,7 +104,7 @@ def section(job: SelectJob, kind: str, ladder: Ladder, decision: Decision, base_
 def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     ladder = Ladder.from_rows(job.ladder, job.total, job.eta)
-    kind = store.manifest(inputs.yardstick)["extra"]["kind"]
+    kind = yardstick_kind(store.manifest(inputs.yardstick))
     base = yardstick_scores(store, inputs.base)
 
     def scores(step: Step) -> np.ndarray:  # in the base's query order: every model scores every yardstick query

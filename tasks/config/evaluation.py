@@ -105,7 +105,8 @@ class YardstickConfig(HeldOutShare):
     kind: Literal["auto", "labels", "titles"] = Field(
         "auto", description="`labels` (the corpus's own label column): each held-out document finds documents of "
         "its label among the others (nDCG@10); `titles` (no labels needed): each held-out document's title finds "
-        "its text among the corpus's; `auto`: labels where the held-out documents have them, else titles.")
+        "its text among the corpus's; `auto`: labels, unless fewer held-out documents ask by label than half those "
+        "that would by title.")
 
 
 class EvaluateConfig(Section):

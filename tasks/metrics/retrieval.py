@@ -48,18 +48,29 @@ def same_label_ranks(queries: np.ndarray, docs: np.ndarray, query_labels: np.nda
     counts = np.bincount(doc_codes, minlength=len(names))
     if (counts[query_codes] == 0).any():
         raise ValueError("a query's label has no document")
-    discounts = 1 / np.log2(np.arange(2, k + 2))
-    ideal = np.cumsum(discounts)  # (k,): the ideal DCG with 1..k relevant documents
+    k = min(k, len(d))
+    discounts = 1 / np.log2(np.arange(2, k + 2))  # (k,)
+    before = np.concatenate([[0.0], np.cumsum(discounts)])  # (k + 1,): the sum of the first j discounts
     ranks, ndcg = np.empty(len(q), dtype=np.int64), np.empty(len(q))
-    step = block_rows(len(d), 30, block_bytes)  # float32 scores, the relevance mask, the sort's int64 order
+    step = block_rows(len(d), 14, block_bytes)  # float32 scores, the relevance mask, the tie masks, argpartition's
     for start in range(0, len(q), step):
         block = slice(start, start + step)
         scores = q[block] @ d.T  # (block, docs)
         relevant = query_codes[block, None] == doc_codes[None, :]  # (block, docs)
         ranks[block] = ranks_of_own(scores, np.where(relevant, scores, -np.inf).max(1))
-        order = np.lexsort((relevant, -scores))[:, :k]  # (block, k): best first, a tie's irrelevant ones first
-        gains = np.take_along_axis(relevant, order, axis=1) @ discounts[: order.shape[1]]  # (block,)
-        ndcg[block] = gains / ideal[np.minimum(counts[query_codes[block]], k) - 1]
+        # The top k without sorting whole rows: the k best in any order, then only those sorted.
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (block, k)
+        top_scores, top_relevant = np.take_along_axis(scores, top, 1), np.take_along_axis(relevant, top, 1)
+        kth = top_scores.min(1, keepdims=True)  # (block, 1): the k-th best score
+        above = top_scores > kth  # (block, k): certainly in the top k, and first
+        order = np.lexsort((top_relevant, -top_scores))  # (block, k): best first, a tie's irrelevant ones first
+        gains = (np.take_along_axis(top_relevant & above, order, 1)) @ discounts  # (block,)
+        # The places left after those above go to the documents tied at the k-th score, irrelevant ones first.
+        tied = scores == kth  # (block, docs)
+        places = k - above.sum(1)
+        last = np.maximum(0, places - (tied & ~relevant).sum(1))  # relevant ones in the last places
+        gains += before[k] - before[k - last]
+        ndcg[block] = gains / before[np.minimum(counts[query_codes[block]], k)]
     return ranks, ndcg
 
 

@@ -42,6 +42,13 @@ LEGEND = {
     "query's own document among all documents, by cosine (docs/gpl.md)",
     "query_recall_at_10": "the same: share of those queries whose document is in the top 10",
     "query_mrr_at_10": "the same: mean reciprocal rank of the document, 0 beyond the top 10",
+    "title_ndcg_at_10": "the yardstick by titles: nDCG@10 of each held-out document (never trained on) among all "
+    "documents for its title, by cosine (docs/evaluation.md)",
+    "title_recall_at_10": "the same: share of those titles whose document is in the top 10",
+    "title_mrr_at_10": "the same: mean reciprocal rank of the document, 0 beyond the top 10",
+    "label_ndcg_at_10": "the yardstick by labels: nDCG@10 of the documents of each held-out document's label (every "
+    "one relevant) among the labelled documents not held out, by cosine (docs/evaluation.md)",
+    "label_mrr_at_10": "the same: mean reciprocal rank of the first document of its label, 0 beyond the top 10",
     "health": "how training went: healthy, collapsed (one vector for every text), diverged, or trivial (a view too "
     "easy to teach much), with the first step it showed (docs/health.md)",
     "final_loss": "the training loss at the last step",
@@ -174,7 +181,7 @@ JOIN {table} qa ON qa.key = a.score_key JOIN {table} qb ON qb.key = b.score_key 
 WHERE {scored}
 GROUP BY ALL ORDER BY any_value(b.ord), any_value(a.ord), a.dataset, a.metric"""
 QUERY_SETS = {QUERY_SCORES: "a.metric = 'query_ndcg_at_10' OR (a.dataset = 'mteb' AND a.main_score = 'ndcg_at_10')",
-              YARDSTICK_SCORES: f"a.metric IN {tuple(YARDSTICK_METRICS.values())}"}
+              YARDSTICK_SCORES: "a.metric IN (" + ", ".join(f"'{m}'" for m in YARDSTICK_METRICS.values()) + ")"}
 
 PAIRED_COLUMNS = ["dataset", "metric", "model", "versus", "difference", "low", "high", "n", "interval", "significant"]
 

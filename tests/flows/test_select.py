@@ -11,9 +11,9 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.evaluation import YardstickConfig
+from tasks.core.held_out import held_out_documents
 from tasks.core.selection import rung_steps
 from tasks.methods.batches import plan_batches
-from tasks.yardstick import held_out_documents
 from tests.helpers import tiny_config
 
 # A quarter of 400 documents held out: ~100 titles, enough for a paired interval to tell crops from the untrained model

@@ -15,13 +15,14 @@ from storage.store import ArtifactStore
 from tasks.config.base import DEFAULT_MODEL
 from tasks.config.data import DataConfig
 from tasks.config.queries import QueriesConfig, query_sampling
+from tasks.core.held_out import split_of
 from tasks.core.stage import NoInputs
 from tasks.encoders.models import resolve_model
 from tasks.generation import generate
 from tasks.generation.generate import Completion
 from tasks.generation.pool import STATUSES
 from tasks.ingest import INGEST
-from tasks.queries import QUERIES, QueriesInputs, first_line, pool_key, query_status, split_of
+from tasks.queries import QUERIES, QueriesInputs, first_line, pool_key, query_status
 from tests.helpers import DEMO_DOCS, REPO
 from tests.tasks.test_summarize import SOURCE  # the same abstract the summaries' guard is tested on
 

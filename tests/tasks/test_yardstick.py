@@ -11,6 +11,7 @@ from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import KnnConfig, YardstickConfig
 from tasks.config.training import MethodConfig
+from tasks.core.held_out import held_out_documents
 from tasks.core.stage import NoInputs
 from tasks.core.text_sets import held_out_queries
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
@@ -20,7 +21,7 @@ from tasks.ingest import INGEST
 from tasks.metrics import retrieval, unit_rows
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
-from tasks.yardstick import NO_RELEVANT, YARDSTICK, YardstickInputs, held_out_documents
+from tasks.yardstick import NO_RELEVANT, YARDSTICK, YardstickInputs
 from tests.helpers import DEMO_DOCS
 
 CFG = YardstickConfig(kind="titles", held_out=0.2)
@@ -66,8 +67,6 @@ def test_no_training_view_reads_a_held_out_document(corpus):
     for recipe in ("crops", "dropout", "tsdae"):  # the crops, same and noise views
         view = PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), epochs=1)
         # every kind holds out the same documents, so one pairs artifact serves them all
-        assert view.model_copy(update={"yardstick": CFG}) == PairsConfig.for_method(
-            MethodConfig(name=recipe, recipe=recipe), epochs=1, yardstick=AUTO).model_copy(update={"yardstick": CFG})
         assert PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), 1, yardstick=AUTO) == \
             PairsConfig.for_method(MethodConfig(name=recipe, recipe=recipe), 1, yardstick=CFG)
         plain = store.read_table(PAIRS.run(store, view, PairsInputs.for_view(view, sentences, documents, None)),
@@ -134,8 +133,15 @@ def test_a_label_no_other_document_has_asks_nothing_and_unlabelled_documents_are
     assert status[held[0]] == NO_RELEVANT and held[1] not in status and set(status) == set(held) - {held[1]}
 
 
-def test_the_labels_yardstick_ranks_each_held_out_document_s_label_among_the_documents_not_held_out(corpus, tiny_dir):
-    store, documents, _, docs, _ = corpus
+def test_the_labels_yardstick_ranks_each_held_out_document_s_label_among_the_documents_not_held_out(tmp_path, tiny_dir):
+    docs = pd.read_parquet(DEMO_DOCS).head(80)
+    held = held_out_documents(docs["doc_id"].tolist(), CFG)
+    # a held-out document with a label of its own asks nothing; an unlabelled one outside is in no answer
+    docs.loc[docs["doc_id"] == sorted(held)[0], "label"] = "only here"
+    docs.loc[docs.index[~docs["doc_id"].isin(held)][0], "label"] = None
+    docs.to_parquet(tmp_path / "docs.parquet")
+    store = ArtifactStore(tmp_path / "store")
+    documents = INGEST.run(store, DataConfig(path=str(tmp_path / "docs.parquet")), NoInputs())
     ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents))
     doc_emb = EMBED.run(store, EmbedJob(model=tiny_dir, max_length=64, batch_size=16), EmbedInputs(documents=documents))
     job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
@@ -143,11 +149,10 @@ def test_the_labels_yardstick_ranks_each_held_out_document_s_label_among_the_doc
     got = store.read_table(scores, YARDSTICK_SCORES).to_pandas().set_index("query_id")
     # By hand: every document's vector; each asking document against the labelled ones not held out, best first.
     x = unit_rows(PooledEncoder(tiny_dir, "cpu").encode(docs["text"].tolist(), 64))
-    held = held_out_documents(docs["doc_id"].tolist(), CFG)
-    index = [i for i, d in enumerate(docs["doc_id"]) if d not in held]
+    index = [i for i, d in enumerate(docs["doc_id"]) if d not in held and pd.notna(docs["label"].iloc[i])]
     labels = docs["label"].to_numpy()
     asked = held_out_queries(store, ref).to_pandas()
-    assert len(got) == len(asked) >= 2
+    assert len(got) == len(asked) == len(held) - 1
     for query_id, doc in zip(asked["query_id"], asked["doc_id"]):
         q = docs.index[docs["doc_id"] == doc][0]
         order = sorted(index, key=lambda i: -float(x[q] @ x[i]))
@@ -178,3 +183,18 @@ def test_labels_asked_of_an_unlabelled_corpus_and_auto_with_neither_are_one_clea
     with pytest.raises(InputError, match=r"yardstick labels: 0 .*; titles: 0 of the \d+ held-out documents .* have a "
                                          "title; it needs at least 2: .* documents with labels or titles$"):
         YARDSTICK.run(store, AUTO, YardstickInputs(documents=bare))
+
+
+def test_auto_takes_the_titles_where_few_documents_carry_a_label(tmp_path, caplog):
+    docs = pd.read_parquet(DEMO_DOCS).head(80)
+    held = sorted(held_out_documents(docs["doc_id"].tolist(), CFG))
+    docs.loc[docs["doc_id"].isin(held[3:]), "label"] = None  # 3 labelled held-out documents against 14 titles
+    docs.to_parquet(tmp_path / "docs.parquet")
+    store = ArtifactStore(tmp_path / "store")
+    documents = INGEST.run(store, DataConfig(path=str(tmp_path / "docs.parquet")), NoInputs())
+    with caplog.at_level("INFO"):
+        ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents))
+    assert store.manifest(ref)["extra"]["kind"] == "titles"
+    assert f"the titles decide: 3 labelled held-out documents ask, against {len(held)} titles" in caplog.text
+    labels = YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=documents))
+    assert store.manifest(labels)["extra"] == {"kind": "labels", "held_out": len(held), "queries": 3}  # when asked

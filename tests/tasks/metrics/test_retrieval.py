@@ -50,3 +50,26 @@ def test_retrieval_by_label_counts_ties_against_the_query():
                                                                       sum(1 / math.log2(r + 2) for r in range(6))])
     with pytest.raises(ValueError, match="a query's label has no document"):
         same_label_ranks(np.ones((1, 2)), np.ones((2, 2)), np.array(["z"]), np.array(["a", "b"]))
+
+
+@pytest.mark.parametrize("n_docs", [300, 30])  # ties only at the k-th score; ties above it too
+def test_retrieval_by_label_equals_a_full_sort_with_ties_against_the_query(n_docs):
+    rng = np.random.default_rng(0)
+    # 6 directions (+-1 on one axis), n_docs / 6 documents each: a score is one of the query's components, exactly,
+    # so documents of one direction tie bit for bit whatever the blocks
+    docs = np.vstack([np.eye(3), -np.eye(3)])[rng.integers(0, 6, size=n_docs)]
+    queries = rng.normal(size=(40, 3))
+    doc_labels = rng.choice(list("abcd"), size=len(docs))
+    query_labels = rng.choice(list("abcd"), size=len(queries))
+    ranks, ndcg = same_label_ranks(queries, docs, query_labels, doc_labels)
+    unit = docs / np.linalg.norm(docs, axis=1, keepdims=True)
+    for i, (query, label) in enumerate(zip(queries / np.linalg.norm(queries, axis=1, keepdims=True), query_labels)):
+        scores = unit @ query
+        # best first; among equal scores the other labels first
+        order = sorted(range(len(docs)), key=lambda j: (-scores[j], doc_labels[j] == label))
+        same = [doc_labels[j] == label for j in order]
+        ideal = sum(1 / math.log2(r + 2) for r in range(min(10, sum(same))))
+        assert ndcg[i] == pytest.approx(sum(g / math.log2(r + 2) for r, g in enumerate(same[:10])) / ideal)
+        assert ranks[i] == (scores >= max(scores[j] for j in range(len(docs)) if doc_labels[j] == label)).sum()
+    blocked = same_label_ranks(queries, docs, query_labels, doc_labels, block_bytes=1)
+    assert blocked[0].tolist() == ranks.tolist() and blocked[1].tolist() == pytest.approx(ndcg.tolist())
