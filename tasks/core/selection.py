@@ -138,6 +138,7 @@ def successive_halving(candidates: list[Candidate], total: int, eta: int, score:
 
 
 BASE = "base"  # the decision's name for the untrained model
+CEILING = 0.9  # the untrained model's mean yardstick score from which a "base" answer says the yardstick is near top
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,12 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
             said += (f"; against the runner-up {runner_up} at {shared[0].steps} steps: {_interval(versus_runner_up)}"
                      + ("" if versus_runner_up.significant else " (not told apart: either would do)"))
         return Decision(name, said, versus_base, versus_runner_up, runner_up)
-    return Decision(BASE, f"no candidate beats the untrained model significantly (the best, {name}: "
-                    f"{_interval(versus_base)}): the answer is the base model as it is", versus_base,
-                    versus_runner_up, runner_up)
+    said = (f"no candidate beats the untrained model significantly (the best, {name}: {_interval(versus_base)}): the "
+            "answer is the base model as it is")
+    if base.mean() >= CEILING:  # a yardstick the start model nearly aces cannot show a gain: say so
+        said += (f"; but the untrained model already scores {base.mean():.3f} of 1 on this yardstick, which leaves "
+                 "little room to show one: a harder yardstick (your labels, a label column) would tell more")
+    return Decision(BASE, said, versus_base, versus_runner_up, runner_up)
 
 
 def _interval(d: PairedDifference) -> str:

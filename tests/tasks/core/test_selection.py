@@ -95,6 +95,12 @@ def test_the_winner_is_the_answer_only_when_it_beats_the_untrained_model_on_the_
     assert decide(ladder, worse, base).chosen == BASE
     every_stopped = successive_halving(NINE, 900, 3, lambda c, s: "collapsed")
     assert decide(every_stopped, None, base).chosen == BASE
+    # An untrained model that nearly aces the yardstick leaves it no room to show a gain: the answer says so.
+    aced = np.r_[np.ones(190), np.full(10, 0.5)]  # mean 0.975
+    decision = decide(ladder, aced, aced, (aced, aced))
+    assert decision.chosen == BASE and decision.said.endswith(
+        "the answer is the base model as it is; but the untrained model already scores 0.975 of 1 on this yardstick, "
+        "which leaves little room to show one: a harder yardstick (your labels, a label column) would tell more")
 
 
 def test_a_ladder_is_rebuilt_from_its_rows():
