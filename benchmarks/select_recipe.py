@@ -124,7 +124,7 @@ def main() -> None:
     p.add_argument("--config", default=str(REPO / "configs" / "select.yaml"))
     p.add_argument("--store", default=str(REPO.parent / "embforge-store"))
     p.add_argument("--limit", type=int, help="only the first N documents of each corpus")
-    p.add_argument("--yardstick", choices=["titles", "labels"], default="titles",
+    p.add_argument("--yardstick", choices=list(YARDSTICK_METRICS), default="titles",
                    help="what decides (evaluate.yardstick.kind); kNN on the labels judges")
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args()
