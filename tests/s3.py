@@ -24,7 +24,11 @@ def seaweedfs(tmp_path_factory) -> str:
     ports = {flag: free_port() for flag in PORTS}
     weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
     log = open(folder / "weed.log", "w")
+    # -volume.max: left at 0, `weed mini` allows free disk / volume size volumes (sizes up to 1 GiB) and
+    # every bucket takes one, so on a nearly full disk CI's fourth bucket got InternalError on every write
+    # (-volume.max=3 reproduces it). Volumes are not preallocated: a fixed count costs no disk.
     proc = subprocess.Popen([weed, "mini", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-webdav=false",
+                             "-volume.max=100",
                              *(f"-{flag}={port}" for flag, port in ports.items())],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     endpoint = f"http://127.0.0.1:{ports['s3.port']}"
