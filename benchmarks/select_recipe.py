@@ -10,7 +10,7 @@ or above), the search's training steps against the exhaustive run's (target <= 3
 yardstick's ranking of the candidates and kNN's, and the search's wall time.
 Usage:
     python benchmarks/select_recipe.py [--corpora demo arxiv medical] [--config FILE] [--store DIR] [--limit N]
-                                [--yardstick titles|labels] [--set FIELD=VALUE ...]
+                                [--yardstick titles|labels|qrels] [--set FIELD=VALUE ...]
 Prints a line per corpus, then ONE final line of JSON with every figure.
 """
 from __future__ import annotations
@@ -125,7 +125,8 @@ def main() -> None:
     p.add_argument("--store", default=str(REPO.parent / "embforge-store"))
     p.add_argument("--limit", type=int, help="only the first N documents of each corpus")
     p.add_argument("--yardstick", choices=list(YARDSTICK_METRICS), default="titles",
-                   help="what decides (evaluate.yardstick.kind); kNN on the labels judges")
+                   help="what decides (evaluate.yardstick.kind; qrels with --set evaluate.yardstick.qrels=FILE); kNN "
+                   "on the labels judges")
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as work:

@@ -127,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_select(args: argparse.Namespace) -> int:
     store = open_store(args.store, load_config(args.config).store)
     try:
-        params = SelectParams(config=args.config, corpus=args.corpus, budget=args.budget,
+        params = SelectParams(config=args.config, corpus=args.corpus, qrels=args.qrels, budget=args.budget,
                               recipes=args.recipes or [], out=args.out, overrides=overrides(args.set), store=store.url)
     except ValidationError as e:  # as the UI's form would refuse it
         said = "; ".join(f"--{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
@@ -342,6 +342,7 @@ def parser() -> argparse.ArgumentParser:
     select.add_argument("corpus", nargs="?", help=SelectParams.model_fields["corpus"].description)
     select.add_argument("--config", default=str(DEFAULT_SELECT), help="defaults to start from (default: "
                         "configs/select.yaml)")
+    select.add_argument("--qrels", metavar="FILE", help=SelectParams.model_fields["qrels"].description)
     select.add_argument("--budget", type=int, help="training steps of the winner (default: the config's "
                         "select.budget)")
     select.add_argument("--recipes", nargs="+", metavar="RECIPE", help="candidate recipes (default: the config's)")

@@ -59,13 +59,16 @@ class EvaluateParams(RunParams):
 
 
 class SelectParams(RunParams):
-    """Pick the recipe for a corpus, scored on held-out documents (by their labels, else their titles), train the
-    winner and export it (docs/select.md)."""
+    """Pick the recipe for a corpus, scored on held-out documents (by your queries, else their labels, else their
+    titles), train the winner and export it (docs/select.md)."""
 
     config: str = Field("configs/select.yaml", pattern=r"\.ya?ml$", description="Config with the defaults (the "
                         "model, the candidates, the yardstick): configs/select.yaml, or a copy of it.")
     corpus: str | None = Field(None, description="The corpus file (Parquet, CSV or JSONL with a text column; labels "
                                "or titles for the yardstick). Empty: the config's `data.path`.")
+    qrels: str | None = Field(None, description="Your queries and their relevant documents (Parquet: query_id, "
+                              "query, doc_id, score): they decide (`evaluate.yardstick.kind: qrels`). Empty: the "
+                              "config's yardstick.")
     budget: int | None = Field(None, ge=2, description="Training steps of the winner. Empty: the config's "
                                "`select.budget`.")
     recipes: list[str] = Field(default_factory=list, description="Candidate recipes. Empty: the config's "
@@ -74,6 +77,9 @@ class SelectParams(RunParams):
                             "config's `select.out`, else selected/<the corpus's name>.")
 
     def changes(self) -> dict[str, Any]:
-        own = {"data.path": str(Path(self.corpus).resolve()) if self.corpus else None, "select.budget": self.budget,
+        own = {"data.path": str(Path(self.corpus).resolve()) if self.corpus else None,
+               "evaluate.yardstick.qrels": str(Path(self.qrels).resolve()) if self.qrels else None,
+               "evaluate.yardstick.kind": "qrels" if self.qrels else None,  # they decide, or say why they cannot
+               "select.budget": self.budget,
                "select.recipes": self.recipes or None, "select.out": self.out}
         return {**self.overrides, **{k: v for k, v in own.items() if v is not None}}

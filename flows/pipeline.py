@@ -45,7 +45,7 @@ from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
-from tasks.yardstick import YARDSTICK, YardstickInputs, yardstick_kind
+from tasks.yardstick import QUERIED, YARDSTICK, YardstickInputs, yardstick_kind
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
@@ -102,14 +102,14 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
     sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None
     held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
     query_emb = embedded({}, dict(held_out_queries=held_out), prompts.query) if held_out else None
-    titles = (embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query)
-              if corpus.yardstick and yardstick_kind(run.settled(corpus.yardstick)) == "titles" else None)
+    asked = (embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query)  # titles, or the user's queries
+             if corpus.yardstick and yardstick_kind(run.settled(corpus.yardstick)) in QUERIED else None)
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
     scores = [stage(EVALUATE, job, EvaluateInputs(documents=docs, embeddings=docs_emb, sts_embeddings=sts_emb,
                                                   queries=held_out, query_embeddings=query_emb,
-                                                  yardstick=corpus.yardstick, yardstick_embeddings=titles,
+                                                  yardstick=corpus.yardstick, yardstick_embeddings=asked,
                                                   model=model.artifact), force)]
     if ev.semantic:
         job = SemanticJob(label=model.label, dataset=dataset, pooling=model.pooling, semantic=ev.semantic,

@@ -44,7 +44,7 @@ QUERY_SCORES = "query_scores"  # each query's nDCG@10: the held-out generated on
 # first relevant document and nDCG@10.
 YARDSTICK_SCORES = "yardstick_scores"
 # By the yardstick's kind: its metric rows' prefix, and the mean of its nDCG@10, the score `embforge select` ranks by.
-YARDSTICK_PREFIXES = {"titles": "title_", "labels": "label_"}
+YARDSTICK_PREFIXES = {"qrels": "qrels_", "labels": "label_", "titles": "title_"}
 YARDSTICK_METRICS = {kind: f"{prefix}ndcg_at_10" for kind, prefix in YARDSTICK_PREFIXES.items()}
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 

@@ -35,7 +35,7 @@ from tasks.metrics import geometry, knn, retrieval, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import PER_SPLIT, POINTS
-from tasks.yardstick import yardstick_kind
+from tasks.yardstick import QUERIED, yardstick_kind
 
 
 class EvalJob(Section):
@@ -130,24 +130,33 @@ def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: 
 
 def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, docs: pd.DataFrame, pooling: str,
                    out: ArtifactWriter) -> list[dict]:
-    """The yardstick (tasks/yardstick.py) by its kind: each held-out title finds its text among the corpus (`title_`),
-    or each labelled held-out document, by its vector, finds its label's among the labelled documents not held out
-    (`label_`). Each query's scores go in YARDSTICK_SCORES, which the select stage pairs."""
+    """The yardstick (tasks/yardstick.py) by its kind: each held-out title finds its text among the corpus (`title_`);
+    each of the user's queries finds its relevant documents among the corpus (`qrels_`); or each labelled held-out
+    document, by its vector, finds its label's among the labelled documents not held out (`label_`). Each query's
+    scores go in YARDSTICK_SCORES, which the select stage pairs."""
     kind = yardstick_kind(store.manifest(inputs.yardstick))
-    if (kind == "titles") != (inputs.yardstick_embeddings is not None):
-        raise ValueError(f"a {kind} yardstick is scored {'with' if kind == 'titles' else 'without'} its queries' "
+    if (kind in QUERIED) != (inputs.yardstick_embeddings is not None):
+        raise ValueError(f"a {kind} yardstick is scored {'with' if kind in QUERIED else 'without'} its queries' "
                          "embeddings")
     if kind == "titles":
         return held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, x, docs["doc_id"].tolist(),
                                    pooling, out, YARDSTICK_PREFIXES[kind], YARDSTICK_SCORES)
-    held = store.read_table(inputs.yardstick, "queries", columns=["query_id", "doc_id", "status"]).to_pandas()
-    asked = held[held["status"] == "ok"]
-    labels = docs["label"].to_numpy()
-    index = np.flatnonzero(docs["label"].notna().to_numpy() & ~docs["doc_id"].isin(held["doc_id"]).to_numpy())
-    queries = pd.Series(np.arange(len(docs)), index=docs["doc_id"])[asked["doc_id"]].to_numpy()
-    ranks, ndcg = retrieval.same_label_ranks(x[queries], x[index], labels[queries], labels[index])
+    asked = held_out_queries(store, inputs.yardstick).to_pandas()
+    row_of = pd.Series(np.arange(len(docs)), index=docs["doc_id"])
+    if kind == "qrels":
+        relevant = store.read_table(inputs.yardstick, "relevant").to_pandas()
+        query_row = pd.Series(np.arange(len(asked)), index=asked["query_id"])
+        vectors = embed.read_embeddings(store, inputs.yardstick_embeddings, pooling)
+        ranks, ndcg = retrieval.qrels_ranks(vectors, x, query_row[relevant["query_id"]].to_numpy(),
+                                            row_of[relevant["doc_id"]].to_numpy())
+    else:
+        held = store.read_table(inputs.yardstick, "queries", columns=["doc_id"])["doc_id"].to_pylist()
+        labels = docs["label"].to_numpy()
+        index = np.flatnonzero(docs["label"].notna().to_numpy() & ~docs["doc_id"].isin(held).to_numpy())
+        queries = row_of[asked["doc_id"]].to_numpy()
+        ranks, ndcg = retrieval.same_label_ranks(x[queries], x[index], labels[queries], labels[index])
     out.write_table(YARDSTICK_SCORES, pa.table({"query_id": asked["query_id"], "rank": ranks, "ndcg": ndcg}))
-    rows = retrieval.same_label_rows(ranks, ndcg, prefix=YARDSTICK_PREFIXES[kind])
+    rows = retrieval.set_rows(ranks, ndcg, prefix=YARDSTICK_PREFIXES[kind])
     return [dict(row, split=HELD_OUT) for row in rows]
 
 

@@ -31,13 +31,17 @@ from tasks.reporting import plots
 from tasks.yardstick import yardstick_kind
 
 # What a reader of a decision made on the yardstick must know, by kind.
-BIAS = {"titles": "a title names its document's topic in a few words, so the yardstick favours models that match "
+BIAS = {"qrels": "it rewards what your queries ask, and no more: with few of them its intervals are wide, and only the "
+                 "queries whose every relevant document fell in the held-out share ask (a larger `held_out` asks more, "
+                 "and trains on fewer documents)",
+        "titles": "a title names its document's topic in a few words, so the yardstick favours models that match "
                   "short texts to long ones by topic (the query-trained recipes, SemCSE with titles as positives)",
         "labels": "it rewards models that put documents of one label near each other; if what you will use the model "
                   "for is not that grouping (finding answers to questions, say), a recipe it ranks lower may suit "
                   "you better"}
 # What each kind's query asks, for the reader of the decision.
-ASKS = {"titles": "each held-out document's title finding its own text among the corpus",
+ASKS = {"qrels": "each of your queries whose relevant documents are all held out finding them among the corpus",
+        "titles": "each held-out document's title finding its own text among the corpus",
         "labels": "each labelled held-out document finding the documents of its label among those not held out "
                   "(your labels: no training used them)"}
 

@@ -2,9 +2,12 @@
 
 The held-out documents are drawn by a hash of (seed, doc_id) (tasks/core/held_out.py: the same documents whatever
 else the corpus holds) and are left out of every training view (tasks/pairs.py, `PairsConfig.yardstick`),
-so no candidate trained on them. Two kinds, by what the corpus has (`auto`: labels if they ask at least half as many
-queries as titles would, else titles; the log says why):
+so no candidate trained on them. Three kinds, by what the user has (`auto`: qrels where given, else labels if they ask
+at least half as many queries as titles would, else titles; the log says why):
 
+- `qrels`, the user's own queries and relevance judgements (a file): each query whose relevant documents (score > 0)
+  are all held out asks for them among all the corpus's (nDCG@10, binary gains); one with a relevant document that
+  training may see asks nothing (status `trained_on`). The relevant pairs are the artifact's `relevant` table.
 - `labels`, the user's own labels: each labelled held-out document is a query, by its own vector, whose relevant
   documents are the labelled documents not held out that share its label (nDCG@10; the evaluate stage scores it).
   A held-out document whose label no other document has asks nothing (status `no_relevant`).
@@ -15,8 +18,9 @@ The output has the queries stage's columns, so the evaluate stage's in-domain re
 nDCG@10) and the report's paired intervals read it as they read generated queries. What each kind asks and its
 known bias are tasks/select.py's ASKS and BIAS (the select report states them).
 
-Inputs: `documents`. Output `queries.parquet`: query_id, doc_id, split (`held_out`), query (the title, or the
-label), status; the manifest gives the kind it is, how many documents were held out and how many ask a query.
+Inputs: `documents`. Output `queries.parquet`: query_id, doc_id (a relevant document), split (`held_out`), query
+(the user's query, the label, or the title), status; for qrels also `relevant.parquet` (query_id, doc_id) of the
+queries that ask; the manifest gives the kind it is, how many documents were held out and how many ask a query.
 """
 
 from __future__ import annotations
@@ -26,17 +30,21 @@ import logging
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.base import ArtifactRef
+from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
+from tasks.core.eval_sets import read_table
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
 
 SCHEMA = pa.schema([(column, pa.string()) for column in QUERY_COLUMNS])  # what the queries' readers read
 MIN_QUERIES = 2  # a ranking of candidates needs more than one query to be paired over
 NO_RELEVANT = "no_relevant"  # a held-out document whose label no trained-on document has
+TRAINED_ON = "trained_on"  # a user's query with a relevant document that is not held out
+QUERIED = ("qrels", "titles")  # the kinds whose queries are texts, embedded as queries
+QRELS_COLUMNS = ["query_id", "query", "doc_id", "score"]
 
 
 def yardstick_kind(manifest: dict) -> str:
@@ -54,18 +62,45 @@ def label_queries(docs: pa.Table, held: pa.Array) -> tuple[pa.Table, int]:
     known = pc.unique(docs.filter(pc.and_(pc.invert(held), pc.is_valid(docs["label"])))["label"])
     asked = docs.filter(pc.and_(held, pc.is_valid(docs["label"])))
     status = pc.if_else(pc.is_in(asked["label"], known), "ok", NO_RELEVANT)
-    return _queries("label-", asked["doc_id"], asked["label"], status), len(known)
+    return _queries(_named("label-", asked["doc_id"]), asked["doc_id"], asked["label"], status), len(known)
+
+
+def qrels_queries(path: str, docs: pa.Table, held: pa.Array) -> tuple[pa.Table, pa.Table]:
+    """The qrels kind's queries, one row per query of the file (`ok` where every relevant document is held out),
+    and the relevant pairs of those that ask."""
+    qrels = read_table(path, QRELS_COLUMNS).astype({"query_id": str, "doc_id": str})
+    if not (blank := qrels[qrels["query"].isna() | (qrels["query"].astype(str).str.strip() == "")]).empty:
+        raise InputError(f"{path}: row {blank.index[0] + 1} (query {blank['query_id'].iloc[0]!r}): the query is empty")
+    qrels = qrels[qrels["score"] > 0]
+    if qrels.empty:
+        raise InputError(f"{path}: no row with score > 0: no query has a relevant document")
+    if not (unknown := qrels[~qrels["doc_id"].isin(docs["doc_id"].to_pylist())]).empty:
+        doc, query = unknown.iloc[0][["doc_id", "query_id"]]
+        raise InputError(f"{path}: doc_id {doc!r} (query {query!r}) is not in the corpus")
+    held_ids = set(docs.filter(held)["doc_id"].to_pylist())
+    asks = qrels["doc_id"].isin(held_ids).groupby(qrels["query_id"], sort=False).all()
+    first = qrels.drop_duplicates("query_id")
+    status = pa.array(first["query_id"].map(asks).map({True: "ok", False: TRAINED_ON}).tolist(), pa.string())
+    queries = _queries(*(pa.array(first[c].astype(str).tolist(), pa.string()) for c in ("query_id", "doc_id", "query")),
+                       status)
+    relevant = qrels[qrels["query_id"].map(asks)][["query_id", "doc_id"]].drop_duplicates()
+    return queries, pa.Table.from_pandas(relevant, preserve_index=False)
 
 
 def title_queries(docs: pa.Table, held: pa.Array) -> pa.Table:
     """The titles kind's queries: every held-out document that has a title."""
     asked = docs.filter(held)
     asked = asked.filter(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(pc.fill_null(asked["title"], ""))), 0))
-    return _queries("title-", asked["doc_id"], asked["title"], pa.array(["ok"] * asked.num_rows, pa.string()))
+    return _queries(_named("title-", asked["doc_id"]), asked["doc_id"], asked["title"],
+                    pa.array(["ok"] * asked.num_rows, pa.string()))
 
 
-def _queries(prefix: str, doc_ids: pa.Array, query: pa.Array, status: pa.Array) -> pa.Table:
-    return pa.table({"query_id": pc.binary_join_element_wise(prefix, doc_ids, ""), "doc_id": doc_ids,
+def _named(prefix: str, doc_ids: pa.Array) -> pa.Array:
+    return pc.binary_join_element_wise(prefix, doc_ids, "")
+
+
+def _queries(query_ids: pa.Array, doc_ids: pa.Array, query: pa.Array, status: pa.Array) -> pa.Table:
+    return pa.table({"query_id": query_ids, "doc_id": doc_ids,
                      "split": pa.array([HELD_OUT] * len(doc_ids), pa.string()), "query": query, "status": status},
                     schema=SCHEMA)
 
@@ -77,6 +112,13 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
     held = pc.is_in(docs["doc_id"], pa.array(sorted(ids), pa.string()))
     share = f"of the {len(ids)} held-out documents ({cfg.held_out:.0%} of the corpus)"
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
+    relevant = None
+    if cfg.qrels:
+        queries, relevant = qrels_queries(cfg.qrels, docs, held)
+        asking = pc.count_distinct(relevant["query_id"]).as_py()
+        found["qrels"] = (queries, asking) if asking >= MIN_QUERIES else (
+            f"qrels: {asking} of the {queries.num_rows} queries of {cfg.qrels} have every relevant document among "
+            f"the {len(ids)} held-out documents ({cfg.held_out:.0%} of the corpus); it needs at least {MIN_QUERIES}")
     if cfg.kind in ("auto", "labels"):
         queries, labels = label_queries(docs, held)
         asking = pc.sum(pc.equal(queries["status"], "ok")).as_py() or 0
@@ -89,18 +131,31 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
             f"titles: {queries.num_rows} {share} have a title; it needs at least {MIN_QUERIES}")
     usable = {k: v for k, v in found.items() if isinstance(v, tuple)}
     if not usable:
+        wanted = {"auto": "labels or titles", "qrels": "more queries"}.get(cfg.kind, cfg.kind)
         raise InputError(f"yardstick {'; '.join(found.values())}: a larger corpus, a larger held-out share, or "
-                         "documents with " + ("labels or titles" if cfg.kind == "auto" else cfg.kind))
-    # The user's labels first, unless so few carry them that a paired interval over them would say little.
+                         f"{'documents with ' if cfg.kind != 'qrels' else ''}{wanted}")
+    # The user's queries first; then their labels, unless so few carry them that a paired interval over them would
+    # say little.
     asks = {k: asking for k, (_, asking) in usable.items()}
     kind = "labels" if 2 * asks.get("labels", -1) >= asks.get("titles", 0) else "titles"
-    if cfg.kind == "auto" and kind == "titles":
+    if "qrels" in usable:
+        kind = "qrels"
+    elif cfg.qrels:
+        log.warning("your queries cannot decide (%s); the %s do", found["qrels"], kind)
+    elif cfg.kind == "auto" and kind == "titles":
         log.info("the titles decide: %s", found["labels"] if "labels" not in usable else
                  f"{asks['labels']} labelled held-out documents ask, against {asks['titles']} titles")
     queries, asking = usable[kind]
     out.write_table("queries", queries)
+    if kind == "qrels":
+        out.write_table("relevant", relevant)
     out.extra.update(kind=kind, held_out=len(ids), queries=asking)
     log.info("%s yardstick: %d documents held out of training, %d of them ask a query", kind, len(ids), asking)
 
 
-YARDSTICK = Stage("yardstick", build_yardstick)
+def qrels_digest(cfg: YardstickConfig) -> str | None:
+    """The user's queries file by its bytes: editing it in place builds the yardstick again."""
+    return file_digest(cfg.qrels) if cfg.qrels else None
+
+
+YARDSTICK = Stage("yardstick", build_yardstick, extra_key=qrels_digest)

@@ -102,11 +102,24 @@ class HeldOutShare(Section):
 class YardstickConfig(HeldOutShare):
     """A held-out share of the corpus made into a retrieval task that no training sees (tasks/yardstick.py)."""
 
-    kind: Literal["auto", "labels", "titles"] = Field(
-        "auto", description="`labels` (the corpus's own label column): each held-out document finds documents of "
-        "its label among the others (nDCG@10); `titles` (no labels needed): each held-out document's title finds "
-        "its text among the corpus's; `auto`: labels, unless fewer held-out documents ask by label than half those "
-        "that would by title.")
+    kind: Literal["auto", "qrels", "labels", "titles"] = Field(
+        "auto", description="`qrels` (your queries and the documents relevant to each, `qrels`): each query whose "
+        "relevant documents are all held out finds them among the corpus's (nDCG@10); `labels` (the corpus's own "
+        "label column): each held-out document finds documents of its label among the others; `titles` (no labels "
+        "needed): each held-out document's title finds its text among the corpus's; `auto`: qrels where given, else "
+        "labels, unless fewer held-out documents ask by label than half those that would by title.")
+    qrels: str | None = Field(None, description="Parquet of your queries: query_id, query, doc_id, score (one row "
+                              "per query and relevant document; score > 0 is relevant), the format of a local MTEB "
+                              "retrieval task's `queries`. Read by `kind: qrels` or `auto`.")
+
+    @model_validator(mode="after")
+    def _qrels_with_its_kind(self) -> YardstickConfig:
+        if self.kind == "qrels" and not self.qrels:
+            raise ValueError("kind: qrels needs `qrels`, the Parquet file of your queries and their relevant "
+                             "documents")
+        if self.qrels and self.kind not in ("auto", "qrels"):
+            raise ValueError(f"`qrels` is read by kind qrels or auto, not {self.kind}")
+        return self
 
 
 class EvaluateConfig(Section):
@@ -131,7 +144,8 @@ class EvaluateConfig(Section):
     mteb: MtebConfig | None = Field(None, description="MTEB tasks, from the Hub or from local files.")
     yardstick: YardstickConfig | None = Field(
         None, description="A held-out share of the documents, left out of every method's training, as a retrieval "
-        "task: by their labels (label_ndcg_at_10, label_mrr_at_10) or their titles (title_ndcg_at_10, "
+        "task: by your queries (qrels_ndcg_at_10, qrels_mrr_at_10), their labels (label_ndcg_at_10, "
+        "label_mrr_at_10) or their titles (title_ndcg_at_10, "
         "title_mrr_at_10, title_recall_at_10), paired between models in the report.")
     reference_models: list[str] = Field(
         default_factory=list, description="Extra models evaluated next to the trained ones, untrained "

@@ -64,6 +64,8 @@ def _named_files(cfg: PipelineConfig) -> Iterator[tuple[str, str | None, bool]]:
         yield "model.pretrain.data.path", cfg.model.pretrain.data.path, True
     if cfg.evaluate.sts:
         yield "evaluate.sts.path", cfg.evaluate.sts.path, False
+    if cfg.evaluate.yardstick:
+        yield "evaluate.yardstick.qrels", cfg.evaluate.yardstick.qrels, False
     for i, task in enumerate(cfg.evaluate.mteb.local if cfg.evaluate.mteb else []):
         yield f"evaluate.mteb.local.{i}.path", task.path, False
         yield f"evaluate.mteb.local.{i}.queries", task.queries, False
@@ -164,6 +166,9 @@ def _load_config(file: str, _resolved: str, _mtime_ns: int, _size: int, override
         local = [t.model_copy(update={"path": _resolve(base, t.path), "queries": _resolve(base, t.queries)})
                  for t in evaluate.mteb.local]
         evaluate = evaluate.model_copy(update={"mteb": evaluate.mteb.model_copy(update={"local": local})})
+    if evaluate.yardstick:
+        evaluate = evaluate.model_copy(update={"yardstick": evaluate.yardstick.model_copy(
+            update={"qrels": _resolve(base, evaluate.yardstick.qrels)})})
     evaluate = evaluate.model_copy(update={"reference_models": [_resolve_model(base, m)
                                                                 for m in evaluate.reference_models]})
     model = cfg.model.model_copy(update={"name_or_path": _resolve_model(base, cfg.model.name_or_path)})

@@ -1,10 +1,14 @@
 """Retrieval with one relevant document per query: the rank of that document among all of them, and
-nDCG@k, recall@k and MRR@k from it (the held-out generated queries of docs/gpl.md); and retrieval by label, where
-every document of a query's label is relevant (the labels yardstick of tasks/yardstick.py)."""
+nDCG@k, recall@k and MRR@k from it (the held-out generated queries of docs/gpl.md); and retrieval of a set of
+relevant documents per query: every document of its label (the labels yardstick of tasks/yardstick.py), or those the
+user's relevance judgements name (the qrels yardstick)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+from scipy import sparse
 
 from tasks.metrics import BLOCK_BYTES, block_rows, ranks_of_own, unit_rows
 
@@ -38,16 +42,37 @@ def retrieval_rows(ranks: np.ndarray, k: int = 10, prefix: str = "") -> list[dic
 
 def same_label_ranks(queries: np.ndarray, docs: np.ndarray, query_labels: np.ndarray, doc_labels: np.ndarray,
                      k: int = 10, block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
-    """Each query's rank (cosine, ties against it) of the first of `docs` with its label, and its nDCG@k with every
-    document of its label relevant (binary gains; the ideal ranks min(k, that label's documents) first). Ties in
-    the top k count against the query too: a collapsed model scores ~0, not its documents' order. Every query's
-    label must be among `doc_labels`."""
-    q, d = unit_rows(queries, np.float32), unit_rows(docs, np.float32)
+    """set_ranks with every document of the query's label relevant. Every query's label must be among
+    `doc_labels`."""
     names, codes = np.unique(np.concatenate([doc_labels, query_labels]), return_inverse=True)
-    doc_codes, query_codes = codes[: len(d)], codes[len(d) :]
-    counts = np.bincount(doc_codes, minlength=len(names))
-    if (counts[query_codes] == 0).any():
+    doc_codes, query_codes = codes[: len(docs)], codes[len(docs) :]
+    counts = np.bincount(doc_codes, minlength=len(names))[query_codes]
+    if (counts == 0).any():
         raise ValueError("a query's label has no document")
+    return set_ranks(queries, docs, lambda block: query_codes[block, None] == doc_codes[None, :], counts, k,
+                     block_bytes)
+
+
+def qrels_ranks(queries: np.ndarray, docs: np.ndarray, query_rows: np.ndarray, doc_rows: np.ndarray, k: int = 10,
+                block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
+    """set_ranks with the relevant documents given as pairs: query `query_rows[i]` finds document `doc_rows[i]`
+    (row numbers). Every query needs at least one."""
+    relevant = sparse.csr_matrix((np.ones(len(query_rows), dtype=bool), (query_rows, doc_rows)),
+                                 shape=(len(queries), len(docs)))
+    relevant.sum_duplicates()  # a pair given twice is one relevant document
+    counts = np.diff(relevant.indptr)  # (queries,)
+    if (counts == 0).any():
+        raise ValueError("a query has no relevant document")
+    return set_ranks(queries, docs, lambda block: relevant[block].toarray(), counts, k, block_bytes)
+
+
+def set_ranks(queries: np.ndarray, docs: np.ndarray, relevant_in: Callable[[slice], np.ndarray], counts: np.ndarray,
+              k: int = 10, block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's rank (cosine, ties against it) of the first relevant one of `docs`, and its nDCG@k with binary
+    gains (the ideal ranks min(k, its relevant documents) first). `relevant_in(block)` is the (block, docs) mask of a
+    block of queries; `counts` each query's relevant documents. Ties in the top k count against the query too: a
+    collapsed model scores ~0, not its documents' order."""
+    q, d = unit_rows(queries, np.float32), unit_rows(docs, np.float32)
     k = min(k, len(d))
     discounts = 1 / np.log2(np.arange(2, k + 2))  # (k,)
     before = np.concatenate([[0.0], np.cumsum(discounts)])  # (k + 1,): the sum of the first j discounts
@@ -56,7 +81,7 @@ def same_label_ranks(queries: np.ndarray, docs: np.ndarray, query_labels: np.nda
     for start in range(0, len(q), step):
         block = slice(start, start + step)
         scores = q[block] @ d.T  # (block, docs)
-        relevant = query_codes[block, None] == doc_codes[None, :]  # (block, docs)
+        relevant = relevant_in(block)  # (block, docs)
         ranks[block] = ranks_of_own(scores, np.where(relevant, scores, -np.inf).max(1))
         # The top k without sorting whole rows: the k best in any order, then only those sorted.
         top = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (block, k)
@@ -70,11 +95,11 @@ def same_label_ranks(queries: np.ndarray, docs: np.ndarray, query_labels: np.nda
         places = k - above.sum(1)
         last = np.maximum(0, places - (tied & ~relevant).sum(1))  # relevant ones in the last places
         gains += before[k] - before[k - last]
-        ndcg[block] = gains / before[np.minimum(counts[query_codes[block]], k)]
+        ndcg[block] = gains / before[np.minimum(counts[block], k)]
     return ranks, ndcg
 
 
-def same_label_rows(ranks: np.ndarray, ndcg: np.ndarray, k: int = 10, prefix: str = "") -> list[dict]:
-    """Metric rows of retrieval by label: nDCG@k and MRR@k (of the first document of the query's label)."""
+def set_rows(ranks: np.ndarray, ndcg: np.ndarray, k: int = 10, prefix: str = "") -> list[dict]:
+    """Metric rows of set_ranks: nDCG@k and MRR@k (of the first relevant document)."""
     values = {f"ndcg_at_{k}": ndcg.mean(), f"mrr_at_{k}": np.where(ranks <= k, 1 / ranks, 0.0).mean()}
     return [dict(metric=f"{prefix}{name}", value=float(v), n=len(ranks), repeats=1) for name, v in values.items()]

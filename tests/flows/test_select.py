@@ -3,6 +3,9 @@
 import math
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from sentence_transformers import SentenceTransformer
 
@@ -137,6 +140,22 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert "documents of one label near each other" in section  # its bias
     assert labelled["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
 
+    # Your own queries decide where given: here the held-out titles, each finding its own document, as a qrels file.
+    # The same ranks as the titles yardstick: the same ladder, every training Cached.
+    titled = docs.filter(pc.is_in(docs["doc_id"], pa.array(sorted(held)))).to_pandas()
+    pd.DataFrame({"query_id": "q-" + titled["doc_id"], "query": titled["title"], "doc_id": titled["doc_id"],
+                  "score": 1}).to_parquet(tmp_path / "qrels.parquet")
+    qrels_id, by_qrels = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "auto",
+                                                                       "qrels": str(tmp_path / "qrels.parquet")},
+                                                  out=str(tmp_path / "queried")))
+    stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [qrels_id])
+    assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"}
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    assert "Yardstick: qrels_ndcg_at_10, each of your queries" in (store.path(decided) / "selection.md").read_text()
+    queried = store.read_table(decided, "ladder").to_pandas()
+    assert queried["score"].tolist() == pytest.approx(ladder["score"].tolist(), nan_ok=True)
+    assert by_qrels["chosen"] == chosen["chosen"]
+
 
 def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_path, capsys):
     cases = {"budget": ({"budget": 2}, "select.budget: a budget of 2 steps is too small for 4 candidates at eta 2"),
@@ -158,4 +177,7 @@ def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_pa
     assert capsys.readouterr().out == "error: --budget: Input should be greater than or equal to 2\n"
     assert main(["select", "--config", str(config), "--budget", "3", "--recipes", "crops", "dropout", "mlm"]) == 2
     assert "a budget of 3 steps is too small for 6 candidates at eta 2" in " ".join(capsys.readouterr().out.split())
+    assert main(["select", "--config", str(config), "--qrels", str(tmp_path / "no-qrels.parquet")]) == 2
+    assert "".join(capsys.readouterr().out.split()) == (f"error:{config}:evaluate.yardstick.qrels:filenotfound:"
+                                                        f"{tmp_path / 'no-qrels.parquet'}")  # wrapped by the console
 

@@ -80,7 +80,7 @@ def test_deployments_have_typed_forms_and_reject_bad_parameters(service, tmp_pat
     service.deployment("summarize/summarize")
     select = service.deployment("select/select")["parameter_openapi_schema"]["definitions"]["SelectParams"]
     assert select["properties"]["config"]["default"] == "configs/select.yaml"
-    assert {"corpus", "budget", "recipes", "out", "overrides"} <= set(select["properties"])
+    assert {"corpus", "qrels", "budget", "recipes", "out", "overrides"} <= set(select["properties"])
     assert select["properties"]["budget"]["anyOf"][0]["minimum"] == 2  # the form refuses a budget of 1 step
     nightly = service.deployment("evaluate/nightly")
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]

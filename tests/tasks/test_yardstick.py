@@ -21,7 +21,7 @@ from tasks.ingest import INGEST
 from tasks.metrics import retrieval, unit_rows
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
-from tasks.yardstick import NO_RELEVANT, YARDSTICK, YardstickInputs
+from tasks.yardstick import NO_RELEVANT, TRAINED_ON, YARDSTICK, YardstickInputs
 from tests.helpers import DEMO_DOCS
 
 CFG = YardstickConfig(kind="titles", held_out=0.2)
@@ -198,3 +198,98 @@ def test_auto_takes_the_titles_where_few_documents_carry_a_label(tmp_path, caplo
     assert f"the titles decide: 3 labelled held-out documents ask, against {len(held)} titles" in caplog.text
     labels = YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=documents))
     assert store.manifest(labels)["extra"] == {"kind": "labels", "held_out": len(held), "queries": 3}  # when asked
+
+
+def write_qrels(path, rows: list[tuple[str, str, str, int]]) -> str:
+    pd.DataFrame(rows, columns=["query_id", "query", "doc_id", "score"]).to_parquet(path)
+    return str(path)
+
+
+@pytest.fixture
+def qrels(corpus, tmp_path):
+    """Queries over the corpus fixture's documents: q-both and q-one ask (every relevant document held out; a score 0
+    row is no judgement), q-mixed has a relevant document training may see, q-out only those."""
+    _, _, _, docs, _ = corpus
+    held = sorted(held_out_documents(docs["doc_id"].tolist(), CFG))
+    trained = sorted(set(docs["doc_id"]) - set(held))
+    rows = [("q-both", "first question", held[0], 1), ("q-both", "first question", held[1], 2),
+            ("q-mixed", "second question", held[2], 1), ("q-mixed", "second question", trained[0], 1),
+            ("q-one", "third question", held[3], 1), ("q-one", "third question", trained[1], 0),
+            ("q-out", "fourth question", trained[2], 1)]
+    return write_qrels(tmp_path / "qrels.parquet", rows), held
+
+
+def test_your_queries_ask_only_where_every_relevant_document_is_held_out_and_auto_takes_them(corpus, qrels):
+    store, documents, _, docs, _ = corpus
+    path, held = qrels
+    ref = YARDSTICK.run(store, AUTO.model_copy(update={"qrels": path}), YardstickInputs(documents=documents))
+    queries = store.read_table(ref, "queries").to_pandas().set_index("query_id")
+    assert queries["status"].to_dict() == {"q-both": "ok", "q-mixed": TRAINED_ON, "q-one": "ok", "q-out": TRAINED_ON}
+    assert queries.loc["q-both", "query"] == "first question" and queries.loc["q-both", "doc_id"] == held[0]
+    relevant = store.read_table(ref, "relevant").to_pandas()
+    assert sorted(zip(relevant["query_id"], relevant["doc_id"])) == [("q-both", held[0]), ("q-both", held[1]),
+                                                                      ("q-one", held[3])]
+    assert store.manifest(ref)["extra"] == {"kind": "qrels", "held_out": len(held), "queries": 2}
+    assert held_out_queries(store, ref)["query_id"].to_pylist() == ["q-both", "q-one"]  # what is embedded and paired
+    # The held-out documents are the hash's share whatever the kind: the same pairs serve every kind.
+    with_qrels = AUTO.model_copy(update={"qrels": path})
+    assert PairsConfig.for_method(MethodConfig(name="crops", recipe="crops"), 1, yardstick=with_qrels) == \
+        PairsConfig.for_method(MethodConfig(name="crops", recipe="crops"), 1, yardstick=CFG)
+
+
+def test_your_queries_file_is_keyed_by_its_bytes_and_its_mistakes_are_one_clear_error(corpus, qrels, tmp_path, caplog):
+    store, documents, _, docs, _ = corpus
+    path, held = qrels
+    cfg = YardstickConfig(kind="qrels", qrels=path, held_out=0.2)
+    before = YARDSTICK.ref(cfg, YardstickInputs(documents=documents))
+    write_qrels(path, [("q1", "a question", held[0], 1), ("q2", "another", held[1], 1)])
+    assert YARDSTICK.ref(cfg, YardstickInputs(documents=documents)) != before  # edited in place: built again
+    write_qrels(path, [("q1", "a question", held[0], 1), ("q2", "another", "no-such-doc", 1)])
+    with pytest.raises(InputError, match=f"^{path}: doc_id 'no-such-doc' \\(query 'q2'\\) is not in the corpus$"):
+        YARDSTICK.run(store, cfg, YardstickInputs(documents=documents))
+    write_qrels(path, [("q1", "a question", held[0], 1), ("q2", " ", held[1], 1)])
+    with pytest.raises(InputError, match=f"^{path}: row 2 \\(query 'q2'\\): the query is empty$"):
+        YARDSTICK.run(store, cfg, YardstickInputs(documents=documents))
+    pd.DataFrame({"query_id": ["q1"], "doc_id": [held[0]], "score": [1]}).to_parquet(path)
+    with pytest.raises(InputError, match=f"^{path}: missing column 'query'"):
+        YARDSTICK.run(store, cfg, YardstickInputs(documents=documents))
+    trained = sorted(set(docs["doc_id"]) - set(held))
+    write_qrels(path, [("q1", "a question", held[0], 1), ("q2", "another", trained[0], 1)])
+    with pytest.raises(InputError, match=r"yardstick qrels: 1 of the 2 queries of .* have every relevant document "
+                                         r"among the \d+ held-out documents \(20% of the corpus\); it needs at "
+                                         "least 2: a larger corpus, a larger held-out share, or more queries$"):
+        YARDSTICK.run(store, cfg, YardstickInputs(documents=documents))
+    with caplog.at_level("WARNING"):  # `auto`: said, and the labels decide
+        ref = YARDSTICK.run(store, AUTO.model_copy(update={"qrels": path}), YardstickInputs(documents=documents))
+    assert store.manifest(ref)["extra"]["kind"] == "labels" and "your queries cannot decide (qrels: 1 of" in caplog.text
+    for bad, said in [(dict(kind="qrels"), "kind: qrels needs `qrels`"),
+                      (dict(kind="labels", qrels=path), "`qrels` is read by kind qrels or auto, not labels")]:
+        with pytest.raises(ValueError, match=said):
+            YardstickConfig(**bad)
+
+
+def test_your_queries_rank_their_relevant_documents_among_the_corpus(corpus, qrels, tiny_dir):
+    store, documents, _, docs, _ = corpus
+    path, held = qrels
+    ref = YARDSTICK.run(store, AUTO.model_copy(update={"qrels": path}), YardstickInputs(documents=documents))
+    embed = dict(model=tiny_dir, max_length=64, batch_size=16)
+    doc_emb = EMBED.run(store, EmbedJob(**embed), EmbedInputs(documents=documents))
+    query_emb = EMBED.run(store, EmbedJob(**embed), EmbedInputs(held_out_queries=ref))
+    job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
+    scores = EVALUATE.run(store, job, EvaluateInputs(documents=documents, embeddings=doc_emb, yardstick=ref,
+                                                     yardstick_embeddings=query_emb))
+    got = store.read_table(scores, YARDSTICK_SCORES).to_pandas().set_index("query_id")
+    # By hand: each asking query against every document of the corpus, best first, ties against it.
+    encoder = PooledEncoder(tiny_dir, "cpu")
+    x = unit_rows(encoder.encode(docs["text"].tolist(), 64))
+    for query_id, text, found in [("q-both", "first question", held[:2]), ("q-one", "third question", held[3:4])]:
+        scores_of = x @ unit_rows(encoder.encode([text], 64))[0]
+        relevant = docs["doc_id"].isin(found).to_numpy()
+        order = sorted(range(len(docs)), key=lambda i: (-scores_of[i], relevant[i]))
+        gains = [relevant[i] for i in order]
+        ideal = sum(1 / np.log2(r + 2) for r in range(len(found)))
+        assert got.loc[query_id, "rank"] == (scores_of >= scores_of[relevant].max()).sum()
+        assert got.loc[query_id, "ndcg"] == pytest.approx(sum(g / np.log2(r + 2) for r, g in enumerate(gains[:10])) /
+                                                          ideal, abs=1e-5)
+    metrics = store.read_table(scores, "metrics").to_pandas().set_index("metric")
+    assert metrics.loc["qrels_ndcg_at_10", "value"] == pytest.approx(got["ndcg"].mean())

@@ -128,6 +128,7 @@ def test_model_folder_next_to_the_config_is_made_absolute_hub_names_are_kept(tmp
 NAMED_FILES = [("data.path", "docs.parquet", False), ("model.pretrain.data.path", "generic", True),
                ("evaluate.sts.path", "sts.parquet", False), ("evaluate.mteb.local.0.path", "corpus.parquet", False),
                ("evaluate.mteb.local.0.queries", "queries.parquet", False),
+               ("evaluate.yardstick.qrels", "qrels.parquet", False),
                ("model.name_or_path", "./encoder", True), ("evaluate.reference_models.0", "./reference", True),
                ("summaries.llm", "llm.gguf", False), ("queries.llm", "queries-llm.gguf", False)]
 NAMES_EVERY_FILE = """name: x
@@ -139,6 +140,7 @@ evaluate:
   sts: {path: sts.parquet}
   reference_models: [./reference]
   mteb: {local: [{name: r, type: retrieval, path: corpus.parquet, queries: queries.parquet}]}
+  yardstick: {qrels: qrels.parquet}
 summaries: {llm: llm.gguf}
 queries: {llm: queries-llm.gguf}
 """

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from tasks.metrics.retrieval import ndcg_at, relevant_ranks, retrieval_rows, same_label_ranks, same_label_rows
+from tasks.metrics.retrieval import ndcg_at, qrels_ranks, relevant_ranks, retrieval_rows, same_label_ranks, set_rows
 
 
 def test_ranks_count_ties_against_the_query_and_do_not_depend_on_the_block_size():
@@ -38,7 +38,7 @@ def test_retrieval_by_label_ranks_the_first_document_of_the_label_and_scores_all
     blocked = same_label_ranks(np.array([[1.0, 0.0], [1.0, 0.0]]), docs, np.array(["a", "c"]), labels, k=3,
                                block_bytes=1)
     assert blocked[0].tolist() == ranks.tolist() and blocked[1].tolist() == pytest.approx(ndcg.tolist())
-    rows = {r["metric"]: r["value"] for r in same_label_rows(ranks, ndcg, k=3, prefix="label_")}
+    rows = {r["metric"]: r["value"] for r in set_rows(ranks, ndcg, k=3, prefix="label_")}
     assert rows == pytest.approx({"label_ndcg_at_3": ndcg.mean(), "label_mrr_at_3": (1 / 2 + 0) / 2})
 
 
@@ -73,3 +73,25 @@ def test_retrieval_by_label_equals_a_full_sort_with_ties_against_the_query(n_doc
         assert ranks[i] == (scores >= max(scores[j] for j in range(len(docs)) if doc_labels[j] == label)).sum()
     blocked = same_label_ranks(queries, docs, query_labels, doc_labels, block_bytes=1)
     assert blocked[0].tolist() == ranks.tolist() and blocked[1].tolist() == pytest.approx(ndcg.tolist())
+
+
+def test_retrieval_by_relevance_judgements_equals_a_full_sort_and_reads_each_pair_once():
+    rng = np.random.default_rng(1)
+    docs = np.vstack([np.eye(3), -np.eye(3)])[rng.integers(0, 6, size=60)]  # ties, as above
+    queries = rng.normal(size=(15, 3))
+    relevant = [sorted(rng.choice(60, size=rng.integers(1, 5), replace=False)) for _ in queries]
+    query_rows = np.array([i for i, found in enumerate(relevant) for _ in found] + [0])
+    doc_rows = np.array([j for found in relevant for j in found] + [relevant[0][0]])  # a pair given twice
+    ranks, ndcg = qrels_ranks(queries, docs, query_rows, doc_rows)
+    unit = docs / np.linalg.norm(docs, axis=1, keepdims=True)
+    for i, (query, found) in enumerate(zip(queries / np.linalg.norm(queries, axis=1, keepdims=True), relevant)):
+        scores = unit @ query
+        order = sorted(range(len(docs)), key=lambda j: (-scores[j], j in found))  # ties against the query
+        gains = [j in found for j in order]
+        ideal = sum(1 / math.log2(r + 2) for r in range(min(10, len(found))))
+        assert ndcg[i] == pytest.approx(sum(g / math.log2(r + 2) for r, g in enumerate(gains[:10])) / ideal)
+        assert ranks[i] == (scores >= max(scores[j] for j in found)).sum()  # as by label
+    blocked = qrels_ranks(queries, docs, query_rows, doc_rows, block_bytes=1)
+    assert blocked[0].tolist() == ranks.tolist() and blocked[1].tolist() == pytest.approx(ndcg.tolist())
+    with pytest.raises(ValueError, match="a query has no relevant document"):
+        qrels_ranks(queries[:2], docs, np.array([0]), np.array([3]))
