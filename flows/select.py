@@ -42,6 +42,7 @@ from tasks.encoders.models import trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
 from tasks.methods.batches import plan_batches
+from tasks.pool import POOL, PoolConfig, PoolInputs
 from tasks.report import markdown_for_ui
 from tasks.select import SECTION, SELECT, SelectInputs, SelectJob, rung_name, yardstick_scores
 
@@ -68,6 +69,16 @@ def budgeted(run: Run, method: MethodConfig, begun: Start, negatives: ArtifactRe
                          run.cfg.evaluate.yardstick)
     per_epoch = len(plan_batches([run.settled(pairs)["extra"]["documents"]], train.batch_size))
     return train.model_copy(update={"epochs": math.ceil(budget / per_epoch), "max_steps": budget})
+
+
+def pool_of(run: Run, docs: ArtifactRef, yardstick: ArtifactRef) -> ArtifactRef:
+    """What the yardstick ranks among: the corpus, or where it holds more than `select.pool` documents besides those
+    the queries need, the pool stage's sample (tasks/pool.py)."""
+    size, needed = run.cfg.select.pool, run.settled(yardstick)["extra"]["queries"]
+    if size is None or run.settled(docs)["rows"]["documents"] <= size + needed:
+        return docs
+    return run.stage(POOL, PoolConfig(size=size, seed=run.cfg.evaluate.yardstick.seed),
+                     PoolInputs(documents=docs, yardstick=yardstick))
 
 
 def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None,
@@ -116,7 +127,8 @@ def select_model(run: Run) -> Selection:
                   for lr in sel.lrs]
     methods = [MethodConfig(name=c.name, recipe=c.recipe) for c in candidates]
     queries, negatives = mine_queries(run, methods, begun.docs, begun.base)
-    corpus = Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs))
+    yardstick = yardstick_of(run, begun.docs)
+    corpus = Corpus(pool_of(run, begun.docs, yardstick), begun.summaries, queries, yardstick)
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
     ladder, models, scored = search(run, begun, corpus, negatives, candidates)

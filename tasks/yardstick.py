@@ -14,6 +14,9 @@ at least half as many queries as titles would, else titles; the log says why):
 - `titles`, no labels needed: each held-out document that has a title gives a query, its title, whose one relevant
   document is its own text, among all the corpus's.
 
+At most `max_queries` ask (a sample by a hash of seed and query id; the others are `not_drawn`, still held out), so
+a large corpus's yardstick costs what a few thousand documents' does (with `select.pool`, tasks/pool.py).
+
 The output has the queries stage's columns, so the evaluate stage's in-domain retrieval (each query's rank and
 nDCG@10) and the report's paired intervals read it as they read generated queries. What each kind asks and its
 known bias are tasks/select.py's ASKS and BIAS (the select report states them).
@@ -30,7 +33,7 @@ import logging
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.base import ArtifactRef, file_digest
+from storage.base import ArtifactRef, file_digest, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
@@ -43,6 +46,7 @@ SCHEMA = pa.schema([(column, pa.string()) for column in QUERY_COLUMNS])  # what 
 MIN_QUERIES = 2  # a ranking of candidates needs more than one query to be paired over
 NO_RELEVANT = "no_relevant"  # a held-out document whose label no trained-on document has
 TRAINED_ON = "trained_on"  # a user's query with a relevant document that is not held out
+NOT_DRAWN = "not_drawn"  # a query past `max_queries` (still held out of training)
 QUERIED = ("qrels", "titles")  # the kinds whose queries are texts, embedded as queries
 QRELS_COLUMNS = ["query_id", "query", "doc_id", "score"]
 
@@ -146,11 +150,27 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
         log.info("the titles decide: %s", found["labels"] if "labels" not in usable else
                  f"{asks['labels']} labelled held-out documents ask, against {asks['titles']} titles")
     queries, asking = usable[kind]
+    if cfg.max_queries and asking > cfg.max_queries:
+        queries = drawn(queries, cfg)
+        log.info("%d of the %d queries drawn to ask (evaluate.yardstick.max_queries)", cfg.max_queries, asking)
+        asking = cfg.max_queries
     out.write_table("queries", queries)
     if kind == "qrels":
-        out.write_table("relevant", relevant)
+        kept = queries.filter(pc.equal(queries["status"], "ok"))["query_id"]
+        out.write_table("relevant", relevant.filter(pc.is_in(relevant["query_id"], kept)))
     out.extra.update(kind=kind, held_out=len(ids), queries=asking)
     log.info("%s yardstick: %d documents held out of training, %d of them ask a query", kind, len(ids), asking)
+
+
+def drawn(queries: pa.Table, cfg: YardstickConfig) -> pa.Table:
+    """`queries` with only `max_queries` of those that ask still asking (`not_drawn`: the others), the ones first by
+    a hash of (seed, query id): the same queries whatever order the corpus or file lists them in."""
+    asking = [q for q, s in zip(queries["query_id"].to_pylist(), queries["status"].to_pylist()) if s == "ok"]
+    kept = sorted(asking, key=lambda q: stable_hash(cfg.seed, q))[: cfg.max_queries]
+    status = pc.if_else(pc.and_(pc.equal(queries["status"], "ok"), pc.invert(pc.is_in(queries["query_id"],
+                                                                                        pa.array(kept)))),
+                        NOT_DRAWN, queries["status"])
+    return queries.set_column(queries.schema.get_field_index("status"), "status", status)
 
 
 def qrels_digest(cfg: YardstickConfig) -> str | None:

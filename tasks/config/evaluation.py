@@ -112,6 +112,11 @@ class YardstickConfig(HeldOutShare):
                               "per query and relevant document; score > 0 is relevant), the format of a local MTEB "
                               "retrieval task's `queries`. Read by `kind: qrels` or `auto`.")
 
+    max_queries: int | None = Field(1000, ge=2, description="At most this many queries ask, a sample drawn by a hash "
+                                    "of (seed, query id); the other held-out documents stay out of training. A "
+                                    "paired interval over a thousand is narrow, and each query costs an embedding "
+                                    "and a ranking at every rung. None: all.")
+
     @model_validator(mode="after")
     def _qrels_with_its_kind(self) -> YardstickConfig:
         if self.kind == "qrels" and not self.qrels:

@@ -24,6 +24,9 @@ class SelectConfig(Section):
                         "schedule (`train.max_steps`) and the search stops the others at its rungs.")
     eta: int = Field(3, ge=2, description="Successive halving's factor: 1/eta of a rung's candidates go on, to "
                      "eta times its steps.")
+    pool: int | None = Field(5000, ge=2, description="The yardstick ranks among at most this many documents besides "
+                             "those its queries need, a sample drawn by a hash of each id (tasks/pool.py): every rung "
+                             "embeds them, so a large corpus costs what this many do. None: the whole corpus.")
     out: str | None = Field(None, description="Folder the chosen model is exported to (empty or new); relative to "
                             "the folder the command runs in. None: `selected/<the corpus's name>`.")
 

@@ -125,10 +125,20 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
 
     # `auto` on a labelled corpus: the labels decide, on the same held-out documents, so the first rung (every
     # candidate's) is the same training, Cached.
-    labels = select_config(tmp_path, yardstick={"held_out": 0.25, "seed": 0}, out=str(tmp_path / "labelled"))
+    # Ranked among a pool of the corpus (every labelled held-out document and 60 others), as on a large corpus.
+    labels = select_config(tmp_path, yardstick={"held_out": 0.25, "seed": 0}, out=str(tmp_path / "labelled"), pool=60)
     labelled_id, labelled = run_select(labels)
     catalog = Catalog(store)
     stages = catalog.query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [labelled_id])
+    [pool] = [ArtifactRef("pool", r["key"]) for r in stages if r["stage"] == "pool"]
+    pooled = store.manifest(pool)["extra"]
+    # 60 drawn, and one of each label a query asks for that none of them has
+    drawn = pooled["documents"] - pooled["needed"]
+    assert pooled["of"] == 400 and 60 <= drawn <= 60 + len(set(docs["label"].to_pylist()))
+    evaluated = [store.manifest(ArtifactRef("evaluate", r["key"]))["input_roles"]["documents"]
+                 for r in stages if r["stage"] == "evaluate"]
+    assert len(evaluated) >= 5 and set(evaluated) == {pool.key}  # the untrained model's and every rung's
+    assert not catalog.query("SELECT 1 FROM run_stages WHERE run_id = ? AND stage = 'pool'", [run_id])  # 400 < 5,000
     [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
     assert store.manifest(yardstick)["extra"]["kind"] == "labels"
     first_keys = {key for key, rung in rungs.items() if rung[2] == first_rung}

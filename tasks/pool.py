@@ -1,0 +1,75 @@
+"""Pool: the documents `embforge select`'s yardstick ranks among, when the corpus holds more than `select.pool`.
+
+Every rung of the search embeds the documents its yardstick ranks, so on the whole of a large corpus the scoring, not
+the training, would be the search's cost. The pool is every document a query needs and a sample of the others, drawn
+by a hash of (seed, doc_id), so `select.pool` documents at most besides those needed:
+
+- titles: each asking query's own document; the others are sampled from the whole corpus (the distractors);
+- qrels: each asking query's relevant documents; the others likewise;
+- labels: each asking held-out document (it asks by its own vector); the others are sampled from the labelled
+  documents not held out (the only ones it ranks), with the first of each label a query asks for always in.
+
+Every candidate and the untrained model are ranked on the same pool, so the paired intervals compare like with like;
+the scores are those of a smaller corpus (a title finds its text among fewer), not the whole corpus's.
+
+Inputs: `documents`, `yardstick`. Output `documents.parquet`: the pooled rows of the corpus, its columns, in its order
+(read as a corpus by the embed and evaluate stages); the manifest gives how many of how many.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+from pydantic import Field
+
+from storage.base import ArtifactRef, stable_hash
+from storage.store import ArtifactStore, ArtifactWriter
+from tasks.config.base import Section
+from tasks.core.stage import Inputs, Stage
+from tasks.core.text_sets import held_out_queries
+from tasks.yardstick import yardstick_kind
+
+
+class PoolConfig(Section):
+    size: int = Field(ge=2, description="Documents drawn besides those the yardstick's queries need.")
+    seed: int = 0
+
+
+class PoolInputs(Inputs):
+    documents: ArtifactRef
+    yardstick: ArtifactRef
+
+
+def needed_documents(store: ArtifactStore, yardstick: ArtifactRef) -> set[str]:
+    """The documents the yardstick's asking queries cannot be scored without."""
+    if yardstick_kind(store.manifest(yardstick)) == "qrels":
+        return set(store.read_table(yardstick, "relevant", columns=["doc_id"])["doc_id"].to_pylist())
+    return set(held_out_queries(store, yardstick)["doc_id"].to_pylist())
+
+
+def build_pool(store: ArtifactStore, cfg: PoolConfig, inputs: PoolInputs, out: ArtifactWriter, ref: ArtifactRef,
+               log: logging.Logger) -> None:
+    docs = store.read_table(inputs.documents, "documents")
+    needed = needed_documents(store, inputs.yardstick)
+    ids, labels = docs["doc_id"].to_pylist(), docs["label"].to_pylist()
+    kind = yardstick_kind(store.manifest(inputs.yardstick))
+    if kind == "labels":  # it ranks the labelled documents not held out, and nothing else
+        held = set(store.read_table(inputs.yardstick, "queries", columns=["doc_id"])["doc_id"].to_pylist())
+        others = [i for i, (d, label) in enumerate(zip(ids, labels)) if label is not None and d not in held]
+    else:
+        others = [i for i, d in enumerate(ids) if d not in needed]
+    others.sort(key=lambda i: stable_hash(cfg.seed, ids[i]))
+    kept = {i for i, d in enumerate(ids) if d in needed} | set(others[: cfg.size])
+    if kind == "labels":  # every label a query asks for keeps a document to be found
+        found = {labels[i] for i in others[: cfg.size]}
+        asked = {labels[i] for i, d in enumerate(ids) if d in needed}
+        kept |= {next(i for i in others if labels[i] == label) for label in asked - found}
+    pooled = docs.take(pa.array(sorted(kept), pa.int64()))
+    out.write_table("documents", pooled)
+    out.extra.update(documents=pooled.num_rows, of=docs.num_rows, needed=len(needed))
+    log.info("the yardstick ranks among %d of the %d documents (%d its queries need, a sample of the others)",
+             pooled.num_rows, docs.num_rows, len(needed))
+
+
+POOL = Stage("pool", build_pool)

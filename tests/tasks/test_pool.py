@@ -1,0 +1,92 @@
+"""tasks/pool.py: the documents `embforge select`'s yardstick ranks among on a large corpus."""
+
+import pandas as pd
+import pytest
+
+from storage.store import ArtifactStore
+from tasks.config.data import DataConfig
+from tasks.config.evaluation import YardstickConfig
+from tasks.core.held_out import held_out_documents
+from tasks.core.stage import NoInputs
+from tasks.core.text_sets import held_out_queries
+from tasks.embed import EMBED, EmbedInputs, EmbedJob
+from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
+from tasks.ingest import INGEST
+from tasks.pool import POOL, PoolConfig, PoolInputs
+from tasks.yardstick import NOT_DRAWN, YARDSTICK, YardstickInputs
+from tests.helpers import DEMO_DOCS
+
+TITLES = YardstickConfig(kind="titles", held_out=0.2)
+LABELS = YardstickConfig(kind="labels", held_out=0.2)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """200 demo documents in a store; the same documents in the reverse order in another."""
+    tmp = tmp_path_factory.mktemp("pool")
+    docs = pd.read_parquet(DEMO_DOCS).head(200)
+    docs.to_parquet(tmp / "docs.parquet")
+    docs.iloc[::-1].to_parquet(tmp / "reversed.parquet")
+    store = ArtifactStore(tmp / "store")
+    documents, reversed_docs = (INGEST.run(store, DataConfig(path=str(tmp / f"{name}.parquet")), NoInputs())
+                                for name in ("docs", "reversed"))
+    return store, documents, reversed_docs, docs
+
+
+def pooled(store, documents, yardstick: YardstickConfig, size: int):
+    ref = YARDSTICK.run(store, yardstick, YardstickInputs(documents=documents))
+    pool = POOL.run(store, PoolConfig(size=size), PoolInputs(documents=documents, yardstick=ref))
+    return ref, pool, store.read_table(pool, "documents").to_pandas()
+
+
+def test_the_titles_pool_holds_every_asking_document_and_a_sample_drawn_by_id(corpus):
+    store, documents, reversed_docs, docs = corpus
+    ref, pool, got = pooled(store, documents, TITLES, 30)
+    asking = set(held_out_queries(store, ref)["doc_id"].to_pylist())
+    assert asking <= set(got["doc_id"]) and len(got) == len(asking) + 30
+    assert got["doc_id"].tolist() == [d for d in docs["doc_id"] if d in set(got["doc_id"])]  # the corpus's order
+    assert got.columns.tolist() == store.read_table(documents, "documents").column_names
+    assert store.manifest(pool)["extra"] == {"documents": len(asking) + 30, "of": 200, "needed": len(asking)}
+    # The same documents whatever order the corpus lists them in.
+    assert set(pooled(store, reversed_docs, TITLES, 30)[2]["doc_id"]) == set(got["doc_id"])
+
+
+def test_the_labels_pool_samples_the_documents_it_ranks_and_keeps_a_document_of_every_label_asked(corpus, tiny_dir):
+    store, documents, _, docs = corpus
+    held = held_out_documents(docs["doc_id"].tolist(), LABELS)
+    ref, pool, got = pooled(store, documents, LABELS, 3)  # fewer than the labels asked for: one of each comes in
+    asking = held_out_queries(store, ref).to_pandas()
+    others = got[~got["doc_id"].isin(held)]
+    assert set(asking["doc_id"]) <= set(got["doc_id"]) and others["label"].notna().all()
+    assert set(asking["query"]) <= set(others["label"]) and len(others) >= 3
+    # The evaluate stage ranks on the pool as on a corpus: every asking query scored.
+    embedded = EMBED.run(store, EmbedJob(model=tiny_dir, max_length=32, batch_size=16), EmbedInputs(documents=pool))
+    job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
+    scores = EVALUATE.run(store, job, EvaluateInputs(documents=pool, embeddings=embedded, yardstick=ref))
+    metrics = store.read_table(scores, "metrics").to_pandas().set_index("metric")
+    assert metrics.loc["label_ndcg_at_10", "n"] == len(asking)
+
+
+def test_at_most_max_queries_ask_drawn_by_id_and_the_rest_stay_held_out(corpus):
+    store, documents, reversed_docs, docs = corpus
+    capped = TITLES.model_copy(update={"max_queries": 5})
+    ref = YARDSTICK.run(store, capped, YardstickInputs(documents=documents))
+    queries = store.read_table(ref, "queries").to_pandas()
+    titled = held_out_documents(docs["doc_id"].tolist(), TITLES) & set(docs.loc[docs["title"].notna(), "doc_id"])
+    assert set(queries["doc_id"]) == titled and (queries["status"] == "ok").sum() == 5
+    assert set(queries["status"]) == {"ok", NOT_DRAWN} and store.manifest(ref)["extra"]["queries"] == 5
+    again = store.read_table(YARDSTICK.run(store, capped, YardstickInputs(documents=reversed_docs)), "queries")
+    assert set(held_out_queries(store, ref)["query_id"].to_pylist()) == {
+        q for q, s in zip(again["query_id"].to_pylist(), again["status"].to_pylist()) if s == "ok"}
+    _, _, got = pooled(store, documents, capped, 10)  # the pool needs the 5 only
+    assert len(got) == 15
+
+
+def test_the_qrels_pool_holds_every_document_judged_relevant_to_an_asking_query(corpus, tmp_path):
+    store, documents, _, docs = corpus
+    held = sorted(held_out_documents(docs["doc_id"].tolist(), TITLES))
+    pd.DataFrame({"query_id": ["a", "a", "b"], "query": ["one", "one", "two"], "doc_id": held[:3],
+                  "score": 1}).to_parquet(tmp_path / "qrels.parquet")
+    _, pool, got = pooled(store, documents, TITLES.model_copy(update={"kind": "qrels",
+                                                                      "qrels": str(tmp_path / "qrels.parquet")}), 4)
+    assert set(held[:3]) <= set(got["doc_id"]) and len(got) == 7 and store.manifest(pool)["extra"]["needed"] == 3
