@@ -134,7 +134,8 @@ def select_model(run: Run) -> Selection:
     ladder, models, scored = search(run, begun, corpus, negatives, candidates)
     job = SelectJob(name=cfg.data.display_name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
                     yardstick=cfg.evaluate.yardstick, base=base.label)
-    decided = run.stage(SELECT, job, SelectInputs(yardstick=corpus.yardstick, base=base_scores, scored=scored))
+    decided = run.stage(SELECT, job, SelectInputs(yardstick=corpus.yardstick, base=base_scores, scored=scored,
+                                                  pool=corpus.docs if corpus.docs != begun.docs else None))
     decision = run.settled(decided)["extra"]["decision"]
     chosen = models.get(rung_name(decision["chosen"], sel.budget)) if decision["chosen"] != BASE else None
     run.register([base] + ([chosen] if chosen else []))

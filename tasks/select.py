@@ -74,20 +74,25 @@ class SelectInputs(Inputs):
     yardstick: ArtifactRef  # its queries, and the kind it is
     base: ArtifactRef  # the untrained model's evaluate artifact
     scored: dict[str, ArtifactRef]  # rung_name(candidate, steps) → that rung's evaluate artifact
+    pool: ArtifactRef | None = None  # what the yardstick ranked among, on a large corpus (tasks/pool.py)
 
 
 def _difference(d: PairedDifference | None) -> dict | None:
     return None if d is None else dict(mean=d.mean, low=d.low, high=d.high, n=d.n, significant=d.significant)
 
 
-def section(job: SelectJob, kind: str, ladder: Ladder, decision: Decision, base_score: float, cost: dict) -> str:
-    """The report section: the answer, the ladder, the compute, what the yardstick is and its bias."""
+def section(job: SelectJob, kind: str, ladder: Ladder, decision: Decision, base_score: float, cost: dict,
+            pooled: dict | None = None) -> str:
+    """The report section: the answer, the ladder, the compute, what the yardstick is and its bias (and the pool it
+    ranked among, if any: the pool stage's manifest extra)."""
     rows = pd.DataFrame(ladder.rows())
     rungs = sorted(rows["steps"].unique())
+    ranked = (f" It ranked among {pooled['documents']:,} of the {pooled['of']:,} documents: the {pooled['needed']:,} "
+              "its queries need and a sample of the others (`select.pool`)." if pooled else "")
     lines = [f"# {job.name}: which recipe", "", f"**Answer: {decision.chosen}.** {decision.said}.", "",
              f"Yardstick: {YARDSTICK_METRICS[kind]}, {ASKS[kind]}; the held-out documents "
              f"({job.yardstick.held_out:.0%} of the corpus) are left out of every candidate's training. "
-             f"Its known bias: {BIAS[kind]}.", "",
+             f"Its known bias: {BIAS[kind]}.{ranked}", "",
              "| candidate | " + " | ".join(f"{s} steps" for s in rungs) + " | stopped |",
              "|---|" + "---|" * (len(rungs) + 1)]
     for candidate, steps in rows.groupby("candidate", sort=False):
@@ -128,7 +133,8 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
                      cost=cost, base_score=float(base.mean()))
     plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICK_METRICS[kind], out.folder / PICTURE,
                      f"{job.name}: the search's rungs")
-    out.write_text(SECTION, section(job, kind, ladder, decision, float(base.mean()), cost))
+    pooled = store.manifest(inputs.pool)["extra"] if inputs.pool else None
+    out.write_text(SECTION, section(job, kind, ladder, decision, float(base.mean()), cost, pooled))
     log.info("answer: %s. %s", decision.chosen, decision.said)
 
 

@@ -111,7 +111,6 @@ class YardstickConfig(HeldOutShare):
     qrels: str | None = Field(None, description="Parquet of your queries: query_id, query, doc_id, score (one row "
                               "per query and relevant document; score > 0 is relevant), the format of a local MTEB "
                               "retrieval task's `queries`. Read by `kind: qrels` or `auto`.")
-
     max_queries: int | None = Field(1000, ge=2, description="At most this many queries ask, a sample drawn by a hash "
                                     "of (seed, query id); the other held-out documents stay out of training. A "
                                     "paired interval over a thousand is narrow, and each query costs an embedding "

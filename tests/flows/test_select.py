@@ -148,6 +148,8 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     section = (store.path(decided) / "selection.md").read_text()
     assert "Yardstick: label_ndcg_at_10, each labelled held-out document finding the documents of its label" in section
     assert "documents of one label near each other" in section  # its bias
+    assert (f"It ranked among {pooled['documents']} of the 400 documents: the {pooled['needed']} its queries need "
+            "and a sample of the others") in section
     assert labelled["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
 
     # Your own queries decide where given: here the held-out titles, each finding its own document, as a qrels file.
