@@ -83,7 +83,7 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
     """Embed (cached per model and text set, from the text set's token ids), then score: the evaluate
     artifact, the semantic benchmark's, then one per MTEB task."""
     docs, summaries, queries = corpus.docs, corpus.summaries, corpus.queries
-    ev, dataset, prompts = run.cfg.evaluate, run.cfg.data.display_name, run.cfg.model.prompts
+    ev, dataset, prompts = run.cfg.evaluate, corpus.dataset or run.cfg.data.display_name, run.cfg.model.prompts
     embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device,
                  dtype=ev.dtype, backend=ev.backend)
 
@@ -130,6 +130,7 @@ class Corpus:
     summaries: ArtifactRef | None
     queries: ArtifactRef | None = None  # the generated queries (their held-out ones are scored)
     yardstick: ArtifactRef | None = None  # evaluate.yardstick's held-out documents (tasks/yardstick.py)
+    dataset: str | None = None  # what its scores are filed under; None: the config's data name
 
 
 def yardstick_of(run: Run, docs: ArtifactRef) -> ArtifactRef | None:

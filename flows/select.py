@@ -3,7 +3,8 @@
 Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs
 (tasks/core/selection.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung before
 (`until`, `resume`: no step is trained twice), merged where LoRA is on, and scored by the evaluate stage on the
-yardstick (tasks/yardstick.py: by labels, or by titles), whose documents no candidate trains on. Every candidate is on
+yardstick (tasks/yardstick.py: by your queries, labels or titles; on a large corpus among a pool of it,
+tasks/pool.py), whose documents no candidate trains on. Every candidate is on
 one schedule of `select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes), so a rung
 means the same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is
 registered and exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others'
@@ -16,7 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.params import SelectParams
@@ -71,14 +72,23 @@ def budgeted(run: Run, method: MethodConfig, begun: Start, negatives: ArtifactRe
     return train.model_copy(update={"epochs": math.ceil(budget / per_epoch), "max_steps": budget})
 
 
-def pool_of(run: Run, docs: ArtifactRef, yardstick: ArtifactRef) -> ArtifactRef:
+def pool_of(run: Run, corpus: Corpus) -> Corpus:
     """What the yardstick ranks among: the corpus, or where it holds more than `select.pool` documents besides those
-    the queries need, the pool stage's sample (tasks/pool.py)."""
-    size, needed = run.cfg.select.pool, run.settled(yardstick)["extra"]["queries"]
+    the queries need, the pool stage's sample (tasks/pool.py), its scores filed under a dataset of their own (a
+    pool's ranks are not the corpus's: the report must never pair the two). Not where something else is scored on
+    the documents (kNN, the semantic benchmark, held-out generated queries): they need the whole corpus."""
+    size, docs, ev = run.cfg.select.pool, corpus.docs, run.cfg.evaluate
+    needed = run.settled(corpus.yardstick)["extra"]["queries"]
     if size is None or run.settled(docs)["rows"]["documents"] <= size + needed:
-        return docs
-    return run.stage(POOL, PoolConfig(size=size, seed=run.cfg.evaluate.yardstick.seed),
-                     PoolInputs(documents=docs, yardstick=yardstick))
+        return corpus
+    if also := [name for name, on in (("evaluate.knn", ev.knn), ("evaluate.semantic", ev.semantic),
+                                      ("held-out generated queries", corpus.queries and run.cfg.queries.held_out))
+                if on]:
+        get_run_logger().info("the yardstick ranks among the whole corpus: %s scored on it too", ", ".join(also))
+        return corpus
+    pool = run.stage(POOL, PoolConfig(size=size, seed=ev.yardstick.seed), PoolInputs(documents=docs,
+                                                                                      yardstick=corpus.yardstick))
+    return replace(corpus, docs=pool, dataset=f"{run.cfg.data.display_name} (yardstick pool)")
 
 
 def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None,
@@ -127,8 +137,7 @@ def select_model(run: Run) -> Selection:
                   for lr in sel.lrs]
     methods = [MethodConfig(name=c.name, recipe=c.recipe) for c in candidates]
     queries, negatives = mine_queries(run, methods, begun.docs, begun.base)
-    yardstick = yardstick_of(run, begun.docs)
-    corpus = Corpus(pool_of(run, begun.docs, yardstick), begun.summaries, queries, yardstick)
+    corpus = pool_of(run, Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs)))
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
     ladder, models, scored = search(run, begun, corpus, negatives, candidates)

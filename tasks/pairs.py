@@ -42,8 +42,8 @@ from pydantic import Field
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Section
-from tasks.config.evaluation import HeldOutShare, KnnConfig, YardstickConfig
 from tasks.config.queries import TRAIN
+from tasks.config.splits import HeldOutShare, KnnConfig
 from tasks.config.training import MethodConfig
 from tasks.core import duck
 from tasks.core.held_out import held_out_documents
@@ -88,7 +88,7 @@ class PairsConfig(Section):
 
     @classmethod
     def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None,
-                   batch_size: int | None = None, yardstick: YardstickConfig | None = None) -> PairsConfig:
+                   batch_size: int | None = None, yardstick: HeldOutShare | None = None) -> PairsConfig:
         # Only what shapes the rows is part of the identity: recipes that read the same view (and
         # renamed methods) share one artifact.
         recipe = RECIPES[method.recipe]

@@ -64,7 +64,10 @@ def build_pool(store: ArtifactStore, cfg: PoolConfig, inputs: PoolInputs, out: A
     if kind == "labels":  # every label a query asks for keeps a document to be found
         found = {labels[i] for i in others[: cfg.size]}
         asked = {labels[i] for i, d in enumerate(ids) if d in needed}
-        kept |= {next(i for i in others if labels[i] == label) for label in asked - found}
+        first = {}  # each label's first document in the draw's order
+        for i in others:
+            first.setdefault(labels[i], i)
+        kept |= {first[label] for label in asked - found}
     pooled = docs.take(pa.array(sorted(kept), pa.int64()))
     out.write_table("documents", pooled)
     out.extra.update(documents=pooled.num_rows, of=docs.num_rows, needed=len(needed))

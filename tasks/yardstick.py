@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -70,14 +71,21 @@ def label_queries(docs: pa.Table, held: pa.Array) -> tuple[pa.Table, int]:
 
 
 def qrels_queries(path: str, docs: pa.Table, held: pa.Array) -> tuple[pa.Table, pa.Table]:
-    """The qrels kind's queries, one row per query of the file (`ok` where every relevant document is held out),
-    and the relevant pairs of those that ask."""
-    qrels = read_table(path, QRELS_COLUMNS).astype({"query_id": str, "doc_id": str})
-    if not (blank := qrels[qrels["query"].isna() | (qrels["query"].astype(str).str.strip() == "")]).empty:
-        raise InputError(f"{path}: row {blank.index[0] + 1} (query {blank['query_id'].iloc[0]!r}): the query is empty")
-    qrels = qrels[qrels["score"] > 0]
+    """The qrels kind's queries, one row per query with a relevant document (score > 0; `ok` where every one is held
+    out), and the relevant pairs of those that ask. Ids are text as the ingest stage makes them (12 and 12.0: "12")."""
+    qrels = read_table(path, QRELS_COLUMNS)
+    for column in QRELS_COLUMNS:
+        if (missing := qrels[column].isna()).any():
+            raise InputError(f"{path}: row {missing.idxmax() + 1}: no {column}")
+    score = pd.to_numeric(qrels["score"], errors="coerce")
+    if (bad := score.isna()).any():
+        raise InputError(f"{path}: row {bad.idxmax() + 1}: score {qrels['score'][bad.idxmax()]!r} is not a number")
+    qrels = qrels.assign(**{c: pc.cast(pa.array(qrels[c]), pa.string()).to_pylist() for c in ("query_id", "doc_id")})
+    qrels = qrels[score > 0]
     if qrels.empty:
         raise InputError(f"{path}: no row with score > 0: no query has a relevant document")
+    if not (blank := qrels[qrels["query"].astype(str).str.strip() == ""]).empty:
+        raise InputError(f"{path}: row {blank.index[0] + 1} (query {blank['query_id'].iloc[0]!r}): the query is empty")
     if not (unknown := qrels[~qrels["doc_id"].isin(docs["doc_id"].to_pylist())]).empty:
         doc, query = unknown.iloc[0][["doc_id", "query_id"]]
         raise InputError(f"{path}: doc_id {doc!r} (query {query!r}) is not in the corpus")

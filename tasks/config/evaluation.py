@@ -7,14 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
-
-
-class KnnConfig(Section):
-    k: int = Field(10, ge=1, description="Neighbours (Euclidean, uniform weights, brute force).")
-    test_size: float = Field(0.1, gt=0, lt=1, description="Held-out share of labelled documents.")
-    seed: int = Field(42, description="Seed of the headline train/test split (paper: 42).")
-    repeats: int = Field(10, ge=0, description="Extra random splits for a mean ± std next to the "
-                         "headline number (0 to skip).")
+from tasks.config.splits import HeldOutShare, KnnConfig
 
 
 class StsConfig(Section):
@@ -88,15 +81,6 @@ class SemanticConfig(Section):
 StoreDtype = Literal["float32", "float16"]
 Backend = Literal["torch", "onnx", "openvino"]  # tasks/encoders/backends.py
 TSNE_MAX = 5000
-
-
-class HeldOutShare(Section):
-    """The yardstick's documents: a share of the corpus drawn by a hash of (seed, doc_id), left out of every training
-    view (all a pairs artifact needs to know of the yardstick, so every kind shares the training)."""
-
-    held_out: float = Field(0.1, gt=0, lt=1, description="Share of the documents held out of every training view, "
-                            "drawn by a hash of (seed, doc_id): the same documents in every run.")
-    seed: int = 0
 
 
 class YardstickConfig(HeldOutShare):

@@ -7,8 +7,8 @@ Small on purpose: the pairs stage reads it, so every module it imports is part o
 from __future__ import annotations
 
 from storage.base import stable_hash
-from tasks.config.evaluation import HeldOutShare
 from tasks.config.queries import HELD_OUT, TRAIN
+from tasks.config.splits import HeldOutShare
 
 
 def split_of(doc_id: str, seed: int, held_out: float) -> str:

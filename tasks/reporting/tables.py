@@ -46,6 +46,10 @@ LEGEND = {
     "documents for its title, by cosine (docs/evaluation.md)",
     "title_recall_at_10": "the same: share of those titles whose document is in the top 10",
     "title_mrr_at_10": "the same: mean reciprocal rank of the document, 0 beyond the top 10",
+    "qrels_ndcg_at_10": "the yardstick by your queries: nDCG@10 (binary gains) of the documents you judged relevant "
+    "to each query whose judged documents were all held out of training, among all documents, by cosine "
+    "(docs/evaluation.md)",
+    "qrels_mrr_at_10": "the same: mean reciprocal rank of the first judged document, 0 beyond the top 10",
     "label_ndcg_at_10": "the yardstick by labels: nDCG@10 of the documents of each held-out document's label (every "
     "one relevant) among the labelled documents not held out, by cosine (docs/evaluation.md)",
     "label_mrr_at_10": "the same: mean reciprocal rank of the first document of its label, 0 beyond the top 10",

@@ -26,9 +26,10 @@ YARDSTICK = {"kind": "titles", "held_out": 0.25, "seed": 0}
 SELECT = {"recipes": ["crops", "dropout"], "lrs": [3e-3, 30.0], "budget": 48, "eta": 2}
 
 
-def select_config(tmp_path, run=None, yardstick=None, **select):
+def select_config(tmp_path, run=None, yardstick=None, evaluate=None, **select):
     return tiny_config(tmp_path, data={"limit": 400}, run=run or {},
-                       evaluate={"knn": None, "sts": None, "tsne": False, "yardstick": yardstick or YARDSTICK},
+                       evaluate={"knn": None, "sts": None, "tsne": False, "yardstick": yardstick or YARDSTICK,
+                                 **(evaluate or {})},
                        select={**SELECT, "out": str(tmp_path / "chosen"), **select})
 
 
@@ -138,6 +139,10 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     evaluated = [store.manifest(ArtifactRef("evaluate", r["key"]))["input_roles"]["documents"]
                  for r in stages if r["stage"] == "evaluate"]
     assert len(evaluated) >= 5 and set(evaluated) == {pool.key}  # the untrained model's and every rung's
+    # filed apart from the corpus's own scores: a pool's ranks are never paired with the whole corpus's
+    datasets = catalog.query("SELECT DISTINCT dataset FROM run_metrics WHERE run_id = ? AND metric LIKE 'label_%'",
+                             [labelled_id])
+    assert [r["dataset"].endswith(" (yardstick pool)") for r in datasets] == [True]
     assert not catalog.query("SELECT 1 FROM run_stages WHERE run_id = ? AND stage = 'pool'", [run_id])  # 400 < 5,000
     [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
     assert store.manifest(yardstick)["extra"]["kind"] == "labels"
@@ -153,15 +158,18 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert labelled["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
 
     # Your own queries decide where given: here the held-out titles, each finding its own document, as a qrels file.
-    # The same ranks as the titles yardstick: the same ladder, every training Cached.
+    # The same ranks as the titles yardstick: the same ladder, every training Cached. With kNN scored on the
+    # documents too, the yardstick ranks among the whole corpus, however small `select.pool`.
     titled = docs.filter(pc.is_in(docs["doc_id"], pa.array(sorted(held)))).to_pandas()
     pd.DataFrame({"query_id": "q-" + titled["doc_id"], "query": titled["title"], "doc_id": titled["doc_id"],
                   "score": 1}).to_parquet(tmp_path / "qrels.parquet")
     qrels_id, by_qrels = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "auto",
                                                                        "qrels": str(tmp_path / "qrels.parquet")},
-                                                  out=str(tmp_path / "queried")))
+                                                  out=str(tmp_path / "queried"), pool=60,
+                                                  evaluate={"knn": {"repeats": 0}}))
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [qrels_id])
-    assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"}
+    assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"} and "pool" not in {
+        r["stage"] for r in stages}
     decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
     assert "Yardstick: qrels_ndcg_at_10, each of your queries" in (store.path(decided) / "selection.md").read_text()
     queried = store.read_table(decided, "ladder").to_pandas()

@@ -58,7 +58,8 @@ def test_the_labels_pool_samples_the_documents_it_ranks_and_keeps_a_document_of_
     asking = held_out_queries(store, ref).to_pandas()
     others = got[~got["doc_id"].isin(held)]
     assert set(asking["doc_id"]) <= set(got["doc_id"]) and others["label"].notna().all()
-    assert set(asking["query"]) <= set(others["label"]) and len(others) >= 3
+    assert set(asking["query"]) <= set(others["label"]) and 3 <= len(others) <= 3 + len(set(asking["query"]))
+    assert not set(got["doc_id"]) & (held - set(asking["doc_id"]))  # held-out documents that ask nothing are out
     # The evaluate stage ranks on the pool as on a corpus: every asking query scored.
     embedded = EMBED.run(store, EmbedJob(model=tiny_dir, max_length=32, batch_size=16), EmbedInputs(documents=pool))
     job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
@@ -90,3 +91,12 @@ def test_the_qrels_pool_holds_every_document_judged_relevant_to_an_asking_query(
     _, pool, got = pooled(store, documents, TITLES.model_copy(update={"kind": "qrels",
                                                                       "qrels": str(tmp_path / "qrels.parquet")}), 4)
     assert set(held[:3]) <= set(got["doc_id"]) and len(got) == 7 and store.manifest(pool)["extra"]["needed"] == 3
+    # One query drawn: only its judged documents are relevant pairs, and needed.
+    capped = TITLES.model_copy(update={"kind": "qrels", "qrels": str(tmp_path / "qrels.parquet"), "max_queries": 2})
+    pd.DataFrame({"query_id": ["a", "a", "b", "c"], "query": ["one", "one", "two", "three"], "doc_id": held[:4],
+                  "score": 1}).to_parquet(tmp_path / "qrels.parquet")
+    ref, _, got = pooled(store, documents, capped, 4)
+    asking = held_out_queries(store, ref)["query_id"].to_pylist()
+    relevant = store.read_table(ref, "relevant").to_pandas()
+    assert len(asking) == 2 and set(relevant["query_id"]) == set(asking)
+    assert len(got) == len(relevant) + 4 and set(relevant["doc_id"]) <= set(got["doc_id"])

@@ -250,6 +250,10 @@ def test_your_queries_file_is_keyed_by_its_bytes_and_its_mistakes_are_one_clear_
     write_qrels(path, [("q1", "a question", held[0], 1), ("q2", " ", held[1], 1)])
     with pytest.raises(InputError, match=f"^{path}: row 2 \\(query 'q2'\\): the query is empty$"):
         YARDSTICK.run(store, cfg, YardstickInputs(documents=documents))
+    scored = {"query_id": ["q1", "q2"], "query": ["a", "b"], "doc_id": held[:2], "score": ["1", "high"]}
+    pd.DataFrame(scored).to_parquet(path)
+    with pytest.raises(InputError, match=f"^{path}: row 2: score 'high' is not a number$"):
+        YARDSTICK.run(store, cfg, YardstickInputs(documents=documents))
     pd.DataFrame({"query_id": ["q1"], "doc_id": [held[0]], "score": [1]}).to_parquet(path)
     with pytest.raises(InputError, match=f"^{path}: missing column 'query'"):
         YARDSTICK.run(store, cfg, YardstickInputs(documents=documents))

@@ -136,6 +136,16 @@ def test_data_stages_do_not_depend_on_losses_or_the_catalog():
     assert "tasks.methods.objectives" in identity.module_closure(STAGES["train"].build.__module__)
 
 
+def test_training_does_not_depend_on_the_evaluation_settings():
+    """Editing `evaluate` (a yardstick kind, a description) trains nothing again: training views and training read
+    only which documents are held out (tasks/config/splits.py)."""
+    import_every_stage()
+    for name in ("pairs", "train"):
+        closure = identity.module_closure(STAGES[name].build.__module__)
+        assert "tasks.config.splits" in closure and "tasks.config.evaluation" not in closure, name
+    assert "tasks.config.evaluation" in identity.module_closure(STAGES["evaluate"].build.__module__)
+
+
 def test_library_versions_follow_what_the_stage_imports():
     import_every_stage()
     assert identity.libraries_used("tasks.ingest") == ()
