@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_client, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict
@@ -211,8 +211,19 @@ class Labelled(logging.LoggerAdapter):
         return f"{self.label}: {msg}", kwargs
 
 
-def transient_failure(_task, _task_run, state) -> bool:
+def transient_failure(_task, task_run, state) -> bool:
     """Retry unless the stage failed on bad input, config, a damaged input artifact or a disk that is
-    full or read-only."""
+    full or read-only, or its run is being cancelled: a cancel can land as an ordinary error (Prefect's
+    exception sent into a task's thread while torch writes a checkpoint comes out as torch's RuntimeError),
+    and a retry would train on after the user asked it to stop."""
     error = state.result(raise_on_failure=False)
-    return not isinstance(error, INPUT_ERRORS) and disk_fault(error) is None
+    return not isinstance(error, INPUT_ERRORS) and disk_fault(error) is None and not run_cancelling(task_run)
+
+
+def run_cancelling(task_run) -> bool:
+    """Whether the task run's flow run is being cancelled (asked of the server: the source of truth)."""
+    if task_run is None or task_run.flow_run_id is None:
+        return False
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(task_run.flow_run_id).state
+    return state is not None and (state.is_cancelling() or state.is_cancelled())

@@ -9,7 +9,9 @@ import time
 
 import pyarrow as pa
 import pytest
-from prefect import flow
+from prefect import flow, get_client
+from prefect.runtime import flow_run
+from prefect.states import Cancelling
 
 from storage.base import ArtifactRef, DamagedArtifactError, StoreUnusable
 from storage.store import ArtifactStore
@@ -78,6 +80,29 @@ def test_a_full_disk_is_not_retried(prefect_harness, tmp_path):
                           "free space on that disk or choose another store (--store); every finished stage is kept "
                           "and the same command resumes from them")
     assert not any(tmp_path.glob("artifacts/*/*/manifest.json")) and not list((tmp_path / ".tmp").glob("*"))
+
+
+def test_a_failure_while_the_run_is_being_cancelled_is_not_retried(prefect_harness, tmp_path):
+    """A cancel from the UI can surface inside a task as an ordinary error (torch's RuntimeError when Prefect's
+    exception interrupts a checkpoint write): the task must not start again."""
+    attempts = []
+
+    def build(store, job, inputs, out, ref, log):
+        attempts.append(1)
+        with get_client(sync_client=True) as client:  # what the UI's cancel does first
+            client.set_flow_run_state(flow_run.get_id(), Cancelling(), force=True)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 11839296 vs 11839188")
+
+    stage = Stage("cancelled", build)
+
+    @flow
+    def one_stage():
+        job = Job(fail_with="cancel", failures=1)
+        return stage.as_task(RetryConfig(attempts=3, delay_s=0))(str(tmp_path), job, NoInputs(), stage.ref(
+            job, NoInputs()), return_state=True).name
+
+    one_stage(return_state=True)
+    assert attempts == [1]
 
 
 def test_back_off_doubles():
