@@ -41,9 +41,9 @@ class PoolInputs(Inputs):
     yardstick: ArtifactRef
 
 
-def needed_documents(store: ArtifactStore, yardstick: ArtifactRef) -> set[str]:
+def needed_documents(store: ArtifactStore, yardstick: ArtifactRef, kind: str) -> set[str]:
     """The documents the yardstick's asking queries cannot be scored without."""
-    if yardstick_kind(store.manifest(yardstick)) == "qrels":
+    if kind == "qrels":
         return set(store.read_table(yardstick, "relevant", columns=["doc_id"])["doc_id"].to_pylist())
     return set(held_out_queries(store, yardstick)["doc_id"].to_pylist())
 
@@ -51,23 +51,23 @@ def needed_documents(store: ArtifactStore, yardstick: ArtifactRef) -> set[str]:
 def build_pool(store: ArtifactStore, cfg: PoolConfig, inputs: PoolInputs, out: ArtifactWriter, ref: ArtifactRef,
                log: logging.Logger) -> None:
     docs = store.read_table(inputs.documents, "documents")
-    needed = needed_documents(store, inputs.yardstick)
-    ids, labels = docs["doc_id"].to_pylist(), docs["label"].to_pylist()
     kind = yardstick_kind(store.manifest(inputs.yardstick))
+    needed = needed_documents(store, inputs.yardstick, kind)
+    ids, labels = docs["doc_id"].to_pylist(), docs["label"].to_pylist()
+    needed_rows = {i for i, d in enumerate(ids) if d in needed}
     if kind == "labels":  # it ranks the labelled documents not held out, and nothing else
         held = set(store.read_table(inputs.yardstick, "queries", columns=["doc_id"])["doc_id"].to_pylist())
         others = [i for i, (d, label) in enumerate(zip(ids, labels)) if label is not None and d not in held]
     else:
-        others = [i for i, d in enumerate(ids) if d not in needed]
+        others = [i for i in range(len(ids)) if i not in needed_rows]
     others.sort(key=lambda i: stable_hash(cfg.seed, ids[i]))
-    kept = {i for i, d in enumerate(ids) if d in needed} | set(others[: cfg.size])
+    drawn = others[: cfg.size]
+    kept = needed_rows | set(drawn)
     if kind == "labels":  # every label a query asks for keeps a document to be found
-        found = {labels[i] for i in others[: cfg.size]}
-        asked = {labels[i] for i, d in enumerate(ids) if d in needed}
         first = {}  # each label's first document in the draw's order
         for i in others:
             first.setdefault(labels[i], i)
-        kept |= {first[label] for label in asked - found}
+        kept |= {first[label] for label in {labels[i] for i in needed_rows} - {labels[i] for i in drawn}}
     pooled = docs.take(pa.array(sorted(kept), pa.int64()))
     out.write_table("documents", pooled)
     out.extra.update(documents=pooled.num_rows, of=docs.num_rows, needed=len(needed))
