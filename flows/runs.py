@@ -180,8 +180,8 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
             result = body()
             run.wait()
     except BaseException as e:  # KeyboardInterrupt and SIGTERM too: the record must not stay "running"
-        if isinstance(e, KeyboardInterrupt | TerminationSignal):
-            signum = signal.Signals(getattr(e, "signal", signal.SIGINT))
+        if stop := stop_signal(e):
+            signum = signal.Signals(getattr(stop, "signal", signal.SIGINT))
             run.record.finish(stopped_as(), error=f"stopped by {signum.name}")
         else:
             run.record.finish("failed", error="".join(traceback.format_exception_only(e)).strip())
@@ -190,6 +190,14 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
     run.record.finish("completed")
     track(run)
     return result
+
+
+def stop_signal(error: BaseException | None) -> KeyboardInterrupt | TerminationSignal | None:
+    """The Ctrl-C or SIGTERM that `error` is, or that a library turned into an ordinary error of its own
+    (found as its cause or context); None for a failure."""
+    while error is not None and not isinstance(error, KeyboardInterrupt | TerminationSignal):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def stopped_as() -> str:

@@ -213,8 +213,8 @@ class Labelled(logging.LoggerAdapter):
 
 def transient_failure(_task, task_run, state) -> bool:
     """Retry unless the stage failed on bad input, config, a damaged input artifact or a disk that is
-    full or read-only, or its run is being cancelled: a cancel can land as an ordinary error (Prefect's
-    exception sent into a task's thread while torch writes a checkpoint comes out as torch's RuntimeError),
+    full or read-only, or its run is being cancelled: a cancel's SIGTERM can come out of a library as an
+    ordinary error of its own (torch's checkpoint writer did; Checkpoints.save now raises the stop itself),
     and a retry would train on after the user asked it to stop."""
     error = state.result(raise_on_failure=False)
     return not isinstance(error, INPUT_ERRORS) and disk_fault(error) is None and not run_cancelling(task_run)

@@ -94,7 +94,14 @@ class Checkpoints:
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".checkpoint.{os.getpid()}.tmp"
         with open(tmp, "wb") as file:  # through Python's file: a full disk is an OSError (ENOSPC), not torch's bare one
-            torch.save(state, file)
+            try:
+                torch.save(state, file)
+            except RuntimeError as e:
+                # A stop (Ctrl-C, the SIGTERM of a cancel from the UI) handled while torch's writer was in the
+                # file's write comes out as torch's RuntimeError: raise the stop itself, so a stop stays a stop.
+                if isinstance(e.__context__, BaseException) and not isinstance(e.__context__, Exception):
+                    raise e.__context__ from None
+                raise
         if self.path.is_file():
             os.replace(self.path, self.previous)
         os.replace(tmp, self.path)  # a kill at any point leaves at least one complete checkpoint

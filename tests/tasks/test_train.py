@@ -1,7 +1,11 @@
+import io
+import signal
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import torch
+from prefect.exceptions import TerminationSignal
 from sentence_transformers import SentenceTransformer
 
 from storage.base import ArtifactRef
@@ -214,6 +218,32 @@ def test_a_truncated_checkpoint_resumes_from_the_one_before(init_dir, tmp_path):
     resumed = train_contrastive(resumed_model, PAIRS, CFG, Checkpoints(tmp_path / "b"))
     assert resumed[3].step == 4 and [h.loss for h in resumed] == [h.loss for h in full]  # from step 4
     assert all(torch.equal(a, b) for a, b in zip(weights(straight).values(), weights(resumed_model).values()))
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), TerminationSignal(signal.SIGTERM)], ids=["ctrl-c", "sigterm"])
+def test_a_stop_inside_a_checkpoints_write_is_raised_as_itself_and_the_last_checkpoint_kept(tmp_path, stop,
+                                                                                            monkeypatch):
+    checkpoints = Checkpoints(tmp_path)
+    checkpoints.save({"step": 1, "weights": torch.zeros(4096)})
+    real_open = open
+
+    class Stopping(io.FileIO):  # a signal handler that runs while torch's writer is in the file's write
+        writes = 0
+
+        def write(self, data):
+            Stopping.writes += 1
+            if Stopping.writes == 3:  # inside the zip writer (its first write raises as it is)
+                raise stop
+            return super().write(data)
+
+    def stopping_open(path, mode):
+        return Stopping(path, mode) if "w" in mode else real_open(path, mode)
+
+    monkeypatch.setattr(training, "open", stopping_open, raising=False)
+    with pytest.raises(type(stop)):  # torch alone turns it into RuntimeError("unexpected pos ...")
+        checkpoints.save({"step": 2, "weights": torch.ones(4096)})
+    monkeypatch.undo()
+    assert checkpoints.load()["step"] == 1
 
 
 @pytest.mark.parametrize("recipe", ["simcse", "retromae"])
