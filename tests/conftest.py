@@ -38,6 +38,14 @@ def prefect_harness():
 
 
 @pytest.fixture(scope="session")
+def prefect_api(prefect_harness) -> str:
+    """The URL of the session's Prefect test server, for `embforge` commands (tests/helpers.py::cli_env)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> str:
     """A randomly initialised 1-layer, 32-wide BERT encoder with MiniLM's tokenizer."""
     from tasks.config.model import RandomInitConfig

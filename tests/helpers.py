@@ -89,6 +89,15 @@ def prefect_home(folder: Path) -> Path:
     return folder
 
 
+def cli_env(home: Path, api: str | None = None, **env_vars: str) -> dict[str, str]:
+    """The environment of an `embforge` command in a test: PREFECT_HOME `home` (made as prefect_home makes it),
+    offline. Without `api` a run starts a temporary Prefect server of its own, as a user's run does; with it
+    (the `prefect_api` fixture) it reports to that server, which saves ~5 s of CPU a run, for the tests that
+    are not about the temporary server."""
+    env = {**os.environ, "PREFECT_HOME": str(prefect_home(home)), "HF_HUB_OFFLINE": "1", **env_vars}
+    env.pop("PREFECT_API_URL", None)
+    return env | ({"PREFECT_API_URL": api} if api else {})
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

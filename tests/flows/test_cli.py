@@ -13,7 +13,7 @@ import pytest
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tests.helpers import prefect_home, tiny_config
+from tests.helpers import cli_env, tiny_config
 
 EMBFORGE = [sys.executable, "-m", "flows.cli"]
 REPO = Path(__file__).resolve().parents[2]
@@ -24,9 +24,8 @@ def embforge(*args, env=None, timeout=600):
 
 
 @pytest.fixture
-def env(tmp_path):
-    # Each CLI run uses Prefect's temporary server with a database of its own.
-    return {**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "prefect"))}
+def env(tmp_path, prefect_api):
+    return cli_env(tmp_path / "prefect", prefect_api)
 
 
 def test_bad_config_exits_non_zero_naming_the_field(tmp_path, env):

@@ -10,7 +10,7 @@ import pytest
 
 from flows.cli import iso_time, main
 from storage.store import ArtifactStore
-from tests.helpers import REPO, free_port, prefect_home, tiny_config
+from tests.helpers import REPO, cli_env, free_port, tiny_config
 
 
 def exit_code(argv: list[str]) -> int:
@@ -94,7 +94,8 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
                            "inf at each of the last 20 steps"),
     ("static-pca-dims", "error: static.pca_dims: 64 is more than the teacher's 32 dimensions (init/"),
 ])
-def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_in_the_log(tmp_path, case, message):
+def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_in_the_log(tmp_path, case, message,
+                                                                                          prefect_api):
     data = {"missing-columns": "text,label\nhello world,a\n", "empty-corpus": "doc_id,title,text,label\n",
             "one-document": "doc_id,title,text,label,split\n1,A title,One text of some length.,a,train\n"}
     (tmp_path / "bad.csv").write_text(data.get(case, ""))
@@ -111,9 +112,7 @@ def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_i
               }.get(case, {"data": {"path": str(tmp_path / "bad.csv")}})
     config = tiny_config(tmp_path, **change)
     result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,
-                            env={**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "prefect")),
-                                 "HF_HUB_OFFLINE": "1"},
-                            text=True, timeout=300)
+                            env=cli_env(tmp_path / "prefect", prefect_api), text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     errors = [line for line in output.splitlines() if line.startswith("error:")]
@@ -176,9 +175,10 @@ def small_disk(tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_naming_the_store_and_stage_not_retried_and_nothing_half_published(tmp_path,
-                                                                                                   small_disk):
+                                                                                                   small_disk,
+                                                                                                   prefect_api):
     store = small_disk / "store"
-    env = {**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "prefect")), "HF_HUB_OFFLINE": "1"}
+    env = cli_env(tmp_path / "prefect", prefect_api)
     result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(tiny_config(tmp_path)), "--store",
                              str(store)], cwd=REPO, capture_output=True, env=env, text=True, timeout=300)
     output = result.stdout + result.stderr

@@ -35,9 +35,9 @@ def survivors(store) -> list[psutil.Process]:
     return found
 
 
-def test_two_processes_killed_with_their_launcher_resume_to_the_uninterrupted_numbers(tmp_path):
+def test_two_processes_killed_with_their_launcher_resume_to_the_uninterrupted_numbers(tmp_path, prefect_api):
     config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"}], train={"devices": 2})
-    env = home(tmp_path, "prefect")
+    env = home(tmp_path, "prefect", prefect_api)
     straight = run(config, tmp_path / "straight", env)
     assert straight.returncode == 0, straight.stdout + straight.stderr
     assert "training in 2 processes (torchrun, gloo)" in straight.stdout + straight.stderr

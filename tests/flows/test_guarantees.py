@@ -17,16 +17,16 @@ import yaml
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tests.flows.test_cli import EMBFORGE, REPO, embforge
-from tests.helpers import prefect_home, tiny_config
+from tests.helpers import cli_env, tiny_config
 
 # In pipeline order; `train` is killed mid-epoch, right after its first checkpoint.
 STAGES = ["ingest", "sentences", "pairs", "tokens", "train", "text_tokens", "embed", "evaluate", "report"]
 
 
-def home(tmp_path, name: str, made: bool = True) -> dict:
-    """The environment of a run with the PREFECT_HOME `tmp_path / name` (a migrated database unless not `made`)."""
-    folder = prefect_home(tmp_path / name) if made else tmp_path / name
-    return {**os.environ, "PREFECT_HOME": str(folder), "HF_HUB_OFFLINE": "1"}
+def home(tmp_path, name: str, api: str | None = None) -> dict:
+    """The environment of a run with the PREFECT_HOME `tmp_path / name`, reporting to a temporary Prefect server
+    of its own, or to `api`'s (the timed stops, which stop the run's own server too, keep theirs)."""
+    return cli_env(tmp_path / name, api)
 
 
 def latest_scores(store) -> dict:
@@ -47,16 +47,18 @@ def uninterrupted(tmp_path_factory):
     """One tiny two-recipe run without faults: the numbers every other run must reproduce."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     config = tiny_config(tmp)
-    result = embforge("run", str(config), env=home(tmp, "prefect", made=False))  # a first run: no database yet
+    first = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "HF_HUB_OFFLINE": "1"}  # no database yet
+    result = embforge("run", str(config), env=first)
     assert result.returncode == 0, result.stdout + result.stderr
     return config, tmp / "store", latest_scores(tmp / "store")
 
 
 @pytest.mark.slow
-def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(uninterrupted, tmp_path):
+def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(uninterrupted, tmp_path, prefect_api):
     config, store, scores = uninterrupted
     shutil.copytree(store, tmp_path / "copy")
-    result = embforge("run", str(config), "--store", str(tmp_path / "copy"), env=home(tmp_path, "other-home"))
+    env = home(tmp_path, "other-home", prefect_api)
+    result = embforge("run", str(config), "--store", str(tmp_path / "copy"), env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     catalog = Catalog(ArtifactStore(tmp_path / "copy"))
     states = catalog.query("SELECT DISTINCT state FROM run_stages WHERE run_id = ?", [catalog.latest_run_id()])
@@ -72,7 +74,7 @@ def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(un
     for path in cut:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     next((artifacts / "report").glob("*/manifest.json")).unlink()
-    result = embforge("run", str(config), "--store", str(tmp_path / "copy"), env=home(tmp_path, "other-home"))
+    result = embforge("run", str(config), "--store", str(tmp_path / "copy"), env=env)
     output = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 0, output
     for path, size in zip(cut[:2], sizes):
@@ -86,27 +88,27 @@ def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(un
     # with before, which every reader's manifest records, so what reads them stays cached.
     assert [r["stage"] for r in built] == ["embed", "evaluate", "pairs", "report"]
     assert latest_scores(tmp_path / "copy") == scores
-    assert embforge("verify", "--store", str(tmp_path / "copy"), env=home(tmp_path, "other-home")).returncode == 0
+    assert embforge("verify", "--store", str(tmp_path / "copy"), env=env).returncode == 0
 
 
 @pytest.mark.slow
-def test_kill_9_inside_every_stage_then_resume_gives_the_uninterrupted_numbers(uninterrupted, tmp_path):
+def test_kill_9_inside_every_stage_then_resume_gives_the_uninterrupted_numbers(uninterrupted, tmp_path, prefect_api):
     config, _, scores = uninterrupted
-    store = tmp_path / "store"
+    store, env = tmp_path / "store", home(tmp_path, "prefect", prefect_api)
     for number, stage in enumerate(STAGES, 1):
         killed = subprocess.run([sys.executable, "-m", "tests.flows.faults", stage, "run", str(config), "--store",
-                                 str(store)], cwd=REPO, env=home(tmp_path, "prefect"), start_new_session=True,
+                                 str(store)], cwd=REPO, env=env, start_new_session=True,
                                 capture_output=True, text=True, timeout=600)
         assert killed.returncode == -signal.SIGKILL, f"{stage}: {killed.stdout}{killed.stderr}"
         assert statuses(store) == ["crashed"] * number, stage  # the killed run does not stay `running`
         assert list((store / ".tmp").glob(f"{stage}-*")), stage  # killed inside it: its temp folder is left
-    result = embforge("run", str(config), "--store", str(store), env=home(tmp_path, "prefect"))
+    result = embforge("run", str(config), "--store", str(store), env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "removed " in result.stdout + result.stderr and "temp folder(s) left" in result.stdout + result.stderr
     assert not (store / ".tmp").exists()
     assert statuses(store) == ["crashed"] * len(STAGES) + ["completed"]
     assert latest_scores(store) == scores
-    assert embforge("verify", "--store", str(store), env=home(tmp_path, "prefect")).returncode == 0
+    assert embforge("verify", "--store", str(store), env=env).returncode == 0
 
 
 def run_processes(prefect_home: str) -> list[psutil.Process]:
@@ -149,12 +151,12 @@ def test_ctrl_c_and_sigterm_stop_within_seconds_and_the_rerun_resumes_to_the_sam
 
 
 @pytest.mark.slow
-def test_runs_started_together_on_one_store_all_finish_with_the_same_numbers(uninterrupted, tmp_path):
+def test_runs_started_together_on_one_store_all_finish_with_the_same_numbers(uninterrupted, tmp_path, prefect_api):
     config, _, scores = uninterrupted
     crops_only = tmp_path / "crops.yaml"  # another config sharing ingest, sentences, init and crops' stages
     crops_only.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "name": "crops-only",
                                           "methods": [{"name": "crops", "recipe": "crops"}]}))
-    store, env = tmp_path / "store", home(tmp_path, "prefect")  # one PREFECT_HOME, as for one user
+    store, env = tmp_path / "store", home(tmp_path, "prefect", prefect_api)  # one PREFECT_HOME, as for one user
     runs = [subprocess.Popen([*EMBFORGE, "run", str(c), "--store", str(store)], cwd=REPO, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for c in (config, config, crops_only)]
     for run in runs:

@@ -2,14 +2,13 @@
 read commands, and another worker (empty working copy, another PREFECT_HOME) finding it all cached."""
 
 import json
-import os
 import subprocess
 
 import pytest
 
 from flows.cli import main
 from tests.flows.test_cli import EMBFORGE, REPO, embforge
-from tests.helpers import prefect_home, tiny_config
+from tests.helpers import cli_env, tiny_config
 
 pytestmark = pytest.mark.slow  # runs through the CLI on a loopback S3 server, twice: a minute
 
@@ -25,12 +24,13 @@ def scores(capsys, store: str) -> dict:
     return {(r["model"], r["metric"], r["split"]): r["value"] for r in map(json.loads, lines) if r["kind"] == "score"}
 
 
-def test_a_run_on_s3_scores_like_a_local_one_and_another_worker_finds_it_cached(s3_store, tmp_path, capsys):
+def test_a_run_on_s3_scores_like_a_local_one_and_another_worker_finds_it_cached(s3_store, tmp_path, capsys,
+                                                                                prefect_api):
     config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"}], data={"limit": 60})
     # The same config on a local store and (s3_store set AWS_* and EMBFORGE_CACHE) on S3, at once.
     runs = [subprocess.Popen([*EMBFORGE, "run", str(config), *store], cwd=REPO, text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT,
-                             env={**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / home))})
+                             env=cli_env(tmp_path / home, prefect_api))
             for home, store in (("home-local", []), ("home-1", ["--store", s3_store]))]
     for run in runs:
         output = run.communicate(timeout=600)[0]
@@ -42,8 +42,7 @@ def test_a_run_on_s3_scores_like_a_local_one_and_another_worker_finds_it_cached(
     assert "artifacts/train/" in command(capsys, "artifacts", "--stage", "train", "--store", s3_store)
     assert "verified" in command(capsys, "verify", "--store", s3_store)
 
-    other = {**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "home-2")),
-             "EMBFORGE_CACHE": str(tmp_path / "cache-2")}
+    other = cli_env(tmp_path / "home-2", prefect_api, EMBFORGE_CACHE=str(tmp_path / "cache-2"))
     again = embforge("run", str(config), "--store", s3_store, env=other)
     assert again.returncode == 0, again.stdout + again.stderr
     states = command(capsys, "sql", "SELECT DISTINCT state FROM run_stages WHERE run_id = (SELECT run_id FROM runs "

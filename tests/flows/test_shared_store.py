@@ -1,6 +1,5 @@
 """Two `embforge run`s started together on one store build each artifact they share once."""
 
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -9,12 +8,12 @@ import pytest
 
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tests.helpers import REPO, prefect_home, tiny_config
+from tests.helpers import REPO, cli_env, tiny_config
 
 pytestmark = pytest.mark.slow  # two `embforge run`s in subprocesses at once: a minute
 
 
-def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path):
+def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path, prefect_api):
     store = ArtifactStore(tmp_path / "store")
     configs = []
     # The shared training (~20 s) outlasts the spread of the two runs' start-ups (a temporary Prefect
@@ -25,7 +24,7 @@ def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path):
         configs.append(tiny_config(tmp_path / name, name=name, store=str(store.root), evaluate={"sts": None},
                                    methods=methods))
     procs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO,
-                              env={**os.environ, "PREFECT_HOME": str(prefect_home(config.parent / "prefect"))},
+                              env=cli_env(config.parent / "prefect", prefect_api),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for config in configs]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
