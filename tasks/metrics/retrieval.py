@@ -13,6 +13,12 @@ from scipy import sparse
 from tasks.metrics import BLOCK_BYTES, block_rows, ranks_of_own, unit_rows
 
 
+def cosines(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """(queries, docs) scores of unit rows; NaN (a model that gives NaN vectors) as -inf, which ties with every
+    document and so ranks last: such a model finds nothing (a NaN would compare false and rank first)."""
+    scores = queries @ docs.T
+    return np.where(np.isnan(scores), -np.inf, scores)
+
 def relevant_ranks(queries: np.ndarray, docs: np.ndarray, relevant: np.ndarray,
                    block_bytes: int = BLOCK_BYTES) -> np.ndarray:
     """The rank (cosine, ties against it) of each query's relevant document among all `docs`,
@@ -21,7 +27,7 @@ def relevant_ranks(queries: np.ndarray, docs: np.ndarray, relevant: np.ndarray,
     ranks = np.empty(len(q), dtype=np.int64)
     step = block_rows(len(d), 5, block_bytes)  # float32 scores + the bool comparison
     for start in range(0, len(q), step):
-        scores = q[start : start + step] @ d.T  # (block, docs)
+        scores = cosines(q[start : start + step], d)  # (block, docs)
         own = scores[np.arange(len(scores)), relevant[start : start + step]]  # (block,)
         ranks[start : start + step] = ranks_of_own(scores, own)
     return ranks
@@ -80,7 +86,7 @@ def set_ranks(queries: np.ndarray, docs: np.ndarray, relevant_in: Callable[[slic
     step = block_rows(len(d), 14, block_bytes)  # float32 scores, the relevance mask, the tie masks, argpartition's
     for start in range(0, len(q), step):
         block = slice(start, start + step)
-        scores = q[block] @ d.T  # (block, docs)
+        scores = cosines(q[block], d)  # (block, docs)
         relevant = relevant_in(block)  # (block, docs)
         ranks[block] = ranks_of_own(scores, np.where(relevant, scores, -np.inf).max(1))
         # The top k without sorting whole rows: the k best in any order, then only those sorted.

@@ -95,3 +95,19 @@ def test_retrieval_by_relevance_judgements_equals_a_full_sort_and_reads_each_pai
     assert blocked[0].tolist() == ranks.tolist() and blocked[1].tolist() == pytest.approx(ndcg.tolist())
     with pytest.raises(ValueError, match="a query has no relevant document"):
         qrels_ranks(queries[:2], docs, np.array([0]), np.array([3]))
+
+
+def test_a_model_that_gives_nan_vectors_finds_nothing():
+    # NaN compares false: unguarded, a NaN query's rank was 0 (MRR 1/0 = inf) and its top 10 counted all found
+    docs, labels = np.ones((12, 2)), np.array(["a", "b"] * 6)
+    docs[3] = np.nan  # a broken document ("b"): below every other
+    ranks, ndcg = same_label_ranks(np.array([[1.0, 0.0], [np.nan, np.nan]]), docs, np.array(["b", "a"]), labels)
+    # The NaN query ties with every document, as a collapsed model does (ties against it): its 6 relevant last
+    assert ranks.tolist() == [11, 12] and ndcg[1] == pytest.approx(
+        sum(1 / math.log2(r + 2) for r in range(6, 10)) / sum(1 / math.log2(r + 2) for r in range(6)))
+    blocked = same_label_ranks(np.array([[1.0, 0.0], [np.nan, np.nan]]), docs, np.array(["b", "a"]), labels,
+                               block_bytes=1)
+    assert blocked[0].tolist() == ranks.tolist() and blocked[1].tolist() == pytest.approx(ndcg.tolist())
+    rows = {r["metric"]: r["value"] for r in set_rows(ranks[1:], ndcg[1:])}
+    assert rows == {"ndcg_at_10": ndcg[1], "mrr_at_10": 0.0}
+    assert relevant_ranks(np.full((2, 2), np.nan), np.ones((5, 2)), np.array([0, 4])).tolist() == [5, 5]
