@@ -98,6 +98,7 @@ def cli_env(home: Path, api: str | None = None, **env_vars: str) -> dict[str, st
     env.pop("PREFECT_API_URL", None)
     return env | ({"PREFECT_API_URL": api} if api else {})
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

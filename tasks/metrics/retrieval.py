@@ -19,6 +19,7 @@ def cosines(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
     scores = queries @ docs.T
     return np.where(np.isnan(scores), -np.inf, scores)
 
+
 def relevant_ranks(queries: np.ndarray, docs: np.ndarray, relevant: np.ndarray,
                    block_bytes: int = BLOCK_BYTES) -> np.ndarray:
     """The rank (cosine, ties against it) of each query's relevant document among all `docs`,
