@@ -16,7 +16,6 @@ from typing import TypeVar
 
 from prefect import get_client, get_run_logger
 from prefect.client.schemas.objects import StateType
-from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 
@@ -29,6 +28,7 @@ from storage.stores import open_store
 from tasks.config.loading import load_config
 from tasks.config.pipeline import PipelineConfig
 from tasks.core.stage import Inputs, Stage
+from tasks.core.stopping import stop_signal
 
 T = TypeVar("T")
 
@@ -190,14 +190,6 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
     run.record.finish("completed")
     track(run)
     return result
-
-
-def stop_signal(error: BaseException | None) -> KeyboardInterrupt | TerminationSignal | None:
-    """The Ctrl-C or SIGTERM that `error` is, or that a library turned into an ordinary error of its own
-    (found as its cause or context); None for a failure."""
-    while error is not None and not isinstance(error, KeyboardInterrupt | TerminationSignal):
-        error = error.__cause__ or error.__context__
-    return error
 
 
 def stopped_as() -> str:

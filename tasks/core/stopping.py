@@ -14,6 +14,8 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
+from prefect.exceptions import TerminationSignal
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -23,6 +25,14 @@ class Terminated(KeyboardInterrupt):
     as in Prefect's TerminationSignal, which the flow engine raises for SIGTERM inside a flow run."""
 
     signal = signal.SIGTERM
+
+
+def stop_signal(error: BaseException | None) -> KeyboardInterrupt | TerminationSignal | None:
+    """The Ctrl-C or SIGTERM that `error` is, or that a library turned into an ordinary error of its own
+    (found as its cause or context); None for a failure."""
+    while error is not None and not isinstance(error, KeyboardInterrupt | TerminationSignal):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 @contextlib.contextmanager

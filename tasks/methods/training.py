@@ -29,7 +29,7 @@ from storage import leases
 from tasks.config.training import TrainConfig
 from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
-from tasks.core.stopping import SIGNALS, StepBoundaryStop
+from tasks.core.stopping import SIGNALS, StepBoundaryStop, stop_signal
 from tasks.encoders.models import to_device
 from tasks.methods import distributed, health, precision
 from tasks.methods.batches import PairBatches
@@ -99,8 +99,8 @@ class Checkpoints:
             except RuntimeError as e:
                 # A stop (Ctrl-C, the SIGTERM of a cancel from the UI) handled while torch's writer was in the
                 # file's write comes out as torch's RuntimeError: raise the stop itself, so a stop stays a stop.
-                if isinstance(e.__context__, BaseException) and not isinstance(e.__context__, Exception):
-                    raise e.__context__ from None
+                if stop := stop_signal(e):
+                    raise stop from None
                 raise
         if self.path.is_file():
             os.replace(self.path, self.previous)

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from tests.flows.test_guarantees import home, latest_scores
-from tests.helpers import REPO, tiny_config
+from tests.flows.test_guarantees import latest_scores
+from tests.helpers import REPO, cli_env, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def survivors(store) -> list[psutil.Process]:
 
 def test_two_processes_killed_with_their_launcher_resume_to_the_uninterrupted_numbers(tmp_path, prefect_api):
     config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"}], train={"devices": 2})
-    env = home(tmp_path, "prefect", prefect_api)
+    env = cli_env(tmp_path / "prefect", prefect_api)
     straight = run(config, tmp_path / "straight", env)
     assert straight.returncode == 0, straight.stdout + straight.stderr
     assert "training in 2 processes (torchrun, gloo)" in straight.stdout + straight.stderr

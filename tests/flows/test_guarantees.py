@@ -23,12 +23,6 @@ from tests.helpers import cli_env, tiny_config
 STAGES = ["ingest", "sentences", "pairs", "tokens", "train", "text_tokens", "embed", "evaluate", "report"]
 
 
-def home(tmp_path, name: str, api: str | None = None) -> dict:
-    """The environment of a run with the PREFECT_HOME `tmp_path / name`, reporting to a temporary Prefect server
-    of its own, or to `api`'s (the timed stops, which stop the run's own server too, keep theirs)."""
-    return cli_env(tmp_path / name, api)
-
-
 def latest_scores(store) -> dict:
     """(model, metric, split, layer, step) → value of the latest run's scores."""
     catalog = Catalog(ArtifactStore(store))
@@ -57,7 +51,7 @@ def uninterrupted(tmp_path_factory):
 def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(uninterrupted, tmp_path, prefect_api):
     config, store, scores = uninterrupted
     shutil.copytree(store, tmp_path / "copy")
-    env = home(tmp_path, "other-home", prefect_api)
+    env = cli_env(tmp_path / "other-home", prefect_api)
     result = embforge("run", str(config), "--store", str(tmp_path / "copy"), env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     catalog = Catalog(ArtifactStore(tmp_path / "copy"))
@@ -94,7 +88,7 @@ def test_a_store_copied_elsewhere_reruns_all_cached_with_another_prefect_home(un
 @pytest.mark.slow
 def test_kill_9_inside_every_stage_then_resume_gives_the_uninterrupted_numbers(uninterrupted, tmp_path, prefect_api):
     config, _, scores = uninterrupted
-    store, env = tmp_path / "store", home(tmp_path, "prefect", prefect_api)
+    store, env = tmp_path / "store", cli_env(tmp_path / "prefect", prefect_api)
     for number, stage in enumerate(STAGES, 1):
         killed = subprocess.run([sys.executable, "-m", "tests.flows.faults", stage, "run", str(config), "--store",
                                  str(store)], cwd=REPO, env=env, start_new_session=True,
@@ -125,7 +119,8 @@ def run_processes(prefect_home: str) -> list[psutil.Process]:
 @pytest.mark.alone  # each stop is timed
 def test_ctrl_c_and_sigterm_stop_within_seconds_and_the_rerun_resumes_to_the_same_numbers(uninterrupted, tmp_path):
     config, _, scores = uninterrupted
-    store, env = tmp_path / "store", {**home(tmp_path, "prefect"), "EMBFORGE_SIGNALLED_AT": str(tmp_path / "at")}
+    # The run's own temporary Prefect server, as a user's: the stop must end it too.
+    store, env = tmp_path / "store", cli_env(tmp_path / "prefect", EMBFORGE_SIGNALLED_AT=str(tmp_path / "at"))
     stops = [("train:SIGINT", 130), ("train:SIGTERM:pid", 143), ("embed:SIGTERM", 143)]
     for where, code in stops:
         stopped = subprocess.run([sys.executable, "-m", "tests.flows.faults", where, "run", str(config), "--store",
@@ -156,7 +151,7 @@ def test_runs_started_together_on_one_store_all_finish_with_the_same_numbers(uni
     crops_only = tmp_path / "crops.yaml"  # another config sharing ingest, sentences, init and crops' stages
     crops_only.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "name": "crops-only",
                                           "methods": [{"name": "crops", "recipe": "crops"}]}))
-    store, env = tmp_path / "store", home(tmp_path, "prefect", prefect_api)  # one PREFECT_HOME, as for one user
+    store, env = tmp_path / "store", cli_env(tmp_path / "prefect", prefect_api)  # one PREFECT_HOME, as for one user
     runs = [subprocess.Popen([*EMBFORGE, "run", str(c), "--store", str(store)], cwd=REPO, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for c in (config, config, crops_only)]
     for run in runs:

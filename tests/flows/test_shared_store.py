@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow  # two `embforge run`s in subprocesses at once: a 
 def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path, prefect_api):
     store = ArtifactStore(tmp_path / "store")
     configs = []
-    # The shared training (~20 s) outlasts the spread of the two runs' start-ups (a temporary Prefect
-    # server each, 9-16 s), so whichever run comes second finds it under the other's lease.
+    # The shared training (~20 s) outlasts the spread of the two runs' start-ups (imports; both report to
+    # the session's Prefect server), so whichever run comes second finds it under the other's lease.
     crops = {"name": "crops", "recipe": "crops", "train": {"epochs": 60}}
     for name, methods in [("one", [crops]), ("two", [crops, {"name": "dropout", "recipe": "dropout"}])]:
         (tmp_path / name).mkdir()  # base and crops are shared

@@ -3,9 +3,14 @@ acted on at its end, a second one at once. Each check runs in a fresh interprete
 in the test session's process, sending itself signals brought it down (exit 139) once many earlier
 tests had run there, whatever handlers it started from."""
 
+import signal
 import subprocess
 import sys
 
+import pytest
+from prefect.exceptions import TerminationSignal
+
+from tasks.core.stopping import stop_signal
 from tests.helpers import REPO
 
 
@@ -104,3 +109,28 @@ def test_training_outside_a_deployment_takes_both_signals_at_step_boundaries():
     from tasks.train import boundary_signals
 
     assert boundary_signals() == SIGNALS
+
+
+def raised_within(error: BaseException, within: type[Exception] | None) -> BaseException:
+    """`error` as raised, or the `within` error that a library raises while handling it (as torch's checkpoint
+    writer raises RuntimeError when a signal handler raises inside its file's write)."""
+    try:
+        try:
+            raise error
+        except BaseException:
+            if within is None:
+                raise
+            raise within("unexpected pos")  # noqa: B904 (as the library does: error set as its context)
+    except BaseException as e:
+        return e
+
+
+@pytest.mark.parametrize("within", [None, RuntimeError], ids=["as-itself", "inside-a-library-error"])
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), TerminationSignal(signal.SIGTERM)], ids=["ctrl-c", "sigterm"])
+def test_a_stop_is_found_as_itself_or_inside_the_error_a_library_made_of_it(stop, within):
+    assert stop_signal(raised_within(stop, within)) is stop
+
+
+def test_a_failure_is_no_stop():
+    assert stop_signal(raised_within(ValueError("bad row"), RuntimeError)) is None
+    assert stop_signal(RuntimeError("unexpected pos")) is None
