@@ -6,7 +6,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 
 import pytest
@@ -14,14 +13,15 @@ import pytest
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tests import processes
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow  # benchmark processes: the demo corpus's views, two trainers each
 
 
 def benchmark(*argv: str) -> str:
-    done = subprocess.run([sys.executable, *argv], cwd=REPO / "benchmarks", capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    done = processes.run([sys.executable, *argv], cwd=REPO / "benchmarks", capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import processes
 from tests.helpers import REPO, SECRET, STSB, deployment_count, free_port, prefect_home, tiny_config
 from tests.workers import alone
 
@@ -96,8 +97,8 @@ def embforge_server(home: Path, *args: str, timed_stop: bool = False, **env_vars
     env = {**os.environ, **env_vars, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     env.pop("PREFECT_API_URL", None)
     with open(home / "server.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--port", str(port), *args], cwd=REPO,
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = processes.Popen([sys.executable, "-m", "flows.cli", "server", "--port", str(port), *args], cwd=REPO,
+                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         svc = Service(f"http://127.0.0.1:{port}", home)
         deadline = time.monotonic() + 180

@@ -13,14 +13,17 @@ import pytest
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tests import processes
 from tests.helpers import cli_env, tiny_config
 
 EMBFORGE = [sys.executable, "-m", "flows.cli"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def embforge(*args, env=None, timeout=600):
-    return subprocess.run([*EMBFORGE, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+def embforge(*args, env=None, timeout=600, forked=True):
+    """`embforge ARGS` in a process of its own; `forked=False`: started as a user's, from a bare interpreter."""
+    run = processes.run if forked else subprocess.run
+    return run([*EMBFORGE, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -68,8 +71,8 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
                          train={"batch_size": 8, "epochs": 1, "checkpoint_every": 3, "max_length": 128})
     two_epochs = ["--set", "train.epochs=2"]
     store = ArtifactStore(tmp_path / "store")
-    proc = subprocess.Popen([*EMBFORGE, "run", str(config), *two_epochs], cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = processes.Popen([*EMBFORGE, "run", str(config), *two_epochs], cwd=REPO, env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not list((store.root / "scratch").glob("train/*/checkpoint.pt")):
         assert proc.poll() is None, "the run ended before its first checkpoint"

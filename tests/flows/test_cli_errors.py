@@ -10,6 +10,7 @@ import pytest
 
 from flows.cli import iso_time, main
 from storage.store import ArtifactStore
+from tests import processes
 from tests.helpers import REPO, cli_env, free_port, tiny_config
 
 
@@ -71,9 +72,9 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
     cut = store.root / "runs" / "cut-run.json"
     cut.write_text(cut.read_text()[:40])
     # A subprocess: the warning reaches the console through the logging Prefect sets up on import.
-    result = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "--store", str(store.root)], cwd=REPO,
-                            env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}, capture_output=True,
-                            text=True, timeout=120)
+    result = processes.run([sys.executable, "-m", "flows.cli", "runs", "--store", str(store.root)], cwd=REPO,
+                           env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}, capture_output=True,
+                           text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "good-run" in result.stdout and "cut-run" not in result.stdout
     assert f"skipped the damaged file {cut}" in result.stderr
@@ -111,8 +112,8 @@ def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_i
               "static-pca-dims": {"static": {"of": ["base"], "pca_dims": 64}},  # the tiny encoder has 32
               }.get(case, {"data": {"path": str(tmp_path / "bad.csv")}})
     config = tiny_config(tmp_path, **change)
-    result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,
-                            env=cli_env(tmp_path / "prefect", prefect_api), text=True, timeout=300)
+    result = processes.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,
+                           env=cli_env(tmp_path / "prefect", prefect_api), text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     errors = [line for line in output.splitlines() if line.startswith("error:")]
@@ -179,8 +180,8 @@ def test_a_full_disk_is_one_line_naming_the_store_and_stage_not_retried_and_noth
                                                                                                    prefect_api):
     store = small_disk / "store"
     env = cli_env(tmp_path / "prefect", prefect_api)
-    result = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(tiny_config(tmp_path)), "--store",
-                             str(store)], cwd=REPO, capture_output=True, env=env, text=True, timeout=300)
+    result = processes.run([sys.executable, "-m", "flows.cli", "run", str(tiny_config(tmp_path)), "--store",
+                            str(store)], cwd=REPO, capture_output=True, env=env, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     errors = [line for line in output.splitlines() if line.startswith("error:")]
@@ -188,8 +189,8 @@ def test_a_full_disk_is_one_line_naming_the_store_and_stage_not_retried_and_noth
                                  "space on that disk or choose another store (--store); every finished stage is kept")\
         in " ".join(output.split()), output
     assert "Traceback" not in output and "Retry" not in output
-    verify = subprocess.run([sys.executable, "-m", "flows.cli", "verify", "--store", str(store)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    verify = processes.run([sys.executable, "-m", "flows.cli", "verify", "--store", str(store)], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
     assert verify.returncode == 0 and "2 artifact(s) verified" in verify.stdout, verify.stdout + verify.stderr
     assert sorted(p.name for p in (store / "artifacts").iterdir()) == ["ingest", "sentences"]
     assert not (store / ".tmp").exists() or not list((store / ".tmp").iterdir())

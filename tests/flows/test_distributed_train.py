@@ -2,7 +2,6 @@
 process group mid-training, then resumed by a rerun with the uninterrupted run's numbers."""
 
 import signal
-import subprocess
 import sys
 import time
 
@@ -11,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from sentence_transformers import SentenceTransformer
 
+from tests import processes
 from tests.flows.test_guarantees import latest_scores
 from tests.helpers import REPO, cli_env, tiny_config
 
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 def run(config, store, env, **kwargs):
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), "--store", str(store)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=600, **kwargs)
+    return processes.run([sys.executable, "-m", "flows.cli", "run", str(config), "--store", str(store)], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=600, **kwargs)
 
 
 def curve(store):

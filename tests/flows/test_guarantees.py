@@ -16,6 +16,7 @@ import yaml
 
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tests import processes
 from tests.flows.test_cli import EMBFORGE, REPO, embforge
 from tests.helpers import cli_env, tiny_config
 
@@ -42,7 +43,7 @@ def uninterrupted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("uninterrupted")
     config = tiny_config(tmp)
     first = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "HF_HUB_OFFLINE": "1"}  # no database yet
-    result = embforge("run", str(config), env=first)
+    result = embforge("run", str(config), env=first, forked=False)  # as a user's first run starts
     assert result.returncode == 0, result.stdout + result.stderr
     return config, tmp / "store", latest_scores(tmp / "store")
 
@@ -90,9 +91,9 @@ def test_kill_9_inside_every_stage_then_resume_gives_the_uninterrupted_numbers(u
     config, _, scores = uninterrupted
     store, env = tmp_path / "store", cli_env(tmp_path / "prefect", prefect_api)
     for number, stage in enumerate(STAGES, 1):
-        killed = subprocess.run([sys.executable, "-m", "tests.flows.faults", stage, "run", str(config), "--store",
-                                 str(store)], cwd=REPO, env=env, start_new_session=True,
-                                capture_output=True, text=True, timeout=600)
+        killed = processes.run([sys.executable, "-m", "tests.flows.faults", stage, "run", str(config), "--store",
+                                str(store)], cwd=REPO, env=env, start_new_session=True,
+                               capture_output=True, text=True, timeout=600)
         assert killed.returncode == -signal.SIGKILL, f"{stage}: {killed.stdout}{killed.stderr}"
         assert statuses(store) == ["crashed"] * number, stage  # the killed run does not stay `running`
         assert list((store / ".tmp").glob(f"{stage}-*")), stage  # killed inside it: its temp folder is left
@@ -152,8 +153,8 @@ def test_runs_started_together_on_one_store_all_finish_with_the_same_numbers(uni
     crops_only.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "name": "crops-only",
                                           "methods": [{"name": "crops", "recipe": "crops"}]}))
     store, env = tmp_path / "store", cli_env(tmp_path / "prefect", prefect_api)  # one PREFECT_HOME, as for one user
-    runs = [subprocess.Popen([*EMBFORGE, "run", str(c), "--store", str(store)], cwd=REPO, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for c in (config, config, crops_only)]
+    runs = [processes.Popen([*EMBFORGE, "run", str(c), "--store", str(store)], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for c in (config, config, crops_only)]
     for run in runs:
         output = run.communicate(timeout=900)[0]
         assert run.returncode == 0, output

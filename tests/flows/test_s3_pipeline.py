@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from flows.cli import main
+from tests import processes
 from tests.flows.test_cli import EMBFORGE, REPO, embforge
 from tests.helpers import cli_env, tiny_config
 
@@ -28,10 +29,10 @@ def test_a_run_on_s3_scores_like_a_local_one_and_another_worker_finds_it_cached(
                                                                                 prefect_api):
     config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"}], data={"limit": 60})
     # The same config on a local store and (s3_store set AWS_* and EMBFORGE_CACHE) on S3, at once.
-    runs = [subprocess.Popen([*EMBFORGE, "run", str(config), *store], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT,
-                             env=cli_env(tmp_path / home, prefect_api))
-            for home, store in (("home-local", []), ("home-1", ["--store", s3_store]))]
+    runs = [processes.Popen([*EMBFORGE, "run", str(config), *store], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            env=cli_env(tmp_path / home, prefect_api))
+           for home, store in (("home-local", []), ("home-1", ["--store", s3_store]))]
     for run in runs:
         output = run.communicate(timeout=600)[0]
         assert run.returncode == 0, output

@@ -8,6 +8,7 @@ import pytest
 
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tests import processes
 from tests.helpers import REPO, cli_env, tiny_config
 
 pytestmark = pytest.mark.slow  # two `embforge run`s in subprocesses at once: a minute
@@ -23,9 +24,9 @@ def test_two_runs_sharing_stages_build_each_shared_artifact_once(tmp_path, prefe
         (tmp_path / name).mkdir()  # base and crops are shared
         configs.append(tiny_config(tmp_path / name, name=name, store=str(store.root), evaluate={"sts": None},
                                    methods=methods))
-    procs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO,
-                              env=cli_env(config.parent / "prefect", prefect_api),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for config in configs]
+    procs = [processes.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO,
+                             env=cli_env(config.parent / "prefect", prefect_api),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for config in configs]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
 

@@ -11,6 +11,7 @@ from flows.cli import main
 from flows.server import server_env, start_server
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tests import processes
 from tests.flows.conftest import Service, pool_worker, stop
 from tests.helpers import REPO, free_port, prefect_home, tiny_config
 
@@ -42,9 +43,9 @@ def deployed(pool_server, tmp_path_factory):
     svc, env = pool_server
     folder = tmp_path_factory.mktemp("pool-run")
     config, store = tiny_config(folder), folder / "served-store"
-    deploy = subprocess.run([sys.executable, "-m", "flows.cli", "deploy", "--pool", POOL, "--store", str(store),
-                             "--working-dir", str(folder), "--nightly-config", str(config)], cwd=REPO, env=env,
-                            capture_output=True, text=True)
+    deploy = processes.run([sys.executable, "-m", "flows.cli", "deploy", "--pool", POOL, "--store", str(store),
+                            "--working-dir", str(folder), "--nightly-config", str(config)], cwd=REPO, env=env,
+                           capture_output=True, text=True)
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
     return svc, env, config, store
 

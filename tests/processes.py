@@ -1,0 +1,185 @@
+"""`run` and `Popen` as subprocess's, for the Python processes tests start (`embforge` commands, fault runs,
+benchmark scripts): forked from a process that has already imported torch, transformers, sentence-transformers and
+the rest of PRELOADED, through multiprocessing's forkserver. Each is still a process of its own, in a session of its
+own, with the environment, working folder, arguments, output, exit code and signals it was given; it imports Prefect
+and embforge itself, so what they read from the environment at import is its own. What it saves: ~6 of the ~9 s of
+CPU an `embforge` process spends importing (docs/results.md#the-test-suite). A process whose environment differs
+from the fork server's in a variable those libraries read at import starts from nothing, as do tests that look at a
+process from outside (its /proc environ); the first run of test_guarantees.py keeps the plain `python -m flows.cli`."""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+PRELOADED = ["torch", "transformers", "sentence_transformers", "scipy.stats", "sklearn.metrics", "pyarrow", "pandas",
+             "duckdb"]
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "SENTENCE_TRANSFORMERS", "TORCH", "PYTORCH", "OMP_", "MKL_",
+                  "OPENBLAS_", "CUDA", "PYTHONHASHSEED", "PYTHONWARNINGS")
+NOT_PRELOADED = {"prefect", "flows", "tasks", "storage"}  # imported by each process, from its own environment
+
+_server_env: dict[str, str] | None = None  # the fork server's environment, set when it starts
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """The fork server, started (once per test process) with this process's environment of now."""
+    global _server_env
+    context = multiprocessing.get_context("forkserver")
+    if _server_env is None:
+        context.set_forkserver_preload(PRELOADED)
+        multiprocessing.forkserver.ensure_running()
+        _server_env = dict(os.environ)
+    return context
+
+
+def _import_time(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT)}
+
+
+def _server_import_time() -> dict[str, str]:
+    _context()
+    return _import_time(_server_env)
+
+
+def _python(args: list[str]) -> tuple[str, str, list[str]] | None:
+    """("module", name, argv) for `python -m name ...`, ("script", path, argv) for `python path.py ...`."""
+    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m":
+        return "module", args[2], args[3:]
+    if len(args) >= 2 and args[0] == sys.executable and args[1].endswith(".py"):
+        return "script", args[1], args[2:]
+    return None
+
+
+def _child(kind: str, target: str, argv: list[str], env: dict[str, str], cwd: str, outputs: list[str | None]) -> None:
+    """In the forked process: become `python -m target argv` (or `python target argv`) as a fresh one would."""
+    if loaded := {name.partition(".")[0] for name in sys.modules} & NOT_PRELOADED:
+        raise RuntimeError(f"the fork server imported {sorted(loaded)}: they would read its environment, not ours")
+    os.setsid()  # its own process group: a kill of its group (tests/flows/faults.py) never reaches the fork server
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    for fd, path in zip((1, 2), outputs):
+        if path is not None:
+            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.dup2(opened, fd)
+            os.close(opened)
+    script = str(Path(cwd, target)) if kind == "script" else target
+    sys.path[:0] = [cwd if kind == "module" else str(Path(script).parent),
+                    *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    sys.argv = [script, *argv]
+    code: int | str | None = 0
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    except KeyboardInterrupt:  # as Python ends on an uncaught Ctrl-C: by SIGINT, once cleaned up
+        code = None
+    finally:
+        threading._shutdown()  # as at the end of any program: non-daemon threads, then atexit
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if code is None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(code)
+
+
+class Forked:
+    """The part of subprocess.Popen that tests use, for a process started by the fork server."""
+
+    def __init__(self, args: list[str], python: tuple[str, str, list[str]], cwd, env, text: bool, stdout, stderr):
+        self.args, self.text, self.returncode = args, text, None
+        self.folder = Path(tempfile.mkdtemp(prefix="forked-"))  # the pipes: files, read when it has ended
+        self.pipes = {}
+        paths = []
+        for name, where in (("stdout", stdout), ("stderr", stderr)):
+            if where is subprocess.PIPE:
+                self.pipes[name] = self.folder / name
+                self.pipes[name].touch()  # read even if the process never got to open it
+                paths.append(str(self.pipes[name]))
+            elif where is subprocess.STDOUT:
+                paths.append(paths[0])
+            elif where is subprocess.DEVNULL:
+                paths.append(os.devnull)
+            elif where is None:
+                paths.append(None)
+            else:  # an open file
+                paths.append(where.name)
+        kind, target, argv = python
+        self.process = _context().Process(target=_child, args=(kind, target, argv, env, str(cwd or os.getcwd()), paths))
+        self.process.start()
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self.process.is_alive():
+            self.returncode = self.process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        if not self.pipes:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        return self.returncode
+
+    def _read(self, name: str):
+        if name not in self.pipes:
+            return None
+        data = self.pipes[name].read_bytes()
+        return data.decode(errors="replace") if self.text else data
+
+    def communicate(self, timeout: float | None = None):
+        self.wait(timeout)
+        out, err = self._read("stdout"), self._read("stderr")
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return out, err
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def Popen(args: list[str], *, cwd=None, env=None, text: bool = False, stdout=None, stderr=None,  # noqa: N802
+          start_new_session: bool = False):
+    """subprocess.Popen for `python -m ...`/`python script.py ...`: forked (in a session of its own, whatever
+    `start_new_session` says) where its environment allows, else started as subprocess does."""
+    env = dict(os.environ if env is None else env)
+    python = _python(args)
+    if python is None or _import_time(env) != _server_import_time():
+        return subprocess.Popen(args, cwd=cwd, env=env, text=text, stdout=stdout, stderr=stderr,
+                                start_new_session=start_new_session)
+    return Forked(args, python, cwd, env, text, stdout, stderr)
+
+
+def run(args: list[str], *, cwd=None, env=None, capture_output: bool = False, text: bool = False,
+        timeout: float | None = None, start_new_session: bool = False, stdout=None, stderr=None
+        ) -> subprocess.CompletedProcess:
+    """subprocess.run, through Popen above."""
+    if capture_output:
+        stdout = stderr = subprocess.PIPE
+    proc = Popen(args, cwd=cwd, env=env, text=text, stdout=stdout, stderr=stderr, start_new_session=start_new_session)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
