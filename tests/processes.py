@@ -1,7 +1,7 @@
 """`run` and `Popen` as subprocess's, for the Python processes tests start (`embforge` commands, fault runs,
 benchmark scripts): forked from a process that has already imported torch, transformers, sentence-transformers and
-the rest of PRELOADED, through multiprocessing's forkserver. Each is still a process of its own, in a session of its
-own, with the environment, working folder, arguments, output, exit code and signals it was given; it imports Prefect
+the rest of PRELOADED, through multiprocessing's forkserver. Each is still a process of its own, with the
+environment, working folder, arguments, session, output, exit code and signals it was given; it imports Prefect
 and embforge itself, so what they read from the environment at import is its own. What it saves: ~6 of the ~9 s of
 CPU an `embforge` process spends importing (docs/results.md#the-test-suite). A process whose environment differs
 from the fork server's in a variable those libraries read at import starts from nothing, as do tests that look at a
@@ -28,27 +28,32 @@ READ_AT_IMPORT = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "SENTENCE_TRANSFORMERS",
                   "OPENBLAS_", "CUDA", "PYTHONHASHSEED", "PYTHONWARNINGS")
 NOT_PRELOADED = {"prefect", "flows", "tasks", "storage"}  # imported by each process, from its own environment
 
-_server_env: dict[str, str] | None = None  # the fork server's environment, set when it starts
+SESSION_ENV = dict(os.environ)  # at collection, before any test changed it: the fork server's
+_started = False
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """The fork server, started (once per test process) with this process's environment of now."""
-    global _server_env
+    """The fork server, started once per test process, with the session's environment (not that of the
+    test that happens to ask first, which may have changed it)."""
+    global _started
     context = multiprocessing.get_context("forkserver")
-    if _server_env is None:
+    if not _started:
         context.set_forkserver_preload(PRELOADED)
-        multiprocessing.forkserver.ensure_running()
-        _server_env = dict(os.environ)
+        now = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(SESSION_ENV)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(now)
+        _started = True
     return context
 
 
 def _import_time(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT)}
-
-
-def _server_import_time() -> dict[str, str]:
-    _context()
-    return _import_time(_server_env)
+    # torch sets TORCHINDUCTOR_CACHE_DIR in the test process once something compiles there; read when compiling
+    return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT) and not k.startswith("TORCHINDUCTOR_")}
 
 
 def _python(args: list[str]) -> tuple[str, str, list[str]] | None:
@@ -60,11 +65,13 @@ def _python(args: list[str]) -> tuple[str, str, list[str]] | None:
     return None
 
 
-def _child(kind: str, target: str, argv: list[str], env: dict[str, str], cwd: str, outputs: list[str | None]) -> None:
+def _child(kind: str, target: str, argv: list[str], env: dict[str, str], cwd: str, outputs: list[str | None],
+           new_session: bool) -> None:
     """In the forked process: become `python -m target argv` (or `python target argv`) as a fresh one would."""
     if loaded := {name.partition(".")[0] for name in sys.modules} & NOT_PRELOADED:
         raise RuntimeError(f"the fork server imported {sorted(loaded)}: they would read its environment, not ours")
-    os.setsid()  # its own process group: a kill of its group (tests/flows/faults.py) never reaches the fork server
+    if new_session:
+        os.setsid()  # else it stays in the fork server's process group, the test process's, as a subprocess would
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -101,7 +108,8 @@ def _child(kind: str, target: str, argv: list[str], env: dict[str, str], cwd: st
 class Forked:
     """The part of subprocess.Popen that tests use, for a process started by the fork server."""
 
-    def __init__(self, args: list[str], python: tuple[str, str, list[str]], cwd, env, text: bool, stdout, stderr):
+    def __init__(self, args: list[str], python: tuple[str, str, list[str]], cwd, env, text: bool, stdout, stderr,
+                 new_session: bool):
         self.args, self.text, self.returncode = args, text, None
         self.folder = Path(tempfile.mkdtemp(prefix="forked-"))  # the pipes: files, read when it has ended
         self.pipes = {}
@@ -120,7 +128,8 @@ class Forked:
             else:  # an open file
                 paths.append(where.name)
         kind, target, argv = python
-        self.process = _context().Process(target=_child, args=(kind, target, argv, env, str(cwd or os.getcwd()), paths))
+        self.process = _context().Process(target=_child, args=(kind, target, argv, env, str(cwd or os.getcwd()), paths,
+                                                                       new_session))
         self.process.start()
         self.pid = self.process.pid
 
@@ -159,14 +168,14 @@ class Forked:
 
 def Popen(args: list[str], *, cwd=None, env=None, text: bool = False, stdout=None, stderr=None,  # noqa: N802
           start_new_session: bool = False):
-    """subprocess.Popen for `python -m ...`/`python script.py ...`: forked (in a session of its own, whatever
-    `start_new_session` says) where its environment allows, else started as subprocess does."""
+    """subprocess.Popen for `python -m ...`/`python script.py ...`: forked where its environment allows, else
+    started by subprocess."""
     env = dict(os.environ if env is None else env)
     python = _python(args)
-    if python is None or _import_time(env) != _server_import_time():
+    if python is None or _import_time(env) != _import_time(SESSION_ENV):
         return subprocess.Popen(args, cwd=cwd, env=env, text=text, stdout=stdout, stderr=stderr,
                                 start_new_session=start_new_session)
-    return Forked(args, python, cwd, env, text, stdout, stderr)
+    return Forked(args, python, cwd, env, text, stdout, stderr, start_new_session)
 
 
 def run(args: list[str], *, cwd=None, env=None, capture_output: bool = False, text: bool = False,
@@ -178,7 +187,7 @@ def run(args: list[str], *, cwd=None, env=None, capture_output: bool = False, te
     proc = Popen(args, cwd=cwd, env=env, text=text, stdout=stdout, stderr=stderr, start_new_session=start_new_session)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:  # a timeout, a Ctrl-C of pytest: not left running, as with subprocess.run
         proc.kill()
         proc.wait()
         raise

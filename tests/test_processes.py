@@ -43,7 +43,8 @@ def test_a_forked_program_has_its_own_arguments_folder_environment_output_and_ex
 def test_a_forked_program_that_kills_its_group_or_meets_ctrl_c_ends_as_a_plain_one_would(tmp_path):
     env = {**os.environ, "WHO": "x"}
     for argv, code in (["kill-group"], -signal.SIGKILL), (["ctrl-c"], -signal.SIGINT):
-        forked = processes.run([*script(tmp_path), *argv], cwd=tmp_path, env=env, capture_output=True)
+        forked = processes.run([*script(tmp_path), *argv], cwd=tmp_path, env=env, capture_output=True,
+                               start_new_session=True)
         plain = subprocess.run([*script(tmp_path), *argv], cwd=tmp_path, env=env, capture_output=True,
                                start_new_session=True)
         assert forked.returncode == plain.returncode == code
