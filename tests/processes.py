@@ -20,12 +20,15 @@ import subprocess
 import sys
 import tempfile
 import threading
+import types
 from pathlib import Path
 
 PRELOADED = ["torch", "transformers", "sentence_transformers", "scipy.stats", "sklearn.metrics", "pyarrow", "pandas",
              "duckdb"]
-READ_AT_IMPORT = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "SENTENCE_TRANSFORMERS", "TORCH", "PYTORCH", "OMP_", "MKL_",
-                  "OPENBLAS_", "CUDA", "PYTHONHASHSEED", "PYTHONWARNINGS")
+# What the preloaded libraries read at import: the Hub client and transformers, OpenMP and BLAS. Not torch's
+# TORCH*/CUDA* variables (read when used; torch and vLLM set some in the test process itself) nor PYTHONHASHSEED
+# (Dask's nanny leaves one in the test process; a forked process has the fork server's seed).
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "SENTENCE_TRANSFORMERS", "OMP_", "MKL_", "OPENBLAS_")
 NOT_PRELOADED = {"prefect", "flows", "tasks", "storage"}  # imported by each process, from its own environment
 
 SESSION_ENV = dict(os.environ)  # at collection, before any test changed it: the fork server's
@@ -52,14 +55,14 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 def _import_time(env: dict[str, str]) -> dict[str, str]:
-    # torch sets TORCHINDUCTOR_CACHE_DIR in the test process once something compiles there; read when compiling
-    return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT) and not k.startswith("TORCHINDUCTOR_")}
+    return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT)}
 
 
 def _python(args: list[str]) -> tuple[str, str, list[str]] | None:
-    """("module", name, argv) for `python -m name ...`, ("script", path, argv) for `python path.py ...`."""
-    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m":
-        return "module", args[2], args[3:]
+    """("module", name, argv) for `python -m name ...`, ("code", code, argv) for `python -c code ...`,
+    ("script", path, argv) for `python path.py ...`."""
+    if len(args) >= 3 and args[0] == sys.executable and args[1] in ("-m", "-c"):
+        return "module" if args[1] == "-m" else "code", args[2], args[3:]
     if len(args) >= 2 and args[0] == sys.executable and args[1].endswith(".py"):
         return "script", args[1], args[2:]
     return None
@@ -81,13 +84,16 @@ def _child(kind: str, target: str, argv: list[str], env: dict[str, str], cwd: st
             os.dup2(opened, fd)
             os.close(opened)
     script = str(Path(cwd, target)) if kind == "script" else target
-    sys.path[:0] = [cwd if kind == "module" else str(Path(script).parent),
+    sys.path[:0] = [str(Path(script).parent) if kind == "script" else cwd,
                     *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    sys.argv = [script, *argv]
+    sys.argv = ["-c" if kind == "code" else script, *argv]
     code: int | str | None = 0
     try:
         if kind == "module":
             runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "code":
+            main = sys.modules["__main__"] = types.ModuleType("__main__")
+            exec(compile(target, "<string>", "exec"), main.__dict__)
         else:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
@@ -168,8 +174,8 @@ class Forked:
 
 def Popen(args: list[str], *, cwd=None, env=None, text: bool = False, stdout=None, stderr=None,  # noqa: N802
           start_new_session: bool = False):
-    """subprocess.Popen for `python -m ...`/`python script.py ...`: forked where its environment allows, else
-    started by subprocess."""
+    """subprocess.Popen for `python -m ...`, `python -c ...` and `python script.py ...`: forked where its
+    environment allows, else started by subprocess."""
     env = dict(os.environ if env is None else env)
     python = _python(args)
     if python is None or _import_time(env) != _import_time(SESSION_ENV):

@@ -38,6 +38,9 @@ def test_a_forked_program_has_its_own_arguments_folder_environment_output_and_ex
     other = processes.run([*script(tmp_path), "0"], cwd=tmp_path, env={**env, "WHO": "second"},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert other.returncode == 0 and other.stdout.split()[1] == "second" and "to stderr" in other.stdout
+    code = processes.run([sys.executable, "-c", "import sys; print(sys.argv, __name__)", "a"], capture_output=True,
+                         text=True)
+    assert code.stdout == "['-c', 'a'] __main__\n"
 
 
 def test_a_forked_program_that_kills_its_group_or_meets_ctrl_c_ends_as_a_plain_one_would(tmp_path):
@@ -55,5 +58,5 @@ def test_a_program_whose_import_time_environment_differs_starts_from_nothing(tmp
     env = {**os.environ, "WHO": "x", "HF_HOME": str(tmp_path / "hf")}
     done = processes.run([*script(tmp_path), "0"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.split()[-2] == "False"
-    started = processes.Popen([sys.executable, "-c", "pass"])  # not a module or script: subprocess's own
+    started = processes.Popen(["true"])  # not Python: subprocess's own
     assert isinstance(started, subprocess.Popen) and started.wait() == 0

@@ -1,6 +1,8 @@
 """Stages through Prefect's task runners: independent stages run side by side (threads, worker
 processes, a local Dask cluster of 2 processes) and give the sequential run's numbers."""
 
+import os
+
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -33,6 +35,16 @@ def run_tiny(tmp_path, runner: str) -> tuple[str, Catalog]:
     state = pipeline(RunParams(config=str(config)), return_state=True)
     assert state.is_completed(), state.message
     return str(state.state_details.flow_run_id), Catalog(ArtifactStore(tmp_path / "store"))
+
+
+@pytest.fixture(autouse=True)
+def environment_kept():
+    """Dask's nanny leaves its pre-spawn variables (the threads, PYTHONHASHSEED) in this process's environment,
+    where every process a later test starts would inherit them."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from tasks.generation.generate import Completion
 from tasks.generation.pool import STATUSES
 from tasks.ingest import INGEST
 from tasks.queries import QUERIES, QueriesInputs, first_line, pool_key, query_status
+from tests import processes
 from tests.helpers import DEMO_DOCS, REPO
 from tests.tasks.test_summarize import SOURCE  # the same abstract the summaries' guard is tested on
 
@@ -165,8 +166,8 @@ def test_killed_run_resumes_with_only_the_missing_documents(tmp_path, llm_dir):
     job = QueriesConfig(llm=llm_dir, backend="transformers", shard_size=1,
                         sampling=query_sampling().model_copy(update=dict(n=2, max_tokens=12)))
     pool = store.pool("queries", pool_key(job))
-    child = subprocess.Popen([sys.executable, "-c", KILLABLE, str(store.root), job.model_dump_json(), docs.key],
-                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    child = processes.Popen([sys.executable, "-c", KILLABLE, str(store.root), job.model_dump_json(), docs.key],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
     while len(pool.shards()) < 2 and child.poll() is None and time.time() < deadline:
         time.sleep(0.2)

@@ -28,6 +28,7 @@ from tasks.summarize import (
     pool_key,
     summary_status,
 )
+from tests import processes
 from tests.helpers import DEMO_DOCS, REPO
 
 SOURCE = "Aspirin lowers the risk of stroke in older adults.\nWe followed 900 patients for ten years."
@@ -133,8 +134,8 @@ def test_killed_run_resumes_with_only_the_missing_rows(tmp_path, llm_dir):
     job = SummaryConfig(llm=llm_dir, backend="transformers", prompts=SEMCSE_PROMPTS[:3],
                        sampling=Sampling(n=1, max_tokens=12), shard_size=1)
     pool = store.pool("summaries", pool_key(job))
-    child = subprocess.Popen([sys.executable, "-c", KILLABLE, str(store.root), job.model_dump_json(), docs.key],
-                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    child = processes.Popen([sys.executable, "-c", KILLABLE, str(store.root), job.model_dump_json(), docs.key],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
     while len(pool.shards()) < 2 and child.poll() is None and time.time() < deadline:
         time.sleep(0.2)

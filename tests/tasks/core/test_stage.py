@@ -18,6 +18,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import InputError, Section
 from tasks.config.run import RetryConfig
 from tasks.core.stage import Inputs, NoInputs, Stage
+from tests import processes
 from tests.helpers import DEMO_DOCS, REPO
 
 
@@ -248,8 +249,8 @@ INGEST.run(ArtifactStore(sys.argv[1]), DataConfig(path=sys.argv[3]), NoInputs())
 
 def test_two_processes_running_one_stage_at_once_build_it_once(tmp_path):
     start = str(time.time() + 4)
-    procs = [subprocess.Popen([sys.executable, "-c", INGEST_RUN, str(tmp_path), start, str(DEMO_DOCS)], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    procs = [processes.Popen([sys.executable, "-c", INGEST_RUN, str(tmp_path), start, str(DEMO_DOCS)], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     out = "".join(p.communicate(timeout=120)[0] for p in procs)
     assert [p.returncode for p in procs] == [0, 0], out
     assert out.count("wrote artifacts/ingest/") == 1, out  # the other waited, or found it published
