@@ -1,11 +1,12 @@
 """`run` and `Popen` as subprocess's, for the Python processes tests start (`embforge` commands, fault runs,
-benchmark scripts): forked from a process that has already imported torch, transformers, sentence-transformers and
-the rest of PRELOADED, through multiprocessing's forkserver. Each is still a process of its own, with the
-environment, working folder, arguments, session, output, exit code and signals it was given; it imports Prefect
-and embforge itself, so what they read from the environment at import is its own. What it saves: ~6 of the ~9 s of
-CPU an `embforge` process spends importing (docs/results.md#the-test-suite). A process whose environment differs
-from the fork server's in a variable those libraries read at import starts from nothing, as do tests that look at a
-process from outside (its /proc environ); the first run of test_guarantees.py keeps the plain `python -m flows.cli`."""
+benchmark scripts, `python -c` programs): forked from a process that has already imported torch, transformers,
+sentence-transformers and the rest of PRELOADED, through multiprocessing's forkserver. Each is still a process of its
+own, with the environment, working folder, arguments, session, output, exit code and signals it was given; it
+imports Prefect and embforge itself, so what they read from the environment at import is its own. What it saves:
+~6 of the ~9 s of CPU an `embforge` process spends importing (docs/results.md#the-test-suite). A process whose
+environment differs from the fork server's in a variable those libraries read at import starts from nothing, as do
+tests that look at a process from outside (its /proc environ); the first run of test_guarantees.py keeps the plain
+`python -m flows.cli`. Forked processes share the fork server's hash seed."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def _python(args: list[str]) -> tuple[str, str, list[str]] | None:
 
 def _child(kind: str, target: str, argv: list[str], env: dict[str, str], cwd: str, outputs: list[str | None],
            new_session: bool) -> None:
-    """In the forked process: become `python -m target argv` (or `python target argv`) as a fresh one would."""
+    """In the forked process: become `python -m target argv` (`-c target`, `target argv`) as a fresh one would."""
     if loaded := {name.partition(".")[0] for name in sys.modules} & NOT_PRELOADED:
         raise RuntimeError(f"the fork server imported {sorted(loaded)}: they would read its environment, not ours")
     if new_session:
@@ -134,8 +135,8 @@ class Forked:
             else:  # an open file
                 paths.append(where.name)
         kind, target, argv = python
-        self.process = _context().Process(target=_child, args=(kind, target, argv, env, str(cwd or os.getcwd()), paths,
-                                                                       new_session))
+        child = (kind, target, argv, env, str(cwd or os.getcwd()), paths, new_session)
+        self.process = _context().Process(target=_child, args=child)
         self.process.start()
         self.pid = self.process.pid
 
