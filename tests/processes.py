@@ -14,6 +14,7 @@ import atexit
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import random
 import runpy
 import shutil
 import signal
@@ -26,10 +27,13 @@ from pathlib import Path
 
 PRELOADED = ["torch", "transformers", "sentence_transformers", "scipy.stats", "sklearn.metrics", "pyarrow", "pandas",
              "duckdb"]
-# What the preloaded libraries read at import: the Hub client and transformers, OpenMP and BLAS. Not torch's
-# TORCH*/CUDA* variables (read when used; torch and vLLM set some in the test process itself) nor PYTHONHASHSEED
-# (Dask's nanny leaves one in the test process; a forked process has the fork server's seed).
-READ_AT_IMPORT = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "SENTENCE_TRANSFORMERS", "OMP_", "MKL_", "OPENBLAS_")
+# What the preloaded libraries read at import: the Hub client and transformers (and the folders they cache in),
+# OpenMP, BLAS, scikit-learn. Not torch's TORCH*/PYTORCH* variables: torch and vLLM set some in the test process
+# itself (TORCHELASTIC_*, TORCHINDUCTOR_*), and no test sets one that torch reads at import (TORCH_LOGS,
+# PYTORCH_JIT); nor PYTHONHASHSEED, which Dask's nanny leaves in the test process (forked processes share the fork
+# server's seed).
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "SENTENCE_TRANSFORMERS", "OMP_", "MKL_", "OPENBLAS_",
+                  "SKLEARN_", "XDG_CACHE_HOME", "HOME")
 NOT_PRELOADED = {"prefect", "flows", "tasks", "storage"}  # imported by each process, from its own environment
 
 SESSION_ENV = dict(os.environ)  # at collection, before any test changed it: the fork server's
@@ -72,6 +76,10 @@ def _python(args: list[str]) -> tuple[str, str, list[str]] | None:
 def _child(kind: str, target: str, argv: list[str], env: dict[str, str], cwd: str, outputs: list[str | None],
            new_session: bool) -> None:
     """In the forked process: become `python -m target argv` (`-c target`, `target argv`) as a fresh one would."""
+    for fd, path in zip((1, 2), outputs):  # first, so that even an error below reaches the caller
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(opened, fd)
+        os.close(opened)
     if loaded := {name.partition(".")[0] for name in sys.modules} & NOT_PRELOADED:
         raise RuntimeError(f"the fork server imported {sorted(loaded)}: they would read its environment, not ours")
     if new_session:
@@ -79,16 +87,15 @@ def _child(kind: str, target: str, argv: list[str], env: dict[str, str], cwd: st
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    for fd, path in zip((1, 2), outputs):
-        if path is not None:
-            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            os.dup2(opened, fd)
-            os.close(opened)
+    random.seed()  # not the fork server's draws: each process its own, as a fresh one (Prefect picks ports so)
+    import numpy  # preloaded (torch's)
+
+    numpy.random.seed()
     script = str(Path(cwd, target)) if kind == "script" else target
     sys.path[:0] = [str(Path(script).parent) if kind == "script" else cwd,
                     *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     sys.argv = ["-c" if kind == "code" else script, *argv]
-    code: int | str | None = 0
+    code, interrupted = None, False
     try:
         if kind == "module":
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -97,16 +104,20 @@ def _child(kind: str, target: str, argv: list[str], env: dict[str, str], cwd: st
             exec(compile(target, "<string>", "exec"), main.__dict__)
         else:
             runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
+    except SystemExit as e:  # its message first, as Python prints it before cleaning up
         code = e.code
-    except KeyboardInterrupt:  # as Python ends on an uncaught Ctrl-C: by SIGINT, once cleaned up
-        code = None
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException as e:  # printed as Python prints it; an uncaught Ctrl-C ends by SIGINT, once cleaned up
+        sys.excepthook(type(e), e, e.__traceback__)
+        code, interrupted = 1, isinstance(e, KeyboardInterrupt)
     finally:
         threading._shutdown()  # as at the end of any program: non-daemon threads, then atexit
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
-    if code is None:
+    if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(code)
@@ -130,14 +141,17 @@ class Forked:
                 paths.append(paths[0])
             elif where is subprocess.DEVNULL:
                 paths.append(os.devnull)
-            elif where is None:
-                paths.append(None)
+            elif where is None:  # this process's own, whatever it is now (pytest's capture of the test)
+                paths.append(f"/proc/{os.getpid()}/fd/{1 if name == 'stdout' else 2}")
             else:  # an open file
-                paths.append(where.name)
+                paths.append(os.path.abspath(where.name))
         kind, target, argv = python
         child = (kind, target, argv, env, str(cwd or os.getcwd()), paths, new_session)
         self.process = _context().Process(target=_child, args=child)
         self.process.start()
+        # Not joined when the test process exits (multiprocessing joins its children): one left running is
+        # left, as a subprocess would be.
+        multiprocessing.process._children.discard(self.process)
         self.pid = self.process.pid
 
     def poll(self) -> int | None:
@@ -157,7 +171,7 @@ class Forked:
         if name not in self.pipes:
             return None
         data = self.pipes[name].read_bytes()
-        return data.decode(errors="replace") if self.text else data
+        return data.decode().replace("\r\n", "\n").replace("\r", "\n") if self.text else data
 
     def communicate(self, timeout: float | None = None):
         self.wait(timeout)
@@ -194,7 +208,11 @@ def run(args: list[str], *, cwd=None, env=None, capture_output: bool = False, te
     proc = Popen(args, cwd=cwd, env=env, text=text, stdout=stdout, stderr=stderr, start_new_session=start_new_session)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except BaseException:  # a timeout, a Ctrl-C of pytest: not left running, as with subprocess.run
+    except subprocess.TimeoutExpired:  # killed, and what it wrote goes with the error, as with subprocess.run
+        proc.kill()
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(args, timeout, out, err) from None
+    except BaseException:  # a Ctrl-C of pytest: not left running
         proc.kill()
         proc.wait()
         raise

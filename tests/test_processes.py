@@ -20,6 +20,16 @@ SCRIPT = textwrap.dedent("""
         os.killpg(os.getpgid(0), 9)
     if sys.argv[1] == "ctrl-c":
         raise KeyboardInterrupt
+    if sys.argv[1] == "raise":
+        raise ValueError("boom")
+    if sys.argv[1] == "exit-text":
+        sys.exit("bye")
+    if sys.argv[1] == "exit-none":
+        sys.exit()
+    if sys.argv[1] == "draw":
+        import random, numpy
+        print(random.random(), numpy.random.rand(), file=sys.stderr)
+        sys.exit()
     sys.exit(int(sys.argv[1]))
 """)
 
@@ -43,15 +53,21 @@ def test_a_forked_program_has_its_own_arguments_folder_environment_output_and_ex
     assert code.stdout == "['-c', 'a'] __main__\n"
 
 
-def test_a_forked_program_that_kills_its_group_or_meets_ctrl_c_ends_as_a_plain_one_would(tmp_path):
+def test_a_forked_program_ends_as_a_plain_one_would(tmp_path):
     env = {**os.environ, "WHO": "x"}
-    for argv, code in (["kill-group"], -signal.SIGKILL), (["ctrl-c"], -signal.SIGINT):
-        forked = processes.run([*script(tmp_path), *argv], cwd=tmp_path, env=env, capture_output=True,
+    endings = {"kill-group": (-signal.SIGKILL, "to stderr"), "ctrl-c": (-signal.SIGINT, "KeyboardInterrupt"),
+               "raise": (1, "ValueError: boom"), "exit-text": (1, "bye"), "exit-none": (0, "to stderr")}
+    for argv, (code, last_line) in endings.items():
+        forked = processes.run([*script(tmp_path), argv], cwd=tmp_path, env=env, capture_output=True, text=True,
                                start_new_session=True)
-        plain = subprocess.run([*script(tmp_path), *argv], cwd=tmp_path, env=env, capture_output=True,
+        plain = subprocess.run([*script(tmp_path), argv], cwd=tmp_path, env=env, capture_output=True, text=True,
                                start_new_session=True)
-        assert forked.returncode == plain.returncode == code
+        assert forked.returncode == plain.returncode == code, argv
+        assert forked.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1] == last_line, argv
     assert processes.run([*script(tmp_path), "0"], cwd=tmp_path, env=env).returncode == 0  # the server lives on
+    draws = [processes.run([*script(tmp_path), "draw"], cwd=tmp_path, env=env, capture_output=True, text=True)
+             .stderr.splitlines()[-1] for _ in range(2)]
+    assert draws[0] != draws[1]  # random and numpy's generators seeded anew, not the fork server's state
 
 
 def test_a_program_whose_import_time_environment_differs_starts_from_nothing(tmp_path):

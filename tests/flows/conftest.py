@@ -75,10 +75,11 @@ class Service:
         return self.call("POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200})
 
 
-def stop(proc: subprocess.Popen, timeout_s: float = 10) -> bool:
+def stop(proc: subprocess.Popen | processes.Forked, timeout_s: float = 10) -> bool:
     """Ctrl-C to a process started in a session of its own, and its children; kill what hangs on.
     True if it exited by itself within `timeout_s`."""
-    os.killpg(proc.pid, signal.SIGINT)
+    with contextlib.suppress(ProcessLookupError):  # a forked process is reaped at once, its group gone with it
+        os.killpg(proc.pid, signal.SIGINT)
     try:
         proc.wait(timeout=timeout_s)
         return True
