@@ -24,6 +24,7 @@ import tempfile
 import threading
 import types
 from pathlib import Path
+from unittest import mock
 
 PRELOADED = ["torch", "transformers", "sentence_transformers", "scipy.stats", "sklearn.metrics", "pyarrow", "pandas",
              "duckdb"]
@@ -47,14 +48,8 @@ def _context() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
     if not _started:
         context.set_forkserver_preload(PRELOADED)
-        now = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(SESSION_ENV)
-        try:
+        with mock.patch.dict(os.environ, SESSION_ENV, clear=True):
             multiprocessing.forkserver.ensure_running()
-        finally:
-            os.environ.clear()
-            os.environ.update(now)
         _started = True
     return context
 
@@ -129,11 +124,12 @@ class Forked:
     def __init__(self, args: list[str], python: tuple[str, str, list[str]], cwd, env, text: bool, stdout, stderr,
                  new_session: bool):
         self.args, self.text, self.returncode = args, text, None
-        self.folder = Path(tempfile.mkdtemp(prefix="forked-"))  # the pipes: files, read when it has ended
+        self.folder = None  # the pipes: files in a folder of their own, read when it has ended
         self.pipes = {}
         paths = []
         for name, where in (("stdout", stdout), ("stderr", stderr)):
             if where is subprocess.PIPE:
+                self.folder = self.folder or Path(tempfile.mkdtemp(prefix="forked-"))
                 self.pipes[name] = self.folder / name
                 self.pipes[name].touch()  # read even if the process never got to open it
                 paths.append(str(self.pipes[name]))
@@ -163,8 +159,6 @@ class Forked:
         self.process.join(timeout)
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
-        if not self.pipes:
-            shutil.rmtree(self.folder, ignore_errors=True)
         return self.returncode
 
     def _read(self, name: str):
@@ -176,7 +170,8 @@ class Forked:
     def communicate(self, timeout: float | None = None):
         self.wait(timeout)
         out, err = self._read("stdout"), self._read("stderr")
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
         return out, err
 
     def send_signal(self, sig: int) -> None:

@@ -32,7 +32,7 @@ def test_a_run_on_s3_scores_like_a_local_one_and_another_worker_finds_it_cached(
     runs = [processes.Popen([*EMBFORGE, "run", str(config), *store], cwd=REPO, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT,
                             env=cli_env(tmp_path / home, prefect_api))
-           for home, store in (("home-local", []), ("home-1", ["--store", s3_store]))]
+            for home, store in (("home-local", []), ("home-1", ["--store", s3_store]))]
     for run in runs:
         output = run.communicate(timeout=600)[0]
         assert run.returncode == 0, output

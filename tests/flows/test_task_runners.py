@@ -2,6 +2,7 @@
 processes, a local Dask cluster of 2 processes) and give the sequential run's numbers."""
 
 import os
+from unittest import mock
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -41,10 +42,8 @@ def run_tiny(tmp_path, runner: str) -> tuple[str, Catalog]:
 def environment_kept():
     """Dask's nanny leaves its pre-spawn variables (the threads, PYTHONHASHSEED) in this process's environment,
     where every process a later test starts would inherit them."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+    with mock.patch.dict(os.environ):
+        yield
 
 
 @pytest.fixture(scope="module")
