@@ -41,10 +41,10 @@ from train_gpu import model_folder
 
 from tasks.config.data import DEMO_DOCS, DEMO_STSB
 from tasks.core.eval_sets import read_pairs
+from tasks.encoders import precision
 from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.inputs import column_values
 from tasks.encoders.models import resolve_model
-from tasks.methods import precision
 from tasks.metrics.knn import knn_accuracy_spread
 from tasks.metrics.sts import sts_spearman
 from tasks.text_tokens import text_ids

@@ -58,7 +58,7 @@ def scaled_train(train: dict, rows: int, batch_size: int, args: argparse.Namespa
 
 def cpu_sized(paper: dict, store: str, args: argparse.Namespace) -> dict:
     """`paper` (a loaded YAML) at CPU size, on the shared corpus and store."""
-    from tasks.methods.recipes import CHAINS, RECIPES
+    from tasks.config.recipes import CHAINS, RECIPES
 
     cfg = {**paper, "store": store, "data": {"path": str(DEMO_DOCS), "name": "ohsumed-cpu", "limit": args.docs}}
     # A decoder's recipes (LLM2Vec's) get a random Llama of the same size (MiniLM's tokenizer: its [SEP] ends texts).

@@ -58,8 +58,8 @@ from storage.store import ArtifactStore
 from tasks.config.base import DEFAULT_MODEL
 from tasks.config.model import RandomInitConfig
 from tasks.config.training import TrainConfig
+from tasks.encoders import precision
 from tasks.encoders.models import load_model, pick_device, save_random_encoder, sentence_model
-from tasks.methods import precision
 from tasks.methods.infonce import info_nce
 from tasks.methods.training import StepTimes
 

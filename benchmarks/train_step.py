@@ -61,6 +61,7 @@ except ImportError:
 from storage.store import ArtifactStore
 from tasks.config.data import DEMO_DOCS, DataConfig, SentenceConfig
 from tasks.config.model import RandomInitConfig
+from tasks.config.recipes import RECIPES
 from tasks.config.training import PER_ROW, MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import NoInputs
 from tasks.encoders.inputs import features
@@ -68,7 +69,6 @@ from tasks.encoders.models import pick_device, save_random_encoder, sentence_mod
 from tasks.ingest import INGEST
 from tasks.methods.batches import GROUP_WINDOW, PairBatches
 from tasks.methods.objectives import build_objective
-from tasks.methods.recipes import RECIPES
 from tasks.methods.training import Checkpoints, StepTimes, train_model
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs

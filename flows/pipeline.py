@@ -16,22 +16,22 @@ from prefect import flow
 from flows.params import RunParams, TrainParams
 from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
-from tasks.config.base import ConfigError
+from tasks.config.base import BASE, ConfigError
 from tasks.config.data import SentenceConfig
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.pipeline import PipelineConfig
-from tasks.config.static import BASE, StaticSettings
+from tasks.config.recipes import RECIPES
+from tasks.config.static import StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.core.stage import Inputs, NoInputs, Stage
-from tasks.core.text_sets import TextSetInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.encoders.models import ModelInputs
+from tasks.encoders.text_sets import TextSetInputs
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.init import INIT, InitConfig
 from tasks.llm import LLM, LlmJob, is_gguf_model, needs_conversion
 from tasks.merge import MERGE, MergeInputs, MergeJob
-from tasks.methods.recipes import RECIPES
 from tasks.mteb import MTEB, MtebJob
 from tasks.negatives import NEGATIVES, NegativesInputs, NegativesJob
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs

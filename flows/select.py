@@ -1,10 +1,10 @@
 """The `select` flow: from a corpus to a chosen, trained and exported model (`embforge select`, docs/select.md).
 
 Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs
-(tasks/core/selection.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung before
+(tasks/select.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung before
 (`until`, `resume`: no step is trained twice), merged where LoRA is on, and scored by the evaluate stage on the
-yardstick (tasks/yardstick.py: by your queries, labels or titles; on a large corpus among a pool of it,
-tasks/pool.py), whose documents no candidate trains on. Every candidate is on
+yardstick (tasks/yardstick.py: by your queries, labels or titles; on a large corpus among a sample of it,
+tasks/sample.py), whose documents no candidate trains on. Every candidate is on
 one schedule of `select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes), so a rung
 means the same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is
 registered and exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others'
@@ -36,16 +36,26 @@ from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.training import MethodConfig, TrainConfig
-from tasks.core.selection import BASE, Candidate, Ladder, successive_halving
 from tasks.encoders.models import trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
 from tasks.methods.batches import plan_batches
-from tasks.pool import POOL, PoolConfig, PoolInputs
 from tasks.report import markdown_for_ui
-from tasks.select import SECTION, SELECT, SelectInputs, SelectJob, rung_name, yardstick_scores
+from tasks.sample import SAMPLE, SampleConfig, SampleInputs
+from tasks.select import (
+    SECTION,
+    SELECT,
+    Candidate,
+    Ladder,
+    SelectInputs,
+    SelectJob,
+    rung_name,
+    successive_halving,
+    yardstick_scores,
+)
 
 
 @dataclass(frozen=True)
@@ -72,12 +82,12 @@ def budgeted(run: Run, method: MethodConfig, begun: Start, negatives: ArtifactRe
     return train.model_copy(update={"epochs": math.ceil(budget / per_epoch), "max_steps": budget})
 
 
-def pool_of(run: Run, corpus: Corpus) -> Corpus:
-    """What the yardstick ranks among: the corpus, or where it holds more than `select.pool` documents besides those
-    the queries need, the pool stage's sample (tasks/pool.py), its scores filed under a dataset of their own (a
-    pool's ranks are not the corpus's: the report must never pair the two). Not where something else is scored on
+def sample_of(run: Run, corpus: Corpus) -> Corpus:
+    """What the yardstick ranks among: the corpus, or where it holds more than `select.sample` documents besides those
+    the queries need, the sample stage's draw (tasks/sample.py), its scores filed under a dataset of their own (a
+    sample's ranks are not the corpus's: the report must never pair the two). Not where something else is scored on
     the documents (kNN, the semantic benchmark, held-out generated queries): they need the whole corpus."""
-    size, docs, ev = run.cfg.select.pool, corpus.docs, run.cfg.evaluate
+    size, docs, ev = run.cfg.select.sample, corpus.docs, run.cfg.evaluate
     needed = run.settled(corpus.yardstick)["extra"]["queries"]
     if size is None or run.settled(docs)["rows"]["documents"] <= size + needed:
         return corpus
@@ -86,9 +96,9 @@ def pool_of(run: Run, corpus: Corpus) -> Corpus:
                 if on]:
         get_run_logger().info("the yardstick ranks among the whole corpus: %s scored on it too", ", ".join(also))
         return corpus
-    pool = run.stage(POOL, PoolConfig(size=size, seed=ev.yardstick.seed), PoolInputs(documents=docs,
+    sample = run.stage(SAMPLE, SampleConfig(size=size, seed=ev.yardstick.seed), SampleInputs(documents=docs,
                                                                                       yardstick=corpus.yardstick))
-    return replace(corpus, docs=pool, dataset=f"{run.cfg.data.display_name} (yardstick pool)")
+    return replace(corpus, docs=sample, dataset=f"{run.cfg.data.display_name} (yardstick sample)")
 
 
 def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None,
@@ -137,14 +147,14 @@ def select_model(run: Run) -> Selection:
                   for lr in sel.lrs]
     methods = [MethodConfig(name=c.name, recipe=c.recipe) for c in candidates]
     queries, negatives = mine_queries(run, methods, begun.docs, begun.base)
-    corpus = pool_of(run, Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs)))
+    corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs)))
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
     ladder, models, scored = search(run, begun, corpus, negatives, candidates)
     job = SelectJob(name=cfg.data.display_name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
                     yardstick=cfg.evaluate.yardstick, base=base.label)
     decided = run.stage(SELECT, job, SelectInputs(yardstick=corpus.yardstick, base=base_scores, scored=scored,
-                                                  pool=corpus.docs if corpus.docs != begun.docs else None))
+                                                  sample=corpus.docs if corpus.docs != begun.docs else None))
     decision = run.settled(decided)["extra"]["decision"]
     chosen = models.get(rung_name(decision["chosen"], sel.budget)) if decision["chosen"] != BASE else None
     run.register([base] + ([chosen] if chosen else []))

@@ -5,7 +5,7 @@ however many metrics, reports or later runs use it. One forward pass gives every
 layer and all three poolings (mean, CLS, SEP), so the layer-wise curves and a recipe's own pooling
 come from the same artifact.
 
-Inputs: the text set's (tasks/core/text_sets.py: `documents`, or none with `pairs_path`, or
+Inputs: the text set's (tasks/encoders/text_sets.py: `documents`, or none with `pairs_path`, or
 `held_out_queries`); `model`, the train or init artifact holding the model, if any; `tokens`, the text
 set's ids as the text_tokens stage stored them, if any: they are padded, not tokenized again, when the
 encoder's tokenizer is the one that made them (else the texts are tokenized, with a warning).
@@ -29,11 +29,11 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Precision
 from tasks.config.evaluation import Backend, EvaluateConfig, StoreDtype
 from tasks.core.stage import Stage
-from tasks.core.text_sets import TextSet, TextSetInputs, read_texts, text_set_identity
 from tasks.encoders import encode
 from tasks.encoders.budget import char_budget, over_budget
 from tasks.encoders.inputs import Tokens, column_values, tokenizer_digest
 from tasks.encoders.models import ModelInputs
+from tasks.encoders.text_sets import TextSet, TextSetInputs, read_texts, text_set_identity
 
 CHUNK_TEXTS = 4096  # texts encoded and written at once (all layers and poolings of them in memory)
 

@@ -26,8 +26,8 @@ from tasks.config.base import Section
 from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
 from tasks.config.queries import HELD_OUT
 from tasks.core import eval_sets
+from tasks.core.held_out import held_out_queries
 from tasks.core.stage import Stage
-from tasks.core.text_sets import held_out_queries
 from tasks.encoders.encode import POOLINGS
 from tasks.encoders.models import trained_ref
 from tasks.methods import health

@@ -1,5 +1,5 @@
 """Pairs: a recipe's training view, (anchor, positive) rows built from the sentences table (docs/methods.md §1).
-Which view a recipe reads is in the recipe registry (tasks/methods/recipes.py). It is over 400 lines: five views are
+Which view a recipe reads is in the recipe registry (tasks/config/recipes.py). It is over 400 lines: five views are
 one stage's, sharing the crop counts, the documents held out of training and the row-group writing.
 
 crops: two distinct crops of the same document, drawn uniformly (crops, retromae_infonce);
@@ -43,12 +43,12 @@ from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Section
 from tasks.config.queries import TRAIN
+from tasks.config.recipes import RECIPES, View
 from tasks.config.splits import HeldOutShare, KnnConfig
 from tasks.config.training import MethodConfig
 from tasks.core import duck
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
-from tasks.methods.recipes import RECIPES, View
 from tasks.methods.tsdae import deletion_mask, keep_words
 from tasks.metrics import knn
 

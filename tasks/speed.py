@@ -18,9 +18,9 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
 from tasks.core import progress
 from tasks.core.stage import Stage
-from tasks.core.text_sets import first_texts
 from tasks.encoders import encode
 from tasks.encoders.models import ModelInputs, model_identity, model_path
+from tasks.encoders.text_sets import first_texts
 from tasks.metrics import speed
 
 
@@ -60,5 +60,4 @@ def build_speed(store: ArtifactStore, job: SpeedJob, inputs: SpeedInputs,
              rows[0]["value"] / rows[1]["value"])
 
 
-SPEED = Stage("speed", build_speed, extra_key=lambda job: model_identity(job.teacher) if job.teacher else None,
-              gpu=True)
+SPEED = Stage("speed", build_speed, extra_key=lambda job: model_identity(job.teacher) if job.teacher else None)

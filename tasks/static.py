@@ -33,9 +33,9 @@ from tasks.config.base import InputError
 from tasks.config.static import StaticSettings
 from tasks.core.identity import code_version
 from tasks.core.stage import Stage
-from tasks.core.text_sets import first_texts
 from tasks.encoders import encode
 from tasks.encoders.models import ModelInputs, load_model, model_identity, pick_device, resolve_model
+from tasks.encoders.text_sets import first_texts
 
 # model2vec's name for each embforge pooling: the token a distilled vector is read from, as the teacher pools.
 DISTILL_POOLING = {"mean": "mean", "cls": "first", "sep": "last"}

@@ -3,7 +3,7 @@ them (tasks/encoders/encode.py). Every model with the same tokenizer reads them:
 encoder, which is given its tokenizer) and each model the run trains from it (training keeps the tokenizer), a
 reference model of the same name, and every later evaluation of them.
 
-Key: the text set (tasks/core/text_sets.py), the tokenizer's model (its name, and its files if local), the
+Key: the text set (tasks/encoders/text_sets.py), the tokenizer's model (its name, and its files if local), the
 max length and the prompt put before every text (model.prompts: the query one for queries, else the document
 one). Inputs: the text set's (`documents` or `held_out_queries`); `model`, the artifact holding the tokenizer,
 for a model known by its artifact alone (registered without its tokenizer's name).
@@ -27,10 +27,10 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.core import duck
 from tasks.core.progress import StageProgress
 from tasks.core.stage import Stage
-from tasks.core.text_sets import TextSet, TextSetInputs, read_texts, text_set_identity
 from tasks.encoders.budget import char_budget, over_budget
 from tasks.encoders.inputs import IDS, encoder_tokenize, prompted, text_chunks, tokenizer_digest, unknown_tokens
 from tasks.encoders.models import load_tokenizer
+from tasks.encoders.text_sets import TextSet, TextSetInputs, read_texts, text_set_identity
 
 SCHEMA = pa.schema([("text", IDS)])
 

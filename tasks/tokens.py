@@ -27,6 +27,7 @@ from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
 from tasks.config.model import Prompts
+from tasks.config.recipes import RECIPES
 from tasks.config.training import MethodConfig, TrainConfig
 from tasks.core import duck
 from tasks.core.progress import StageProgress
@@ -44,7 +45,6 @@ from tasks.encoders.inputs import (
     words_column,
 )
 from tasks.encoders.models import base_model_identity, model_path, sentence_model
-from tasks.methods.recipes import RECIPES
 
 KEPT = ("epoch", *LABEL_COLUMNS)  # the pairs' columns the tokens file keeps as they are
 

@@ -15,7 +15,7 @@ at least half as many queries as titles would, else titles; the log says why):
   document is its own text, among all the corpus's.
 
 At most `max_queries` ask (a sample by a hash of seed and query id; the others are `not_drawn`, still held out), so
-a large corpus's yardstick costs what a few thousand documents' does (with `select.pool`, tasks/pool.py).
+a large corpus's yardstick costs what a few thousand documents' does (with `select.sample`, tasks/sample.py).
 
 The output has the queries stage's columns, so the evaluate stage's in-domain retrieval (each query's rank and
 nDCG@10) and the report's paired intervals read it as they read generated queries. What each kind asks and its

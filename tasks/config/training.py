@@ -1,7 +1,7 @@
 """How a model trains: the methods (`methods[]`) and the `train` section, merged per method.
 
 The recipe choices, help texts and per-recipe rules are read from the recipe registry
-(tasks/methods/recipes.py), which holds data only and imports no config."""
+(tasks/config/recipes.py), which holds data only and imports no config."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
-from tasks.methods.recipes import CHAINS, RECIPES, pooling_help, recipe_help
+from tasks.config.recipes import CHAINS, RECIPES, pooling_help, recipe_help
 
 GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (the HF Trainer's megabatch)
 # `padding_free: auto` packs encoders at least this wide: on 2 CPU cores a 2-layer 256-wide BERT's crops step ran

@@ -26,10 +26,9 @@ from transformers import AutoConfig, AutoModel
 
 from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
-from tasks.encoders import backends, decoders
+from tasks.encoders import backends, decoders, precision
 from tasks.encoders.inputs import Tokens, encoder_tokenize, padded_ids
 from tasks.encoders.models import load_model, load_tokenizer, pick_device, resolve_model, to_device, token_arrays
-from tasks.methods import precision
 
 POOLINGS = ("mean", "cls", "sep")
 # Encoders whose forward only turns the 2-D attention mask into SDPA's (transformers' create_bidirectional_mask):

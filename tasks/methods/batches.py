@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.config.base import InputError
+from tasks.config.recipes import Pair
 from tasks.config.training import GROUP_WINDOW
 from tasks.encoders.inputs import LABEL_COLUMNS, TEXT_COLUMNS, column_values, words_column
-from tasks.methods.recipes import Pair
 
 
 class BatchRows(NamedTuple):

@@ -1,4 +1,4 @@
-"""The loss of every recipe in the registry (tasks/methods/recipes.py), and its collate function.
+"""The loss of every recipe in the registry (tasks/config/recipes.py), and its collate function.
 
 Kept apart from the registry so that the config and the data stages do not import (and so do not
 depend on) the losses: a stage's identity follows its imports. `OBJECTIVES` must name exactly the
@@ -16,6 +16,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.losses import MarginMSELoss, MatryoshkaLoss
 from torch import nn
 
+from tasks.config.recipes import RECIPES, Pair, Recipe
 from tasks.config.training import TrainConfig
 from tasks.encoders.inputs import Tokens, features
 from tasks.encoders.models import to_device
@@ -25,7 +26,6 @@ from tasks.methods.distributed import Gather, gather_rows, no_gather
 from tasks.methods.infonce import InfoNCELoss
 from tasks.methods.mlm import MaskedLMLoss
 from tasks.methods.mntp import MaskedNextTokenLoss
-from tasks.methods.recipes import RECIPES, Pair, Recipe
 from tasks.methods.retromae import RetroMAELoss, retromae_features
 from tasks.methods.triplet import TripletInBatchLoss
 from tasks.methods.tsdae import tsdae_loss

@@ -26,15 +26,16 @@ from tqdm.auto import tqdm
 from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 
 from storage import leases
+from tasks.config.recipes import Pair
 from tasks.config.training import TrainConfig
 from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
 from tasks.core.stopping import SIGNALS, StepBoundaryStop, stop_signal
+from tasks.encoders import precision
 from tasks.encoders.models import to_device
-from tasks.methods import distributed, health, precision
+from tasks.methods import distributed, health
 from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import Objective
-from tasks.methods.recipes import Pair
 
 
 @dataclass

@@ -14,9 +14,9 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.data import DEMO_DATA
+from tasks.config.recipes import RECIPES as REGISTRY
 from tasks.embed import read_embeddings
 from tasks.methods.health import HEALTH_METRICS
-from tasks.methods.recipes import RECIPES as REGISTRY
 from tests.helpers import DEMO_DOCS, STSB, tiny_config, tiny_sts
 
 SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores

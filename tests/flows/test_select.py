@@ -14,8 +14,8 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.evaluation import YardstickConfig
+from tasks.config.select import rung_steps
 from tasks.core.held_out import held_out_documents
-from tasks.core.selection import rung_steps
 from tasks.methods.batches import plan_batches
 from tests.helpers import tiny_config
 
@@ -126,24 +126,24 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
 
     # `auto` on a labelled corpus: the labels decide, on the same held-out documents, so the first rung (every
     # candidate's) is the same training, Cached.
-    # Ranked among a pool of the corpus (every labelled held-out document and 60 others), as on a large corpus.
-    labels = select_config(tmp_path, yardstick={"held_out": 0.25, "seed": 0}, out=str(tmp_path / "labelled"), pool=60)
+    # Ranked among a sample of the corpus (every labelled held-out document and 60 others), as on a large corpus.
+    labels = select_config(tmp_path, yardstick={"held_out": 0.25, "seed": 0}, out=str(tmp_path / "labelled"), sample=60)
     labelled_id, labelled = run_select(labels)
     catalog = Catalog(store)
     stages = catalog.query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [labelled_id])
-    [pool] = [ArtifactRef("pool", r["key"]) for r in stages if r["stage"] == "pool"]
-    pooled = store.manifest(pool)["extra"]
+    [sample] = [ArtifactRef("sample", r["key"]) for r in stages if r["stage"] == "sample"]
+    sampled = store.manifest(sample)["extra"]
     # 60 drawn, and one of each label a query asks for that none of them has
-    drawn = pooled["documents"] - pooled["needed"]
-    assert pooled["of"] == 400 and 60 <= drawn <= 60 + len(set(docs["label"].to_pylist()))
+    drawn = sampled["documents"] - sampled["needed"]
+    assert sampled["of"] == 400 and 60 <= drawn <= 60 + len(set(docs["label"].to_pylist()))
     evaluated = [store.manifest(ArtifactRef("evaluate", r["key"]))["input_roles"]["documents"]
                  for r in stages if r["stage"] == "evaluate"]
-    assert len(evaluated) >= 5 and set(evaluated) == {pool.key}  # the untrained model's and every rung's
-    # filed apart from the corpus's own scores: a pool's ranks are never paired with the whole corpus's
+    assert len(evaluated) >= 5 and set(evaluated) == {sample.key}  # the untrained model's and every rung's
+    # filed apart from the corpus's own scores: a sample's ranks are never paired with the whole corpus's
     datasets = catalog.query("SELECT DISTINCT dataset FROM run_metrics WHERE run_id = ? AND metric LIKE 'label_%'",
                              [labelled_id])
-    assert [r["dataset"].endswith(" (yardstick pool)") for r in datasets] == [True]
-    assert not catalog.query("SELECT 1 FROM run_stages WHERE run_id = ? AND stage = 'pool'", [run_id])  # 400 < 5,000
+    assert [r["dataset"].endswith(" (yardstick sample)") for r in datasets] == [True]
+    assert not catalog.query("SELECT 1 FROM run_stages WHERE run_id = ? AND stage = 'sample'", [run_id])  # 400 < 5,000
     [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
     assert store.manifest(yardstick)["extra"]["kind"] == "labels"
     first_keys = {key for key, rung in rungs.items() if rung[2] == first_rung}
@@ -153,22 +153,22 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     section = (store.path(decided) / "selection.md").read_text()
     assert "Yardstick: label_ndcg_at_10, each labelled held-out document finding the documents of its label" in section
     assert "documents of one label near each other" in section  # its bias
-    assert (f"It ranked among {pooled['documents']} of the 400 documents: the {pooled['needed']} its queries need "
+    assert (f"It ranked among {sampled['documents']} of the 400 documents: the {sampled['needed']} its queries need "
             "and a sample of the others") in section
     assert labelled["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
 
     # Your own queries decide where given: here the held-out titles, each finding its own document, as a qrels file.
     # The same ranks as the titles yardstick: the same ladder, every training Cached. With kNN scored on the
-    # documents too, the yardstick ranks among the whole corpus, however small `select.pool`.
+    # documents too, the yardstick ranks among the whole corpus, however small `select.sample`.
     titled = docs.filter(pc.is_in(docs["doc_id"], pa.array(sorted(held)))).to_pandas()
     pd.DataFrame({"query_id": "q-" + titled["doc_id"], "query": titled["title"], "doc_id": titled["doc_id"],
                   "score": 1}).to_parquet(tmp_path / "qrels.parquet")
     qrels_id, by_qrels = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "auto",
                                                                        "qrels": str(tmp_path / "qrels.parquet")},
-                                                  out=str(tmp_path / "queried"), pool=60,
+                                                  out=str(tmp_path / "queried"), sample=60,
                                                   evaluate={"knn": {"repeats": 0}}))
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [qrels_id])
-    assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"} and "pool" not in {
+    assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"} and "sample" not in {
         r["stage"] for r in stages}
     decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
     assert "Yardstick: qrels_ndcg_at_10, each of your queries" in (store.path(decided) / "selection.md").read_text()

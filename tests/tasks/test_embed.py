@@ -12,11 +12,11 @@ from transformers import AutoModel, AutoTokenizer
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
 from tasks.core.stage import NoInputs
-from tasks.core.text_sets import TextSetInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob, embedded_layers, read_embeddings
 from tasks.encoders.encode import MODEL_MASK, POOLINGS, PooledEncoder, pool
 from tasks.encoders.inputs import Tokens
 from tasks.encoders.models import resolve_model
+from tasks.encoders.text_sets import TextSetInputs
 from tasks.ingest import INGEST
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tests.helpers import DEMO_DOCS, STSB

@@ -13,10 +13,10 @@ from transformers import AutoTokenizer
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
 from tasks.core.stage import NoInputs
-from tasks.core.text_sets import TextSetInputs
 from tasks.encoders.budget import over_budget
 from tasks.encoders.inputs import tokenizer_digest
 from tasks.encoders.models import resolve_model
+from tasks.encoders.text_sets import TextSetInputs
 from tasks.ingest import INGEST
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tests.helpers import DEMO_DOCS, STSB

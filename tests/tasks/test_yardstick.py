@@ -11,9 +11,8 @@ from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import KnnConfig, YardstickConfig
 from tasks.config.training import MethodConfig
-from tasks.core.held_out import held_out_documents
+from tasks.core.held_out import held_out_documents, held_out_queries
 from tasks.core.stage import NoInputs
-from tasks.core.text_sets import held_out_queries
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.encoders.encode import PooledEncoder
 from tasks.evaluate import EVALUATE, QUERY_SCORES, EvalJob, EvaluateInputs

@@ -253,7 +253,7 @@ def test_a_config_is_parsed_once_per_version_of_the_file(tmp_path, monkeypatch):
 
 
 def test_recipe_help_and_defaults_come_from_the_registry():
-    from tasks.methods.recipes import CHAINS, RECIPES
+    from tasks.config.recipes import CHAINS, RECIPES
 
     fields = MethodConfig.model_fields
     assert set(fields["recipe"].annotation.__args__) == set(RECIPES)

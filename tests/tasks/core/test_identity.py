@@ -20,7 +20,7 @@ from tests.helpers import DEMO_DOCS, REPO
 
 ALL_STAGES = {"ingest", "sentences", "pairs", "tokens", "llm", "summarize", "queries", "negatives", "init", "train",
               "merge", "text_tokens", "embed", "evaluate", "semantic", "mteb", "static", "speed", "report",
-              "yardstick", "pool", "select"}
+              "yardstick", "sample", "select"}
 FIRST_PARTY_FILES = sorted(p for package in identity.FIRST_PARTY for p in (REPO / package).rglob("*.py"))
 
 # Records every import statement executed while the stage modules load: importer → imported.

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
+from tasks.config.recipes import RECIPES as REGISTRY
 from tasks.config.training import LoraSettings, TrainConfig
 from tasks.encoders.lora import attach_lora
 from tasks.encoders.models import sentence_model
@@ -16,7 +17,6 @@ from tasks.methods import distributed
 from tasks.methods.batches import PairBatches
 from tasks.methods.distributed import no_gather
 from tasks.methods.objectives import build_objective
-from tasks.methods.recipes import RECIPES as REGISTRY
 from tasks.methods.training import Checkpoints, train_model
 
 RECIPES = ("crops", "simcse", "semcse", "gpl")

@@ -5,12 +5,12 @@ import pytest
 import torch
 from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
+from tasks.config.recipes import RECIPES
 from tasks.config.training import LoraSettings, TrainConfig
 from tasks.encoders.lora import attach_lora
 from tasks.encoders.models import sentence_model
 from tasks.methods.cached import CachedLoss, mini_batches
 from tasks.methods.objectives import build_objective
-from tasks.methods.recipes import RECIPES
 from tests.helpers import tiny_encoder
 
 BATCH = [(f"document {i} about topic {i % 5}, words {i * 7 % 13}", f"DOCUMENT {i}, TOPIC {i % 5}") for i in range(12)]

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tasks.config.recipes import RECIPES
 from tasks.encoders.models import sentence_model
 from tasks.methods.distributed import gather_rows, shard
-from tasks.methods.recipes import RECIPES
 from tests.helpers import REPO, tiny_encoder
 from tests.tasks.methods.distributed_steps import RECIPES as COMPARED
 from tests.tasks.methods.distributed_steps import three_steps, with_negatives

@@ -9,11 +9,11 @@ import torch
 
 from tasks.config.training import TrainConfig
 from tasks.encoders.models import sentence_model
+from tasks.encoders.precision import MixedPrecision
 from tasks.methods import health
 from tasks.methods.batches import PairBatches
 from tasks.methods.health import PATIENCE, PROBE_EVERY, Problem, TrainingUnhealthy, check, first_probe, summary
 from tasks.methods.objectives import build_objective
-from tasks.methods.precision import MixedPrecision
 from tasks.methods.training import Checkpoints, StepLog, health_of, train_model, warmup_steps
 from tasks.train import probe_cosine
 from tests.helpers import model_tokens_file

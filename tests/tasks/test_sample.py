@@ -1,4 +1,4 @@
-"""tasks/pool.py: the documents `embforge select`'s yardstick ranks among on a large corpus."""
+"""tasks/sample.py: the documents `embforge select`'s yardstick ranks among on a large corpus."""
 
 import pandas as pd
 import pytest
@@ -6,13 +6,12 @@ import pytest
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
 from tasks.config.evaluation import YardstickConfig
-from tasks.core.held_out import held_out_documents
+from tasks.core.held_out import held_out_documents, held_out_queries
 from tasks.core.stage import NoInputs
-from tasks.core.text_sets import held_out_queries
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
-from tasks.pool import POOL, PoolConfig, PoolInputs
+from tasks.sample import SAMPLE, SampleConfig, SampleInputs
 from tasks.yardstick import NOT_DRAWN, YARDSTICK, YardstickInputs
 from tests.helpers import DEMO_DOCS
 
@@ -23,7 +22,7 @@ LABELS = YardstickConfig(kind="labels", held_out=0.2)
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """200 demo documents in a store; the same documents in the reverse order in another."""
-    tmp = tmp_path_factory.mktemp("pool")
+    tmp = tmp_path_factory.mktemp("sample")
     docs = pd.read_parquet(DEMO_DOCS).head(200)
     docs.to_parquet(tmp / "docs.parquet")
     docs.iloc[::-1].to_parquet(tmp / "reversed.parquet")
@@ -33,37 +32,37 @@ def corpus(tmp_path_factory):
     return store, documents, reversed_docs, docs
 
 
-def pooled(store, documents, yardstick: YardstickConfig, size: int):
+def sampled(store, documents, yardstick: YardstickConfig, size: int):
     ref = YARDSTICK.run(store, yardstick, YardstickInputs(documents=documents))
-    pool = POOL.run(store, PoolConfig(size=size), PoolInputs(documents=documents, yardstick=ref))
-    return ref, pool, store.read_table(pool, "documents").to_pandas()
+    sample = SAMPLE.run(store, SampleConfig(size=size), SampleInputs(documents=documents, yardstick=ref))
+    return ref, sample, store.read_table(sample, "documents").to_pandas()
 
 
-def test_the_titles_pool_holds_every_asking_document_and_a_sample_drawn_by_id(corpus):
+def test_the_titles_sample_holds_every_asking_document_and_a_sample_drawn_by_id(corpus):
     store, documents, reversed_docs, docs = corpus
-    ref, pool, got = pooled(store, documents, TITLES, 30)
+    ref, sample, got = sampled(store, documents, TITLES, 30)
     asking = set(held_out_queries(store, ref)["doc_id"].to_pylist())
     assert asking <= set(got["doc_id"]) and len(got) == len(asking) + 30
     assert got["doc_id"].tolist() == [d for d in docs["doc_id"] if d in set(got["doc_id"])]  # the corpus's order
     assert got.columns.tolist() == store.read_table(documents, "documents").column_names
-    assert store.manifest(pool)["extra"] == {"documents": len(asking) + 30, "of": 200, "needed": len(asking)}
+    assert store.manifest(sample)["extra"] == {"documents": len(asking) + 30, "of": 200, "needed": len(asking)}
     # The same documents whatever order the corpus lists them in.
-    assert set(pooled(store, reversed_docs, TITLES, 30)[2]["doc_id"]) == set(got["doc_id"])
+    assert set(sampled(store, reversed_docs, TITLES, 30)[2]["doc_id"]) == set(got["doc_id"])
 
 
-def test_the_labels_pool_samples_the_documents_it_ranks_and_keeps_a_document_of_every_label_asked(corpus, tiny_dir):
+def test_the_labels_sample_draws_the_documents_it_ranks_and_keeps_a_document_of_every_label_asked(corpus, tiny_dir):
     store, documents, _, docs = corpus
     held = held_out_documents(docs["doc_id"].tolist(), LABELS)
-    ref, pool, got = pooled(store, documents, LABELS, 3)  # fewer than the labels asked for: one of each comes in
+    ref, sample, got = sampled(store, documents, LABELS, 3)  # fewer than the labels asked for: one of each comes in
     asking = held_out_queries(store, ref).to_pandas()
     others = got[~got["doc_id"].isin(held)]
     assert set(asking["doc_id"]) <= set(got["doc_id"]) and others["label"].notna().all()
     assert set(asking["query"]) <= set(others["label"]) and 3 <= len(others) <= 3 + len(set(asking["query"]))
     assert not set(got["doc_id"]) & (held - set(asking["doc_id"]))  # held-out documents that ask nothing are out
-    # The evaluate stage ranks on the pool as on a corpus: every asking query scored.
-    embedded = EMBED.run(store, EmbedJob(model=tiny_dir, max_length=32, batch_size=16), EmbedInputs(documents=pool))
+    # The evaluate stage ranks on the sample as on a corpus: every asking query scored.
+    embedded = EMBED.run(store, EmbedJob(model=tiny_dir, max_length=32, batch_size=16), EmbedInputs(documents=sample))
     job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
-    scores = EVALUATE.run(store, job, EvaluateInputs(documents=pool, embeddings=embedded, yardstick=ref))
+    scores = EVALUATE.run(store, job, EvaluateInputs(documents=sample, embeddings=embedded, yardstick=ref))
     metrics = store.read_table(scores, "metrics").to_pandas().set_index("metric")
     assert metrics.loc["label_ndcg_at_10", "n"] == len(asking)
 
@@ -79,23 +78,23 @@ def test_at_most_max_queries_ask_drawn_by_id_and_the_rest_stay_held_out(corpus):
     again = store.read_table(YARDSTICK.run(store, capped, YardstickInputs(documents=reversed_docs)), "queries")
     assert set(held_out_queries(store, ref)["query_id"].to_pylist()) == {
         q for q, s in zip(again["query_id"].to_pylist(), again["status"].to_pylist()) if s == "ok"}
-    _, _, got = pooled(store, documents, capped, 10)  # the pool needs the 5 only
+    _, _, got = sampled(store, documents, capped, 10)  # the sample needs the 5 only
     assert len(got) == 15
 
 
-def test_the_qrels_pool_holds_every_document_judged_relevant_to_an_asking_query(corpus, tmp_path):
+def test_the_qrels_sample_holds_every_document_judged_relevant_to_an_asking_query(corpus, tmp_path):
     store, documents, _, docs = corpus
     held = sorted(held_out_documents(docs["doc_id"].tolist(), TITLES))
     pd.DataFrame({"query_id": ["a", "a", "b"], "query": ["one", "one", "two"], "doc_id": held[:3],
                   "score": 1}).to_parquet(tmp_path / "qrels.parquet")
-    _, pool, got = pooled(store, documents, TITLES.model_copy(update={"kind": "qrels",
+    _, sample, got = sampled(store, documents, TITLES.model_copy(update={"kind": "qrels",
                                                                       "qrels": str(tmp_path / "qrels.parquet")}), 4)
-    assert set(held[:3]) <= set(got["doc_id"]) and len(got) == 7 and store.manifest(pool)["extra"]["needed"] == 3
+    assert set(held[:3]) <= set(got["doc_id"]) and len(got) == 7 and store.manifest(sample)["extra"]["needed"] == 3
     # One query drawn: only its judged documents are relevant pairs, and needed.
     capped = TITLES.model_copy(update={"kind": "qrels", "qrels": str(tmp_path / "qrels.parquet"), "max_queries": 2})
     pd.DataFrame({"query_id": ["a", "a", "b", "c"], "query": ["one", "one", "two", "three"], "doc_id": held[:4],
                   "score": 1}).to_parquet(tmp_path / "qrels.parquet")
-    ref, _, got = pooled(store, documents, capped, 4)
+    ref, _, got = sampled(store, documents, capped, 4)
     asking = held_out_queries(store, ref)["query_id"].to_pylist()
     relevant = store.read_table(ref, "relevant").to_pandas()
     assert len(asking) == 2 and set(relevant["query_id"]) == set(asking)

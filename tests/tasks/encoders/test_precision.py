@@ -10,7 +10,7 @@ from tasks.config.base import DEFAULT_MODEL, InputError
 from tasks.core import eval_sets
 from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.models import sentence_model
-from tasks.methods.precision import MixedPrecision, autocast_dtype
+from tasks.encoders.precision import MixedPrecision, autocast_dtype
 from tasks.metrics.sts import sts_spearman
 from tests.helpers import STSB
 

@@ -1,11 +1,11 @@
-"""tasks/core/text_sets.py: reading the first texts of a table without reading all of it."""
+"""tasks/encoders/text_sets.py: reading the first texts of a table without reading all of it."""
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore
-from tasks.core.text_sets import first_texts
+from tasks.encoders.text_sets import first_texts
 
 
 def test_first_texts_reads_row_groups_only_as_far_as_the_limit(tmp_path, monkeypatch):

@@ -1,10 +1,12 @@
-"""tasks/core/selection.py: successive halving over candidate recipes, on scores given by a function."""
+"""tasks/select.py's search and decision: successive halving over candidate recipes, on scores given by a function."""
 
 import numpy as np
 import pytest
 
-from tasks.core.selection import BASE, Candidate, Ladder, decide, rung_steps, successive_halving
+from tasks.config.base import BASE
+from tasks.config.select import rung_steps
 from tasks.metrics.significance import paired_difference
+from tasks.select import Candidate, Ladder, decide, successive_halving
 
 NINE = [Candidate(recipe, lr) for recipe in ("crops", "dropout", "tsdae") for lr in (1e-4, 3e-4, 1e-3)]
 

@@ -7,15 +7,13 @@ evaluation pairs file; or a queries artifact's usable held-out queries (docs/gpl
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import Field
 
 from storage.base import ArtifactRef, file_digest
 from storage.store import ArtifactStore
 from tasks.config.base import Section
-from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
 from tasks.core import eval_sets
+from tasks.core.held_out import held_out_queries
 from tasks.encoders.models import ModelInputs, model_identity
 
 
@@ -38,13 +36,6 @@ def read_texts(store: ArtifactStore, text_set: TextSet, inputs: TextSetInputs) -
     if inputs.held_out_queries:
         return held_out_queries(store, inputs.held_out_queries)["query"].to_pylist()
     return store.read_table(inputs.documents, "documents", columns=["text"])["text"].to_pylist()
-
-
-def held_out_queries(store: ArtifactStore, ref: ArtifactRef) -> pa.Table:
-    """The usable held-out queries (never trained on) of a queries artifact, in its order: the in-domain
-    retrieval evaluation's queries (query) and their one relevant document (doc_id)."""
-    table = store.read_table(ref, "queries", columns=list(QUERY_COLUMNS))
-    return table.filter(pc.and_(pc.equal(table["split"], HELD_OUT), pc.equal(table["status"], "ok")))
 
 
 def text_set_identity(job: TextSet) -> list:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field, field_validator
 
 from tasks.config.base import Section
-from tasks.methods.recipes import CHAINS, RECIPES
+from tasks.config.recipes import CHAINS, RECIPES
 
 # Tried when the config names none: the recipes that need nothing but the corpus, and those whose section the
 # config has (an LLM's summaries or queries).
@@ -24,9 +26,10 @@ class SelectConfig(Section):
                         "schedule (`train.max_steps`) and the search stops the others at its rungs.")
     eta: int = Field(3, ge=2, description="Successive halving's factor: 1/eta of a rung's candidates go on, to "
                      "eta times its steps.")
-    pool: int | None = Field(5000, ge=2, description="The yardstick ranks among at most this many documents besides "
-                             "those its queries need, a sample drawn by a hash of each id (tasks/pool.py): every rung "
-                             "embeds them, so a large corpus costs what this many do. None: the whole corpus.")
+    sample: int | None = Field(5000, ge=2, description="The yardstick ranks among at most this many documents "
+                               "besides those its queries need, a sample drawn by a hash of each id (tasks/sample.py): "
+                               "every rung embeds them, so a large corpus costs what this many do. None: the whole "
+                               "corpus.")
     out: str | None = Field(None, description="Folder the chosen model is exported to (empty or new); relative to "
                             "the folder the command runs in. None: `selected/<the corpus's name>`.")
 
@@ -57,3 +60,20 @@ class SelectConfig(Section):
         if self.recipes is not None:
             return self.recipes
         return [*PLAIN_RECIPES, *(WITH_SUMMARIES if summaries else ()), *(WITH_QUERIES if queries else ())]
+
+
+def rung_steps(total: int, candidates: int, eta: int) -> list[int]:
+    """The steps each rung trains to, shortest first: as many rungs as halvings leave one candidate
+    (ceil(log_eta(candidates))), the first `total / eta ** rungs` steps (at least one), each next eta times as many
+    (the rungs of Optuna's pruner). The one candidate left then trains to `total`, beyond the last rung."""
+    if total < 1 or candidates < 1 or eta < 2:
+        raise ValueError(f"a search needs a budget of at least 1 step, a candidate and eta >= 2, not {total}, "
+                         f"{candidates} and {eta}")
+    rungs = math.ceil(math.log(candidates, eta) - 1e-9) if candidates > 1 else 0
+    first = max(1, total // eta ** rungs)
+    steps = [first * eta ** k for k in range(rungs)]
+    if steps and steps[-1] >= total:
+        raise ValueError(f"a budget of {total} steps is too small for {candidates} candidates at eta {eta}: its "
+                         f"rungs ({', '.join(map(str, steps))} steps) must stay below it; at least "
+                         f"{eta ** (rungs - 1) + 1} steps")
+    return steps

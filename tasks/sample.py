@@ -1,18 +1,18 @@
-"""Pool: the documents `embforge select`'s yardstick ranks among, when the corpus holds more than `select.pool`.
+"""Sample: the documents `embforge select`'s yardstick ranks among, when the corpus holds more than `select.sample`.
 
 Every rung of the search embeds the documents its yardstick ranks, so on the whole of a large corpus the scoring, not
-the training, would be the search's cost. The pool is every document a query needs and a sample of the others, drawn
-by a hash of (seed, doc_id), so `select.pool` documents at most besides those needed:
+the training, would be the search's cost. The sample is every document a query needs and a sample of the others, drawn
+by a hash of (seed, doc_id), so `select.sample` documents at most besides those needed:
 
 - titles: each asking query's own document; the others are sampled from the whole corpus (the distractors);
 - qrels: each asking query's relevant documents; the others likewise;
 - labels: each asking held-out document (it asks by its own vector); the others are sampled from the labelled
   documents not held out (the only ones it ranks), with the first of each label a query asks for always in.
 
-Every candidate and the untrained model are ranked on the same pool, so the paired intervals compare like with like;
+Every candidate and the untrained model are ranked on the same sample, so the paired intervals compare like with like;
 the scores are those of a smaller corpus (a title finds its text among fewer), not the whole corpus's.
 
-Inputs: `documents`, `yardstick`. Output `documents.parquet`: the pooled rows of the corpus, its columns, in its order
+Inputs: `documents`, `yardstick`. Output `documents.parquet`: the sampled rows of the corpus, its columns, in its order
 (read as a corpus by the embed and evaluate stages); the manifest gives how many of how many.
 """
 
@@ -26,17 +26,17 @@ from pydantic import Field
 from storage.base import ArtifactRef, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
+from tasks.core.held_out import held_out_queries
 from tasks.core.stage import Inputs, Stage
-from tasks.core.text_sets import held_out_queries
 from tasks.yardstick import yardstick_kind
 
 
-class PoolConfig(Section):
+class SampleConfig(Section):
     size: int = Field(ge=2, description="Documents drawn besides those the yardstick's queries need.")
     seed: int = 0
 
 
-class PoolInputs(Inputs):
+class SampleInputs(Inputs):
     documents: ArtifactRef
     yardstick: ArtifactRef
 
@@ -48,7 +48,7 @@ def needed_documents(store: ArtifactStore, yardstick: ArtifactRef, kind: str) ->
     return set(held_out_queries(store, yardstick)["doc_id"].to_pylist())
 
 
-def build_pool(store: ArtifactStore, cfg: PoolConfig, inputs: PoolInputs, out: ArtifactWriter, ref: ArtifactRef,
+def build_sample(store: ArtifactStore, cfg: SampleConfig, inputs: SampleInputs, out: ArtifactWriter, ref: ArtifactRef,
                log: logging.Logger) -> None:
     docs = store.read_table(inputs.documents, "documents")
     kind = yardstick_kind(store.manifest(inputs.yardstick))
@@ -68,11 +68,11 @@ def build_pool(store: ArtifactStore, cfg: PoolConfig, inputs: PoolInputs, out: A
         for i in others:
             first.setdefault(labels[i], i)
         kept |= {first[label] for label in {labels[i] for i in needed_rows} - {labels[i] for i in drawn}}
-    pooled = docs.take(pa.array(sorted(kept), pa.int64()))
-    out.write_table("documents", pooled)
-    out.extra.update(documents=pooled.num_rows, of=docs.num_rows, needed=len(needed))
+    sampled = docs.take(pa.array(sorted(kept), pa.int64()))
+    out.write_table("documents", sampled)
+    out.extra.update(documents=sampled.num_rows, of=docs.num_rows, needed=len(needed))
     log.info("the yardstick ranks among %d of the %d documents (%d its queries need, a sample of the others)",
-             pooled.num_rows, docs.num_rows, len(needed))
+             sampled.num_rows, docs.num_rows, len(needed))
 
 
-POOL = Stage("pool", build_pool)
+SAMPLE = Stage("sample", build_sample)
