@@ -126,7 +126,9 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
 
 @dataclass(frozen=True)
 class Corpus:
-    docs: ArtifactRef  # the config's documents: kNN's labels, the semantic benchmark's papers
+    # The documents models are scored on: the config's (kNN's labels, the semantic benchmark's papers), or in
+    # `embforge select` on a large corpus the sample stage's draw of them (flows/select.py's sample_of).
+    docs: ArtifactRef
     summaries: ArtifactRef | None
     queries: ArtifactRef | None = None  # the generated queries (their held-out ones are scored)
     yardstick: ArtifactRef | None = None  # evaluate.yardstick's held-out documents (tasks/yardstick.py)

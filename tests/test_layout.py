@@ -1,7 +1,7 @@
-"""The layout's rules, checked on every run of the suite, so the house stays walkable as it grows:
-no import cycle among the first-party modules, no helper package that imports a stage, and no
-module past ~400 lines without a reason stated at its top. Imports are read as the stages' code
-identity reads them (tasks/core/identity.py), imports inside functions included."""
+"""The layout's rules, checked on every run of the suite, so the house stays walkable as it grows: every package
+stands on a floor and imports only from the floors below it (and from itself), no import cycle among the first-party
+modules, and no module past 400 lines. Imports are read as the stages' code identity reads them
+(tasks/core/identity.py), imports inside functions included."""
 
 import graphlib
 
@@ -13,9 +13,20 @@ MODULES = {
     ".".join(path.relative_to(identity.ROOT).with_suffix("").parts).removesuffix(".__init__"): path
     for package in identity.FIRST_PARTY for path in sorted((identity.ROOT / package).rglob("*.py"))
 }
-# The stages stand at the top of tasks/, one module each; everything in a sub-package is a helper.
-STAGES = {name for name, path in MODULES.items() if path.parent == identity.ROOT / "tasks" and path.stem != "__init__"}
-HELPERS = {name for name, path in MODULES.items() if path.parent.parent == identity.ROOT / "tasks"}
+# The floors, from the ground up: a package imports from the floors below its own, never from a package on its
+# own floor or above. `tasks` is the stages, the modules at the top of tasks/ (one a stage); every other name is a
+# package with what is in it.
+FLOORS = (
+    ("storage",),  # owns every byte: stores, manifests, the catalog
+    ("tasks.config",),  # the config sections and the recipe registry they read: data, no work
+    ("tasks.core",),  # what every stage shares: identity, the Stage wrapper, held-out splits, progress
+    ("tasks.encoders", "tasks.views"),  # loading and running a model; building training views from text
+    ("tasks.generation", "tasks.methods", "tasks.metrics"),  # LLM text, the losses and training loop, the scores
+    ("tasks.reporting",),  # tables and plots of the scores
+    ("tasks",),  # the stages
+    ("flows",),  # the Prefect flows, the server and the command line
+)
+FLOOR = {package: level for level, packages in enumerate(FLOORS) for package in packages}
 MAX_LINES = 400
 
 
@@ -29,10 +40,41 @@ def imports(name: str) -> set[str]:
             and not any(other.startswith(n + ".") for other in found if other in MODULES)}
 
 
+def package_of(name: str) -> str:
+    """The floor's package a module belongs to: `tasks.encoders.models` → `tasks.encoders`, the stage `tasks.train`
+    → `tasks`, `storage.store` → `storage`."""
+    parts = name.split(".")
+    if parts[0] == "tasks" and len(parts) > 1 and MODULES.get(f"tasks.{parts[1]}", identity.ROOT).name == "__init__.py":
+        return f"tasks.{parts[1]}"
+    return parts[0]
+
+
 def test_the_packages_are_found():
-    assert {"tasks.train", "tasks.ingest", "tasks.report"} <= STAGES
-    assert {"tasks.core.stage", "tasks.config.pipeline", "tasks.config.recipes"} <= HELPERS
-    assert {"tasks.config", "tasks.core"} <= HELPERS - STAGES  # packages, not stages
+    assert {"tasks.train", "tasks.ingest", "tasks.report", "flows.cli"} <= set(MODULES)
+    assert package_of("tasks.train") == "tasks" and package_of("tasks.config.recipes") == "tasks.config"
+    assert package_of("tasks.config") == "tasks.config" and package_of("storage.store") == "storage"
+
+
+def test_every_package_stands_on_one_floor_and_every_floor_holds_a_package():
+    packages = {package_of(name) for name in MODULES}
+    assert packages - set(FLOOR) == set(), "put the new package on a floor"
+    assert set(FLOOR) - packages == set(), "a floor names a package that is gone"
+
+
+def test_no_import_runs_up_a_floor_or_across_one():
+    upward = sorted(f"{name} -> {target}" for name in MODULES for target in imports(name)
+                    if package_of(target) != package_of(name) and FLOOR[package_of(target)] >= FLOOR[package_of(name)])
+    assert upward == [], "move the code to the floor its imports imply (docs/stages.md#layout)"
+
+
+def test_the_rule_catches_an_import_up_a_floor(monkeypatch):
+    """The rule itself can fail: a config module importing an encoder is reported."""
+    real = identity.read_source
+    config = MODULES["tasks.config.data"]
+    monkeypatch.setattr(identity, "read_source", lambda path: real(path) + (
+        b"\nfrom tasks.encoders.models import model_path\n" if path == config else b""))
+    with pytest.raises(AssertionError, match="tasks.config.data -> tasks.encoders.models"):
+        test_no_import_runs_up_a_floor_or_across_one()
 
 
 def test_no_import_cycles():
@@ -43,17 +85,10 @@ def test_no_import_cycles():
         pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
 
 
-def test_a_helper_package_never_imports_a_stage():
-    found = {helper: sorted(imports(helper) & STAGES) for helper in HELPERS}
-    assert {helper: stages for helper, stages in found.items() if stages} == {}
-
-
 def test_the_recipe_registry_holds_data_and_imports_nothing_of_embforge():
     assert imports("tasks.config.recipes") == set()
 
 
-def test_no_module_is_long_without_a_reason_at_its_top():
-    long = {name: n for name, path in MODULES.items()
-            if (n := len(path.read_text().splitlines())) > MAX_LINES
-            and f"over {MAX_LINES} lines" not in path.read_text()[:2000]}
-    assert long == {}, f"split these, or say at the top why they are over {MAX_LINES} lines"
+def test_no_module_is_over_400_lines():
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these: no module is over {MAX_LINES} lines"

@@ -83,7 +83,7 @@ class PipelineConfig(Section):
             if self.model.pretrain.method.start_from:
                 raise ValueError("model.pretrain.method.start_from: stage 1 starts from the base model")
             recipe = RECIPES[self.model.pretrain.method.recipe]
-            if recipe.needs_summaries or recipe.needs_queries:
+            if recipe.needs:
                 raise ValueError("model.pretrain.method: stage 1 runs on a generic corpus without summaries or "
                                  f"queries, {recipe.name} cannot be its recipe")
         return self
@@ -94,8 +94,7 @@ class PipelineConfig(Section):
                              "`evaluate.yardstick` (`{}` for the defaults)")
         recipes = self.select.candidate_recipes(self.summaries is not None, self.queries is not None)
         for recipe in map(RECIPES.get, recipes):
-            needs = "summaries" if recipe.needs_summaries else "queries" if recipe.needs_queries else None
-            if needs and getattr(self, needs) is None:
+            if (needs := recipe.needs) and getattr(self, needs) is None:
                 raise ValueError(f"select.recipes: {recipe.name} trains on LLM {needs}, add a `{needs}` section "
                                  f"(`{needs}: {{}}` for the defaults)")
             if recipe.margins and not self.negatives.cross_encoder:

@@ -51,12 +51,17 @@ class Recipe:
         return self.enhanced_decoder  # RetroMAE masks whole words
 
     @property
+    def needs(self) -> Literal["summaries", "queries"] | None:
+        """The config section whose LLM text the recipe's view is made of, if any."""
+        return self.view if self.view in ("summaries", "queries") else None
+
+    @property
     def needs_summaries(self) -> bool:
-        return self.view == "summaries"
+        return self.needs == "summaries"
 
     @property
     def needs_queries(self) -> bool:
-        return self.view == "queries"
+        return self.needs == "queries"
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in [

@@ -9,17 +9,22 @@ from pydantic import Field, field_validator
 from tasks.config.base import Section
 from tasks.config.recipes import CHAINS, RECIPES
 
-# Tried when the config names none: the recipes that need nothing but the corpus, and those whose section the
-# config has (an LLM's summaries or queries).
-PLAIN_RECIPES = ("crops", "dropout", "tsdae")
-WITH_SUMMARIES = ("semcse",)
-WITH_QUERIES = ("gpl", "inpars")
+# Tried when the config names none: those of them whose view the config can build (an LLM's summaries or queries
+# only when it has that section: the registry's `needs_*`).
+DEFAULT_CANDIDATES = ("crops", "dropout", "tsdae", "semcse", "gpl", "inpars")
+
+
+def _defaults_help() -> str:
+    plain = [r for r in DEFAULT_CANDIDATES if RECIPES[r].needs is None]
+    extra = [(need, names) for need in ("summaries", "queries")
+             if (names := [r for r in DEFAULT_CANDIDATES if RECIPES[r].needs == need])]
+    return ", ".join(plain) + ", with " + " and ".join(
+        f"{', '.join(names)} when {'it' if i else 'the config'} has `{need}`" for i, (need, names) in enumerate(extra))
 
 
 class SelectConfig(Section):
     recipes: list[str] | None = Field(None, description="Candidate recipes (the registry's names). Empty: "
-                                      f"{', '.join(PLAIN_RECIPES)}, with {', '.join(WITH_SUMMARIES)} when the config "
-                                      f"has `summaries` and {', '.join(WITH_QUERIES)} when it has `queries`.")
+                                      f"{_defaults_help()}.")
     lrs: list[float] = Field([2e-5, 1e-4], min_length=1, description="Learning rates each recipe is tried at: "
                              "candidates = recipes x learning rates.")
     budget: int = Field(120, ge=2, description="Training steps of the winner: every candidate is on this "
@@ -59,7 +64,8 @@ class SelectConfig(Section):
     def candidate_recipes(self, summaries: bool, queries: bool) -> list[str]:
         if self.recipes is not None:
             return self.recipes
-        return [*PLAIN_RECIPES, *(WITH_SUMMARIES if summaries else ()), *(WITH_QUERIES if queries else ())]
+        can = {None: True, "summaries": summaries, "queries": queries}  # whether the config can build each view
+        return [r for r in DEFAULT_CANDIDATES if can[RECIPES[r].needs]]
 
 
 def rung_steps(total: int, candidates: int, eta: int) -> list[int]:

@@ -21,6 +21,10 @@ from tests.helpers import DEMO_DOCS, REPO
 ALL_STAGES = {"ingest", "sentences", "pairs", "tokens", "llm", "summarize", "queries", "negatives", "init", "train",
               "merge", "text_tokens", "embed", "evaluate", "semantic", "mteb", "static", "speed", "report",
               "yardstick", "sample", "select"}
+# Stages that load no model: their keys must cover neither the model loader nor the recipes' code.
+LOADS_NO_MODEL = {"ingest", "sentences", "pairs", "sample", "yardstick", "select", "report"}
+MODEL_LOADER, RECIPE_CODE = "tasks.encoders.models", "tasks.methods"
+COUNTS_HEADING = "### The modules each stage's key covers"
 FIRST_PARTY_FILES = sorted(p for package in identity.FIRST_PARTY for p in (REPO / package).rglob("*.py"))
 
 # Records every import statement executed while the stage modules load: importer → imported.
@@ -126,14 +130,37 @@ def test_relative_imports_and_packages_are_followed():
     assert {"tasks.metrics.knn", "tasks.methods.tsdae", "tasks.methods", "tasks"} <= names
 
 
-def test_data_stages_do_not_depend_on_losses_or_the_catalog():
-    """The registry the config reads is data only, and `storage` does not import the catalog."""
+def model_or_recipe_code(module: str) -> list[str]:
+    """The model loader and the recipes' code (their losses, the training loop) among the modules `module` hashes."""
+    return sorted(m for m in identity.module_closure(module)
+                  if m in (MODEL_LOADER, RECIPE_CODE) or m.startswith(RECIPE_CODE + "."))
+
+
+def test_a_stage_that_loads_no_model_hashes_neither_the_model_loader_nor_the_recipes_code():
+    """Editing a loss or the model loader rebuilds no corpus, training view, split, sample, decision or report."""
     import_every_stage()
-    for name in ("ingest", "sentences", "pairs"):
-        closure = identity.module_closure(STAGES[name].build.__module__)
-        assert not {"tasks.methods.objectives", "tasks.methods.training", "tasks.methods.retromae",
-                    "storage.catalog"} & set(closure), name
-    assert "tasks.methods.objectives" in identity.module_closure(STAGES["train"].build.__module__)
+    found = {name: model_or_recipe_code(STAGES[name].build.__module__) for name in LOADS_NO_MODEL}
+    assert {name: modules for name, modules in found.items() if modules} == {}
+    assert "tasks.methods.objectives" in model_or_recipe_code(STAGES["train"].build.__module__)  # it can find some
+    for name in ("ingest", "sentences", "pairs"):  # `storage` does not import the catalog
+        assert "storage.catalog" not in identity.module_closure(STAGES[name].build.__module__), name
+
+
+def stage_counts(markdown: str) -> dict[str, int]:
+    """docs/stages.md's table of the modules each stage's key covers: stage → count."""
+    section = markdown.partition(COUNTS_HEADING)[2].split("\n#", 1)[0]
+    return {cells[0].strip("` "): int(cells[1]) for line in section.splitlines() if line.startswith("| `")
+            for cells in [line.strip("|").split("|")]}
+
+
+def test_the_docs_give_the_modules_each_stages_key_covers():
+    import_every_stage()
+    modules = {name: stage.build.__module__ for name, stage in STAGES.items()}
+    counted = {name: len(identity.module_closure(module)) for name, module in modules.items()}
+    rows = "\n".join(f"| `{name}` | {counted[name]} | {len(model_or_recipe_code(modules[name]))} |"
+                     for name in sorted(counted))
+    assert stage_counts((REPO / "docs/stages.md").read_text()) == counted, (
+        f"docs/stages.md, under {COUNTS_HEADING!r}, should read:\n{rows}")
 
 
 def test_training_does_not_depend_on_the_evaluation_settings():
