@@ -1,4 +1,7 @@
-"""Ingest: read Parquet / CSV / JSONL files (or a `datasets` dataset) into one documents table.
+"""Ingest: read Parquet / CSV / JSONL files, .txt/.md files (one document each) or a `datasets` dataset into one
+documents table. The text column must be there; the id, title, label and split columns are used where the input has
+them, and are an error where missing only if the config names them (ids then come from the rows); the log and the
+manifest say what was found.
 
 Output `documents.parquet`: doc_id, title, text, label, split (all strings; title, label, split
 may be null), in input order. The input is read, checked and written in record batches, so memory
@@ -27,6 +30,7 @@ from tasks.core import duck
 from tasks.core.stage import NoInputs, Stage
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+TEXT_SUFFIXES = (".txt", ".md")  # in a folder: one document a file
 COLUMNS = ["doc_id", "title", "text", "label", "split"]
 SCHEMA = pa.schema([(c, pa.string()) for c in COLUMNS])
 BATCH_ROWS = 16_384  # rows read, checked and written at a time: ~30 MB of abstracts
@@ -38,11 +42,12 @@ def input_files(cfg: DataConfig) -> list[Path]:
         raise InputError(f"data.path: {path} does not exist")
     if path.is_file():
         if path.suffix.lower() not in SUFFIXES:
-            raise InputError(f"{path}: unsupported file type (use {', '.join(SUFFIXES)})")
+            raise InputError(f"{path}: unsupported file type (use {', '.join(SUFFIXES)}, or a folder of "
+                             f"{'/'.join(TEXT_SUFFIXES)} files, one document each)")
         return [path]
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in (*SUFFIXES, *TEXT_SUFFIXES))
     if not files:
-        raise InputError(f"data.path: no {', '.join(SUFFIXES)} files in folder {path}")
+        raise InputError(f"data.path: no {', '.join([*SUFFIXES, *TEXT_SUFFIXES])} files in folder {path}")
     return files
 
 
@@ -130,6 +135,23 @@ def _as_strings(column: pa.Array, path: Path, name: str) -> pa.Array:
         raise InputError(f"{path}: column {name!r} holds {column.type}, not text") from None
 
 
+def _text_file_rows(folder: Path, files: list[Path], cfg: DataConfig) -> Iterator[dict]:
+    """One row per .txt/.md file with text, under the configured column names: its path in the folder as its id,
+    its text, and a Markdown file's first line as its title where that is a `# heading`."""
+    columns = cfg.columns
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}: not valid UTF-8 (byte {e.start})") from None
+        first, _, rest = text.lstrip().partition("\n")
+        title = first[2:].strip() if path.suffix.lower() == ".md" and first.startswith("# ") else None
+        body = rest if title else text
+        if body.strip():  # an empty file adds no document, as an empty table file does
+            yield {columns.id: path.relative_to(folder).as_posix(), columns.text: body,
+                   **({columns.title: title} if columns.title else {})}
+
+
 def file_batches(path: Path) -> Iterator[pa.Table]:
     """One input file as tables of string columns, BATCH_ROWS rows at a time."""
     kind = SUFFIXES[path.suffix.lower()]
@@ -146,17 +168,31 @@ def _dataset_batches(cfg: DataConfig) -> Iterator[pa.Table]:
         yield _string_batch(batch)
 
 
-def normalise(batch: pa.Table, first_row: int, cfg: DataConfig, source: str) -> pa.Table:
-    """Map the configured columns of a batch (whose first row is row `first_row` of `source`)
-    onto embforge's schema and check the values."""
+FIELDS = dict(zip(["id", "title", "text", "label", "split"], COLUMNS))  # data.columns' field → embforge's column
+
+
+def found_columns(batch: pa.Table, cfg: DataConfig, source: str) -> dict[str, str]:
+    """data.columns' fields that `batch` has → their column; an InputError for a missing one the config requires."""
     mapping = cfg.columns.model_dump()
     missing = [f"'{col}' (data.columns.{field})" for field, col in mapping.items()
-               if col is not None and col not in batch.column_names]
+               if col is not None and col not in batch.column_names and cfg.columns.required(field)]
     if missing:
+        hint = ("" if cfg.columns.text in batch.column_names else
+                "; name the text's column with data.columns.text (`--set data.columns.text=NAME`)")
         raise InputError(f"{source}: column {', '.join(missing)} not found; "
-                         f"the file has {', '.join(batch.column_names)}")
-    columns = {name: batch[mapping[field]] if mapping[field] else pa.nulls(batch.num_rows, pa.string())
-               for field, name in zip(["id", "title", "text", "label", "split"], COLUMNS)}
+                         f"the file has {', '.join(batch.column_names)}{hint}")
+    return {field: col for field, col in mapping.items() if col is not None and col in batch.column_names}
+
+
+def normalise(batch: pa.Table, first_row: int, cfg: DataConfig, source: str, id_prefix: str = "") -> pa.Table:
+    """Map the configured columns of a batch (whose first row is row `first_row` of `source`)
+    onto embforge's schema and check the values. Without an id column, a document's id is `id_prefix` + its row."""
+    found = found_columns(batch, cfg, source)
+    columns = {name: batch[found[field]] if field in found else pa.nulls(batch.num_rows, pa.string())
+               for field, name in FIELDS.items()}
+    if "id" not in found:
+        columns["doc_id"] = pa.array([f"{id_prefix}{first_row + i}" for i in range(batch.num_rows)], pa.string())
+    mapping = {**cfg.columns.model_dump(), **found}
     for name, field in (("doc_id", "id"), ("text", "text")):
         empty = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(columns[name]), ""), True)
         if pc.any(empty).as_py():
@@ -169,14 +205,20 @@ def normalise(batch: pa.Table, first_row: int, cfg: DataConfig, source: str) -> 
 def document_batches(cfg: DataConfig) -> Iterator[tuple[str, int, pa.Table]]:
     """(source, its row number of the batch's first row, checked batch) for every input batch with rows."""
     if cfg.hf_dataset:
-        named = [(_dataset_name(cfg), _dataset_batches(cfg))]
+        named = [(_dataset_name(cfg), _dataset_batches(cfg), "")]
     else:
-        named = ((str(path), file_batches(path)) for path in input_files(cfg))
-    for source, batches in named:
+        files, folder = input_files(cfg), Path(cfg.path)
+        texts = [path for path in files if path.suffix.lower() in TEXT_SUFFIXES]
+        # (source, its batches, the prefix of ids made from rows: a file's path in a folder of several)
+        named = [(str(path), file_batches(path), f"{path.relative_to(folder).as_posix()}:" if folder.is_dir() else "")
+                 for path in files if path not in texts]
+        if texts:
+            named.append((f"{folder} ({len(texts)} text files)", _batched(_text_file_rows(folder, texts, cfg)), ""))
+    for source, batches, id_prefix in named:
         first_row = 1
         for batch in batches:
             if batch.num_rows:  # an empty file adds no document (and may have no columns to check)
-                yield source, first_row, normalise(batch, first_row, cfg, source)
+                yield source, first_row, normalise(batch, first_row, cfg, source, id_prefix)
             first_row += batch.num_rows
 
 
@@ -252,11 +294,11 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     work = out.work
     sources: list[str] = []
-    labelled = 0
+    labelled = titled = 0
     texts = Texts()
 
     def checked_batches(ids: pq.ParquetWriter) -> Iterator[pa.Table]:
-        nonlocal labelled
+        nonlocal labelled, titled
         written = 0
         for source, first_row, batch in document_batches(cfg):
             batch = batch.slice(0, cfg.limit - written) if cfg.limit else batch  # `limit`: the first N only
@@ -266,6 +308,7 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
                                 pa.int32()), "row": pa.array(range(first_row, first_row + batch.num_rows), pa.int64()),
                                 "seq": pa.array(range(written, written + batch.num_rows), pa.int64())}, schema=IDS))
             labelled += batch.num_rows - batch["label"].null_count
+            titled += batch.num_rows - batch["title"].null_count
             texts.see(batch["text"])
             written += batch.num_rows
             yield batch
@@ -281,8 +324,11 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
         raise InputError(f"{source_name(cfg)}: {problem}")
     if problem := first_duplicate(work / "ids.parquet", sources, work):
         raise InputError(problem)
-    out.extra.update(dataset=cfg.display_name, labelled=labelled)
-    log.info("%d documents (%d labelled) from %s", rows, labelled, cfg.display_name)
+    out.extra.update(dataset=cfg.display_name, labelled=labelled, titled=titled)
+    allows = [kind for kind, n in (("labels", labelled), ("titles", titled)) if n]
+    log.info("%d documents from %s: %d with a title, %d with a label (%s)", rows, cfg.display_name, titled, labelled,
+             f"a yardstick can be made of their {' or '.join(allows)}" if allows else
+             "no titles or labels: a yardstick needs your queries, `--qrels`")
 
 
 INGEST = Stage("ingest", build_documents, extra_key=_data_digest)

@@ -16,16 +16,28 @@ DEMO_STSB = DEMO_DATA / "stsb.parquet"
 
 
 class ColumnMap(Section):
-    id: str = Field("doc_id", description="Column holding a unique document id.")
+    """Which input column is which. The text column must be there; any other column is used where the file has it
+    and is an error where it is missing only if the config names it (a default the file lacks is left out: no
+    titles, no labels, ids from the rows)."""
+
+    id: str = Field("doc_id", description="Column holding a unique document id (default: used if present, else "
+                    "each document's row number, `<file>:<row>` in a folder of files).")
     text: str = Field("text", description="Column holding the document text (e.g. the abstract).")
-    title: str | None = Field("title", description="Optional title column.")
-    label: str | None = Field("label", description="Optional class label column (used by kNN accuracy).")
-    split: str | None = Field("split", description="Optional split column (train/test/...), kept as is.")
+    title: str | None = Field("title", description="Optional title column (default: used if present).")
+    label: str | None = Field("label", description="Optional class label column, used by kNN accuracy and the "
+                              "labels yardstick (default: used if present).")
+    split: str | None = Field("split", description="Optional split column (train/test/...), kept as is (default: "
+                              "used if present).")
+
+    def required(self, field: str) -> bool:
+        """Whether a missing column `field` is an error: the text's always, another only where the config names it."""
+        return field == "text" or field in self.model_fields_set
 
 
 class DataConfig(Section):
-    path: str | None = Field(None, description="Parquet, CSV or JSONL file, or a folder of them. "
-                             "Relative paths are resolved against the config file's folder.")
+    path: str | None = Field(None, description="Parquet, CSV or JSONL file, or a folder of them and of .txt/.md "
+                             "files (one document each: its path in the folder is its id, a Markdown file's first "
+                             "`# heading` its title). Relative paths are resolved against the config file's folder.")
     hf_dataset: str | None = Field(None, description="A `datasets` name or path, used instead of `path`.")
     hf_split: str = Field("train", description="Split to load from `hf_dataset`.")
     streaming: bool = Field(False, exclude=True, description="Read `hf_dataset` as a stream instead of "

@@ -222,3 +222,52 @@ def test_a_streamed_dataset_gives_the_same_documents(tmp_path, small_batches, lo
     streamed = DataConfig(hf_dataset=str(folder), hf_split="train", streaming=True)
     assert load_documents(streamed).equals(load_documents(data))
     assert INGEST.ref(streamed, NoInputs()) == INGEST.ref(data, NoInputs())  # same documents, same artifact
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "csv"])
+def test_a_default_column_the_file_lacks_is_left_out_and_ids_come_from_the_rows(tmp_path, suffix, load_documents):
+    """A plain corpus (text, perhaps titles; no ids, labels or splits) is read as it is: what most people have."""
+    frame = pd.DataFrame(ROWS)[["title", "text"]]
+    path = tmp_path / f"docs.{suffix}"
+    frame.to_parquet(path) if suffix == "parquet" else frame.to_csv(path, index=False)
+    docs = load_documents(cfg(path))
+    assert docs["doc_id"].tolist() == ["1", "2", "3"] and docs["title"].tolist() == ["T1", "T2", None]
+    assert docs["label"].isna().all() and docs["split"].isna().all()
+    folder = tmp_path / "folder"  # in a folder of several files, a row's id names its file
+    folder.mkdir()
+    frame.iloc[:2].to_csv(folder / "a.csv", index=False)
+    frame.iloc[2:].to_parquet(folder / "b.parquet")
+    assert load_documents(cfg(folder))["doc_id"].tolist() == ["a.csv:1", "a.csv:2", "b.parquet:1"]
+
+
+def test_a_column_the_config_names_must_be_there(tmp_path, load_documents):
+    path = tmp_path / "docs.parquet"
+    pd.DataFrame(ROWS).drop(columns="label").to_parquet(path)
+    assert load_documents(cfg(path))["label"].isna().all()  # the default: used if present
+    with pytest.raises(InputError, match=r"column 'label' \(data.columns.label\) not found; the file has doc_id, "
+                                         r"title, text, split$"):
+        load_documents(cfg(path, columns={"label": "label"}))
+
+
+def test_a_missing_text_column_says_how_to_name_it(tmp_path, load_documents):
+    path = tmp_path / "docs.csv"
+    pd.DataFrame(ROWS).rename(columns={"text": "body"}).to_csv(path, index=False)
+    with pytest.raises(InputError, match=r"'text' \(data.columns.text\) not found; the file has doc_id, title, body, "
+                                         r"label, split; name the text's column with data.columns.text"):
+        load_documents(cfg(path))
+
+
+def test_a_folder_of_text_and_markdown_files_is_a_document_a_file(tmp_path, load_documents):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "a.txt").write_text("Plain text, no title.\nSecond line.")
+    (tmp_path / "notes" / "b.md").write_text("\n# A heading\nThe body of b.")
+    (tmp_path / "notes" / "c.md").write_text("No heading here.")
+    (tmp_path / "empty.txt").write_text("  \n")  # adds nothing, as an empty table file
+    docs = load_documents(cfg(tmp_path))
+    assert docs.to_dict("records") == [
+        dict(doc_id="a.txt", title=None, text="Plain text, no title.\nSecond line.", label=None, split=None),
+        dict(doc_id="notes/b.md", title="A heading", text="The body of b.", label=None, split=None),
+        dict(doc_id="notes/c.md", title=None, text="No heading here.", label=None, split=None)]
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9")
+    with pytest.raises(InputError, match=r"bad.txt: not valid UTF-8 \(byte 3\)"):
+        load_documents(cfg(tmp_path))
