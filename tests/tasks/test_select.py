@@ -4,25 +4,10 @@ import numpy as np
 import pytest
 
 from tasks.config.base import BASE
-from tasks.config.select import rung_steps
 from tasks.metrics.significance import paired_difference
 from tasks.select import Candidate, Ladder, decide, successive_halving
 
 NINE = [Candidate(recipe, lr) for recipe in ("crops", "dropout", "tsdae") for lr in (1e-4, 3e-4, 1e-3)]
-
-
-def test_rungs_are_eta_apart_and_below_the_budget():
-    assert rung_steps(900, 9, 3) == [100, 300]
-    assert rung_steps(100, 9, 3) == [11, 33]  # multiples of the first: the pruner's rungs exactly
-    assert rung_steps(100, 10, 3) == [3, 9, 27]  # a tenth candidate: one more halving
-    assert rung_steps(100, 2, 2) == [50]
-    assert rung_steps(100, 1, 3) == []
-    assert rung_steps(4, 9, 3) == [1, 3]
-    with pytest.raises(ValueError, match=r"a budget of 3 steps is too small for 9 candidates at eta 3: its rungs "
-                                         r"\(1, 3 steps\) must stay below it; at least 4 steps"):
-        rung_steps(3, 9, 3)
-    with pytest.raises(ValueError, match="at least 1 step"):
-        rung_steps(0, 9, 3)
 
 
 def quality(candidate: Candidate, steps: int) -> float:
