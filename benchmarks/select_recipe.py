@@ -30,8 +30,9 @@ from scipy import stats
 
 from flows.cli import overrides
 from storage.base import ArtifactRef
-from storage.catalog import YARDSTICK_METRICS, Catalog
+from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tasks.config.evaluation import YARDSTICK_METRICS
 from tasks.config.loading import load_config
 from tasks.metrics.significance import paired_difference
 from tasks.reporting.tables import PER_SPLIT

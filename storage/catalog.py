@@ -11,6 +11,7 @@ Every report is a query over these views, so users can re-derive any number with
     sts_pairs    each STS pair's gold score and cosine per evaluate artifact (key): what the report bootstraps
     query_scores each query's nDCG@10 (and rank) per evaluate artifact (the held-out generated queries) and mteb
                  artifact (a local retrieval task's queries), by key: paired over queries
+    yardstick_scores  the same per evaluate artifact for the yardstick's queries (what `embforge select` ranks by)
     run_metrics  metrics joined to the runs that produced or reused them
     score_changes  per evaluate run: each score new, changed (with the previous value) or unchanged
 
@@ -40,12 +41,7 @@ log = logging.getLogger("embforge.catalog")
 SCORE_STAGES = ("evaluate", "semantic", "mteb", "speed")
 STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
 QUERY_SCORES = "query_scores"  # each query's nDCG@10: the held-out generated ones (evaluate), local retrieval (mteb)
-# Each yardstick query's (tasks/yardstick.py: a held-out document's title, or the document by its label) rank of its
-# first relevant document and nDCG@10.
-YARDSTICK_SCORES = "yardstick_scores"
-# By the yardstick's kind: its metric rows' prefix, and the mean of its nDCG@10, the score `embforge select` ranks by.
-YARDSTICK_PREFIXES = {"qrels": "qrels_", "labels": "label_", "titles": "title_"}
-YARDSTICK_METRICS = {kind: f"{prefix}ndcg_at_10" for kind, prefix in YARDSTICK_PREFIXES.items()}
+YARDSTICK_SCORES = "yardstick_scores"  # the same table (one schema) for the evaluate stage's yardstick queries
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.

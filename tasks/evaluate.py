@@ -19,11 +19,11 @@ import pyarrow as pa
 from pydantic import Field
 
 from storage.base import ArtifactRef
-from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_PREFIXES, YARDSTICK_SCORES, metrics_table
+from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
-from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
+from tasks.config.evaluation import TSNE_MAX, YARDSTICK_PREFIXES, KnnConfig, StsConfig
 from tasks.config.queries import HELD_OUT
 from tasks.core import eval_sets
 from tasks.core.held_out import held_out_queries
@@ -101,8 +101,10 @@ def training_health_rows(store: ArtifactStore, model_ref: ArtifactRef | None, x:
     model_ref = trained_ref(store, model_ref)
     if model_ref is None or model_ref.stage != "train":
         return []
-    found = store.manifest(model_ref)["extra"].get("health")  # absent in artifacts of older versions
-    return health.health_rows(health.evaluated(found, geometry.mean_random_cosine(x))) if found else []
+    # Older versions' train artifacts (a registered model scored again) have no health, or a verdict without
+    # findings: no rows, rather than a guess from their text.
+    found = store.manifest(model_ref)["extra"].get("health") or {}
+    return health.health_rows(health.evaluated(found, geometry.mean_random_cosine(x))) if "findings" in found else []
 
 
 class EvaluateInputs(embed.EmbeddedDocumentsInputs):

@@ -23,10 +23,10 @@ import pandas as pd
 import pyarrow as pa
 
 from storage.base import ArtifactRef
-from storage.catalog import YARDSTICK_METRICS, YARDSTICK_SCORES
+from storage.catalog import YARDSTICK_SCORES
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import BASE, InputError, Section
-from tasks.config.evaluation import YardstickConfig
+from tasks.config.evaluation import YARDSTICK_METRICS, YardstickConfig
 from tasks.config.select import rung_steps
 from tasks.core.stage import Inputs, Stage
 from tasks.metrics.significance import PairedDifference, paired_difference

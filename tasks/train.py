@@ -257,7 +257,7 @@ def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
     steps = [r for r in rows if r["step"]]
     out.extra.update(steps=len(steps), final_loss=steps[-1]["loss"] if steps else None, health=model_health,
                      hardware=hardware(pick_device(job.train.device), processes))
-    log.info("health: %s", model_health["verdict"])
+    log.info("health: %s", health.verdict(health.findings(model_health)))
 
 
 def hardware(device: str, processes: int) -> str:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from tasks.config.data import DEMO_DOCS, DEMO_STSB
+from tasks.config.data import DEMO_DOCS, DEMO_STSB, DataConfig
 
 REPO = Path(__file__).resolve().parents[1]
 STSB = DEMO_STSB
@@ -119,6 +119,14 @@ def wait_until_answering(url: str, proc: subprocess.Popen, log: Path, name: str,
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not come up:\n{log.read_text()[-3000:]}") from None
             time.sleep(0.2)
+
+
+def demo_documents(store, limit: int):
+    """The first `limit` demo documents, ingested into `store` (their `ingest` artifact's ref)."""
+    from tasks.core.stage import NoInputs
+    from tasks.ingest import INGEST
+
+    return INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=limit), NoInputs())
 
 
 def tiny_encoder(folder: Path, dropout: float) -> str:

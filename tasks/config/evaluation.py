@@ -110,6 +110,11 @@ class YardstickConfig(HeldOutShare):
         return self
 
 
+# By the yardstick's kind: its metric rows' prefix, and the mean of its nDCG@10, the score `embforge select` ranks by.
+YARDSTICK_PREFIXES = {"qrels": "qrels_", "labels": "label_", "titles": "title_"}
+YARDSTICK_METRICS = {kind: f"{prefix}ndcg_at_10" for kind, prefix in YARDSTICK_PREFIXES.items()}
+
+
 class EvaluateConfig(Section):
     max_length: int = Field(256, ge=8, description="Truncate evaluated texts to this many tokens.")
     batch_size: int = Field(32, ge=1, description="Texts per encoding batch.")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -54,7 +54,7 @@ class TrainingUnhealthy(InputError):
 @dataclass(frozen=True)
 class Problem:
     kind: str  # collapsed, diverged or trivial
-    step: int
+    step: int | None  # the first step it showed; None: the evaluation saw it, after training (`evaluated`)
     why: str
 
     @property
@@ -155,9 +155,10 @@ def advice(problem: Problem, lr: float, max_grad_norm: float | None) -> str:
 
 
 def summary(history: Sequence, warmup: int) -> dict:
-    """The report's health of one trained model: its verdict (the first problem found, step by step,
-    as during training, the last step judged as the end of training), the last loss against chance
-    (that of a full batch), the last probe and the gradient-norm range."""
+    """The report's health of one trained model, as JSON for the manifest: its findings (each kind of problem
+    at the first step it showed, found step by step as during training, the last step judged as the end of
+    training; `findings` reads them back), the last loss against chance (that of a full batch), the last probe
+    and the gradient-norm range."""
     found: list[Problem] = []
     start = first_probe(history)
     for end in range(1, len(history) + 1):
@@ -168,36 +169,50 @@ def summary(history: Sequence, warmup: int) -> dict:
     probes = [h.probe_cosine for h in history if h.probe_cosine is not None]
     chances = [h.chance for h in history if h.chance is not None]
     return dict(
-        verdict="; ".join(f"{p.kind} at step {p.step}" for p in found) or "healthy",
+        findings=[asdict(p) for p in found],
         final_loss=history[-1].loss if history else None, chance_loss=max(chances) if chances else None,
         probe_mean_cosine=probes[-1] if probes else None,
         grad_norm_min=min(norms) if norms else None, grad_norm_max=max(norms) if norms else None)
 
 
+def findings(found: dict) -> list[Problem]:
+    """The problems of a health summary (`summary`, `evaluated`)."""
+    return [Problem(**p) for p in found["findings"]]
+
+
+def verdict(problems: Sequence[Problem]) -> str:
+    """What the log, the catalog's `health` note and the report say: `healthy`, or each problem where it
+    showed (`collapsed at step 40; trivial at step 12`, `collapsed at evaluation (<why>)`)."""
+    return "; ".join(f"{p.kind} at step {p.step}" if p.step is not None else f"{p.kind} at evaluation ({p.why})"
+                     for p in problems) or "healthy"
+
+
 def fatal_verdict(found: dict) -> str | None:
-    """The problems of a health summary that stop training by default (`train.on_unhealthy: stop`), or None."""
-    fatal = [part for part in found["verdict"].split("; ") if part != "healthy" and not part.startswith("trivial")]
-    return "; ".join(fatal) or None
+    """The verdict of a health summary's problems that stop training by default (`train.on_unhealthy: stop`),
+    or None."""
+    fatal = [p for p in findings(found) if p.fatal]
+    return verdict(fatal) if fatal else None
 
 
 def evaluated(found: dict, mean_cosine: float | None) -> dict:
     """A trained model's health with what the evaluation saw: its documents at one vector is a collapse,
     whatever training said (a run stopped short of the probe's rules, a view the probe texts do not show)."""
-    if mean_cosine is None or mean_cosine < DOCUMENTS_AT_ONE_VECTOR or "collapsed" in found["verdict"]:
+    if (mean_cosine is None or mean_cosine < DOCUMENTS_AT_ONE_VECTOR
+            or any(p.kind == "collapsed" for p in findings(found))):
         return found
-    seen = f"collapsed at evaluation (the documents' mean cosine is {mean_cosine:.4f})"
-    return {**found, "verdict": seen if found["verdict"] == "healthy" else f"{found['verdict']}; {seen}"}
+    seen = Problem("collapsed", None, f"the documents' mean cosine is {mean_cosine:.4f}")
+    return {**found, "findings": [*found["findings"], asdict(seen)]}
 
 
-# The rows the evaluate stage adds to a trained model's scores (dataset `training`): metric -> summary field.
-HEALTH_METRICS = {"health": "verdict", "final_loss": "final_loss", "chance_loss": "chance_loss",
-                  "probe_mean_cosine": "probe_mean_cosine", "grad_norm_min": "grad_norm_min",
-                  "grad_norm_max": "grad_norm_max"}
+# The rows the evaluate stage adds to a trained model's scores (dataset `training`): the verdict, then the
+# summary's numbers, each under its own name.
+HEALTH_NUMBERS = ("final_loss", "chance_loss", "probe_mean_cosine", "grad_norm_min", "grad_norm_max")
+HEALTH_METRICS = ("health", *HEALTH_NUMBERS)
 
 
 def health_rows(health: dict) -> list[dict]:
-    """Catalog rows of a `summary`: the verdict as a note, the numbers as values."""
-    rows = [dict(metric="health", value=None, note=health["verdict"])]
-    rows += [dict(metric=metric, value=float(health[field])) for metric, field in HEALTH_METRICS.items()
-             if field != "verdict" and health.get(field) is not None]
+    """Catalog rows of a health summary: the verdict as a note, the numbers as values."""
+    rows = [dict(metric="health", value=None, note=verdict(findings(health)))]
+    rows += [dict(metric=metric, value=float(health[metric])) for metric in HEALTH_NUMBERS
+             if health.get(metric) is not None]
     return [dict(row, dataset="training") for row in rows]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_METRICS, YARDSTICK_SCORES, Catalog
+from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, Catalog
+from tasks.config.evaluation import YARDSTICK_METRICS
 from tasks.encoders.budget import CHARS_PER_TOKEN
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS

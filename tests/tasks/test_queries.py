@@ -1,14 +1,6 @@
-"""The queries stage: the quality guard, the held-out draw, its keys, the artifact from a scripted
-generator (fast), and real generation with the LLM in a run killed mid-way that resumes with only what
-is missing (slow)."""
+"""The queries stage: the quality guard, the held-out draw, its keys and the artifact from a scripted
+generator; real generation, killed mid-way and resumed, is tests/tasks/generation/test_pool.py's."""
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
-import pyarrow.parquet as pq
 import pytest
 
 from storage.store import ArtifactStore
@@ -23,8 +15,7 @@ from tasks.generation.generate import Completion
 from tasks.generation.pool import STATUSES
 from tasks.ingest import INGEST
 from tasks.queries import QUERIES, QueriesInputs, first_line, pool_key, query_status
-from tests import processes
-from tests.helpers import DEMO_DOCS, REPO
+from tests.helpers import DEMO_DOCS, demo_documents
 from tests.tasks.test_summarize import SOURCE  # the same abstract the summaries' guard is tested on
 
 COLUMNS = ["query_id", "doc_id", "sample", "query", "status", "split", "continuation", "finish", "tokens", "model",
@@ -108,15 +99,11 @@ class ScriptedGenerator:
         pass
 
 
-def _docs(store, n):
-    return INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=n), NoInputs())
-
-
 def test_artifact_has_n_queries_per_document_labelled_and_split(tmp_path, monkeypatch):
     monkeypatch.setattr(generate, "make_generator", ScriptedGenerator)
     monkeypatch.setattr(ScriptedGenerator, "asked", [])
     store = ArtifactStore(tmp_path / "store")
-    docs = _docs(store, 12)
+    docs = demo_documents(store, 12)
     # A local folder with a tokenizer stands in for the LLM: the documents are fitted to its context.
     job = QueriesConfig(llm=resolve_model(DEFAULT_MODEL), backend="transformers", limit=8, shard_size=3,
                         held_out=0.4, sampling=query_sampling().model_copy(update=dict(n=4)))
@@ -145,46 +132,3 @@ def test_artifact_has_n_queries_per_document_labelled_and_split(tmp_path, monkey
                                         QueriesInputs(documents=docs)), "queries").to_pandas()
     assert len(ScriptedGenerator.asked) == 12 and len(more) == 12 * 4
     assert more.merge(table, on=COLUMNS).shape[0] == len(table)
-
-
-KILLABLE = """
-import sys
-from storage.store import ArtifactStore
-from tasks.config.queries import QueriesConfig
-from tasks.queries import QUERIES, QueriesInputs
-from storage.base import ArtifactRef
-store = ArtifactStore(sys.argv[1])
-job = QueriesConfig.model_validate_json(sys.argv[2])
-QUERIES.run(store, job, QueriesInputs(documents=ArtifactRef("ingest", sys.argv[3])))
-"""
-
-
-@pytest.mark.slow  # the LLM (transformers) in a subprocess killed mid-run, then again
-def test_killed_run_resumes_with_only_the_missing_documents(tmp_path, llm_dir):
-    store = ArtifactStore(tmp_path / "store")
-    docs = _docs(store, 6)
-    job = QueriesConfig(llm=llm_dir, backend="transformers", shard_size=1,
-                        sampling=query_sampling().model_copy(update=dict(n=2, max_tokens=12)))
-    pool = store.pool("queries", pool_key(job))
-    child = processes.Popen([sys.executable, "-c", KILLABLE, str(store.root), job.model_dump_json(), docs.key],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while len(pool.shards()) < 2 and child.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
-    finished = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in pool.shards()}
-    assert 2 <= len(finished) < 6, "the run should have been killed between shards"
-    before = sum(pq.read_metadata(p).num_rows for p in finished)
-    assert before == 2 * len(finished)
-    assert not store.exists(QUERIES.ref(job, QueriesInputs(documents=docs)))  # no half artifact
-
-    ref = QUERIES.run(store, job, QueriesInputs(documents=docs))
-    extra = store.manifest(ref)["extra"]
-    assert extra["generated"] == 6 * 2 - before and extra["reused"] == before
-    assert all((p.stat().st_mtime_ns, p.read_bytes()) == finished[p] for p in finished)  # never rewritten
-    assert len(pool.shards()) == 6  # one shard per document
-    table = store.read_table(ref, "queries").to_pandas()
-    assert list(table.columns) == COLUMNS and len(table) == 6 * 2 and set(table["backend"]) == {"transformers"}
-    assert set(table["status"]) <= set(STATUSES) and (table["status"] == "ok").any(), table[["status", "continuation"]]
-    assert [first_line(c)[0] for c in table["continuation"]] == table["query"].tolist()

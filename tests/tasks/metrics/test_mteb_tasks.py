@@ -159,6 +159,7 @@ def test_plain_hf_folder_in_bfloat16(cache_dir, tmp_path):
     assert -1.0 <= row["value"] <= 1.0
 
 
+@pytest.mark.alone  # timed: skipped within 5 s
 @pytest.mark.parametrize("name", ["STS16", "ArxivClusteringP2P", "SCIDOCS"])
 def test_hub_task_offline_is_skipped_at_once(name, cache_dir, caplog):
     start = time.monotonic()
@@ -171,6 +172,7 @@ def test_hub_task_offline_is_skipped_at_once(name, cache_dir, caplog):
     assert f"skipped {name}: data not reachable" in caplog.text
 
 
+@pytest.mark.alone  # timed: skipped within 5 s
 def test_unreachable_hub_without_offline_mode_is_skipped_at_once(cache_dir, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # closed port

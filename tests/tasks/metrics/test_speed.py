@@ -9,6 +9,7 @@ from tasks.metrics.speed import documents_per_second, medians
 TEXTS = [f"text {i}" for i in range(10)]
 
 
+@pytest.mark.alone  # timed: the fast side's rate against the slow one's
 def test_sides_take_turns_and_the_slower_side_measures_slower():
     calls = []
 
