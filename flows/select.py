@@ -163,7 +163,8 @@ def select_model(run: Run) -> Selection:
     create_markdown_artifact(markdown=markdown_for_ui(run.store, decided, SECTION), key="embforge-select",
                              description="Which recipe: the decision, the ladder, the compute")
     if chosen:
-        export_model(Catalog(run.store), chosen.label, out, [], notes=card)
+        # by its artifact: labels such as `crops@2e-05` repeat across the searches that share a store
+        export_model(Catalog(run.store), chosen.artifact.address, out, [], notes=card)
     return Selection(decision["chosen"], decision["said"], run.store.location("artifacts", decided.stage, decided.key),
                      str(out) if chosen else None)
 

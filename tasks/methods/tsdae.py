@@ -1,8 +1,5 @@
-"""TSDAE (docs/methods.md §3): word-deletion noise, and sentence-transformers' decoder loss.
-
-The noise is ours: sentence-transformers' widely copied example keeps each word with probability
-0.6, i.e. deletes 40%; the paper deletes 60%. Words are whitespace tokens (the paper used NLTK's
-tokenizer; whitespace needs no extra package and keeps punctuation attached to its word).
+"""TSDAE (docs/methods.md §3): sentence-transformers' decoder loss. Its input, a crop with words deleted, is
+the noise view's (tasks/views/noise.py), drawn by the pairs stage.
 
 The loss is sentence-transformers' `DenoisingAutoEncoderLoss` with tied encoder and decoder: a
 causal LM copy of the encoder with new cross-attention layers whose only memory is the pooled
@@ -11,36 +8,10 @@ sentence vector (a 1-token sequence), so the decoder never sees the input tokens
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
-
-if TYPE_CHECKING:  # the pairs stage draws the noise without loading torch (half a GB of its memory)
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
-
-
-def deletion_mask(n_words: int, ratio: float, rng: np.random.Generator) -> np.ndarray:
-    """Which of n words survive: each is deleted with probability `ratio`; at least one is kept
-    (the paper's floor)."""
-    if n_words == 0:
-        return np.zeros(0, bool)
-    keep = rng.random(n_words) >= ratio
-    if not keep.any():
-        keep[rng.integers(n_words)] = True
-    return keep
-
-
-def keep_words(text: str, keep: np.ndarray) -> str:
-    """The words of `text` that `keep` (a deletion mask drawn for this many words) marks."""
-    words = text.split()
-    if len(words) != len(keep):
-        raise ValueError(f"a deletion mask of {len(keep)} words for a text of {len(words)}")
-    return " ".join(w for w, k in zip(words, keep) if k) if words else text
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
 
 
 def tsdae_loss(model: SentenceTransformer) -> DenoisingAutoEncoderLoss:
     """Decoder tied to `model`: it is built from the folder the encoder was loaded from."""
-    from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
-
     return DenoisingAutoEncoderLoss(model, tie_encoder_decoder=True)

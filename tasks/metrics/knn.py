@@ -1,16 +1,17 @@
 """kNN accuracy, the cropping paper's in-domain metric (docs/methods.md §1).
 
 k = 10, Euclidean distance on raw embeddings, uniform votes, brute force, a 90/10 split drawn
-with scikit-learn's `train_test_split(random_state=42)`; ties in the vote go to the smallest
-class, as in scikit-learn. The distances are computed in float64, a block of test documents at
-a time (`block_bytes` of scratch memory), so that large corpora do not need an n × n matrix.
+with scikit-learn's `train_test_split(random_state=42)` (tasks/core/held_out.py: the training views
+leave its test documents out); ties in the vote go to the smallest class, as in scikit-learn. The
+distances are computed in float64, a block of test documents at a time (`block_bytes` of scratch
+memory), so that large corpora do not need an n × n matrix.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
+from tasks.core.held_out import split_indices
 from tasks.metrics import BLOCK_BYTES, block_rows
 
 
@@ -50,11 +51,6 @@ def knn_skipped(labels: list, k: int) -> str | None:
         return (f"all {len(labels)} labelled documents have the label {labels[0]!r}: kNN accuracy would be "
                 "1.000 for any model, skipped")
     return None
-
-
-def split_indices(n: int, test_size: float = 0.1, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
-    """Train and test positions among n labelled documents (the paper's split for seed 42)."""
-    return train_test_split(np.arange(n), test_size=test_size, random_state=seed)
 
 
 def knn_accuracy(x: np.ndarray, labels: list | np.ndarray, k: int = 10, test_size: float = 0.1,

@@ -7,11 +7,13 @@ from storage.store import ArtifactStore
 from tasks import pairs as pairs_module
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
+from tasks.core.held_out import HeldOut, knn_test_documents
 from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
-from tasks.methods.tsdae import deletion_mask, keep_words
-from tasks.pairs import PAIRS, HeldOut, PairsConfig, PairsInputs, Replacement, draw_query_pairs, draw_summary_pairs
+from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
+from tasks.views import crops as crops_module
+from tasks.views.noise import deletion_mask, keep_words
 from tests.helpers import DEMO_DOCS
 
 
@@ -141,121 +143,13 @@ def in_memory_pairs(sentences: pa.Table, cfg: PairsConfig, test: set[str]) -> li
                                                ("crops", 3, HeldOut(test_size=0.1, seed=42))])
 def test_streamed_pairs_equal_the_in_memory_rule_on_the_demo_corpus(tmp_path, monkeypatch, view, n, held_out):
     monkeypatch.setattr(pairs_module, "ROWS_PER_GROUP", 97)  # many row groups: every boundary is crossed
-    monkeypatch.setattr(pairs_module, "READ_ROWS", 101)  # a document's sentences cut across read batches
+    monkeypatch.setattr(crops_module, "READ_ROWS", 101)  # a document's sentences cut across read batches
     rows = drawn_pairs(tmp_path, DEMO_DOCS, view, epochs=2, seed=3, n=n, held_out=held_out, limit=400)
     store = ArtifactStore(tmp_path / "store")
     (sentences,) = store.artifacts("sentences")
     cfg = PairsConfig(view=view, n_sentences=n, seed=3, epochs=2, held_out=held_out,
                       deletion_ratio=0.6 if view == "noise" else None)
-    test = pairs_module.knn_test_documents(store.read_table(store.artifacts("ingest")[0], "documents"),
-                                           held_out) if held_out else set()
+    test = knn_test_documents(store.read_table(store.artifacts("ingest")[0], "documents"),
+                              held_out) if held_out else set()
     expected = in_memory_pairs(store.read_table(sentences, "sentences"), cfg, test)
     assert rows == expected and len(rows) > 500 and not {r["doc_id"] for r in rows} & test
-
-
-def test_held_out_pairs_leave_out_exactly_the_knn_test_documents():
-    from sklearn.model_selection import train_test_split
-
-    from tasks.pairs import HeldOut, knn_test_documents
-
-    ids = [f"d{i}" for i in range(30)]
-    docs = pa.table({"doc_id": ids, "label": [None if i % 5 == 0 else str(i % 3) for i in range(30)]})
-    labelled = [d for i, d in enumerate(ids) if i % 5]
-    _, test = train_test_split(labelled, test_size=0.2, random_state=7)  # the kNN metric's own split
-    assert knn_test_documents(docs, HeldOut(test_size=0.2, seed=7)) == set(test)
-
-
-def _summary_views(replacement, epochs=400):
-    summaries = {f"d{i}": [f"summary {i}.{j}" for j in range(4)] for i in range(5)}
-    titles = {f"d{i}": f"title {i}" for i in range(5)}
-    sentences = {f"d{i}": [f"sentence {i}.{j}" for j in range(3)] for i in range(5)}
-    return summaries, draw_summary_pairs(summaries, titles, sentences, replacement, epochs, seed=0).to_pandas()
-
-
-def test_semcse_positives_replaced_by_title_15_and_a_sentence_35_percent_of_the_time():
-    summaries, pairs = _summary_views(Replacement(title_rate=0.15, sentence_rate=0.35, same_input=False))
-    assert len(pairs) == 5 * 400 and (pairs.groupby("epoch")["doc_id"].nunique() == 5).all()
-    share = pairs["positive_kind"].value_counts(normalize=True)
-    # 2,000 draws: the binomial standard error of a 15% share is 0.8 points.
-    assert abs(share["title"] - 0.15) < 0.025 and abs(share["sentence"] - 0.35) < 0.035
-    assert abs(share["summary"] - 0.50) < 0.035
-    doc = pairs["doc_id"].str[1]
-    assert all(a in summaries[f"d{d}"] for a, d in zip(pairs["anchor"], doc))  # anchors: always summaries
-    kind = pairs["positive_kind"]
-    assert (pairs.loc[kind == "title", "positive"] == "title " + doc[kind == "title"]).all()
-    assert pairs.loc[kind == "sentence", "positive"].str.startswith("sentence ").all()
-    own = pairs[kind == "summary"]
-    assert (own["positive"] != own["anchor"]).all()  # another summary of the same document
-    assert (own["positive"].str.split(".").str[0] == own["anchor"].str.split(".").str[0]).all()
-
-
-def test_semcse_same_input_ablation_repeats_the_anchor():
-    _, pairs = _summary_views(Replacement(title_rate=0.15, sentence_rate=0.35, same_input=True), epochs=3)
-    assert (pairs["positive"] == pairs["anchor"]).all() and set(pairs["positive_kind"]) == {"same"}
-
-
-def test_semcse_documents_need_two_usable_summaries():
-    pairs = draw_summary_pairs({"a": ["one"], "b": ["x", "y"]}, {}, {}, Replacement(
-        title_rate=0, sentence_rate=0, same_input=False), epochs=2, seed=0)
-    assert set(pairs["doc_id"].to_pylist()) == {"b"}
-
-
-def mined_queries(teacher: bool = False) -> pa.Table:
-    """A negatives artifact's table: d0 has two training queries, d1 one that its passage fails the
-    round trip for, d2 only held-out queries, d3 one without negatives; with `teacher`, a cross-encoder's
-    scores of each query with its passage and with each negative."""
-    rows = [("q0", "d0", "train", "what is d0", 1, ["d1", "d2"], 9.0, [4.0, 7.5]),
-            ("q1", "d0", "train", "d0 again", 2, ["d3"], 8.0, [2.0]),
-            ("q2", "d1", "train", "about d1", 5, ["d0"], 1.0, [3.0]),
-            ("q3", "d2", "held_out", "held d2", 1, ["d0"], 5.0, [5.0]), ("q4", "d3", "train", "of d3", 1, [], 2.0, [])]
-    names = ["query_id", "doc_id", "split", "query", "positive_rank", "negatives", "positive_teacher",
-             "negative_teacher"]
-    table = pa.table({name: list(col) for name, col in zip(names, zip(*rows))})
-    if not teacher:
-        for name in ("positive_teacher", "negative_teacher"):
-            table = table.set_column(names.index(name), name, pa.nulls(len(rows), table[name].type))
-    return table
-
-
-PASSAGES = {f"d{i}": f"passage of d{i}" for i in range(4)}
-
-
-def test_query_pairs_train_on_training_queries_against_their_passage_and_a_mined_negative():
-    cfg = PairsConfig(view="queries", epochs=40, seed=0, hard_negatives=True)
-    table = draw_query_pairs(mined_queries(), PASSAGES, cfg, test=set()).to_pylist()
-    assert len(table) == 40 * 2  # d0 and d1: d2's queries are held out, d3 has no negative to train with
-    for epoch in range(40):
-        assert sorted(r["doc_id"] for r in table if r["epoch"] == epoch) == ["d0", "d1"]  # once each per epoch
-    for r in table:
-        assert r["positive"] == PASSAGES[r["doc_id"]] and r["negative"] != r["positive"]
-    d0 = [r for r in table if r["doc_id"] == "d0"]
-    assert {r["anchor"] for r in d0} == {"what is d0", "d0 again"}  # a query drawn per epoch
-    # Each query's own negatives, never d1: it is in the batch (the whole epoch here), its passage a positive.
-    assert {r["negative"] for r in d0} == {PASSAGES["d2"], PASSAGES["d3"]}
-    assert all(r["negative"] == PASSAGES["d3"] for r in d0 if r["anchor"] == "d0 again")
-    # Batches of one row: d1 is then never in d0's batch.
-    alone = draw_query_pairs(mined_queries(), PASSAGES, cfg.model_copy(update={"batch_size": 1}), test=set())
-    assert PASSAGES["d1"] in {r["negative"] for r in alone.to_pylist() if r["doc_id"] == "d0"}
-    # kNN's held-out test documents are never drawn as negatives either.
-    held = draw_query_pairs(mined_queries(), PASSAGES, cfg.model_copy(update={"batch_size": 1}), test={"d2"})
-    assert {r["negative"] for r in held.to_pylist() if r["doc_id"] == "d0"} == {PASSAGES["d1"], PASSAGES["d3"]}
-
-
-def test_query_pairs_with_margins_carry_the_teachers_margin_for_the_drawn_negative():
-    cfg = PairsConfig(view="queries", epochs=20, seed=0, hard_negatives=True, margins=True, batch_size=1)
-    table = draw_query_pairs(mined_queries(teacher=True), PASSAGES, cfg, test=set()).to_pylist()
-    margins = {("what is d0", "d1"): 9.0 - 4.0, ("what is d0", "d2"): 9.0 - 7.5, ("d0 again", "d3"): 8.0 - 2.0,
-               ("about d1", "d0"): 1.0 - 3.0}
-    drawn = {(r["anchor"], r["negative"].removeprefix("passage of ")): r["margin"] for r in table}
-    assert drawn == margins  # every (query, negative) drawn at least once over 20 epochs, each its own margin
-    assert draw_query_pairs(mined_queries(teacher=True), PASSAGES, cfg.model_copy(update={"margins": False}),
-                            test=set()).column_names == ["epoch", "doc_id", "anchor", "positive", "negative"]
-    with pytest.raises(InputError, match="negatives.cross_encoder"):  # margins need the teacher's scores
-        draw_query_pairs(mined_queries(), PASSAGES, cfg, test=set())
-
-
-def test_query_pairs_round_trip_keeps_queries_whose_passage_ranked_within_the_top_and_the_knn_test_set_out():
-    cfg = PairsConfig(view="queries", epochs=3, seed=1, round_trip=1)
-    table = draw_query_pairs(mined_queries(), PASSAGES, cfg, test={"d3"})
-    assert "negative" not in table.column_names
-    assert set(table["anchor"].to_pylist()) == {"what is d0"} and table.num_rows == 3
