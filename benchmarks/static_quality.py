@@ -23,7 +23,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from flows.cli import run_entries
+from flows.cli.common import run_entries
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.reporting.tables import comparison_table, long_rows, paired_differences, paired_lines

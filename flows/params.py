@@ -58,12 +58,16 @@ class EvaluateParams(RunParams):
                         "task, task revision and settings.")
 
 
+# The select command's defaults, relative to the repository (the UI's form runs from it; the CLI from anywhere).
+SELECT_CONFIG = "configs/select.yaml"
+
+
 class SelectParams(RunParams):
     """Pick the recipe for a corpus, scored on held-out documents (by your queries, else their labels, else their
     titles), train the winner and export it (docs/select.md)."""
 
-    config: str = Field("configs/select.yaml", pattern=r"\.ya?ml$", description="Config with the defaults (the "
-                        "model, the candidates, the yardstick): configs/select.yaml, or a copy of it.")
+    config: str = Field(SELECT_CONFIG, pattern=r"\.ya?ml$", description="Config with the defaults (the "
+                        f"model, the candidates, the yardstick): {SELECT_CONFIG}, or a copy of it.")
     corpus: str | None = Field(None, description="The corpus file (Parquet, CSV or JSONL with a text column; labels "
                                "or titles for the yardstick). Empty: the config's `data.path`.")
     qrels: str | None = Field(None, description="Your queries and their relevant documents (Parquet: query_id, "

@@ -63,6 +63,7 @@ class Selection:
     chosen: str  # the winning candidate, or BASE
     said: str  # the decision in one sentence
     report: str  # the select artifact's folder: selection.md, ladder.png, ladder.parquet
+    artifact: str  # its address, select/<key>
     exported: str | None  # the chosen model's folder; None when the answer is the base model as it is
 
 
@@ -166,15 +167,14 @@ def select_model(run: Run) -> Selection:
         # by its artifact: labels such as `crops@2e-05` repeat across the searches that share a store
         export_model(Catalog(run.store), chosen.artifact.address, out, [], notes=card)
     return Selection(decision["chosen"], decision["said"], run.store.location("artifacts", decided.stage, decided.key),
-                     str(out) if chosen else None)
+                     decided.address, str(out) if chosen else None)
 
 
-def outcome_lines(store: ArtifactStore, run_id: str, cfg: PipelineConfig) -> str:
-    """What `embforge select` prints when its run is done: the decision's section, and where the model is."""
-    key = Catalog(store).query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'select'", [run_id])[0]["key"]
-    decided = ArtifactRef(SELECT.name, key)
-    chosen = store.manifest(decided)["extra"]["decision"]["chosen"]
-    model = export_folder(cfg) if chosen != BASE else f"{cfg.model.name_or_path}, as it is (nothing exported)"
+def outcome_lines(store: ArtifactStore, selection: dict, cfg: PipelineConfig) -> str:
+    """What `embforge select` prints when its run is done (`selection`: what the flow returned): the decision's
+    section, and where the model is."""
+    decided = ArtifactRef.parse(selection["artifact"])
+    model = selection["exported"] or f"{cfg.model.name_or_path}, as it is (nothing exported)"
     return (f"{(store.path(decided) / SECTION).read_text()}\nthe model: {model}\n"
             f"the decision, its ladder and picture: {store.path(decided)}")
 

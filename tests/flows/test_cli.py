@@ -14,7 +14,7 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tests import processes
-from tests.helpers import cli_env, tiny_config
+from tests.helpers import DEMO_DOCS, cli_env, tiny_config
 
 EMBFORGE = [sys.executable, "-m", "flows.cli"]
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def test_bad_config_exits_non_zero_naming_the_field(tmp_path, env):
 
 
 def test_set_overrides_are_yaml_values_and_a_bad_one_exits_naming_it(tmp_path, env):
-    from flows.cli import overrides
+    from flows.cli.common import overrides
 
     assert overrides(["train.epochs=2", "methods.0.train.lr=1.0e-4", "evaluate.sts=null", "name=a=b"]) == {
         "train.epochs": 2, "methods.0.train.lr": 1e-4, "evaluate.sts": None, "name": "a=b"}
@@ -127,3 +127,18 @@ def test_a_bad_sql_query_exits_non_zero_with_duckdb_message(tmp_path, env):
     result = embforge("sql", "SELECT nope FROM runs", "--store", str(tmp_path / "store"), env=env)
     assert result.returncode == 2
     assert "error:" in result.stdout and "nope" in result.stdout and "Traceback" not in result.stderr
+
+
+def test_select_loads_its_config_once_and_takes_the_store_set_on_the_command_line(tmp_path, monkeypatch):
+    """`--set store=...` is the store the search writes to (it was read after the store was chosen, and ignored)."""
+    from flows.cli import parser
+    from flows.cli.running import select_params
+
+    monkeypatch.delenv("EMBFORGE_STORE", raising=False)
+    elsewhere = tmp_path / "elsewhere"
+    args = parser().parse_args(["select", str(DEMO_DOCS), "--set", f"store={elsewhere}", "--budget", "30"])
+    params, cfg, store = select_params(args)
+    assert Path(cfg.store) == elsewhere and params.store == store.url and Path(store.root) == elsewhere
+    assert cfg.data.path == str(DEMO_DOCS) and cfg.select.budget == 30
+    args = parser().parse_args(["select", str(DEMO_DOCS), "--set", f"store={elsewhere}", "--store", str(tmp_path)])
+    assert Path(select_params(args)[2].root) == tmp_path  # --store first, as everywhere

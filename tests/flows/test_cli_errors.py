@@ -8,7 +8,8 @@ from datetime import datetime
 
 import pytest
 
-from flows.cli import iso_time, main
+from flows.cli import main
+from flows.cli.catalog import iso_time
 from storage.store import ArtifactStore
 from tests import processes
 from tests.helpers import REPO, cli_env, free_port, tiny_config

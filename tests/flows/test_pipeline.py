@@ -368,7 +368,7 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
 
     # `embforge report --method crops`: the latest scores of each model trained with crops: "crops"
     # from the second run, "crops-held-out" from the first.
-    from flows.cli import filtered_entries
+    from flows.cli.catalog import filtered_entries
 
     latest = filtered_entries(Catalog(store), dataset="ohsumed-tiny", method="crops", since=None)
     second_keys = Catalog(store).query("SELECT label, method, key FROM run_stages WHERE run_id = ? "
