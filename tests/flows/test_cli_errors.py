@@ -84,7 +84,7 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case, message", [
-    ("missing-columns", "bad.csv: column 'doc_id' (data.columns.id)"),
+    ("missing-text", "bad.csv: column 'text' (data.columns.text) not found; the file has body, label"),
     ("empty-corpus", "bad.csv: 0 rows, no documents to ingest"),
     ("one-document", "bad.csv: 1 document; a run needs at least 2"),
     ("unknown-model", "model 'no-such-org/no-such-model': not a local folder"),
@@ -98,7 +98,7 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
 ])
 def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_in_the_log(tmp_path, case, message,
                                                                                           prefect_api):
-    data = {"missing-columns": "text,label\nhello world,a\n", "empty-corpus": "doc_id,title,text,label\n",
+    data = {"missing-text": "body,label\nhello world,a\n", "empty-corpus": "doc_id,title,text,label\n",
             "one-document": "doc_id,title,text,label,split\n1,A title,One text of some length.,a,train\n"}
     (tmp_path / "bad.csv").write_text(data.get(case, ""))
     change = {"unknown-model": {"model": {"name_or_path": "no-such-org/no-such-model"}},

@@ -12,7 +12,8 @@ GOLDEN = REPO / "tests" / "flows" / "cli_help"
 
 
 def helps(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """Each command's help, and `embforge`'s own, as printed on a terminal 100 columns wide."""
+    """Each command's help, and `embforge`'s own, as printed on a terminal 100 columns wide. No help prints a default
+    taken from the current folder (`--working-dir` says "this one"), so the texts are the same from any folder."""
     monkeypatch.setenv("COLUMNS", "100")  # argparse wraps at the terminal's width
     top = parser()
     [commands] = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
