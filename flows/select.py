@@ -97,8 +97,8 @@ def sample_of(run: Run, corpus: Corpus) -> Corpus:
                 if on]:
         get_run_logger().info("the yardstick ranks among the whole corpus: %s scored on it too", ", ".join(also))
         return corpus
-    sample = run.stage(SAMPLE, SampleConfig(size=size, seed=ev.yardstick.seed), SampleInputs(documents=docs,
-                                                                                      yardstick=corpus.yardstick))
+    sample = run.stage(SAMPLE, SampleConfig(size=size, seed=ev.yardstick.seed),
+                       SampleInputs(documents=docs, yardstick=corpus.yardstick))
     return replace(corpus, docs=sample, dataset=f"{run.cfg.data.display_name} (yardstick sample)")
 
 

@@ -28,7 +28,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                        rebuild_stale_versions=args.rebuild_stale_versions)
     run_id, catalog = run_flow("run", "flows.pipeline", "pipeline", params, store)[0], Catalog(store)
     print_table(f"{cfg.name} (run {run_id})",
-                 comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
+                comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
     reused = catalog.query("SELECT stage, label FROM run_stages WHERE run_id = ? AND state = 'Cached' "
                            "ORDER BY position", [run_id])
     if reused:
@@ -38,7 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "AND state = 'Cached' AND version_changes IS NOT NULL ORDER BY position", [run_id])
     if stale:
         print_table("cached artifacts built with other library versions (--rebuild-stale-versions rebuilds them)",
-                     stale)
+                    stale)
     console.print(f"artifacts in {store.url}; query them with `embforge sql` or DuckDB")
     return 0
 
