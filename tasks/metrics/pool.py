@@ -1,0 +1,115 @@
+"""Label-free scores a model earns against a pool of other models (the `consensus` and `information` yardsticks of
+tasks/config/yardsticks.py), and effective rank, the single-model baseline they are measured beside.
+
+- Consensus (after LARMOR, Xu et al., SIGIR 2024: fusing many retrievers' rankings of generated queries into
+  pseudo-judgements ranked 47 retrievers closer to human judgements than the generated queries alone): every model
+  ranks the corpus for each held-out query; the rankings are fused by reciprocal rank fusion, and each model is scored
+  by nDCG@10 against the fusion of the *others* (leave-one-out), so a model's own ranking is never part of the
+  judgements it is scored by: it cannot vote for itself.
+- Information (after "information sufficiency", Darrin et al., NeurIPS 2024: a model whose embeddings predict the
+  others' carries what they carry): the mean share of each other model's embedding variance that a ridge regression
+  from this model's embeddings explains, fitted on one half of the documents and scored on the other (cross-fitted,
+  so a wide embedding cannot explain noise).
+- Effective rank (Roy and Vetterli 2007; RankMe, Garrido et al. 2023): exp of the entropy of the normalised singular
+  values. Weak or reversed for text encoders in the literature: a baseline, not a yardstick to trust.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tasks.metrics import block_rows, unit_rows
+from tasks.metrics.retrieval import cosines
+
+RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009)
+DEPTH = 100  # each model's ranking is fused down to this depth
+JUDGED = 10  # the leave-one-out fusion's top documents are the pseudo-relevant ones
+
+
+def top_documents(queries: np.ndarray, docs: np.ndarray, depth: int = DEPTH) -> np.ndarray:
+    """(queries, depth) row numbers of each query's best documents by cosine, best first."""
+    q, d = unit_rows(queries, np.float32), unit_rows(docs, np.float32)
+    depth = min(depth, len(d))
+    top = np.empty((len(q), depth), dtype=np.int64)
+    step = block_rows(len(d), 4)
+    for start in range(0, len(q), step):
+        scores = cosines(q[start : start + step], d)  # (block, docs)
+        part = np.argpartition(-scores, depth - 1, axis=1)[:, :depth]  # (block, depth), unordered
+        order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
+        top[start : start + step] = np.take_along_axis(part, order, axis=1)
+    return top
+
+
+def fusion(rankings: np.ndarray, documents: int, k: int = RRF_K) -> np.ndarray:
+    """(models, queries, depth) rankings → (models, queries, documents): each model's reciprocal rank fusion
+    contribution, 1 / (k + rank) at each document it ranked; their sum over models is the fusion."""
+    models, queries, depth = rankings.shape
+    out = np.zeros((models, queries, documents), dtype=np.float32)
+    weight = (1.0 / (k + np.arange(1, depth + 1))).astype(np.float32)  # (depth,)
+    m, q = np.meshgrid(np.arange(models), np.arange(queries), indexing="ij")  # (models, queries) each
+    out[m[..., None], q[..., None], rankings] = weight  # a ranking names a document once
+    return out
+
+
+def consensus_ndcg(rankings: np.ndarray, documents: int, own: np.ndarray | None = None, judged: int = JUDGED,
+                   k: int = 10) -> np.ndarray:
+    """(models, queries) nDCG@k of each model's ranking against pseudo-judgements fused from the other models'
+    (leave-one-out): the fusion's top `judged` documents are relevant (gain 1); a query's own document, where it has
+    one (`own`, (queries,) row numbers: a title's or generated query's), gain 2, as the evidence a person wrote."""
+    models, queries, _ = rankings.shape
+    if models < 2:
+        raise ValueError("a consensus needs at least 2 models: each is judged by the others")
+    parts = fusion(rankings, documents)  # (models, queries, documents)
+    total = parts.sum(axis=0)  # (queries, documents)
+    discount = 1 / np.log2(np.arange(2, k + 2))  # (k,)
+    scores = np.empty((models, queries))
+    for m in range(models):
+        others = total - parts[m]  # (queries, documents): the fusion without model m
+        relevant = np.argpartition(-others, judged - 1, axis=1)[:, :judged]  # (queries, judged)
+        gain = np.zeros((queries, documents), dtype=np.float32)
+        np.put_along_axis(gain, relevant, np.take_along_axis(others, relevant, axis=1) > 0, axis=1)
+        if own is not None:
+            gain[np.arange(queries), own] = 2
+        got = np.take_along_axis(gain, rankings[m, :, :k], axis=1) @ discount[: rankings.shape[2]]  # (queries,)
+        ideal = -np.sort(-gain, axis=1)[:, :k] @ discount  # (queries,)
+        scores[m] = np.divide(got, ideal, out=np.zeros(queries), where=ideal > 0)
+    return scores
+
+
+def explained_share(source: np.ndarray, target: np.ndarray, alpha: float = 1.0) -> float:
+    """The share of `target`'s variance (documents, d_t) a ridge regression from `source` (documents, d_s) explains
+    on documents it was not fitted on: two folds, each fitted on one half and scored on the other."""
+    n = len(source)
+    if n < 4:
+        raise ValueError(f"explained_share needs at least 4 documents, got {n}")
+    halves = np.arange(n) % 2 == 0
+    residual = total = 0.0
+    for fit in (halves, ~halves):
+        xs, ys = source[fit], target[fit]
+        mx, my = xs.mean(0), ys.mean(0)
+        a, b = xs - mx, ys - my
+        # ridge in its dual form: (n/2 x n/2) whatever the width, closed form
+        coef = a.T @ np.linalg.solve(a @ a.T + alpha * np.eye(len(a)), b)  # (d_s, d_t)
+        pred = (source[~fit] - mx) @ coef + my
+        residual += float(((target[~fit] - pred) ** 2).sum())
+        total += float(((target[~fit] - target[~fit].mean(0)) ** 2).sum())
+    return 1 - residual / total if total > 0 else 0.0
+
+
+def information(embeddings: list[np.ndarray], alpha: float = 1.0) -> np.ndarray:
+    """(models,) each model's mean explained_share of every other model's unit-normalised embeddings of the same
+    documents."""
+    if len(embeddings) < 2:
+        raise ValueError("information needs at least 2 models")
+    unit = [unit_rows(x, np.float64) for x in embeddings]
+    return np.array([np.mean([explained_share(unit[m], unit[j], alpha) for j in range(len(unit)) if j != m])
+                     for m in range(len(unit))])
+
+
+def effective_rank(x: np.ndarray) -> float:
+    """exp(entropy) of the normalised singular values of the centred embeddings (documents, dims): 1 for vectors on
+    a line, up to min(documents, dims)."""
+    s = np.linalg.svd(x - x.mean(0), compute_uv=False)
+    p = s / s.sum() if s.sum() > 0 else np.ones(1)
+    p = p[p > 0]
+    return float(np.exp(-(p * np.log(p)).sum()))

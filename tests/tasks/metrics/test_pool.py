@@ -1,0 +1,80 @@
+"""The pool-relative yardsticks' maths (tasks/metrics/pool.py) on hand-made rankings and embeddings."""
+
+import numpy as np
+import pytest
+
+from tasks.metrics import pool
+
+
+def test_top_documents_are_the_best_by_cosine_best_first():
+    rng = np.random.default_rng(0)
+    q, d = rng.normal(size=(7, 5)), rng.normal(size=(30, 5))
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    expected = np.argsort(-(unit(q) @ unit(d).T), axis=1, kind="stable")[:, :4]
+    assert (pool.top_documents(q, d, depth=4) == expected).all()
+
+
+def test_a_model_is_judged_only_by_the_others():
+    """Leave-one-out: a model's score is nDCG against the fusion of the other models; changing its own ranking
+    changes what it gets, never what it is judged by."""
+    rng = np.random.default_rng(1)
+    rankings = np.stack([np.stack([rng.permutation(20)[:8] for _ in range(5)]) for _ in range(4)])  # (4, 5, 8)
+    scores = pool.consensus_ndcg(rankings, 20)
+    for m in range(4):
+        others = np.delete(rankings, m, axis=0)
+        # the same model scored against a pool without it, as the last of a pool of the others + itself
+        alone = pool.consensus_ndcg(np.concatenate([others, rankings[m : m + 1]]), 20)[-1]
+        assert np.allclose(scores[m], alone)
+
+
+def test_a_candidate_cannot_vote_for_itself():
+    """Three models that agree and a fourth whose ranking no other shares: with leave-one-out the fourth scores 0
+    (no other model ranked its documents); fused with its own ranking it would have judged itself relevant."""
+    agree = np.tile(np.arange(10), (3, 1))  # (queries 3, depth 10): documents 0-9 in order
+    odd = np.tile(np.arange(10, 20), (3, 1))  # documents 10-19
+    rankings = np.stack([agree, agree, agree, odd])
+    scores = pool.consensus_ndcg(rankings, 20)
+    assert np.allclose(scores[:3], 1)
+    assert np.allclose(scores[3], 0)
+
+
+def test_the_own_document_counts_double():
+    """With `own`, a query's own document is the most relevant: a model ranking it first beats one ranking the
+    fusion's choice first, all else equal."""
+    base = np.array([[1, 2, 3, 4]])  # (queries 1, depth 4)
+    finds_own = np.array([[0, 1, 2, 3]])
+    rankings = np.stack([base, base, finds_own])
+    with_own = pool.consensus_ndcg(rankings, 10, own=np.array([0]), judged=3, k=4)
+    without = pool.consensus_ndcg(rankings, 10, judged=3, k=4)
+    assert with_own[2, 0] > without[2, 0]
+
+
+def test_consensus_needs_two_models():
+    with pytest.raises(ValueError, match="at least 2"):
+        pool.consensus_ndcg(np.zeros((1, 2, 3), dtype=np.int64), 5)
+
+
+def test_information_ranks_the_model_that_predicts_the_others_first():
+    """Three models of 200 documents: `rich` holds two factors, `a` and `b` one each plus noise. `rich` predicts
+    both; each of the others predicts half of `rich` and nothing of the other."""
+    rng = np.random.default_rng(2)
+    f, g = rng.normal(size=(200, 4)), rng.normal(size=(200, 4))
+    mix = lambda x: x @ rng.normal(size=(x.shape[1], 16))  # noqa: E731
+    rich = mix(np.hstack([f, g]))
+    a, b = mix(f) + 0.1 * rng.normal(size=(200, 16)), mix(g) + 0.1 * rng.normal(size=(200, 16))
+    scores = pool.information([a, rich, b])
+    assert scores.argmax() == 1 and scores.max() <= 1
+
+
+def test_explained_share_is_fitted_on_other_documents():
+    """Pure noise explains nothing of other noise out of sample, however wide it is (in sample a 300-wide source
+    would fit 100 documents exactly)."""
+    rng = np.random.default_rng(3)
+    assert pool.explained_share(rng.normal(size=(100, 300)), rng.normal(size=(100, 8)), alpha=1e-6) < 0.05
+
+
+def test_effective_rank():
+    rng = np.random.default_rng(4)
+    line = rng.normal(size=(50, 1)) @ rng.normal(size=(1, 8))
+    assert pool.effective_rank(line) == pytest.approx(1, abs=1e-6)
+    assert pool.effective_rank(rng.normal(size=(2000, 8))) == pytest.approx(8, rel=0.05)
