@@ -20,9 +20,11 @@ from tasks.config.base import BASE, ConfigError
 from tasks.config.data import SentenceConfig
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.pipeline import PipelineConfig
+from tasks.config.queries import AskedQueries, AskingDocuments, QueriesConfig
 from tasks.config.recipes import RECIPES
 from tasks.config.static import StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
+from tasks.config.yardsticks import YARDSTICKS
 from tasks.core.stage import Inputs, NoInputs, Stage
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.encoders.models import ModelInputs
@@ -45,7 +47,7 @@ from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
-from tasks.yardstick import QUERIED, YARDSTICK, YardstickInputs, yardstick_kind
+from tasks.yardstick import YARDSTICK, YardstickInputs, llm_queries_needed, yardstick_source
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
@@ -102,8 +104,8 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
     sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None
     held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
     query_emb = embedded({}, dict(held_out_queries=held_out), prompts.query) if held_out else None
-    asked = (embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query)  # titles, or the user's queries
-             if corpus.yardstick and yardstick_kind(run.settled(corpus.yardstick)) in QUERIED else None)
+    asked = (embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query)  # titles, the user's or an LLM's
+             if corpus.yardstick and YARDSTICKS[yardstick_source(run.settled(corpus.yardstick))].queried else None)
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
@@ -136,9 +138,21 @@ class Corpus:
 
 
 def yardstick_of(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
-    """The yardstick's queries, if the config asks (its documents are then left out of training)."""
+    """The yardstick's queries, if the config asks (its documents are then left out of training); an LLM writes
+    them for the held-out documents where the corpus has nothing else to ask by (tasks/yardstick.py)."""
     cfg = run.cfg.evaluate.yardstick
-    return run.stage(YARDSTICK, cfg, YardstickInputs(documents=docs)) if cfg else None
+    if not cfg:
+        return None
+    counts = run.settled(docs)["extra"]
+    generated = None
+    if llm_queries_needed(cfg, counts.get("titled", 0), counts.get("labelled", 0)):
+        queries = run.cfg.queries or QueriesConfig()
+        most = -(-cfg.max_queries // queries.sampling.n) if cfg.max_queries else None  # documents enough to ask
+        job = AskedQueries(**queries.model_dump(exclude={"limit"}),
+                           asking=AskingDocuments(held_out=cfg.held_out, seed=cfg.seed, most=most))
+        llm = run.stage(LLM, LlmJob(source=job.llm), NoInputs()) if needs_conversion(job.llm) else None
+        generated = run.stage(QUERIES, job, QueriesInputs(documents=docs, llm=llm))
+    return run.stage(YARDSTICK, cfg, YardstickInputs(documents=docs, generated=generated))
 
 
 def summarize_corpus(run: Run, docs: ArtifactRef) -> ArtifactRef | None:

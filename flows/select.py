@@ -52,10 +52,12 @@ from tasks.select import (
     Ladder,
     SelectInputs,
     SelectJob,
+    consensus_scores,
     rung_name,
     successive_halving,
     yardstick_scores,
 )
+from tasks.yardstick import yardstick_kind
 
 
 @dataclass(frozen=True)
@@ -102,15 +104,19 @@ def sample_of(run: Run, corpus: Corpus) -> Corpus:
     return replace(corpus, docs=sample, dataset=f"{run.cfg.data.display_name} (yardstick sample)")
 
 
-def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None,
-           candidates: list[Candidate]) -> tuple[Ladder, dict[str, ReportedModel], dict[str, ArtifactRef]]:
+def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None, candidates: list[Candidate],
+           base: ArtifactRef) -> tuple[Ladder, dict[str, ReportedModel], dict[str, ArtifactRef]]:
     """Successive halving over the candidates: (the ladder, each rung's model and evaluate artifact by
     rung_name). A rung's stages are all asked for before any is waited on, so a task runner (`run.task_runner`)
-    trains and scores its candidates side by side."""
+    trains and scores its candidates side by side. On a consensus yardstick a rung's candidates and the untrained
+    model (`base`, its evaluate artifact) judge each other (tasks/select.py's rung_pool)."""
     budget, yardstick = run.cfg.select.budget, run.cfg.evaluate.yardstick
+    consensus = yardstick_kind(run.settled(corpus.yardstick)) == "consensus"
     models: dict[str, ReportedModel] = {}
     scored: dict[str, ArtifactRef] = {}
     reached: dict[Candidate, ReportedModel] = {}  # each candidate's last rung
+    last_rung: dict[Candidate, str] = {}  # its rung_name
+    pools: dict[int, dict[str, float]] = {}  # a consensus's mean scores by rung, then rung_name
 
     def start(live: list[Candidate], steps: int) -> None:
         for candidate in live:
@@ -126,6 +132,7 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
             name = rung_name(candidate.name, steps)
             model = with_tokenizer(run, begun, [replace(model, label=candidate.name if steps == budget else name)])
             reached[candidate] = models[name] = model[0]
+            last_rung[candidate] = name
             scored[name] = evaluate_model(run, model[0], corpus)[0]
 
     def score(candidate: Candidate, steps: int) -> float | str:
@@ -134,7 +141,13 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
         trained = run.store.manifest(trained_ref(run.store, models[name].artifact))
         if problem := health.fatal_verdict(trained["extra"]["health"]):
             return f"{candidate.recipe} recipe: training {problem} (lr {candidate.lr:g})"
-        return float(yardstick_scores(run.store, scored[name]).mean())
+        if not consensus:
+            return float(yardstick_scores(run.store, scored[name]).mean())
+        if steps not in pools:  # the rung's candidates; at the budget, every candidate where it stopped
+            pool = [n for c, n in last_rung.items() if steps == budget or n == rung_name(c.name, steps)]
+            judged = consensus_scores(run.store, {BASE: base} | {n: scored[n] for n in pool})
+            pools[steps] = {n: float(v.mean()) for n, v in judged.items()}
+        return pools[steps][name]
 
     return successive_halving(candidates, budget, run.cfg.select.eta, score, start), models, scored
 
@@ -151,7 +164,7 @@ def select_model(run: Run) -> Selection:
     corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs)))
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
-    ladder, models, scored = search(run, begun, corpus, negatives, candidates)
+    ladder, models, scored = search(run, begun, corpus, negatives, candidates, base_scores)
     job = SelectJob(name=cfg.data.display_name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
                     yardstick=cfg.evaluate.yardstick, base=base.label)
     decided = run.stage(SELECT, job, SelectInputs(yardstick=corpus.yardstick, base=base_scores, scored=scored,

@@ -42,6 +42,7 @@ SCORE_STAGES = ("evaluate", "semantic", "mteb", "speed")
 STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
 QUERY_SCORES = "query_scores"  # each query's nDCG@10: the held-out generated ones (evaluate), local retrieval (mteb)
 YARDSTICK_SCORES = "yardstick_scores"  # the same table (one schema) for the evaluate stage's yardstick queries
+YARDSTICK_TOP = "yardstick_top"  # a consensus yardstick's queries' best documents, for the select stage to fuse
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.

@@ -19,23 +19,24 @@ import pyarrow as pa
 from pydantic import Field
 
 from storage.base import ArtifactRef
-from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, metrics_table
+from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, YARDSTICK_TOP, metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
-from tasks.config.evaluation import TSNE_MAX, YARDSTICK_PREFIXES, KnnConfig, StsConfig
+from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
 from tasks.config.queries import HELD_OUT
+from tasks.config.yardsticks import TEXT_QUERIES, YARDSTICKS
 from tasks.core import eval_sets
 from tasks.core.held_out import held_out_queries
 from tasks.core.stage import Stage
 from tasks.encoders.encode import POOLINGS
 from tasks.encoders.models import trained_ref
 from tasks.methods import health
-from tasks.metrics import geometry, knn, retrieval, sts
+from tasks.metrics import geometry, knn, pool, retrieval, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import PER_SPLIT, POINTS
-from tasks.yardstick import QUERIED, yardstick_kind
+from tasks.yardstick import yardstick_kind, yardstick_source
 
 
 class EvalJob(Section):
@@ -132,20 +133,29 @@ def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: 
 
 def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, docs: pd.DataFrame, pooling: str,
                    out: ArtifactWriter) -> list[dict]:
-    """The yardstick (tasks/yardstick.py) by its kind: each held-out title finds its text among the corpus (`title_`);
-    each of the user's queries finds its relevant documents among the corpus (`qrels_`); or each labelled held-out
-    document, by its vector, finds its label's among the labelled documents not held out (`label_`). Each query's
-    scores go in YARDSTICK_SCORES, which the select stage pairs."""
-    kind = yardstick_kind(store.manifest(inputs.yardstick))
-    if (kind in QUERIED) != (inputs.yardstick_embeddings is not None):
-        raise ValueError(f"a {kind} yardstick is scored {'with' if kind in QUERIED else 'without'} its queries' "
-                         "embeddings")
-    if kind == "titles":
+    """The yardstick (tasks/yardstick.py) by its kind: each held-out title or LLM query finds its text among the corpus
+    (`title_`, `generated_`); each of the user's queries finds its relevant documents among the corpus (`qrels_`); or
+    each labelled held-out document, by its vector, finds its label's among the labelled documents not held out
+    (`label_`). Each query's scores go in YARDSTICK_SCORES, which the select stage pairs; for a consensus, each
+    query's best documents too (YARDSTICK_TOP), which the select stage fuses across the candidates."""
+    manifest = store.manifest(inputs.yardstick)
+    kind, source = yardstick_kind(manifest), yardstick_source(manifest)
+    if YARDSTICKS[source].queried != (inputs.yardstick_embeddings is not None):
+        raise ValueError(f"a {kind} yardstick is scored {'with' if YARDSTICKS[source].queried else 'without'} its "
+                         "queries' embeddings")
+    if source in TEXT_QUERIES:
+        if kind == "consensus":
+            held = held_out_queries(store, inputs.yardstick)
+            top = pool.top_documents(embed.read_embeddings(store, inputs.yardstick_embeddings, pooling), x)
+            top = pa.array(list(top.astype(np.int32)), pa.list_(pa.int32()))  # row numbers of `docs`
+            own = docs.reset_index(drop=True).reset_index().set_index("doc_id")["index"][held["doc_id"].to_pylist()]
+            out.write_table(YARDSTICK_TOP, pa.table({"query_id": held["query_id"], "top": top,
+                                                     "own": pa.array(own.to_numpy(), pa.int32())}))
         return held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, x, docs["doc_id"].tolist(),
-                                   pooling, out, YARDSTICK_PREFIXES[kind], YARDSTICK_SCORES)
+                                   pooling, out, YARDSTICKS[source].prefix, YARDSTICK_SCORES)
     asked = held_out_queries(store, inputs.yardstick).to_pandas()
     row_of = pd.Series(np.arange(len(docs)), index=docs["doc_id"])
-    if kind == "qrels":
+    if source == "qrels":
         relevant = store.read_table(inputs.yardstick, "relevant").to_pandas()
         query_row = pd.Series(np.arange(len(asked)), index=asked["query_id"])
         vectors = embed.read_embeddings(store, inputs.yardstick_embeddings, pooling)
@@ -158,7 +168,7 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
         queries = row_of[asked["doc_id"]].to_numpy()
         ranks, ndcg = retrieval.same_label_ranks(x[queries], x[index], labels[queries], labels[index])
     out.write_table(YARDSTICK_SCORES, pa.table({"query_id": asked["query_id"], "rank": ranks, "ndcg": ndcg}))
-    rows = retrieval.set_rows(ranks, ndcg, prefix=YARDSTICK_PREFIXES[kind])
+    rows = retrieval.set_rows(ranks, ndcg, prefix=YARDSTICKS[source].prefix)
     return [dict(row, split=HELD_OUT) for row in rows]
 
 

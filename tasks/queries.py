@@ -27,8 +27,8 @@ import pyarrow as pa
 from storage.base import ArtifactRef, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import llm
-from tasks.config.queries import HELD_OUT, QueriesConfig
-from tasks.core.held_out import split_of
+from tasks.config.queries import HELD_OUT, AskedQueries, AskingDocuments, QueriesConfig
+from tasks.core.held_out import held_out_documents, split_of
 from tasks.core.stage import Inputs, Stage
 from tasks.generation.pool import GENERATION_COLUMNS, document_text, pooled_rows, quality, rows_key, status_counts
 
@@ -54,18 +54,27 @@ def pool_key(job: QueriesConfig) -> str:
     return rows_key(llm.identity(job.llm), job.sampling)
 
 
+def asking_documents(doc_ids: list[str], asking: AskingDocuments) -> set[str]:
+    """The held-out documents the yardstick's LLM queries are written for: at most `most`, by a hash of each id."""
+    held = sorted(held_out_documents(doc_ids, asking), key=lambda d: stable_hash(asking.seed, d))
+    return set(held[: asking.most] if asking.most else held)
+
+
 def build_queries(store: ArtifactStore, job: QueriesConfig, inputs: QueriesInputs,
                   out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     model_dir = llm.llm_folder(store, inputs.llm, job.llm)
+    only = (asking_documents(store.read_table(inputs.documents, "documents", ["doc_id"])["doc_id"].to_pylist(),
+                             job.asking) if isinstance(job, AskedQueries) else None)
     docs, pooled, made, cut = pooled_rows(store, job, inputs.documents, store.pool("queries", pool_key(job)),
-                                          [job.prompt], model_dir, llm.prompt_prefix(model_dir), log, "queries")
+                                          [job.prompt], model_dir, llm.prompt_prefix(model_dir), log, "queries", only)
+    split = (lambda doc_id: HELD_OUT) if only is not None else lambda doc_id: split_of(doc_id, job.seed, job.held_out)
     rows = []
     for doc, r in pooled:
         query, ended = first_line(r["continuation"])
         rows.append(dict(query_id=stable_hash(r["doc_digest"], r["prompt_digest"], r["sample"]), doc_id=doc["doc_id"],
                          sample=r["sample"], query=query,
                          status=query_status(query, ended, r["finish"], document_text(doc["title"], doc["text"])),
-                         split=split_of(doc["doc_id"], job.seed, job.held_out),
+                         split=split(doc["doc_id"]),
                          **{k: r[k] for k in GENERATION_COLUMNS}))
     table = pa.Table.from_pylist(rows).sort_by([("doc_id", "ascending"), ("sample", "ascending")])
     stats = table.group_by(["status", "split"]).aggregate([("sample", "count")]).rename_columns(
@@ -73,7 +82,7 @@ def build_queries(store: ArtifactStore, job: QueriesConfig, inputs: QueriesInput
     out.write_table("queries", table)
     out.write_table("stats", stats.sort_by([("status", "ascending"), ("split", "ascending")]))
     counts = status_counts(table)
-    held = sum(split_of(d["doc_id"], job.seed, job.held_out) == HELD_OUT for d in docs)
+    held = sum(split(d["doc_id"]) == HELD_OUT for d in docs)
     out.extra.update(documents=len(docs), generated=made, reused=table.num_rows - made, status=counts, cut=cut,
                      held_out=held)
     log.info("%d queries (%d generated now, %d from the pool), %d of %d documents held out: %s", table.num_rows,

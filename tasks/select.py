@@ -23,12 +23,14 @@ import pandas as pd
 import pyarrow as pa
 
 from storage.base import ArtifactRef
-from storage.catalog import YARDSTICK_SCORES
+from storage.catalog import YARDSTICK_SCORES, YARDSTICK_TOP
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import BASE, InputError, Section
-from tasks.config.evaluation import YARDSTICK_METRICS, YardstickConfig
+from tasks.config.evaluation import YardstickConfig
 from tasks.config.select import rung_steps
+from tasks.config.yardsticks import YARDSTICKS
 from tasks.core.stage import Inputs, Stage
+from tasks.metrics.pool import consensus_ndcg
 from tasks.metrics.significance import PairedDifference, paired_difference
 from tasks.reporting import plots
 from tasks.yardstick import yardstick_kind
@@ -188,21 +190,6 @@ def _interval(d: PairedDifference) -> str:
     return f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] over {d.n} queries"
 
 
-# What a reader of a decision made on the yardstick must know, by kind.
-BIAS = {"qrels": "it rewards what your queries ask, and no more: with few of them its intervals are wide, and only the "
-                 "queries whose every relevant document fell in the held-out share ask (a larger `held_out` asks more, "
-                 "and trains on fewer documents)",
-        "titles": "a title names its document's topic in a few words, so the yardstick favours models that match "
-                  "short texts to long ones by topic (the query-trained recipes, SemCSE with titles as positives)",
-        "labels": "it rewards models that put documents of one label near each other; if what you will use the model "
-                  "for is not that grouping (finding answers to questions, say), a recipe it ranks lower may suit "
-                  "you better"}
-# What each kind's query asks, for the reader of the decision.
-ASKS = {"qrels": "each of your queries whose relevant documents are all held out finding them among the corpus",
-        "titles": "each held-out document's title finding its own text among the corpus",
-        "labels": "each labelled held-out document finding the documents of its label among those not held out "
-                  "(your labels: no training used them)"}
-
 PICTURE = "ladder.png"
 SECTION = "selection.md"
 
@@ -211,12 +198,41 @@ def rung_name(candidate: str, steps: int) -> str:
     return f"{candidate}@{steps}"
 
 
+def agreement(kind: str) -> str:
+    """The yardstick's measured agreement with labels, as the report states it."""
+    measured = YARDSTICKS[kind].agreement
+    return (f"Its agreement with labels, measured: {measured}." if measured else
+            "Its agreement with labels has not been measured (benchmarks/yardsticks.py).")
+
+
 def yardstick_scores(store: ArtifactStore, evaluate: ArtifactRef) -> pd.Series:
     """Each yardstick query's nDCG@10 under one model (its evaluate artifact), by query id."""
     if YARDSTICK_SCORES not in store.manifest(evaluate)["rows"]:
         raise InputError(f"{evaluate.address}: no yardstick scores: evaluated without the yardstick")
     table = store.read_table(evaluate, YARDSTICK_SCORES, ["query_id", "ndcg"]).to_pandas()
     return table.set_index("query_id")["ndcg"].sort_index()
+
+
+def rung_pool(ladder: Ladder, steps: int, base: ArtifactRef, scored: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
+    """The models a consensus judges each other by on a rung: the untrained model and every candidate scored there; at
+    the full budget, every candidate at the last rung it reached (one model each: no candidate's earlier checkpoint
+    votes for it)."""
+    last = {s.candidate: s for s in ladder.steps}
+    pool = [s for s in ladder.steps if s.steps == steps] if steps < ladder.total else list(last.values())
+    return {BASE: base} | {rung_name(s.candidate.name, s.steps): scored[rung_name(s.candidate.name, s.steps)]
+                           for s in pool}
+
+
+def consensus_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict[str, pd.Series]:
+    """Each model's per-query consensus nDCG@10 (tasks/metrics/pool.py) against the others of `pool` (name → its
+    evaluate artifact on a consensus yardstick), by query id: no model judges itself."""
+    tops = {name: store.read_table(ref, YARDSTICK_TOP).to_pandas().set_index("query_id").sort_index()
+            for name, ref in pool.items()}
+    first = next(iter(tops.values()))
+    rankings = np.stack([np.stack(t.loc[first.index, "top"].to_numpy()) for t in tops.values()])  # (models, q, depth)
+    own = first["own"].to_numpy()
+    scores = consensus_ndcg(rankings, int(max(rankings.max(), own.max())) + 1, own=own)  # (models, queries)
+    return {name: pd.Series(row, index=first.index) for name, row in zip(tops, scores)}
 
 
 class SelectJob(Section):
@@ -249,9 +265,9 @@ def section(job: SelectJob, kind: str, ladder: Ladder, decision: Decision, base_
               f"{sampled['needed']:,} its queries need and a sample of the others (`select.sample`)."
               if sampled else "")
     lines = [f"# {job.name}: which recipe", "", f"**Answer: {decision.chosen}.** {decision.said}.", "",
-             f"Yardstick: {YARDSTICK_METRICS[kind]}, {ASKS[kind]}; the held-out documents "
+             f"Yardstick: {YARDSTICKS[kind].metric}, {YARDSTICKS[kind].asks}; the held-out documents "
              f"({job.yardstick.held_out:.0%} of the corpus) are left out of every candidate's training. "
-             f"Its known bias: {BIAS[kind]}.{ranked}", "",
+             f"Its known bias: {YARDSTICKS[kind].bias}. {agreement(kind)}{ranked}", "",
              "| candidate | " + " | ".join(f"{s} steps" for s in rungs) + " | stopped |",
              "|---|" + "---|" * (len(rungs) + 1)]
     for candidate, steps in rows.groupby("candidate", sort=False):
@@ -274,9 +290,15 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     ladder = Ladder.from_rows(job.ladder, job.total, job.eta)
     kind = yardstick_kind(store.manifest(inputs.yardstick))
     base = yardstick_scores(store, inputs.base)
+    if kind == "consensus":  # judged by the pool the search judged them in (flows/select.py: rung_pool)
+        pools = {steps: consensus_scores(store, rung_pool(ladder, steps, inputs.base, inputs.scored))
+                 for steps in {s.steps for s in ladder.steps}}
+        base = pools[job.total][BASE] if job.total in pools else base
 
     def scores(step: Step) -> np.ndarray:  # in the base's query order: every model scores every yardstick query
-        return yardstick_scores(store, inputs.scored[rung_name(step.candidate.name, step.steps)])[base.index].to_numpy()
+        name = rung_name(step.candidate.name, step.steps)
+        found = pools[step.steps][name] if kind == "consensus" else yardstick_scores(store, inputs.scored[name])
+        return found[base.index].to_numpy()
 
     final = ladder.steps[-1] if ladder.winner is not None else None
     shared = ladder.runner_up()
@@ -290,7 +312,7 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
                                    versus_base=_difference(decision.versus_base),
                                    versus_runner_up=_difference(decision.versus_runner_up)),
                      cost=cost, base_score=float(base.mean()))
-    plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICK_METRICS[kind], out.folder / PICTURE,
+    plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICKS[kind].metric, out.folder / PICTURE,
                      f"{job.name}: the search's rungs")
     sampled = store.manifest(inputs.sample)["extra"] if inputs.sample else None
     out.write_text(SECTION, section(job, kind, ladder, decision, float(base.mean()), cost, sampled))

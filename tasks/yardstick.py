@@ -2,8 +2,8 @@
 
 The held-out documents are drawn by a hash of (seed, doc_id) (tasks/core/held_out.py: the same documents whatever
 else the corpus holds) and are left out of every training view (tasks/pairs.py, `PairsConfig.yardstick`),
-so no candidate trained on them. Three kinds, by what the user has (`auto`: qrels where given, else labels if they ask
-at least half as many queries as titles would, else titles; the log says why):
+so no candidate trained on them. The kinds, by what the user has (`auto`: qrels where given, else labels if they ask
+at least half as many queries as titles would, else titles, else an LLM's queries; the log says why):
 
 - `qrels`, the user's own queries and relevance judgements (a file): each query whose relevant documents (score > 0)
   are all held out asks for them among all the corpus's (nDCG@10, binary gains); one with a relevant document that
@@ -13,17 +13,22 @@ at least half as many queries as titles would, else titles; the log says why):
   A held-out document whose label no other document has asks nothing (status `no_relevant`).
 - `titles`, no labels needed: each held-out document that has a title gives a query, its title, whose one relevant
   document is its own text, among all the corpus's.
+- `queries`, nothing but the text: the queries stage's LLM writes queries for held-out documents (input `generated`,
+  an `AskedQueries` job: the flow asks for it when `llm_queries_needed`); each usable one asks for its own document.
+- `consensus`: the titles' queries, else the LLM's (the manifest's `source`), scored across the candidates by the
+  select stage (tasks/metrics/pool.py), each against the others' rankings fused.
 
 At most `max_queries` ask (a sample by a hash of seed and query id; the others are `not_drawn`, still held out), so
 a large corpus's yardstick costs what a few thousand documents' does (with `select.sample`, tasks/sample.py).
 
 The output has the queries stage's columns, so the evaluate stage's in-domain retrieval (each query's rank and
-nDCG@10) and the report's paired intervals read it as they read generated queries. What each kind asks and its
-known bias are tasks/select.py's ASKS and BIAS (the select report states them).
+nDCG@10) and the report's paired intervals read it as they read generated queries. What each kind needs, asks, its
+bias and measured agreement are tasks/config/yardsticks.py's (the select report states them).
 
-Inputs: `documents`. Output `queries.parquet`: query_id, doc_id (a relevant document), split (`held_out`), query
-(the user's query, the label, or the title), status; for qrels also `relevant.parquet` (query_id, doc_id) of the
-queries that ask; the manifest gives the kind it is, how many documents were held out and how many ask a query.
+Inputs: `documents`, `generated` (the LLM's queries). Output `queries.parquet`: query_id, doc_id (a relevant
+document), split (`held_out`), query (the user's query, the label, the title or the LLM's), status; for qrels also
+`relevant.parquet` (query_id, doc_id) of the queries that ask; the manifest gives the kind it is, its `source`, how
+many documents were held out and how many ask a query.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
+from tasks.config.yardsticks import TEXT_QUERIES
 from tasks.core.eval_sets import read_table
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
@@ -48,7 +54,6 @@ MIN_QUERIES = 2  # a ranking of candidates needs more than one query to be paire
 NO_RELEVANT = "no_relevant"  # a held-out document whose label no trained-on document has
 TRAINED_ON = "trained_on"  # a user's query with a relevant document that is not held out
 NOT_DRAWN = "not_drawn"  # a query past `max_queries` (still held out of training)
-QUERIED = ("qrels", "titles")  # the kinds whose queries are texts, embedded as queries
 QRELS_COLUMNS = ["query_id", "query", "doc_id", "score"]
 
 
@@ -57,8 +62,14 @@ def yardstick_kind(manifest: dict) -> str:
     return manifest["extra"]["kind"]
 
 
+def yardstick_source(manifest: dict) -> str:
+    """What its queries are (a consensus's: titles or the LLM's queries; every other kind's: the kind itself)."""
+    return manifest["extra"].get("source", yardstick_kind(manifest))
+
+
 class YardstickInputs(Inputs):
     documents: ArtifactRef
+    generated: ArtifactRef | None = None  # the LLM's queries for the held-out documents (the `queries` kind)
 
 
 def label_queries(docs: pa.Table, held: pa.Array) -> tuple[pa.Table, int]:
@@ -117,6 +128,21 @@ def _queries(query_ids: pa.Array, doc_ids: pa.Array, query: pa.Array, status: pa
                     schema=SCHEMA)
 
 
+def generated_queries(store: ArtifactStore, generated: ArtifactRef, held: set[str]) -> pa.Table:
+    """The queries kind's queries: every usable query an LLM wrote for a held-out document (the queries stage's
+    `AskedQueries` job), asking for that document."""
+    table = store.read_table(generated, "queries", columns=["query_id", "doc_id", "query", "status"])
+    table = table.filter(pc.and_(pc.equal(table["status"], "ok"), pc.is_in(table["doc_id"], pa.array(sorted(held)))))
+    return _queries(table["query_id"], table["doc_id"], table["query"], table["status"])
+
+
+def llm_queries_needed(cfg: YardstickConfig, titled: int, labelled: int) -> bool:
+    """Whether the yardstick asks by an LLM's queries (the flow then has them written first), from the ingest stage's
+    counts: `queries`; `consensus` on a corpus without titles; `auto` on one without titles, labels or qrels."""
+    return (cfg.kind == "queries" or (cfg.kind == "consensus" and not titled)
+            or (cfg.kind == "auto" and not cfg.qrels and not titled and not labelled))
+
+
 def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: YardstickInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     docs = store.read_table(inputs.documents, "documents", columns=["doc_id", "title", "label"])
@@ -125,49 +151,60 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
     share = f"of the {len(ids)} held-out documents ({cfg.held_out:.0%} of the corpus)"
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
+    wants = {cfg.kind} | ({"labels", "titles", "queries"} if cfg.kind == "auto" else set()) | (
+        set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
     if cfg.qrels:
         queries, relevant = qrels_queries(cfg.qrels, docs, held)
         asking = pc.count_distinct(relevant["query_id"]).as_py()
         found["qrels"] = (queries, asking) if asking >= MIN_QUERIES else (
             f"qrels: {asking} of the {queries.num_rows} queries of {cfg.qrels} have every relevant document among "
             f"the {len(ids)} held-out documents ({cfg.held_out:.0%} of the corpus); it needs at least {MIN_QUERIES}")
-    if cfg.kind in ("auto", "labels"):
+    if "labels" in wants:
         queries, labels = label_queries(docs, held)
         asking = pc.sum(pc.equal(queries["status"], "ok")).as_py() or 0
         found["labels"] = (queries, asking) if asking >= MIN_QUERIES and labels >= 2 else (
             f"labels: {asking} {share} have a label that a document not held out shares, among {labels} labels; it "
             f"needs at least {MIN_QUERIES} and 2 labels")
-    if cfg.kind in ("auto", "titles"):
+    if "titles" in wants:
         queries = title_queries(docs, held)
         found["titles"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (
             f"titles: {queries.num_rows} {share} have a title; it needs at least {MIN_QUERIES}")
+    if "queries" in wants and inputs.generated:
+        queries = generated_queries(store, inputs.generated, ids)
+        found["queries"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (
+            f"queries: the LLM wrote {queries.num_rows} usable queries for the {len(ids)} held-out documents; it needs "
+            f"at least {MIN_QUERIES}")
     usable = {k: v for k, v in found.items() if isinstance(v, tuple)}
     if not usable:
-        wanted = {"auto": "labels or titles", "qrels": "more queries"}.get(cfg.kind, cfg.kind)
-        raise InputError(f"yardstick {'; '.join(found.values())}: a larger corpus, a larger held-out share, or "
-                         f"{'documents with ' if cfg.kind != 'qrels' else ''}{wanted}")
+        wanted = {"auto": "labels, titles or an LLM's queries", "qrels": "more queries"}.get(cfg.kind, cfg.kind)
+        raise InputError(f"yardstick {'; '.join(found.values()) or 'of kind ' + cfg.kind}: a larger corpus, a larger "
+                         f"held-out share, or {'documents with ' if cfg.kind != 'qrels' else ''}{wanted}")
     # The user's queries first; then their labels, unless so few carry them that a paired interval over them would
-    # say little.
+    # say little; then titles; then the LLM's queries. A consensus fuses rankings of titles, else the LLM's queries.
     asks = {k: asking for k, (_, asking) in usable.items()}
-    kind = "labels" if 2 * asks.get("labels", -1) >= asks.get("titles", 0) else "titles"
-    if "qrels" in usable:
-        kind = "qrels"
-    elif cfg.qrels:
-        log.warning("your queries cannot decide (%s); the %s do", found["qrels"], kind)
-    elif cfg.kind == "auto" and kind == "titles":
-        log.info("the titles decide: %s", found["labels"] if "labels" not in usable else
-                 f"{asks['labels']} labelled held-out documents ask, against {asks['titles']} titles")
-    queries, asking = usable[kind]
+    order = [k for k in ("qrels", "labels", "titles", "queries") if k in usable]
+    if "labels" in order and 2 * asks["labels"] < asks.get("titles", 0):
+        order.remove("labels")
+        log.info("the titles decide: %d labelled held-out documents ask, against %d titles", asks["labels"],
+                 asks["titles"])
+    source = next(k for k in (TEXT_QUERIES if cfg.kind == "consensus" else order) if k in usable)
+    if cfg.qrels and source != "qrels":
+        log.warning("your queries cannot decide (%s); the %s do", found["qrels"], source)
+    elif cfg.kind == "auto" and source != order[0]:
+        log.info("the %s decide: %s", source, found.get(order[0]))
+    queries, asking = usable[source]
     if cfg.max_queries and asking > cfg.max_queries:
         queries = drawn(queries, cfg)
         log.info("%d of the %d queries drawn to ask (evaluate.yardstick.max_queries)", cfg.max_queries, asking)
         asking = cfg.max_queries
     out.write_table("queries", queries)
-    if kind == "qrels":
+    if source == "qrels":
         kept = queries.filter(pc.equal(queries["status"], "ok"))["query_id"]
         out.write_table("relevant", relevant.filter(pc.is_in(relevant["query_id"], kept)))
-    out.extra.update(kind=kind, held_out=len(ids), queries=asking)
-    log.info("%s yardstick: %d documents held out of training, %d of them ask a query", kind, len(ids), asking)
+    kind = "consensus" if cfg.kind == "consensus" else source
+    out.extra.update(kind=kind, held_out=len(ids), queries=asking, **({"source": source} if kind != source else {}))
+    log.info("%s yardstick%s: %d documents held out of training, %d queries ask", kind,
+             f" (by {source})" if kind != source else "", len(ids), asking)
 
 
 def drawn(queries: pa.Table, cfg: YardstickConfig) -> pa.Table:

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
 from tasks.config.splits import HeldOutShare, KnnConfig
+from tasks.config.yardsticks import KINDS, YARDSTICKS
 
 
 class StsConfig(Section):
@@ -86,12 +87,14 @@ TSNE_MAX = 5000
 class YardstickConfig(HeldOutShare):
     """A held-out share of the corpus made into a retrieval task that no training sees (tasks/yardstick.py)."""
 
-    kind: Literal["auto", "qrels", "labels", "titles"] = Field(
-        "auto", description="`qrels` (your queries and the documents relevant to each, `qrels`): each query whose "
-        "relevant documents are all held out finds them among the corpus's (nDCG@10); `labels` (the corpus's own "
-        "label column): each held-out document finds documents of its label among the others; `titles` (no labels "
-        "needed): each held-out document's title finds its text among the corpus's; `auto`: qrels where given, else "
-        "labels, unless fewer held-out documents ask by label than half those that would by title.")
+    kind: Literal[("auto", *KINDS)] = Field(
+        "auto", description="What the held-out documents ask (tasks/config/yardsticks.py): `qrels` (your queries and "
+        "the documents relevant to each, `qrels`) find them among the corpus's; `labels` (the corpus's label column): "
+        "each held-out document finds documents of its label among the others; `titles`: each held-out document's "
+        "title finds its text; `queries`: queries an LLM writes for each held-out document (`queries.llm`, the "
+        "offline default otherwise) find it; `consensus`: the titles' or LLM's queries, each candidate scored "
+        "against the others' rankings fused (leave-one-out); `auto`: qrels where given, else labels, unless fewer "
+        "held-out documents ask by label than half those that would by title, else titles, else the LLM's queries.")
     qrels: str | None = Field(None, description="Parquet of your queries: query_id, query, doc_id, score (one row "
                               "per query and relevant document; score > 0 is relevant), the format of a local MTEB "
                               "retrieval task's `queries`. Read by `kind: qrels` or `auto`.")
@@ -110,9 +113,8 @@ class YardstickConfig(HeldOutShare):
         return self
 
 
-# By the yardstick's kind: its metric rows' prefix, and the mean of its nDCG@10, the score `embforge select` ranks by.
-YARDSTICK_PREFIXES = {"qrels": "qrels_", "labels": "label_", "titles": "title_"}
-YARDSTICK_METRICS = {kind: f"{prefix}ndcg_at_10" for kind, prefix in YARDSTICK_PREFIXES.items()}
+# By the yardstick's kind: the mean of its nDCG@10, the score `embforge select` ranks by.
+YARDSTICK_METRICS = {kind: y.metric for kind, y in YARDSTICKS.items()}
 
 
 class EvaluateConfig(Section):
@@ -138,8 +140,8 @@ class EvaluateConfig(Section):
     yardstick: YardstickConfig | None = Field(
         None, description="A held-out share of the documents, left out of every method's training, as a retrieval "
         "task: by your queries (qrels_ndcg_at_10, qrels_mrr_at_10), their labels (label_ndcg_at_10, "
-        "label_mrr_at_10) or their titles (title_ndcg_at_10, "
-        "title_mrr_at_10, title_recall_at_10), paired between models in the report.")
+        "label_mrr_at_10), their titles (title_ndcg_at_10, title_mrr_at_10, title_recall_at_10) or an LLM's "
+        "queries (generated_ndcg_at_10, ...), paired between models in the report.")
     reference_models: list[str] = Field(
         default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
         "(e.g. a pre-trained sentence model as a yardstick).")

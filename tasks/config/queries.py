@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from tasks.config.base import Section
+from tasks.config.splits import HeldOutShare
 from tasks.config.summaries import GenerationConfig, Sampling
 
 TRAIN, HELD_OUT = "train", "held_out"  # a document's split: its queries are trained on, or only evaluated
@@ -45,3 +46,17 @@ class QueriesConfig(GenerationConfig):
     held_out: float = Field(0.1, ge=0, lt=1, description="Share of the documents whose queries are never "
                             "trained on: the in-domain retrieval evaluation's queries.")
     seed: int = Field(0, description="Seed of the held-out draw.")
+
+
+class AskingDocuments(HeldOutShare):
+    """The yardstick's held-out documents an LLM writes queries for (its `queries` kind): at most `most` of them, the
+    first by a hash of (seed, doc_id)."""
+
+    most: int | None = None
+
+
+class AskedQueries(QueriesConfig):
+    """The queries stage's job for the yardstick (tasks/config/yardsticks.py's `queries`): the config's `queries`
+    section (or its defaults) on the held-out documents only, every one of them `held_out`."""
+
+    asking: AskingDocuments

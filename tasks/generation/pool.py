@@ -33,9 +33,12 @@ GENERATION_COLUMNS = ("continuation", "finish", "tokens", "model", "backend", "s
 WORD = re.compile(r"\w+")
 
 
-def read_documents(store: ArtifactStore, docs_ref: ArtifactRef, limit: int | None) -> list[dict]:
-    """The first `limit` documents (all without one), each with the `digest` its pool rows are found by."""
+def read_documents(store: ArtifactStore, docs_ref: ArtifactRef, limit: int | None,
+                   only: set[str] | None = None) -> list[dict]:
+    """The first `limit` documents (all without one), of those in `only` where given, each with the `digest` its pool
+    rows are found by."""
     docs = store.read_table(docs_ref, "documents").select(["doc_id", "title", "text"]).to_pylist()
+    docs = [d for d in docs if d["doc_id"] in only] if only is not None else docs
     docs = docs[:limit] if limit else docs
     for d in docs:
         d["digest"] = stable_hash(d["title"], d["text"])
@@ -150,11 +153,11 @@ def generate_missing(docs: list[dict], pool: ShardPool, have: pa.Table | None, p
 
 def pooled_rows(store: ArtifactStore, job: GenerationConfig, documents: ArtifactRef, pool: ShardPool,
                 prompts: list[str], model_dir: str, prefix: str, log: logging.Logger,
-                what: str) -> tuple[list[dict], list[tuple[dict, dict]], int, int]:
-    """Generate what `pool` lacks for the job's documents and `prompts`, then read them back: the
-    documents, each (document, pool row) once per (document, prompt, sample), oldest shard first (a row
+                what: str, only: set[str] | None = None) -> tuple[list[dict], list[tuple[dict, dict]], int, int]:
+    """Generate what `pool` lacks for the job's documents (those in `only` where given) and `prompts`, then read them
+    back: the documents, each (document, pool row) once per (document, prompt, sample), oldest shard first (a row
     made twice, by two runs at once, keeps the first), the rows generated now, and the documents cut."""
-    docs = read_documents(store, documents, job.limit)
+    docs = read_documents(store, documents, job.limit, only)
     have = pool.read()
     new, cut = generate_missing(docs, pool, have, prompts, model=job.llm, model_dir=model_dir, prefix=prefix,
                                 backend=job.backend, sampling=job.sampling, shard_size=job.shard_size, log=log,

@@ -17,7 +17,7 @@ from tasks.config.evaluation import YardstickConfig
 from tasks.config.select import rung_steps
 from tasks.core.held_out import held_out_documents
 from tasks.methods.batches import plan_batches
-from tests.helpers import tiny_config
+from tests.helpers import DEMO_DOCS, tiny_config
 
 # A quarter of 400 documents held out: ~100 titles, enough for a paired interval to tell crops from the untrained model
 # (the titles, though the demo corpus has labels: the last run below lets `auto` take them)
@@ -175,6 +175,53 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     queried = store.read_table(decided, "ladder").to_pandas()
     assert queried["score"].tolist() == pytest.approx(ladder["score"].tolist(), nan_ok=True)
     assert by_qrels["chosen"] == chosen["chosen"]
+
+    # A consensus over the same titles: the same held-out documents, so every training is Cached; each candidate is
+    # judged by the others' rankings fused (never its own), and the search exports to its own folder.
+    consensus_id, by_consensus = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "consensus"},
+                                                          out=str(tmp_path / "consensus")))
+    stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [consensus_id])
+    assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"}
+    [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
+    assert store.manifest(yardstick)["extra"]["source"] == "titles"
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    section = (store.path(decided) / "selection.md").read_text()
+    assert "Yardstick: consensus_ndcg_at_10" in section and "judged by the fusion of the others" in section
+    judged = store.read_table(decided, "ladder").to_pandas()
+    assert judged["score"].notna().sum() == ladder["score"].notna().sum()
+    assert judged["score"].dropna().between(0, 1).all()
+    assert judged["score"].tolist() != pytest.approx(ladder["score"].tolist(), nan_ok=True)
+    decision = store.manifest(decided)["extra"]["decision"]
+    assert by_consensus["chosen"] == decision["chosen"] and by_consensus["artifact"] == decided.address
+    if by_consensus["exported"]:  # two searches on one store: each exported the model it chose
+        assert by_consensus["exported"] == str(tmp_path / "consensus")
+
+
+@pytest.mark.slow  # the offline LLM writes ~90 queries on the CPU
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_documents(tmp_path):
+    """No title, no label, no queries of the user's: `auto` has the queries stage's LLM write queries for the
+    held-out documents, each asking for its own document."""
+    docs = pd.read_parquet(DEMO_DOCS).head(120)[["doc_id", "text"]]
+    docs.to_parquet(tmp_path / "plain.parquet")
+    config = tiny_config(tmp_path, data={"path": str(tmp_path / "plain.parquet"), "name": "plain", "limit": None},
+                         evaluate={"knn": None, "sts": None, "tsne": False,
+                                   "yardstick": {"held_out": 0.25, "seed": 0}},
+                         select={"recipes": ["crops"], "lrs": [3e-3], "budget": 12, "out": str(tmp_path / "chosen")})
+    run_id, chosen = run_select(config)
+    store = ArtifactStore(tmp_path / "store")
+    stages = Catalog(store).query("SELECT stage, key FROM run_stages WHERE run_id = ?", [run_id])
+    [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
+    [queries] = [ArtifactRef("queries", r["key"]) for r in stages if r["stage"] == "queries"]
+    held = held_out_documents(docs["doc_id"].tolist(), YardstickConfig(held_out=0.25, seed=0))
+    written = store.read_table(queries, "queries").to_pandas()
+    assert set(written["doc_id"]) == held and set(written["split"]) == {"held_out"}  # the held-out ones only
+    extra = store.manifest(yardstick)["extra"]
+    assert extra["kind"] == "queries" and extra["queries"] == (written["status"] == "ok").sum() >= 2
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    assert "Yardstick: generated_ndcg_at_10, each query an LLM wrote" in (store.path(decided) / "selection.md"
+                                                                        ).read_text()
+    assert chosen["chosen"] in ("crops@0.003", "base")
 
 
 def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_path, capsys):

@@ -1,13 +1,15 @@
 """The queries stage: the quality guard, the held-out draw, its keys and the artifact from a scripted
-generator; real generation, killed mid-way and resumed, is tests/tasks/generation/test_pool.py's."""
+generator, also as the `queries` yardstick's; real generation, killed mid-way and resumed, is
+tests/tasks/generation/test_pool.py's."""
 
 import pytest
 
 from storage.store import ArtifactStore
 from tasks.config.base import DEFAULT_MODEL
 from tasks.config.data import DataConfig
-from tasks.config.queries import QueriesConfig, query_sampling
-from tasks.core.held_out import split_of
+from tasks.config.evaluation import YardstickConfig
+from tasks.config.queries import AskedQueries, AskingDocuments, QueriesConfig, query_sampling
+from tasks.core.held_out import held_out_documents, held_out_queries, split_of
 from tasks.core.stage import NoInputs
 from tasks.encoders.models import resolve_model
 from tasks.generation import generate
@@ -15,6 +17,7 @@ from tasks.generation.generate import Completion
 from tasks.generation.pool import STATUSES
 from tasks.ingest import INGEST
 from tasks.queries import QUERIES, QueriesInputs, first_line, pool_key, query_status
+from tasks.yardstick import YARDSTICK, YardstickInputs, llm_queries_needed
 from tests.helpers import DEMO_DOCS, demo_documents
 from tests.tasks.test_summarize import SOURCE  # the same abstract the summaries' guard is tested on
 
@@ -132,3 +135,38 @@ def test_artifact_has_n_queries_per_document_labelled_and_split(tmp_path, monkey
                                         QueriesInputs(documents=docs)), "queries").to_pandas()
     assert len(ScriptedGenerator.asked) == 12 and len(more) == 12 * 4
     assert more.merge(table, on=COLUMNS).shape[0] == len(table)
+
+
+def test_the_yardstick_s_queries_are_written_for_its_held_out_documents_only(tmp_path, monkeypatch):
+    """An AskedQueries job (the `queries` yardstick's): only the held-out documents are asked, at most `most` of them,
+    every query `held_out`; the yardstick then asks each usable one for its own document."""
+    monkeypatch.setattr(generate, "make_generator", ScriptedGenerator)
+    monkeypatch.setattr(ScriptedGenerator, "asked", [])
+    store = ArtifactStore(tmp_path / "store")
+    docs = demo_documents(store, 40)
+    ids = store.read_table(docs, "documents", ["doc_id"])["doc_id"].to_pylist()
+    share = YardstickConfig(kind="queries", held_out=0.3, seed=1)
+    held = held_out_documents(ids, share)
+    asking = AskingDocuments(held_out=0.3, seed=1, most=len(held) - 2)
+    job = AskedQueries(llm=resolve_model(DEFAULT_MODEL), backend="transformers", asking=asking,
+                       sampling=query_sampling().model_copy(update=dict(n=4)))
+    table = store.read_table(QUERIES.run(store, job, QueriesInputs(documents=docs)), "queries").to_pandas()
+    assert set(table["doc_id"]) < held and table["doc_id"].nunique() == len(held) - 2
+    assert set(table["split"]) == {"held_out"} and len(ScriptedGenerator.asked) == len(held) - 2
+
+    ref = YARDSTICK.run(store, share, YardstickInputs(documents=docs, generated=QUERIES.run(store, job, QueriesInputs(
+        documents=docs))))
+    asked = held_out_queries(store, ref).to_pandas()
+    ok = table[table["status"] == "ok"]
+    assert sorted(asked["query_id"]) == sorted(ok["query_id"]) and (asked.set_index("query_id")["doc_id"] ==
+                                                                     ok.set_index("query_id")["doc_id"]).all()
+    assert store.manifest(ref)["extra"] == {"kind": "queries", "held_out": len(held), "queries": len(ok)}
+    assert len(ScriptedGenerator.asked) == len(held) - 2  # the second run came from the cache
+
+
+@pytest.mark.parametrize("kind, titled, labelled, needed", [
+    ("auto", 0, 0, True), ("auto", 5, 0, False), ("auto", 0, 5, False), ("queries", 5, 5, True),
+    ("consensus", 0, 5, True), ("consensus", 5, 0, False), ("titles", 0, 0, False)])
+def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, labelled, needed):
+    assert llm_queries_needed(YardstickConfig(kind=kind), titled, labelled) is needed
+    assert llm_queries_needed(YardstickConfig(qrels="q.parquet"), 0, 0) is False  # the user's queries ask

@@ -180,7 +180,8 @@ def test_labels_asked_of_an_unlabelled_corpus_and_auto_with_neither_are_one_clea
                                          "documents with labels$"):
         YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=titled))
     with pytest.raises(InputError, match=r"yardstick labels: 0 .*; titles: 0 of the \d+ held-out documents .* have a "
-                                         "title; it needs at least 2: .* documents with labels or titles$"):
+                                         "title; it needs at least 2: .* documents with labels, titles or an LLM's "
+                                         "queries$"):
         YARDSTICK.run(store, AUTO, YardstickInputs(documents=bare))
 
 

@@ -1,0 +1,64 @@
+"""The yardsticks `embforge select` can rank candidates by, in one registry: what each needs, what its queries ask,
+its known bias and its measured agreement with labels (benchmarks/yardsticks.py; docs/select.md's table).
+
+Every kind holds a share of the corpus out of training (tasks/yardstick.py builds its queries; the evaluate stage
+scores one model on them; `consensus` is scored across the candidates by the select stage, tasks/metrics/pool.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Yardstick:
+    needs: str  # what the corpus or config must have
+    asks: str  # what each query asks, for the reader of a decision
+    bias: str  # what a reader must know of a decision made on it
+    prefix: str  # its metric rows' prefix: `<prefix>ndcg_at_10` is the score select ranks by
+    queried: bool  # its queries are texts, embedded as queries (the others ask by a held-out document's vector)
+    agreement: str | None = None  # its Kendall tau against labels as measured (benchmarks/yardsticks.py), or None
+
+    @property
+    def metric(self) -> str:
+        return f"{self.prefix}ndcg_at_10"
+
+
+YARDSTICKS = {
+    "qrels": Yardstick(
+        needs="your queries and their relevant documents (`qrels`)",
+        asks="each of your queries whose relevant documents are all held out finding them among the corpus",
+        bias="it rewards what your queries ask, and no more: with few of them its intervals are wide, and only the "
+             "queries whose every relevant document fell in the held-out share ask (a larger `held_out` asks more, and "
+             "trains on fewer documents)",
+        prefix="qrels_", queried=True),
+    "labels": Yardstick(
+        needs="a label column",
+        asks="each labelled held-out document finding the documents of its label among those not held out (your "
+             "labels: no training used them)",
+        bias="it rewards models that put documents of one label near each other; if what you will use the model for is "
+             "not that grouping (finding answers to questions, say), a recipe it ranks lower may suit you better",
+        prefix="label_", queried=False),
+    "titles": Yardstick(
+        needs="a title column",
+        asks="each held-out document's title finding its own text among the corpus",
+        bias="a title names its document's topic in a few words, so the yardstick favours models that match short "
+             "texts to long ones by topic (the query-trained recipes, SemCSE with titles as positives)",
+        prefix="title_", queried=True),
+    "queries": Yardstick(
+        needs="nothing but the text: an LLM (the queries stage's, offline by default) writes the queries",
+        asks="each query an LLM wrote for a held-out document finding that document among the corpus",
+        bias="the queries are a small LLM's: short, often lifted from the document's own words, so it favours models "
+             "that match a document's salient terms; and GPL/InPars candidates train on queries from the same LLM "
+             "(for other documents)",
+        prefix="generated_", queried=True),
+    "consensus": Yardstick(
+        needs="titles, or the LLM's queries where the corpus has none",
+        asks="each held-out query (a title, or an LLM's) ranking the corpus as the other candidates' rankings, fused, "
+             "say it should (its own document counting most); each candidate is judged by the fusion of the others",
+        bias="pool-relative: it rewards agreeing with the other candidates, so a candidate better in a way none of the "
+             "others are is marked down; it needs a pool (every rung's candidates and the untrained model)",
+        prefix="consensus_", queried=True),
+}
+KINDS = tuple(YARDSTICKS)
+TEXT_QUERIES = ("titles", "queries")  # where a consensus's queries come from, in this order
