@@ -64,12 +64,13 @@ SELECT_CONFIG = "configs/select.yaml"
 
 class SelectParams(RunParams):
     """Pick the recipe for a corpus, scored on held-out documents (by your queries, else their labels, else their
-    titles), train the winner and export it (docs/select.md)."""
+    titles, else an LLM's queries), train the winner and export it (docs/select.md)."""
 
     config: str = Field(SELECT_CONFIG, pattern=r"\.ya?ml$", description="Config with the defaults (the "
                         f"model, the candidates, the yardstick): {SELECT_CONFIG}, or a copy of it.")
-    corpus: str | None = Field(None, description="The corpus file (Parquet, CSV or JSONL with a text column; labels "
-                               "or titles for the yardstick). Empty: the config's `data.path`.")
+    corpus: str | None = Field(None, description="The corpus file or folder (Parquet, CSV or JSONL with a text "
+                               "column, or .txt/.md files; labels or titles are used where it has them). Empty: the "
+                               "config's `data.path`.")
     qrels: str | None = Field(None, description="Your queries and their relevant documents (Parquet: query_id, "
                               "query, doc_id, score): they decide (`evaluate.yardstick.kind: qrels`). Empty: the "
                               "config's yardstick.")
@@ -79,11 +80,14 @@ class SelectParams(RunParams):
                                "`select.recipes`.")
     out: str | None = Field(None, description="Folder to export the chosen model to (new or empty). Empty: the "
                             "config's `select.out`, else selected/<the corpus's name>.")
+    static: bool = Field(False, description="Also distil the chosen model into a static embedding model (CPU speed), "
+                         "scored and exported beside it to <out>-static (`select.static`).")
 
     def changes(self) -> dict[str, Any]:
         own = {"data.path": str(Path(self.corpus).resolve()) if self.corpus else None,
                "evaluate.yardstick.qrels": str(Path(self.qrels).resolve()) if self.qrels else None,
                "evaluate.yardstick.kind": "qrels" if self.qrels else None,  # they decide, or say why they cannot
                "select.budget": self.budget,
-               "select.recipes": self.recipes or None, "select.out": self.out}
+               "select.recipes": self.recipes or None, "select.out": self.out,
+               "select.static": True if self.static else None}
         return {**self.overrides, **{k: v for k, v in own.items() if v is not None}}

@@ -54,12 +54,14 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
                  base_model: str | None, start: ArtifactRef | None,
                  summaries: ArtifactRef | None = None, negatives: ArtifactRef | None = None,
                  yardstick: YardstickConfig | None = None, until: int | None = None,
-                 resume: ArtifactRef | None = None) -> ReportedModel:
+                 resume: ArtifactRef | None = None, schedule: bool = False) -> ReportedModel:
     """Pairs, their tokens, then training, for one method; `start` is the encoder artifact to start from, if any;
     `yardstick`: its documents are left out of the pairs; `until` and `resume`: a rung of a search
-    (tasks/train.py), going on from the train artifact `resume`."""
+    (tasks/train.py), going on from the train artifact `resume`; `schedule`: the pairs hold as many epochs as
+    `train.max_steps` takes (a search's candidates, on one schedule whatever their view's rows)."""
     knn = run.cfg.evaluate.knn
-    pairs = method_pairs(run, method, train.epochs, train.batch_size, docs, sentences, summaries, negatives, yardstick)
+    pairs = method_pairs(run, method, train.epochs, train.batch_size, docs, sentences, summaries, negatives, yardstick,
+                         train.max_steps if schedule else None)
     prompts = run.cfg.model.prompts
     tokens = run.stage(TOKENS, TokensJob.for_method(base_model, method, train, prompts),
                        TokensInputs(pairs=pairs, start=start), method.name)
@@ -75,9 +77,10 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
 
 def method_pairs(run: Run, method: MethodConfig, epochs: int, batch_size: int, docs: ArtifactRef,
                  sentences: ArtifactRef, summaries: ArtifactRef | None, negatives: ArtifactRef | None,
-                 yardstick: YardstickConfig | None) -> ArtifactRef:
-    """The pairs artifact of a method's view over `epochs` (the yardstick's documents left out)."""
-    views = PairsConfig.for_method(method, epochs, run.cfg.evaluate.knn, batch_size, yardstick)
+                 yardstick: YardstickConfig | None, steps: int | None = None) -> ArtifactRef:
+    """The pairs artifact of a method's view over `epochs`, or as many as `steps` batches take (the yardstick's
+    documents left out)."""
+    views = PairsConfig.for_method(method, epochs, run.cfg.evaluate.knn, batch_size, yardstick, steps)
     return run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
 
 
@@ -253,20 +256,25 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
     return models, Corpus(docs, summaries, queries, yardstick_of(run, docs))
 
 
-def static_model(run: Run, teacher: ReportedModel, sentences: ArtifactRef) -> ReportedModel:
-    """The static embedding model distilled from `teacher` (tasks/static.py), reported beside it."""
+def static_model(run: Run, teacher: ReportedModel, sentences: ArtifactRef,
+                 settings: StaticSettings | None = None) -> ReportedModel:
+    """The static embedding model distilled from `teacher` (tasks/static.py) with `settings` (default: the config's
+    `static` section's), reported beside it."""
     job = StaticJob(model=teacher.external, pooling=teacher.pooling,
-                    **run.cfg.static.model_dump(include=set(StaticSettings.model_fields)))
+                    **(settings or run.cfg.static).model_dump(include=set(StaticSettings.model_fields)))
     static = run.stage(STATIC, job, StaticInputs(model=teacher.artifact, sentences=sentences), teacher.label,
                        STATIC.name)
     return ReportedModel(f"{teacher.label} static", STATIC.name, static, teacher=teacher.label)
 
 
-def cpu_speed(run: Run, static: ReportedModel, teacher: ReportedModel, docs: ArtifactRef) -> ArtifactRef:
-    """A static model's and its teacher's CPU documents/s, measured side by side: a score of the static model."""
+def cpu_speed(run: Run, static: ReportedModel, teacher: ReportedModel, docs: ArtifactRef,
+              documents: int | None = None) -> ArtifactRef:
+    """A static model's and its teacher's CPU documents/s, measured side by side on `documents` of `docs` (default:
+    `static.speed_documents`): a score of the static model."""
     ev = run.cfg.evaluate
     job = SpeedJob(teacher=teacher.external, pooling=teacher.pooling, dataset=run.cfg.data.display_name,
-                   documents=run.cfg.static.speed_documents, max_length=ev.max_length, batch_size=ev.batch_size)
+                   documents=documents or run.cfg.static.speed_documents, max_length=ev.max_length,
+                   batch_size=ev.batch_size)
     return run.stage(SPEED, job, SpeedInputs(model=teacher.artifact, static=static.artifact, documents=docs),
                      static.label, static.method)
 

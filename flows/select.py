@@ -3,17 +3,15 @@
 Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs
 (tasks/select.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung before
 (`until`, `resume`: no step is trained twice), merged where LoRA is on, and scored by the evaluate stage on the
-yardstick (tasks/yardstick.py: by your queries, labels or titles; on a large corpus among a sample of it,
-tasks/sample.py), whose documents no candidate trains on. Every candidate is on
-one schedule of `select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes), so a rung
-means the same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is
-registered and exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others'
-rungs.
+yardstick (tasks/yardstick.py: by your queries, labels, titles or an LLM's queries; on a large corpus among a sample of
+it, tasks/sample.py), whose documents no candidate trains on. Every candidate is on one schedule of `select.budget`
+steps (`train.max_steps`, over as many epochs of its view as that takes: the pairs stage counts them), so a rung means
+the same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is registered and
+exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others' rungs.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,10 +22,11 @@ from flows.params import SelectParams
 from flows.pipeline import (
     Corpus,
     Start,
+    cpu_speed,
     evaluate_model,
-    method_pairs,
     mine_queries,
     start_of,
+    static_model,
     train_method,
     with_tokenizer,
     yardstick_of,
@@ -38,11 +37,11 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
-from tasks.config.training import MethodConfig, TrainConfig
+from tasks.config.static import StaticConfig
+from tasks.config.training import MethodConfig
 from tasks.encoders.models import trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
-from tasks.methods.batches import plan_batches
 from tasks.report import markdown_for_ui
 from tasks.sample import SAMPLE, SampleConfig, SampleInputs
 from tasks.select import (
@@ -54,6 +53,7 @@ from tasks.select import (
     SelectJob,
     consensus_scores,
     rung_name,
+    static_summary,
     successive_halving,
     yardstick_scores,
 )
@@ -67,6 +67,9 @@ class Selection:
     report: str  # the select artifact's folder: selection.md, ladder.png, ladder.parquet
     artifact: str  # its address, select/<key>
     exported: str | None  # the chosen model's folder; None when the answer is the base model as it is
+    base: str  # the untrained model, as the search scored it (a name, or "base (random init)")
+    static: str | None = None  # with `select.static`: the static model's folder
+    static_said: str | None = None  # and how it compares with its teacher
 
 
 def export_folder(cfg: PipelineConfig) -> Path:
@@ -75,14 +78,23 @@ def export_folder(cfg: PipelineConfig) -> Path:
     return Path(cfg.select.out or Path("selected") / cfg.data.display_name).resolve()
 
 
-def budgeted(run: Run, method: MethodConfig, begun: Start, negatives: ArtifactRef | None) -> TrainConfig:
-    """The method's training on the search's schedule: `select.budget` steps over as many epochs of its view as
-    that takes (views differ in rows: one epoch is built first to count them)."""
-    train, budget = run.cfg.train_for(method), run.cfg.select.budget
-    pairs = method_pairs(run, method, 1, train.batch_size, begun.docs, begun.sentences, begun.summaries, negatives,
-                         run.cfg.evaluate.yardstick)
-    per_epoch = len(plan_batches([run.settled(pairs)["extra"]["documents"]], train.batch_size))
-    return train.model_copy(update={"epochs": math.ceil(budget / per_epoch), "max_steps": budget})
+def static_folder(out: Path) -> Path:
+    return out.with_name(f"{out.name}-static")
+
+
+def distil(run: Run, teacher: ReportedModel, teacher_scores: ArtifactRef, begun: Start, corpus: Corpus,
+           out: Path) -> str:
+    """`select.static`: the static model of the answer (docs/static.md), scored on the yardstick beside its teacher,
+    timed beside it on the CPU and exported to `out`; what it kept and gained, in one sentence."""
+    settings = run.cfg.static or StaticConfig(of=[BASE])  # its settings; what `of` names is the pipeline's
+    static = static_model(run, teacher, begun.sentences, settings)
+    scores = evaluate_model(run, static, corpus)[0]
+    speed = cpu_speed(run, static, teacher, corpus.docs, settings.speed_documents) if settings.speed_documents else None
+    run.register([static])
+    said = static_summary(run.store, scores, teacher_scores, speed, teacher.label)
+    notes = f"Distilled from {teacher.label} by `embforge select`: {said}.\n"
+    export_model(Catalog(run.store), static.artifact.address, out, [], notes=notes)
+    return said
 
 
 def sample_of(run: Run, corpus: Corpus) -> Corpus:
@@ -125,10 +137,10 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
             method = MethodConfig(name=candidate.name, recipe=candidate.recipe,
                                   train={"lr": candidate.lr, "on_unhealthy": "warn"})
             before = reached.get(candidate)
-            model = train_method(run, method, budgeted(run, method, begun, negatives), begun.docs, begun.sentences,
-                                 begun.base_model, begun.start, begun.summaries, negatives, yardstick,
-                                 until=None if steps == budget else steps,
-                                 resume=trained_ref(run.store, before.artifact) if before else None)
+            model = train_method(run, method, run.cfg.train_for(method).model_copy(update={"max_steps": budget}),
+                                 begun.docs, begun.sentences, begun.base_model, begun.start, begun.summaries,
+                                 negatives, yardstick, until=None if steps == budget else steps,
+                                 resume=trained_ref(run.store, before.artifact) if before else None, schedule=True)
             name = rung_name(candidate.name, steps)
             model = with_tokenizer(run, begun, [replace(model, label=candidate.name if steps == budget else name)])
             reached[candidate] = models[name] = model[0]
@@ -156,6 +168,8 @@ def select_model(run: Run) -> Selection:
     cfg, sel = run.cfg, run.cfg.select
     out = export_folder(cfg)
     check_export_folder(out, "select.out:")  # before any stage
+    if sel.static:
+        check_export_folder(static_folder(out), "select.static: its folder")
     begun = start_of(run)
     candidates = [Candidate(recipe, lr) for recipe in sel.candidate_recipes(bool(cfg.summaries), bool(cfg.queries))
                   for lr in sel.lrs]
@@ -179,16 +193,23 @@ def select_model(run: Run) -> Selection:
     if chosen:
         # by its artifact: labels such as `crops@2e-05` repeat across the searches that share a store
         export_model(Catalog(run.store), chosen.artifact.address, out, [], notes=card)
+    static = None
+    if sel.static:
+        teacher_scores = scored[rung_name(decision["chosen"], sel.budget)] if chosen else base_scores
+        static = distil(run, chosen or base, teacher_scores, begun, corpus, static_folder(out))
     return Selection(decision["chosen"], decision["said"], run.store.location("artifacts", decided.stage, decided.key),
-                     decided.address, str(out) if chosen else None)
+                     decided.address, str(out) if chosen else None, base.label,
+                     str(static_folder(out)) if static else None, static)
 
 
 def outcome_lines(store: ArtifactStore, selection: dict, cfg: PipelineConfig) -> str:
     """What `embforge select` prints when its run is done (`selection`: what the flow returned): the decision's
     section, and where the model is."""
     decided = ArtifactRef.parse(selection["artifact"])
-    model = selection["exported"] or f"{cfg.model.name_or_path}, as it is (nothing exported)"
-    return (f"{(store.path(decided) / SECTION).read_text()}\nthe model: {model}\n"
+    model = selection["exported"] or f"{selection['base']}, as it is (nothing exported)"
+    static = (f"the static model: {selection['static']} ({selection['static_said']})\n" if selection.get("static")
+              else "")
+    return (f"{(store.path(decided) / SECTION).read_text()}\nthe model: {model}\n{static}"
             f"the decision, its ladder and picture: {store.path(decided)}")
 
 

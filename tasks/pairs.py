@@ -15,6 +15,7 @@ summary, title, sentence or same; the queries view with hard negatives adds nega
 from __future__ import annotations
 
 import logging
+import math
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,7 +27,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Section
 from tasks.config.recipes import RECIPES, View
 from tasks.config.splits import HeldOutShare, KnnConfig
-from tasks.config.training import MethodConfig
+from tasks.config.training import MethodConfig, epoch_batches
 from tasks.core.held_out import HeldOut, held_out_documents, knn_test_documents
 from tasks.core.stage import Inputs, Stage
 from tasks.views import PAIRS_SCHEMA
@@ -47,7 +48,9 @@ class PairsConfig(Section):
     round_trip: int | None = None  # the queries view's
     hard_negatives: bool = False  # the queries view's
     margins: bool = False  # the queries view's with hard negatives: each row carries the teacher's margin
-    batch_size: int | None = None  # the queries view's with hard negatives: none of a batch's documents is one
+    batch_size: int | None = None  # with `steps`; and the queries view's with hard negatives (none of a batch's
+    # documents is one)
+    steps: int | None = None  # a schedule of this many batches: as many epochs as it takes (`embforge select`'s budget)
 
     @property
     def needs_documents(self) -> bool:
@@ -55,7 +58,8 @@ class PairsConfig(Section):
 
     @classmethod
     def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None,
-                   batch_size: int | None = None, yardstick: HeldOutShare | None = None) -> PairsConfig:
+                   batch_size: int | None = None, yardstick: HeldOutShare | None = None,
+                   steps: int | None = None) -> PairsConfig:
         # Only what shapes the rows is part of the identity: recipes that read the same view (and
         # renamed methods) share one artifact.
         recipe = RECIPES[method.recipe]
@@ -67,7 +71,7 @@ class PairsConfig(Section):
                    seed=method.seed, epochs=epochs, deletion_ratio=method.deletion_ratio if view == "noise" else None,
                    held_out=held_out, replacement=replacement if view == "summaries" else None,
                    round_trip=method.resolved_round_trip, hard_negatives=hard_negatives, margins=recipe.margins,
-                   batch_size=batch_size if hard_negatives else None,
+                   batch_size=batch_size if hard_negatives or steps else None, steps=steps,
                    yardstick=HeldOutShare(**yardstick.model_dump(include=set(HeldOutShare.model_fields)))
                    if yardstick else None)
 
@@ -93,6 +97,13 @@ class PairsInputs(Inputs):
 MIN_ROWS = 2  # a view's rows per epoch that make a training batch
 
 
+def epochs_for(cfg: PairsConfig, per_epoch: int) -> int:
+    """`epochs`, or with `steps` as many as `steps` batches of `batch_size` take (at least `epochs`)."""
+    if cfg.steps is None:
+        return cfg.epochs
+    return max(cfg.epochs, math.ceil(cfg.steps / max(1, epoch_batches(per_epoch, cfg.batch_size))))
+
+
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     columns = ["doc_id", "label"] + {"summaries": ["title"], "queries": ["text"]}.get(cfg.view, [])
@@ -106,14 +117,19 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
         summaries = {d: s for d, s in ok_summaries(store, inputs.summaries).items() if d not in test}
         titles = dict(zip(docs["doc_id"].to_pylist(), docs["title"].to_pylist()))
         sentences = store.read_table(inputs.sentences, "sentences")
-        table = draw_summary_pairs(summaries, titles, sentences_by_document(sentences), cfg.replacement,
-                                   cfg.epochs, cfg.seed)
+        by_document = sentences_by_document(sentences)
+        epochs = epochs_for(cfg, draw_summary_pairs(summaries, titles, by_document, cfg.replacement, 1,
+                                                    cfg.seed).num_rows)
+        table = draw_summary_pairs(summaries, titles, by_document, cfg.replacement, epochs, cfg.seed)
         if table.num_rows == 0:
             raise InputError("no document has 2 or more usable summaries: see the summarize artifact's stats")
         rows = out.write_batches("pairs", table.schema, table.to_batches(ROWS_PER_GROUP))
     elif cfg.view == "queries":
         passages = dict(zip(docs["doc_id"].to_pylist(), docs["text"].to_pylist()))
-        table = draw_query_pairs(store.read_table(inputs.negatives, "negatives"), passages, cfg, test)
+        negatives = store.read_table(inputs.negatives, "negatives")
+        epochs = epochs_for(cfg, draw_query_pairs(negatives, passages, cfg.model_copy(update={"epochs": 1}),
+                                                  test).num_rows)
+        table = draw_query_pairs(negatives, passages, cfg.model_copy(update={"epochs": epochs}), test)
         if table.num_rows == 0:
             raise InputError("no training query is left" + (f" whose passage the start model ranks within the top "
                                                             f"{cfg.round_trip} (round_trip)" if cfg.round_trip else "")
@@ -127,16 +143,17 @@ def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,
         if not eligible.any():
             raise InputError("no document has 2 or more crops: check sentences.min_chars/max_chars and the "
                              "method's n_sentences against your texts")
-        draws = draw_rows(counts, eligible, cfg.view, cfg.epochs, cfg.seed, cfg.n_sentences, cfg.deletion_ratio)
+        epochs = epochs_for(cfg, int(eligible.sum()))  # a row per eligible document an epoch
+        draws = draw_rows(counts, eligible, cfg.view, epochs, cfg.seed, cfg.n_sentences, cfg.deletion_ratio)
         per_epoch = (epoch_pairs(sentences, counts, drawn, epoch, cfg.view, cfg.n_sentences, out.work, ROWS_PER_GROUP)
                      for epoch, drawn in enumerate(draws))
         rows = out.write_batches("pairs", PAIRS_SCHEMA, (table for tables in per_epoch for table in tables))
-    if rows // cfg.epochs < MIN_ROWS:  # refused before a train stage publishes a model trained on nothing
-        raise InputError(f"the {cfg.view} view made {rows // cfg.epochs} row(s) per epoch from the corpus"
+    if rows // epochs < MIN_ROWS:  # refused before a train stage publishes a model trained on nothing
+        raise InputError(f"the {cfg.view} view made {rows // epochs} row(s) per epoch from the corpus"
                          f"{f' ({len(test)} documents held out of training)' if test else ''}; training needs at least "
                          f"{MIN_ROWS} (a batch's in-batch negatives): a larger corpus or settings that keep more of it")
-    out.extra.update(documents=rows // cfg.epochs)
-    log.info("%s view: %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"], rows, cfg.epochs)
+    out.extra.update(documents=rows // epochs, epochs=epochs)
+    log.info("%s view: %d documents, %d pairs over %d epoch(s)", cfg.view, out.extra["documents"], rows, epochs)
 
 
 PAIRS = Stage("pairs", build_pairs)

@@ -32,6 +32,7 @@ from tasks.config.yardsticks import YARDSTICKS
 from tasks.core.stage import Inputs, Stage
 from tasks.metrics.pool import consensus_ndcg
 from tasks.metrics.significance import PairedDifference, paired_difference
+from tasks.metrics.speed import SPEED_METRICS
 from tasks.reporting import plots
 from tasks.yardstick import yardstick_kind
 
@@ -146,6 +147,7 @@ def successive_halving(candidates: list[Candidate], total: int, eta: int, score:
 
 
 CEILING = 0.9  # the untrained model's mean yardstick score from which a "base" answer says the yardstick is near top
+WORTH = 0.03  # a yardstick gain worth a trained model: a "base" answer says whether its interval rules one out
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,13 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
             said += (f"; against the runner-up {runner_up} at {shared[0].steps} steps: {_interval(versus_runner_up)}"
                      + ("" if versus_runner_up.significant else " (not told apart: either would do)"))
         return Decision(name, said, versus_base, versus_runner_up, runner_up)
-    said = (f"no candidate beats the untrained model significantly (the best, {name}: {_interval(versus_base)}): the "
-            "answer is the base model as it is")
+    said = f"no candidate beats the untrained model significantly (the best, {name}: {_interval(versus_base)})"
+    if versus_base.high < WORTH:
+        said += f"; a gain of {WORTH} or more is ruled out: the answer is the base model as it is"
+    else:  # too few queries to speak: say so, rather than let "the base" read as the evidence's answer
+        said += (f"; the yardstick cannot tell: a gain of up to {versus_base.high:+.3f} is not ruled out (more queries "
+                 "would narrow it: a larger `evaluate.yardstick.held_out` or `max_queries`, or `kind: queries`, three "
+                 "a document), so the answer stays the base model as it is")
     if base.mean() >= CEILING:  # a yardstick the start model nearly aces cannot show a gain: say so
         said += (f"; but the untrained model already scores {base.mean():.3f} of 1 on this yardstick, which leaves "
                  "little room to show one: a harder yardstick (your labels, a label column) would tell more")
@@ -211,6 +218,21 @@ def yardstick_scores(store: ArtifactStore, evaluate: ArtifactRef) -> pd.Series:
         raise InputError(f"{evaluate.address}: no yardstick scores: evaluated without the yardstick")
     table = store.read_table(evaluate, YARDSTICK_SCORES, ["query_id", "ndcg"]).to_pandas()
     return table.set_index("query_id")["ndcg"].sort_index()
+
+
+def static_summary(store: ArtifactStore, static: ArtifactRef, teacher: ArtifactRef, speed: ArtifactRef | None,
+                   teacher_label: str) -> str:
+    """A static model against its teacher (`select.static`): the yardstick, paired over its queries (evaluate
+    artifacts), and the CPU documents/s measured side by side (the speed stage's artifact), in one sentence."""
+    mine, theirs = yardstick_scores(store, static), yardstick_scores(store, teacher)
+    d = paired_difference(mine[theirs.index].to_numpy(), theirs.to_numpy())
+    said = (f"the yardstick {mine.mean():.3f} against {teacher_label}'s {theirs.mean():.3f} "
+            f"({mine.mean() / theirs.mean():.0%} kept: {_interval(d)})")
+    if speed is not None:
+        rates = store.read_table(speed, "metrics", ["metric", "value"]).to_pandas().set_index("metric")["value"]
+        fast, slow = (rates[m] for m in SPEED_METRICS)
+        said += f"; {fast:,.0f} documents/s on the CPU against {slow:,.0f} ({fast / slow:.1f}x)"
+    return said
 
 
 def rung_pool(ladder: Ladder, steps: int, base: ArtifactRef, scored: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:

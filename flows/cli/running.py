@@ -48,7 +48,8 @@ def select_params(args: argparse.Namespace) -> tuple[SelectParams, PipelineConfi
     exit 2 before Prefect) and its store: `--store`, else EMBFORGE_STORE, else the config's with `--set` applied."""
     try:
         params = SelectParams(config=args.config, corpus=args.corpus, qrels=args.qrels, budget=args.budget,
-                              recipes=args.recipes or [], out=args.out, overrides=overrides(args.set))
+                              recipes=args.recipes or [], out=args.out, static=args.static,
+                              overrides=overrides(args.set))
     except ValidationError as e:  # as the UI's form would refuse it
         said = "; ".join(f"--{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise ConfigError(said) from None
@@ -86,6 +87,8 @@ def add_select(sub: argparse._SubParsersAction) -> None:
                         "select.budget)")
     select.add_argument("--recipes", nargs="+", metavar="RECIPE", help="candidate recipes (default: the config's)")
     select.add_argument("--out", help="folder to export the chosen model to (default: selected/<the corpus's name>)")
+    select.add_argument("--static", action="store_true", help="also distil the chosen model into a static embedding "
+                        "model (CPU speed), scored and exported beside it to <out>-static")
     select.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="change a config field, e.g. --set select.lrs=[3e-5]")
 

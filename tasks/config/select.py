@@ -37,6 +37,10 @@ class SelectConfig(Section):
                                "corpus.")
     out: str | None = Field(None, description="Folder the chosen model is exported to (empty or new); relative to "
                             "the folder the command runs in. None: `selected/<the corpus's name>`.")
+    static: bool = Field(False, description="Also distil the chosen model (or the untrained one, when that is the "
+                         "answer) into a static embedding model (docs/static.md; the `static` section's settings, "
+                         "else their defaults), score it on the yardstick and its CPU speed beside its teacher, and "
+                         "export it to `<out>-static`.")
 
     @field_validator("recipes")
     @classmethod

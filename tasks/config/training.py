@@ -13,6 +13,14 @@ from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Se
 from tasks.config.recipes import CHAINS, RECIPES, pooling_help, recipe_help
 
 GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (the HF Trainer's megabatch)
+MIN_BATCH = 2  # a batch of one row has no in-batch negatives: an epoch's trailing one is dropped
+
+
+def epoch_batches(rows: int, batch_size: int) -> int:
+    """The batches one epoch of `rows` pairs makes (tasks/methods/batches.py's plan_batches, which counts the same)."""
+    return rows // batch_size + (rows % batch_size >= MIN_BATCH)
+
+
 # `padding_free: auto` packs encoders at least this wide: on 2 CPU cores a 2-layer 256-wide BERT's crops step ran
 # 1.40x faster packed and MiniLM's (384) 1.5x, while at 128 wide the packing's own index work ate the gain
 # (0.96-0.99x) and at 32 wide it lost (0.87x): docs/results.md.

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from tasks.config.base import InputError
 from tasks.config.recipes import Pair
-from tasks.config.training import GROUP_WINDOW
+from tasks.config.training import GROUP_WINDOW, MIN_BATCH
 from tasks.encoders.inputs import LABEL_COLUMNS, TEXT_COLUMNS, column_values, words_column
 
 
@@ -51,14 +51,14 @@ def plan_batches(epoch_rows: list[int], batch_size: int, lengths: np.ndarray | N
         for w in range(0, rows, window):
             span = min(window, rows - w)
             if lengths is None:
-                if span >= 2:
+                if span >= MIN_BATCH:
                     plan.append(BatchRows(epoch, first + w, span))
                 continue
             # longest first; a stable sort keeps equal lengths in file order
             by_length = np.argsort(-lengths[first + w : first + w + span], kind="stable")
             cut = [by_length[i : i + batch_size] for i in range(0, span, batch_size)]
             plan += [BatchRows(epoch, first + w, span, cut[i]) for i in rng.permutation(len(cut))
-                     if len(cut[i]) >= 2]
+                     if len(cut[i]) >= MIN_BATCH]
         first += rows
     return plan
 

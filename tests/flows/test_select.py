@@ -69,10 +69,10 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     for row in trains:
         manifest = store.manifest(ArtifactRef("train", row["key"]))
         cfg = manifest["config"]
-        # one 48-step schedule for both views, over as many epochs as it takes
-        per_epoch = len(plan_batches([store.manifest(ArtifactRef("pairs", manifest["input_roles"]["pairs"]))
-                                      ["extra"]["documents"]], 16))
-        assert cfg["train"]["max_steps"] == 48 and cfg["train"]["epochs"] == math.ceil(48 / per_epoch) > 1
+        # one 48-step schedule for both views, over as many epochs as it takes: the pairs stage counted them
+        pairs = store.manifest(ArtifactRef("pairs", manifest["input_roles"]["pairs"]))["extra"]
+        per_epoch = len(plan_batches([pairs["documents"]], 16))
+        assert cfg["train"]["max_steps"] == 48 and pairs["epochs"] == math.ceil(48 / per_epoch) > 1
         trained = store.read_table(ArtifactRef("train", row["key"]), "training").to_pandas()
         resumed = manifest["input_roles"].get("resume")
         rungs[row["key"]] = (cfg["recipe"], cfg["train"]["lr"], cfg["until"], resumed, trained["step"].max())
@@ -197,31 +197,38 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
         assert by_consensus["exported"] == str(tmp_path / "consensus")
 
 
-@pytest.mark.slow  # the offline LLM writes ~90 queries on the CPU
+@pytest.mark.slow  # the offline LLM writes 15 queries on the CPU
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_documents(tmp_path):
     """No title, no label, no queries of the user's: `auto` has the queries stage's LLM write queries for the
-    held-out documents, each asking for its own document."""
+    held-out documents (here 5 of them, 3 each: `max_queries` 15), each asking for its own document."""
     docs = pd.read_parquet(DEMO_DOCS).head(120)[["doc_id", "text"]]
     docs.to_parquet(tmp_path / "plain.parquet")
     config = tiny_config(tmp_path, data={"path": str(tmp_path / "plain.parquet"), "name": "plain", "limit": None},
                          evaluate={"knn": None, "sts": None, "tsne": False,
-                                   "yardstick": {"held_out": 0.25, "seed": 0}},
+                                   "yardstick": {"held_out": 0.25, "seed": 0, "max_queries": 15}},
+                         queries={"backend": "transformers"},  # the real LLM without vLLM's start-up
+                         static={"of": ["base"], "pca_dims": 16, "sentences": 200, "speed_documents": 16},
                          select={"recipes": ["crops"], "lrs": [3e-3], "budget": 12, "out": str(tmp_path / "chosen")})
-    run_id, chosen = run_select(config)
+    run_id, chosen = run_select(config, static=True)  # `--static`: the answer distilled too
     store = ArtifactStore(tmp_path / "store")
     stages = Catalog(store).query("SELECT stage, key FROM run_stages WHERE run_id = ?", [run_id])
     [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
     [queries] = [ArtifactRef("queries", r["key"]) for r in stages if r["stage"] == "queries"]
     held = held_out_documents(docs["doc_id"].tolist(), YardstickConfig(held_out=0.25, seed=0))
     written = store.read_table(queries, "queries").to_pandas()
-    assert set(written["doc_id"]) == held and set(written["split"]) == {"held_out"}  # the held-out ones only
+    assert set(written["doc_id"]) < held and written["doc_id"].nunique() == 5  # held-out ones only, enough to ask 15
+    assert set(written["split"]) == {"held_out"}
     extra = store.manifest(yardstick)["extra"]
     assert extra["kind"] == "queries" and extra["queries"] == (written["status"] == "ok").sum() >= 2
     decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
     assert "Yardstick: generated_ndcg_at_10, each query an LLM wrote" in (store.path(decided) / "selection.md"
                                                                         ).read_text()
     assert chosen["chosen"] in ("crops@0.003", "base")
+    teacher = "crops@0.003" if chosen["exported"] else chosen["base"]
+    assert chosen["static"] == str(tmp_path / "chosen-static") and (tmp_path / "chosen-static" / "README.md").exists()
+    assert f"against {teacher}'s" in chosen["static_said"] and "documents/s on the CPU" in chosen["static_said"]
+    assert chosen["static_said"] in (tmp_path / "chosen-static" / "README.md").read_text()
 
 
 def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_path, capsys):

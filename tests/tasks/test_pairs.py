@@ -7,9 +7,11 @@ from storage.store import ArtifactStore
 from tasks import pairs as pairs_module
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
+from tasks.config.training import epoch_batches
 from tasks.core.held_out import HeldOut, knn_test_documents
 from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
+from tasks.methods.batches import plan_batches
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.views import crops as crops_module
@@ -26,7 +28,7 @@ def crop(doc, first, n=2):
     return " ".join(sentence(doc, j) for j in range(first, first + n))
 
 
-def drawn_pairs(root, corpus, view, epochs=1, seed=0, n=2, held_out=None, **data) -> list[dict]:
+def drawn_pairs(root, corpus, view, epochs=1, seed=0, n=2, held_out=None, steps=None, **data) -> list[dict]:
     """The pairs artifact of `corpus` (a Parquet file, or doc_id → text) built by the real stages."""
     root.mkdir(parents=True, exist_ok=True)
     if isinstance(corpus, dict):
@@ -37,7 +39,7 @@ def drawn_pairs(root, corpus, view, epochs=1, seed=0, n=2, held_out=None, **data
     docs = INGEST.run(store, DataConfig(path=str(corpus), **data), NoInputs())
     sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
     cfg = PairsConfig(view=view, n_sentences=n, seed=seed, epochs=epochs, held_out=held_out,
-                      deletion_ratio=0.6 if view == "noise" else None)
+                      deletion_ratio=0.6 if view == "noise" else None, steps=steps, batch_size=4 if steps else None)
     pairs = PAIRS.run(store, cfg, PairsInputs.for_view(cfg, sentences, docs, None))
     return store.read_table(pairs, "pairs").to_pylist()
 
@@ -94,6 +96,22 @@ def test_pairs_one_per_document_per_epoch_distinct_for_crops_same_for_dropout(tm
     assert all(r["anchor"] == r["positive"] for r in dropout)
     orders = [[r["doc_id"] for r in crops if r["epoch"] == e] for e in range(3)]
     assert orders[0] != orders[1]  # reshuffled each epoch
+
+
+@pytest.mark.parametrize("steps, epochs", [(3, 1), (4, 2), (9, 3), (1, 1)])
+def test_a_step_budget_makes_as_many_epochs_as_it_takes(tmp_path, steps, epochs):
+    """10 documents in batches of 4 make 3 batches an epoch (4, 4, 2): `steps` batches need ceil(steps / 3) epochs,
+    as many as the train stage's plan (tasks/methods/batches.py) will find in the file."""
+    rows = drawn_pairs(tmp_path, _corpus(10, 3), "crops", steps=steps)
+    assert max(r["epoch"] for r in rows) + 1 == epochs
+    per_epoch = [sum(r["epoch"] == e for r in rows) for e in range(epochs)]
+    assert len(plan_batches(per_epoch, 4)) >= steps > len(plan_batches(per_epoch[:-1], 4))
+
+
+def test_epoch_batches_counts_what_the_plan_cuts():
+    for rows in range(0, 40):
+        for batch in (2, 3, 4, 16):  # train.batch_size >= 2
+            assert epoch_batches(rows, batch) == len(plan_batches([rows], batch)), (rows, batch)
 
 
 def test_pairs_are_seeded(tmp_path):

@@ -78,6 +78,14 @@ def test_the_winner_is_the_answer_only_when_it_beats_the_untrained_model_on_the_
     assert decision.chosen == BASE and decision.said.startswith("no candidate beats the untrained model "
                                                                 "significantly (the best, dropout@0.0003:")
     assert decision.said.endswith("the answer is the base model as it is")
+    assert "a gain of 0.03 or more is ruled out" in decision.said
+    # Too few queries to tell a gain of 0.03 from none: the answer says the yardstick cannot tell, not that the base
+    # won.
+    noisy = np.clip(base[:20] + rng.normal(0.03, 0.2, 20), 0, 1)
+    decision = decide(ladder, noisy, base[:20])
+    assert decision.chosen == BASE and decision.versus_base.low < 0 < 0.03 < decision.versus_base.high
+    said = f"the yardstick cannot tell: a gain of up to {decision.versus_base.high:+.3f} is not ruled out"
+    assert said in decision.said
     worse = base - 0.1  # significantly worse is no better
     assert decide(ladder, worse, base).chosen == BASE
     every_stopped = successive_halving(NINE, 900, 3, lambda c, s: "collapsed")
