@@ -52,6 +52,7 @@ from tasks.select import (
     SelectInputs,
     SelectJob,
     consensus_scores,
+    decision_of,
     rung_name,
     static_summary,
     successive_halving,
@@ -183,8 +184,8 @@ def select_model(run: Run) -> Selection:
                     yardstick=cfg.evaluate.yardstick, base=base.label)
     decided = run.stage(SELECT, job, SelectInputs(yardstick=corpus.yardstick, base=base_scores, scored=scored,
                                                   sample=corpus.docs if corpus.docs != begun.docs else None))
-    decision = run.settled(decided)["extra"]["decision"]
-    chosen = models.get(rung_name(decision["chosen"], sel.budget)) if decision["chosen"] != BASE else None
+    decision = decision_of(run.settled(decided))
+    chosen = models.get(rung_name(decision.chosen, sel.budget)) if decision.chosen != BASE else None
     run.register([base] + ([chosen] if chosen else []))
     section = (run.store.path(decided) / SECTION).read_text()
     card = "\n".join(line for line in section.splitlines() if not line.startswith("![")) + "\n"  # the picture stays
@@ -195,9 +196,9 @@ def select_model(run: Run) -> Selection:
         export_model(Catalog(run.store), chosen.artifact.address, out, [], notes=card)
     static = None
     if sel.static:
-        teacher_scores = scored[rung_name(decision["chosen"], sel.budget)] if chosen else base_scores
+        teacher_scores = scored[rung_name(decision.chosen, sel.budget)] if chosen else base_scores
         static = distil(run, chosen or base, teacher_scores, begun, corpus, static_folder(out))
-    return Selection(decision["chosen"], decision["said"], run.store.location("artifacts", decided.stage, decided.key),
+    return Selection(decision.chosen, decision.said, run.store.location("artifacts", decided.stage, decided.key),
                      decided.address, str(out) if chosen else None, base.label,
                      str(static_folder(out)) if static else None, static)
 

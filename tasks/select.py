@@ -273,8 +273,16 @@ class SelectInputs(Inputs):
     sample: ArtifactRef | None = None  # what the yardstick ranked among, on a large corpus (tasks/sample.py)
 
 
-def _difference(d: PairedDifference | None) -> dict | None:
+def stored_difference(d: PairedDifference | None) -> dict | None:
     return None if d is None else dict(mean=d.mean, low=d.low, high=d.high, n=d.n, significant=d.significant)
+
+
+def decision_of(manifest: dict) -> Decision:
+    """The Decision a select artifact holds (its manifest's), as the stage made it."""
+    kept = manifest["extra"]["decision"]
+    differences = {k: PairedDifference(**{f: kept[k][f] for f in ("mean", "low", "high", "n")}) if kept[k] else None
+                   for k in ("versus_base", "versus_runner_up")}
+    return Decision(kept["chosen"], kept["said"], runner_up=kept["runner_up"], **differences)
 
 
 def section(job: SelectJob, kind: str, ladder: Ladder, decision: Decision, base_score: float, cost: dict,
@@ -331,8 +339,8 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
                 share=ladder.trained_steps / (job.total * candidates))
     out.write_table("ladder", pa.Table.from_pylist(job.ladder))
     out.extra.update(decision=dict(chosen=decision.chosen, said=decision.said, runner_up=decision.runner_up,
-                                   versus_base=_difference(decision.versus_base),
-                                   versus_runner_up=_difference(decision.versus_runner_up)),
+                                   versus_base=stored_difference(decision.versus_base),
+                                   versus_runner_up=stored_difference(decision.versus_runner_up)),
                      cost=cost, base_score=float(base.mean()))
     plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICKS[kind].metric, out.folder / PICTURE,
                      f"{job.name}: the search's rungs")

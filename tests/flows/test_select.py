@@ -207,8 +207,7 @@ def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_docum
     config = tiny_config(tmp_path, data={"path": str(tmp_path / "plain.parquet"), "name": "plain", "limit": None},
                          evaluate={"knn": None, "sts": None, "tsne": False,
                                    "yardstick": {"held_out": 0.25, "seed": 0, "max_queries": 15}},
-                         queries={"backend": "transformers"},  # the real LLM without vLLM's start-up
-                         static={"of": ["base"], "pca_dims": 16, "sentences": 200, "speed_documents": 16},
+                         static={"of": ["base"], "pca_dims": 16, "tokenlearn": False, "speed_documents": 16},
                          select={"recipes": ["crops"], "lrs": [3e-3], "budget": 12, "out": str(tmp_path / "chosen")})
     run_id, chosen = run_select(config, static=True)  # `--static`: the answer distilled too
     store = ArtifactStore(tmp_path / "store")

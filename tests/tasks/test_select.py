@@ -1,11 +1,13 @@
 """tasks/select.py's search and decision: successive halving over candidate recipes, on scores given by a function."""
 
+import json
+
 import numpy as np
 import pytest
 
 from tasks.config.base import BASE
 from tasks.metrics.significance import paired_difference
-from tasks.select import Candidate, Ladder, decide, successive_halving
+from tasks.select import Candidate, Ladder, decide, decision_of, stored_difference, successive_halving
 
 NINE = [Candidate(recipe, lr) for recipe in ("crops", "dropout", "tsdae") for lr in (1e-4, 3e-4, 1e-3)]
 
@@ -114,3 +116,17 @@ def test_each_rung_s_candidates_are_started_together_before_any_is_scored():
     for _, names, steps in starts:  # then exactly those, scored
         at = events.index(("start", names, steps))
         assert [e[1] for e in events[at + 1 : at + 1 + len(names)]] == names
+
+
+def test_a_decision_reads_back_from_its_artifact_as_it_was_made():
+    ladder = successive_halving(NINE, 900, 3, quality)
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.2, 0.6, 50)
+    made = decide(ladder, base + 0.1, base, (base + 0.1, base))
+    stored = {"extra": {"decision": dict(chosen=made.chosen, said=made.said, runner_up=made.runner_up,
+                                         versus_base=stored_difference(made.versus_base),
+                                         versus_runner_up=stored_difference(made.versus_runner_up))}}
+    assert decision_of(json.loads(json.dumps(stored))) == made  # through the manifest's JSON
+    made = decide(successive_halving(NINE, 900, 3, lambda c, s: "collapsed"), None, base)
+    assert decision_of({"extra": {"decision": dict(chosen=made.chosen, said=made.said, runner_up=None,
+                                                   versus_base=None, versus_runner_up=None)}}) == made
