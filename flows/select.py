@@ -168,9 +168,9 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
 def select_model(run: Run) -> Selection:
     cfg, sel = run.cfg, run.cfg.select
     out = export_folder(cfg)
-    check_export_folder(out, "select.out:")  # before any stage
+    check_export_folder(out, "select.out:", run.store.root)  # before any stage, whatever the answer
     if sel.static:
-        check_export_folder(static_folder(out), "select.static: its folder")
+        check_export_folder(static_folder(out), "select.static: its folder", run.store.root)
     begun = start_of(run)
     candidates = [Candidate(recipe, lr) for recipe in sel.candidate_recipes(bool(cfg.summaries), bool(cfg.queries))
                   for lr in sel.lrs]

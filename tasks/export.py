@@ -287,20 +287,21 @@ def sts_by_backend(folder: Path, pooling: str, sts: dict, variants: list[str]) -
     return scores
 
 
-def check_export_folder(to: Path, field: str) -> None:
-    """An export goes to a new or empty folder (`field` names where the user set it)."""
+def check_export_folder(to: Path, field: str, store: Path) -> None:
+    """An export goes to a new or empty folder outside the `store` (its folders are the store's to write); `field`
+    names where the user set it."""
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise InputError(f"{field} {to}: exists and is not an empty folder; export never overwrites")
+    if to.resolve().is_relative_to(store.resolve()):
+        raise InputError(f"{field} {to.resolve()}: inside the store {store}; export to a folder outside it")
 
 
 def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], repo: str | None = None,
                  notes: str = "") -> ExportedModel:
     """Write the model `name` (a label or an artifact address) into `to`, which must not hold anything and
     must be outside the store (its folders are the store's to write); `notes` (Markdown) end its card."""
-    check_export_folder(to, "--to")
+    check_export_folder(to, "--to", catalog.store.root)
     to = to.resolve()  # `.` has no name or parent to build next to
-    if to.is_relative_to(catalog.store.root.resolve()):
-        raise InputError(f"--to {to}: inside the store {catalog.store.root}; export to a folder outside it")
     model = describe(catalog, name)
     catalog.store.check(model.ref)  # on an object store: brought into the working copy
     # What leaves the store is what was published: every file's SHA-256, not only its size (a same-size

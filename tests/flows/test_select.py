@@ -242,6 +242,14 @@ def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_pa
         out = capsys.readouterr().out
         assert said in " ".join(out.split()) and out.count("error:") == 1, out
         assert not (tmp_path / name / "store").exists()
+    # The export folder inside the store is refused before the search, whatever its answer would be.
+    (tmp_path / "inside").mkdir()
+    config = select_config(tmp_path / "inside", out=str(tmp_path / "inside" / "store" / "chosen"))
+    assert main(["select", "--config", str(config)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"select.out: {tmp_path / 'inside' / 'store' / 'chosen'}: inside the store" in out
+    assert out.count("error:") == 1
+    assert not (tmp_path / "inside" / "store" / "artifacts").exists()
     (tmp_path / "corpus").mkdir()
     config = select_config(tmp_path / "corpus")
     assert main(["select", str(tmp_path / "missing.parquet"), "--config", str(config)]) == 2
