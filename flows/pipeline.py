@@ -22,12 +22,12 @@ from tasks.config.evaluation import YardstickConfig
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.queries import AskedQueries, AskingDocuments, QueriesConfig
 from tasks.config.recipes import RECIPES
-from tasks.config.static import StaticSettings
+from tasks.config.static import StaticConfig, StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.config.yardsticks import YARDSTICKS
 from tasks.core.stage import Inputs, NoInputs, Stage
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
-from tasks.encoders.models import ModelInputs
+from tasks.encoders.models import ModelInputs, start_width
 from tasks.encoders.text_sets import TextSetInputs
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
@@ -206,9 +206,27 @@ def splitting(cfg: PipelineConfig) -> SentenceConfig:
     return cfg.sentences.model_copy(update={"workers": cfg.run.workers})
 
 
+def static_settings(cfg: PipelineConfig) -> StaticConfig | None:
+    """How the run's static models are made: the `static` section, else its defaults where `embforge select` distils
+    its answer (`select.static`); None: no static model."""
+    return cfg.static or (StaticConfig(of=[BASE]) if cfg.select.static else None)
+
+
+def check_static_width(cfg: PipelineConfig) -> None:
+    """`static.pca_dims` against the models' width, before any stage (the static stage checks it again against the
+    teacher it distils)."""
+    static = static_settings(cfg)
+    if static and static.pca_dims and (width := start_width(cfg.model.name_or_path, cfg.model.random_init)):
+        if static.pca_dims > width:
+            raise ConfigError(f"static.pca_dims: {static.pca_dims} is more than the {width} dimensions of the run's "
+                              f"models ({cfg.model.name_or_path}{', random init' if cfg.model.random_init else ''}); "
+                              f"at most {width}, or null to keep them")
+
+
 def start_of(run: Run) -> Start:
     """The corpus, its sentences and summaries, and the model training starts from."""
     cfg = run.cfg
+    check_static_width(cfg)
     docs = run.stage(INGEST, cfg.data, NoInputs())
     sentences = run.stage(SENTENCES, splitting(cfg), SentencesInputs(documents=docs))
     init = run.stage(INIT, InitConfig.from_model(cfg.model), NoInputs()) if cfg.model.random_init else None

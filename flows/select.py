@@ -27,6 +27,7 @@ from flows.pipeline import (
     mine_queries,
     start_of,
     static_model,
+    static_settings,
     train_method,
     with_tokenizer,
     yardstick_of,
@@ -37,7 +38,6 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
-from tasks.config.static import StaticConfig
 from tasks.config.training import MethodConfig
 from tasks.encoders.models import trained_ref
 from tasks.export import check_export_folder, export_model
@@ -87,7 +87,7 @@ def distil(run: Run, teacher: ReportedModel, teacher_scores: ArtifactRef, begun:
            out: Path) -> str:
     """`select.static`: the static model of the answer (docs/static.md), scored on the yardstick beside its teacher,
     timed beside it on the CPU and exported to `out`; what it kept and gained, in one sentence."""
-    settings = run.cfg.static or StaticConfig(of=[BASE])  # its settings; what `of` names is the pipeline's
+    settings = static_settings(run.cfg)  # what `of` names is the pipeline's, not select's
     static = static_model(run, teacher, begun.sentences, settings)
     scores = evaluate_model(run, static, corpus)[0]
     speed = cpu_speed(run, static, teacher, corpus.docs, settings.speed_documents) if settings.speed_documents else None

@@ -85,6 +85,17 @@ def load_model(name_or_path: str, load: Callable[[str], T]) -> T:
                          f"(package:<name>), and not loadable from the Hugging Face Hub: {reason}") from None
 
 
+def start_width(name_or_path: str, random_init: RandomInitConfig | None) -> int | None:
+    """The hidden size a run's models have: a random init's, else the named model's config (no weights read); None
+    where it cannot be known before a stage runs (a GGUF decoder, converted first; a Hub name offline)."""
+    if random_init:
+        return random_init.hidden
+    try:
+        return load_model(name_or_path, AutoConfig.from_pretrained).hidden_size
+    except (InputError, OSError, ValueError, AttributeError):
+        return None
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """A model's tokenizer as embforge uses it: a decoder's pads, and ends every text with EOS (decoders.py)."""
     tokenizer = load_model(name_or_path, AutoTokenizer.from_pretrained)

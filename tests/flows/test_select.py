@@ -250,6 +250,11 @@ def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_pa
     assert f"select.out: {tmp_path / 'inside' / 'store' / 'chosen'}: inside the store" in out
     assert out.count("error:") == 1
     assert not (tmp_path / "inside" / "store" / "artifacts").exists()
+    # `--static` with PCA wider than the models: one error before any stage (the tiny models are 32 wide).
+    assert main(["select", "--config", str(config), "--out", str(tmp_path / "wide"), "--static"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "static.pca_dims: 256 is more than the 32 dimensions of the run's models" in out and out.count("error:") == 1
+    assert not (tmp_path / "inside" / "store" / "artifacts").exists()
     (tmp_path / "corpus").mkdir()
     config = select_config(tmp_path / "corpus")
     assert main(["select", str(tmp_path / "missing.parquet"), "--config", str(config)]) == 2
