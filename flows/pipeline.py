@@ -27,6 +27,7 @@ from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.config.yardsticks import YARDSTICKS
 from tasks.core.stage import Inputs, NoInputs, Stage
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
+from tasks.encoders.lora import check_targets, start_layers
 from tasks.encoders.models import ModelInputs, start_width
 from tasks.encoders.text_sets import TextSetInputs
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
@@ -209,7 +210,7 @@ def splitting(cfg: PipelineConfig) -> SentenceConfig:
 def static_settings(cfg: PipelineConfig) -> StaticConfig | None:
     """How the run's static models are made: the `static` section, else its defaults where `embforge select` distils
     its answer (`select.static`); None: no static model."""
-    return cfg.static or (StaticConfig(of=[BASE]) if cfg.select.static else None)
+    return cfg.static or (StaticConfig(of=[BASE]) if cfg.select and cfg.select.static else None)
 
 
 def check_static_width(cfg: PipelineConfig) -> None:
@@ -223,10 +224,20 @@ def check_static_width(cfg: PipelineConfig) -> None:
                               f"at most {width}, or null to keep them")
 
 
+def check_lora_targets(cfg: PipelineConfig) -> None:
+    """`train.lora.target_modules` (the run's and each method's) against the named start model's layers, before any
+    stage; a random init's are checked when its training attaches the adapter."""
+    wanted = [lora for lora in (cfg.train.lora, *(cfg.train_for(m).lora for m in cfg.methods)) if lora]
+    if wanted and not cfg.model.random_init and (layers := start_layers(cfg.model.name_or_path)):
+        for lora in wanted:
+            check_targets(layers, lora.target_modules, cfg.model.name_or_path)
+
+
 def start_of(run: Run) -> Start:
     """The corpus, its sentences and summaries, and the model training starts from."""
     cfg = run.cfg
     check_static_width(cfg)
+    check_lora_targets(cfg)
     docs = run.stage(INGEST, cfg.data, NoInputs())
     sentences = run.stage(SENTENCES, splitting(cfg), SentencesInputs(documents=docs))
     init = run.stage(INIT, InitConfig.from_model(cfg.model), NoInputs()) if cfg.model.random_init else None

@@ -18,15 +18,44 @@ from peft import LoraConfig, PeftModel
 from sentence_transformers import SentenceTransformer
 from transformers import AutoConfig, AutoModel
 
+from tasks.config.base import InputError
 from tasks.config.training import LoraSettings
 from tasks.encoders.models import load_model
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
+def linear_layers(module: torch.nn.Module) -> set[str]:
+    return {name for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def check_targets(linear: set[str], targets: list[str] | str, model: str) -> None:
+    """Every `train.lora.target_modules` name must end some linear layer's name (peft's rule), else one InputError
+    naming the setting and the layers there are: a config mistake, never retried as a fault."""
+    if targets == "all-linear":
+        return
+    if missing := [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in linear)]:
+        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+        raise InputError(f"train.lora.target_modules: {missing} match no linear layer of {model}; its linear layers "
+                         f"are named {names} (or use all-linear)")
+
+
+def start_layers(name_or_path: str) -> set[str] | None:
+    """A named model's linear layers, built on the meta device from its config (no weights read); None where the
+    config cannot be read before a stage runs (a GGUF decoder, converted first; a Hub name offline)."""
+    try:
+        config = load_model(name_or_path, AutoConfig.from_pretrained)
+    except (InputError, OSError, ValueError):
+        return None
+    with torch.device("meta"):
+        return linear_layers(AutoModel.from_config(config))
+
+
 def attach_lora(model: SentenceTransformer, cfg: LoraSettings, seed: int) -> None:
     """A fresh adapter on the model's linear layers, drawn from `seed` (not from whatever the process drew before);
     only the adapter's weights train from here on."""
+    check_targets(linear_layers(model.transformers_model), cfg.target_modules,
+                  model.transformers_model.config.name_or_path or "the model")
     torch.manual_seed(seed)
     model.transformers_model.add_adapter(LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                                                     target_modules=cfg.target_modules, bias="none"))

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks.config.base import InputError
+from tasks.config.training import TrainConfig
 
 PATIENCE = 20  # steps a symptom must last (after warm-up) before it counts
 PROBE_EVERY = 10  # steps between two measurements of the probe batch
@@ -45,6 +46,7 @@ DOCUMENTS_AT_ONE_VECTOR = 0.999
 SPIKE = 3.0
 LOOKBACK = PATIENCE + PROBE_EVERY + 1  # the most steps `check` reads back from the last
 TRIVIAL_LOSS = 0.01
+TEMPERATURE_FLOOR = 0.01  # an InfoNCE temperature under this, not the lr, is the first suspect of a blow-up
 
 
 class TrainingUnhealthy(InputError):
@@ -146,12 +148,19 @@ def collapsed_at_the_end(history: Sequence, warmup: int, start: float | None) ->
     return None
 
 
-def advice(problem: Problem, lr: float, max_grad_norm: float | None) -> str:
-    """One line for the user: what happened, where, and what to try."""
-    clip = "" if max_grad_norm else ", clipping (train.max_grad_norm: 1.0)"
-    return (f"training {problem.kind} at step {problem.step} (lr {lr:g}): {problem.why}. Try a lower train.lr "
-            f"(e.g. 2.0e-5){clip} or a longer warm-up (train.warmup_ratio); train.on_unhealthy: warn finishes "
-            "the run anyway and reports it")
+def advice(problem: Problem, cfg: TrainConfig) -> str:
+    """One line for the user: what happened, where, with which settings, and what to try: a temperature far under
+    the usual first (it scales every logit: 1e-30 overflows whatever the lr), else the lr, clipping and warm-up."""
+    tiny = cfg.temperature < TEMPERATURE_FLOOR
+    settings = f"train.temperature {cfg.temperature:g}, lr {cfg.lr:g}" if tiny else f"lr {cfg.lr:g}"
+    if tiny:
+        fix = (f"train.temperature {cfg.temperature:g} multiplies every similarity by {1 / cfg.temperature:.3g}: "
+               f"raise it (the usual is {TrainConfig.model_fields['temperature'].default:g})")
+    else:
+        clip = "" if cfg.max_grad_norm else ", clipping (train.max_grad_norm: 1.0)"
+        fix = f"Try a lower train.lr (e.g. 2.0e-5){clip} or a longer warm-up (train.warmup_ratio)"
+    return (f"training {problem.kind} at step {problem.step} ({settings}): {problem.why}. {fix}; "
+            "train.on_unhealthy: warn finishes the run anyway and reports it")
 
 
 def summary(history: Sequence, warmup: int) -> dict:

@@ -256,11 +256,11 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
             problem = health.check(history, warmup, health.first_probe(history), final=last) if rank == 0 else None
             stop = bool(problem and problem.fatal and cfg.on_unhealthy == "stop")
             if distributed.from_process_0(stop):  # every process stops together: a clean end under torchrun
-                raise health.TrainingUnhealthy(health.advice(problem, cfg.lr, cfg.max_grad_norm) if problem
+                raise health.TrainingUnhealthy(health.advice(problem, cfg) if problem
                                                else "stopped with process 0, whose health check failed")
             if problem and problem.kind not in warned:
                 warned.add(problem.kind)  # once per kind: a collapsed run stays collapsed
-                said = health.advice(problem, cfg.lr, cfg.max_grad_norm) if problem.fatal else problem.why
+                said = health.advice(problem, cfg) if problem.fatal else problem.why
                 log.warning("%s; going on%s", said, " (train.on_unhealthy: warn)" if problem.fatal else "")
             bar.update(1)
             bar.set_postfix(loss=f"{entry.loss:.3f}")

@@ -92,9 +92,15 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
     ("collapse-in-2-processes", "error: crops recipe: training collapsed at step"),  # the same under torchrun
     # 21 steps (3 epochs of 6 batches of 20 and one of 8): too short for the running rules, judged at its end
     ("short-collapse", "error: crops recipe: training collapsed at step 21 (lr 30): the loss has been"),
-    ("infinite-gradients", "error: crops recipe: training diverged at step 20 (lr 0.001): the gradient norm has been "
-                           "inf at each of the last 20 steps"),
-    ("static-pca-dims", "error: static.pca_dims: 64 is more than the teacher's 32 dimensions (init/"),
+    # the temperature, not the lr, is what blew it up: the message says so
+    ("infinite-gradients", "error: crops recipe: training diverged at step 20 (train.temperature 1e-30, lr 0.001): "
+                           "the gradient norm has been inf at each of the last 20 steps: none of them changed the "
+                           "model. train.temperature 1e-30 multiplies every similarity by 1e+30: raise it (the usual "
+                           "is 0.05)"),
+    # before the first stage now (the random init's width is known)
+    ("static-pca-dims", "error: static.pca_dims: 64 is more than the 32 dimensions of the run's models"),
+    # a config mistake found where the adapter is attached (a random init's layers): one line, never retried
+    ("lora-targets", "error: train.lora.target_modules: ['q_proj'] match no linear layer of"),
 ])
 def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_in_the_log(tmp_path, case, message,
                                                                                           prefect_api):
@@ -111,6 +117,8 @@ def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_i
               "infinite-gradients": {"train": {"temperature": 1e-30, "epochs": 3},
                                      "methods": [{"name": "crops", "recipe": "crops"}]},
               "static-pca-dims": {"static": {"of": ["base"], "pca_dims": 64}},  # the tiny encoder has 32
+              "lora-targets": {"train": {"lora": {"target_modules": ["q_proj"]}},
+                               "methods": [{"name": "crops", "recipe": "crops"}]},
               }.get(case, {"data": {"path": str(tmp_path / "bad.csv")}})
     config = tiny_config(tmp_path, **change)
     result = processes.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,

