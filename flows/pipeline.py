@@ -246,7 +246,9 @@ def start_of(run: Run) -> Start:
                  if not init and is_gguf_model(cfg.model.name_or_path) else None)
     start = init or converted
     base = (ReportedModel("base (random init)", "none", init) if init else
-            ReportedModel(f"base ({cfg.model.name_or_path})", "none", converted, cfg.model.name_or_path))
+            # a converted decoder is its artifact's folder, not a name to load (a GGUF package has no model folder)
+            ReportedModel(f"base ({cfg.model.name_or_path})", "none", converted,
+                          None if converted else cfg.model.name_or_path))
     return Start(docs, sentences, summarize_corpus(run, docs), base, None if start else cfg.model.name_or_path,
                  start, converted is not None)
 
