@@ -1,0 +1,227 @@
+"""How well does each label-free yardstick rank trained candidates? Kendall's tau against the truth labels give.
+
+For each corpus (--corpora: the demo's OHSUMED abstracts, arXiv 2007, medical abstracts and 20 Newsgroups, with labels;
+SciFact, with the test claims' relevance judgements), the first --docs documents are made into a pool of candidates:
+every --recipes x --lrs x --budgets (`train.max_steps`) from all-MiniLM-L6-v2, and the untrained model, all trained
+and embedded by `embforge run` (configs/select.yaml's fields) into one --store, with `evaluate.yardstick` holding a
+10% share of the documents (seed 0) out of every candidate's training. Two runs per corpus share every train and embed
+artifact: one with the `titles` yardstick (and labelled kNN), one with the LLM-`queries` yardstick (offline
+SmolLM2, at most --queries queries). Each candidate's score on each yardstick:
+    titles, queries         mean nDCG@10 of held-out titles / generated queries finding their own document
+                            (title_ndcg_at_10, generated_ndcg_at_10 of the evaluate stage)
+    consensus_titles,       tasks/metrics/pool.py's consensus_ndcg: each model's top documents for the same queries
+    consensus_queries       over the corpus (from the embeddings cache), judged by the others' fusion; pool = all
+    information             pool.information of the held-out documents' embeddings (pool = all)
+    effective_rank          pool.effective_rank of them (a baseline)
+Truth: kNN accuracy (knn_accuracy_splits, the mean over 10 splits) on labelled corpora; on SciFact the test claims'
+nDCG@10 over the corpus (every judged document relevant), each claim encoded by the model, the corpus from the cache.
+Per corpus and yardstick: Kendall's tau-b of the yardstick's scores against the truth over the candidates, and a
+one-sided permutation p-value (H1: tau > 0): p = (1 + #{permutations of the yardstick's scores with tau >= observed})
+/ (1 + --perms). A rerun recomputes nothing but the pool scores and the SciFact claims.
+Usage:
+    python benchmarks/yardsticks.py [--corpora demo arxiv medical newsgroups scifact] [--docs 2000] [--data DIR]
+        [--recipes crops dropout tsdae] [--lrs 2e-5 1e-4] [--budgets 40 120] [--queries 300] [--perms 10000]
+        [--store DIR] [--config FILE] [--set FIELD=VALUE ...]
+Prints a table per corpus and a summary (median tau over corpora, corpora with p < 0.05), then ONE final line of JSON
+with every figure (each candidate's truth and yardstick scores too).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from select_recipe import REPO, embforge, latest, scores
+
+from storage.base import ArtifactRef
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
+from tasks import embed
+from tasks.config.yardsticks import YARDSTICKS
+from tasks.core.held_out import held_out_queries
+from tasks.encoders.encode import encoder_at
+from tasks.encoders.models import model_path
+from tasks.metrics import pool, retrieval
+
+LABELLED = {"demo": "configs/data/ohsumed_demo.parquet", "arxiv": "{data}/arxiv2007.parquet",
+            "medical": "{data}/medical_abstracts.parquet", "newsgroups": "{data}/newsgroups20.parquet"}
+CORPORA = [*LABELLED, "scifact"]
+YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "information", "effective_rank"]
+KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
+HELD_OUT = {"held_out": 0.1, "seed": 0}
+ROWS_PER_DOC = 0.5  # a lower bound on a view's training rows per document, to give every budget epochs enough
+
+
+def permutation_tau(truth: np.ndarray, score: np.ndarray, perms: int, seed: int = 0) -> tuple[float, float]:
+    """Kendall's tau-b of `score` against `truth` and its one-sided permutation p-value (H1: tau > 0)."""
+    i, j = np.triu_indices(len(truth), 1)
+    sx = np.sign(truth[i] - truth[j])
+    rng = np.random.default_rng(seed)
+    ys = np.vstack([score, np.array([rng.permutation(score) for _ in range(perms)])])  # (1 + perms, n)
+    sy = np.sign(ys[:, i] - ys[:, j])
+    denominator = np.sqrt(np.count_nonzero(sx) * np.count_nonzero(sy, axis=1).astype(float))
+    taus = np.divide(sy @ sx, denominator, out=np.zeros(len(ys)), where=denominator > 0)
+    return float(taus[0]), float((1 + np.sum(taus[1:] >= taus[0] - 1e-12)) / (1 + perms))
+
+
+def corpus_file(name: str, args: argparse.Namespace) -> tuple[Path, pd.DataFrame | None]:
+    """The corpus's file (with `data.limit` taking its first --docs) and, for SciFact, the test claims' qrels. SciFact:
+    the first --docs documents and every document a test claim needs, written next to the store."""
+    if name in LABELLED:
+        return REPO / LABELLED[name].format(data=args.data), None
+    corpus = pd.read_parquet(Path(args.data) / "scifact_corpus.parquet")
+    qrels = pd.read_parquet(Path(args.data) / "scifact_qrels.parquet")
+    qrels = qrels[(qrels["split"] == "test") & (qrels["score"] > 0)].astype({"doc_id": str, "query_id": str})
+    corpus["doc_id"] = corpus["doc_id"].astype(str)
+    keep = corpus.head(args.docs)["doc_id"].tolist() + qrels["doc_id"].tolist()
+    corpus = corpus[corpus["doc_id"].isin(set(keep))].drop(columns=["label"])
+    path = Path(args.store).resolve().parent / "yardsticks-corpora" / f"scifact-{args.docs}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        corpus.to_parquet(path, index=False)
+    return path, qrels[qrels["doc_id"].isin(set(corpus["doc_id"]))]
+
+
+def candidates(args: argparse.Namespace) -> list[dict]:
+    """One method per recipe x learning rate x budget, each trained `budget` steps (train.max_steps) over epochs
+    enough for any view."""
+    per_epoch = max(1, int(ROWS_PER_DOC * (1 - HELD_OUT["held_out"]) * args.docs) // 32)
+    return [dict(name=f"{recipe}@{lr:g}x{steps}", recipe=recipe,
+                 train=dict(lr=lr, max_steps=steps, epochs=math.ceil(steps / per_epoch), on_unhealthy="warn"))
+            for recipe in args.recipes for lr in args.lrs for steps in args.budgets]
+
+
+def run(name: str, path: Path, kind: str, args: argparse.Namespace, labelled: bool) -> tuple[str, float]:
+    """`embforge run` of every candidate with the `kind` yardstick: (its run id, wall seconds)."""
+    yardstick = dict(kind=kind, **HELD_OUT, max_queries=args.queries if kind == "queries" else 1000)
+    sets = [f"name=yardsticks-{name}", f"data.path={path}", f"data.name={name}-{args.docs}",
+            f"methods={json.dumps(candidates(args))}", f"evaluate.yardstick={json.dumps(yardstick)}",
+            f"evaluate.knn={json.dumps(KNN if labelled and kind == 'titles' else None)}", *args.sets]
+    if name in LABELLED:
+        sets.append(f"data.limit={args.docs}")
+    seconds = embforge("run", args.config, "--store", args.store, *(a for s in sets for a in ("--set", s)))
+    return latest(Catalog(ArtifactStore(args.store)), "pipeline"), seconds
+
+
+def pooled(store: ArtifactStore, catalog: Catalog, run_id: str) -> dict[str, dict]:
+    """Each model of a run (by label): its evaluate manifest's roles and config, its held-out queries and vectors."""
+    out = {}
+    for r in catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'evaluate'", [run_id]):
+        manifest = store.manifest(ArtifactRef("evaluate", r["key"]))
+        roles, pooling = manifest["input_roles"], manifest["config"]["pooling"]
+        held = held_out_queries(store, ArtifactRef("yardstick", roles["yardstick"])).to_pandas()
+        out[r["label"]] = dict(
+            manifest=manifest, held=held, pooling=pooling,
+            docs=embed.read_embeddings(store, ArtifactRef("embed", roles["embeddings"]), pooling),
+            queries=embed.read_embeddings(store, ArtifactRef("embed", roles["yardstick_embeddings"]), pooling))
+    return out
+
+
+def consensus(models: dict[str, dict], labels: list[str], doc_ids: list[str]) -> np.ndarray:
+    """Each model's mean consensus nDCG@10 over the held-out queries (the same in every model's artifact)."""
+    held = models[labels[0]]["held"]
+    own = pd.Series(np.arange(len(doc_ids)), index=doc_ids)[held["doc_id"]].to_numpy()
+    rankings = np.stack([pool.top_documents(models[m]["queries"], models[m]["docs"]) for m in labels])
+    return pool.consensus_ndcg(rankings, len(doc_ids), own=own).mean(axis=1)
+
+
+def claims_ndcg(store: ArtifactStore, model: dict, qrels: pd.DataFrame, doc_ids: list[str]) -> float:
+    """Mean nDCG@10 of the SciFact test claims over the corpus: each claim encoded by the model, the corpus cached."""
+    manifest = model["manifest"]
+    source = manifest["config"].get("model")
+    if not source:  # a trained model: the train (or merge, init) artifact the evaluate stage read
+        key = manifest["input_roles"]["model"]
+        stage = next(f.split("/")[0] for f in manifest["input_files"] if f.endswith(f"/{key}"))
+        source = model_path(store, ArtifactRef(stage, key))
+    claims = qrels.drop_duplicates("query_id").reset_index(drop=True)
+    vectors = encoder_at(source, device="cpu", pooling=model["pooling"]).encode(claims["query"].tolist())
+    query_row = pd.Series(np.arange(len(claims)), index=claims["query_id"])
+    doc_row = pd.Series(np.arange(len(doc_ids)), index=doc_ids)
+    _, ndcg = retrieval.qrels_ranks(vectors, model["docs"], query_row[qrels["query_id"]].to_numpy(),
+                                    doc_row[qrels["doc_id"]].to_numpy())
+    return float(np.mean(ndcg))
+
+
+def one_corpus(name: str, args: argparse.Namespace) -> dict:
+    path, qrels = corpus_file(name, args)
+    labelled = qrels is None
+    titled, titles_s = run(name, path, "titles", args, labelled)
+    print(f"{name}: titles run {titles_s / 60:.1f} min", flush=True)
+    asked, queries_s = run(name, path, "queries", args, labelled)
+    print(f"{name}: queries run {queries_s / 60:.1f} min", flush=True)
+    store = ArtifactStore(args.store)
+    catalog = Catalog(store)
+    by_titles, by_queries = pooled(store, catalog, titled), pooled(store, catalog, asked)
+    labels = sorted(by_titles)
+    assert sorted(by_queries) == labels, (labels, sorted(by_queries))
+    documents = store.read_table(ArtifactRef("ingest", by_titles[labels[0]]["manifest"]["input_roles"]["documents"]),
+                                 "documents", columns=["doc_id"])["doc_id"].to_pylist()
+    for m in labels:  # the same documents' vectors in both runs: one cache
+        assert by_titles[m]["manifest"]["input_roles"]["embeddings"] == \
+            by_queries[m]["manifest"]["input_roles"]["embeddings"], m
+    held = pd.Series(np.arange(len(documents)), index=documents)[by_titles[labels[0]]["held"]["doc_id"].unique()]
+    ndcg = {kind: {m: v[0] for m, v in scores(catalog, run_id, YARDSTICKS[kind].metric).items()}
+            for kind, run_id in (("titles", titled), ("queries", asked))}
+    start = time.perf_counter()
+    table = dict(titles=[ndcg["titles"][m] for m in labels], queries=[ndcg["queries"][m] for m in labels],
+                 consensus_titles=consensus(by_titles, labels, documents).tolist(),
+                 consensus_queries=consensus(by_queries, labels, documents).tolist(),
+                 information=pool.information([by_titles[m]["docs"][held] for m in labels]).tolist(),
+                 effective_rank=[pool.effective_rank(by_titles[m]["docs"][held]) for m in labels])
+    if labelled:
+        truth = [float(np.mean(scores(catalog, titled, "knn_accuracy_splits")[m])) for m in labels]
+    else:
+        truth = [claims_ndcg(store, by_titles[m], qrels, documents) for m in labels]
+    pool_s = time.perf_counter() - start
+    results = {y: dict(zip(("tau", "p"), permutation_tau(np.array(truth), np.array(table[y]), args.perms)))
+               for y in YARDSTICK_NAMES}
+    print(f"\n{name}: {len(labels)} models, {len(documents)} documents, {len(held)} held out, "
+          f"{len(by_titles[labels[0]]['held'])} titles, {len(by_queries[labels[0]]['held'])} generated queries; "
+          f"truth {'kNN accuracy' if labelled else 'SciFact test claims nDCG@10'}")
+    print(f"  {'yardstick':<18} {'tau':>6} {'p':>7}")
+    for y in YARDSTICK_NAMES:
+        print(f"  {y:<18} {results[y]['tau']:>+6.2f} {results[y]['p']:>7.4f}")
+    print(f"  {'model':<22} {'truth':>6} " + " ".join(f"{y[:10]:>10}" for y in YARDSTICK_NAMES))
+    for i, m in enumerate(labels):
+        print(f"  {m:<22} {truth[i]:>6.3f} " + " ".join(f"{table[y][i]:>10.4f}" for y in YARDSTICK_NAMES))
+    print(flush=True)
+    return dict(corpus=name, documents=len(documents), held_out=len(held),
+                titles_asked=len(by_titles[labels[0]]["held"]), queries_asked=len(by_queries[labels[0]]["held"]),
+                truth_kind="knn_accuracy_splits" if labelled else "scifact_test_ndcg_at_10",
+                models=labels, truth=dict(zip(labels, truth)), scores={y: dict(zip(labels, table[y])) for y in table},
+                tau={y: r["tau"] for y, r in results.items()}, p={y: r["p"] for y, r in results.items()},
+                titles_run_s=round(titles_s, 1), queries_run_s=round(queries_s, 1), pool_s=round(pool_s, 1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpora", nargs="+", default=CORPORA, choices=CORPORA)
+    p.add_argument("--data", default=str(REPO.parent / "shared" / "data"))
+    p.add_argument("--docs", type=int, default=2000, help="the first N documents of each corpus")
+    p.add_argument("--recipes", nargs="+", default=["crops", "dropout", "tsdae"])
+    p.add_argument("--lrs", nargs="+", type=float, default=[2e-5, 1e-4])
+    p.add_argument("--budgets", nargs="+", type=int, default=[40, 120], help="training steps (train.max_steps)")
+    p.add_argument("--queries", type=int, default=300, help="at most this many generated held-out queries ask")
+    p.add_argument("--perms", type=int, default=10_000)
+    p.add_argument("--config", default=str(REPO / "configs" / "select.yaml"))
+    p.add_argument("--store", default=str(REPO.parent / "embforge-store"))
+    p.add_argument("--set", dest="sets", action="append", default=[])
+    args = p.parse_args()
+    start = time.perf_counter()
+    rows = [one_corpus(name, args) for name in args.corpora]
+    summary = {y: dict(median_tau=float(np.median([r["tau"][y] for r in rows])),
+                       significant=sum(r["p"][y] < 0.05 for r in rows), corpora=len(rows)) for y in YARDSTICK_NAMES}
+    print(f"summary over {len(rows)} corpora: yardstick, median tau, corpora with p < 0.05")
+    for y, s in summary.items():
+        print(f"  {y:<18} {s['median_tau']:>+6.2f} {s['significant']:>3}/{s['corpora']}")
+    print(json.dumps(dict(corpora=rows, summary=summary, docs=args.docs, recipes=args.recipes, lrs=args.lrs,
+                          budgets=args.budgets, perms=args.perms, config=args.config, sets=args.sets,
+                          wall_s=round(time.perf_counter() - start, 1))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""benchmarks/yardsticks.py's statistic: Kendall's tau-b (as scipy's) and its one-sided permutation p-value."""
+
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from tests.helpers import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))  # the benchmarks import each other by their file names
+from yardsticks import permutation_tau  # noqa: E402
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tau_is_scipys_tau_b_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    truth, score = rng.integers(0, 4, 13).astype(float), rng.integers(0, 5, 13).astype(float)
+    tau, p = permutation_tau(truth, score, 200)
+    assert tau == pytest.approx(stats.kendalltau(truth, score).statistic)
+    assert 1 / 201 <= p <= 1
+
+
+def test_p_is_small_for_the_same_ranking_large_for_the_reversed_and_one_for_ties():
+    truth = np.arange(13, dtype=float)
+    assert permutation_tau(truth, truth * 2, 2000) == pytest.approx((1.0, 1 / 2001))  # no permutation beats it
+    tau, p = permutation_tau(truth, -truth, 2000)
+    assert tau == pytest.approx(-1) and p > 0.99
+    assert permutation_tau(truth, np.ones(13), 100) == (0.0, 1.0)  # a constant yardstick ranks nothing
