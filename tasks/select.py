@@ -208,7 +208,7 @@ def rung_name(candidate: str, steps: int) -> str:
 def agreement(kind: str) -> str:
     """The yardstick's measured agreement with labels, as the report states it."""
     measured = YARDSTICKS[kind].agreement
-    return (f"Its agreement with labels, measured: {measured}." if measured else
+    return (f"Its agreement with labels: {measured}." if measured else
             "Its agreement with labels has not been measured (benchmarks/yardsticks.py).")
 
 
