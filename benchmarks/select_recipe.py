@@ -83,10 +83,10 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     decided = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'select'", [searched])[0]["key"]
     extra = store.manifest(ArtifactRef("select", decided))["extra"]
     ladder = store.read_table(ArtifactRef("select", decided), "ladder").to_pandas()
-    # Every candidate trained fully on the schedule the search put it on (its epochs, as the search's rungs had).
-    epochs = {r["method"]: json.loads(r["config"])["train"]["epochs"] for r in catalog.query(
-        "SELECT s.label AS method, a.config FROM run_stages s JOIN artifacts a ON a.key = s.key "
-        "WHERE s.run_id = ? AND s.stage = 'train'", [searched])}
+    # Every candidate trained fully on the schedule the search put it on (its view's epochs, as the pairs stage drew
+    # them for the search's budget).
+    epochs = {r["method"]: store.manifest(ArtifactRef("pairs", r["key"]))["extra"]["epochs"] for r in catalog.query(
+        "SELECT label AS method, key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [searched])}
     methods = [dict(name=c, recipe=r, train=dict(lr=lr, epochs=epochs[c], max_steps=cfg.select.budget,
                                                    on_unhealthy="warn"))
                for c, r, lr in ladder[["candidate", "recipe", "lr"]].drop_duplicates().itertuples(index=False)]

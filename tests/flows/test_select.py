@@ -197,16 +197,17 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
         assert by_consensus["exported"] == str(tmp_path / "consensus")
 
 
-@pytest.mark.slow  # the offline LLM writes 15 queries on the CPU
+@pytest.mark.slow  # the offline LLM (converted once per session) writes 12 queries on the CPU
 @pytest.mark.usefixtures("prefect_harness")
-def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_documents(tmp_path):
+def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_documents(tmp_path, llm_dir):
     """No title, no label, no queries of the user's: `auto` has the queries stage's LLM write queries for the
-    held-out documents (here 5 of them, 3 each: `max_queries` 15), each asking for its own document."""
+    held-out documents (here 4 of them, 3 each: `max_queries` 12), each asking for its own document."""
     docs = pd.read_parquet(DEMO_DOCS).head(120)[["doc_id", "text"]]
     docs.to_parquet(tmp_path / "plain.parquet")
     config = tiny_config(tmp_path, data={"path": str(tmp_path / "plain.parquet"), "name": "plain", "limit": None},
                          evaluate={"knn": None, "sts": None, "tsne": False,
-                                   "yardstick": {"held_out": 0.25, "seed": 0, "max_queries": 15}},
+                                   "yardstick": {"held_out": 0.25, "seed": 0, "max_queries": 12}},
+                         queries={"llm": llm_dir, "backend": "transformers"},  # 4 documents: no vLLM start-up
                          static={"of": ["base"], "pca_dims": 16, "tokenlearn": False, "speed_documents": 16},
                          select={"recipes": ["crops"], "lrs": [3e-3], "budget": 12, "out": str(tmp_path / "chosen")})
     run_id, chosen = run_select(config, static=True)  # `--static`: the answer distilled too
@@ -216,7 +217,7 @@ def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_docum
     [queries] = [ArtifactRef("queries", r["key"]) for r in stages if r["stage"] == "queries"]
     held = held_out_documents(docs["doc_id"].tolist(), YardstickConfig(held_out=0.25, seed=0))
     written = store.read_table(queries, "queries").to_pandas()
-    assert set(written["doc_id"]) < held and written["doc_id"].nunique() == 5  # held-out ones only, enough to ask 15
+    assert set(written["doc_id"]) < held and written["doc_id"].nunique() == 4  # held-out ones only, enough to ask 12
     assert set(written["split"]) == {"held_out"}
     extra = store.manifest(yardstick)["extra"]
     assert extra["kind"] == "queries" and extra["queries"] == (written["status"] == "ok").sum() >= 2
