@@ -28,7 +28,7 @@ from storage.stores import open_store
 from tasks.config.loading import load_config
 from tasks.config.pipeline import PipelineConfig
 from tasks.core.stage import Inputs, Stage
-from tasks.core.stopping import stop_signal
+from tasks.core.stopping import lost, stop_signal
 
 T = TypeVar("T")
 
@@ -180,7 +180,9 @@ def recorded(run: Run, body: Callable[[], T]) -> T:
             result = body()
             run.wait()
     except BaseException as e:  # KeyboardInterrupt and SIGTERM too: the record must not stay "running"
-        if stop := stop_signal(e):
+        if what := lost():  # a process it needs died: whichever stop or error that raised here
+            run.record.finish("failed", error=what)
+        elif stop := stop_signal(e):
             signum = signal.Signals(getattr(stop, "signal", signal.SIGINT))
             run.record.finish(stopped_as(), error=f"stopped by {signum.name}")
         else:

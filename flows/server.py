@@ -1,7 +1,8 @@
 """Run embforge as a service: a local Prefect server with its UI, and embforge's deployments.
 
-`embforge server` starts `prefect server start` on 127.0.0.1 (analytics off, and
-PREFECT_SERVER_API_PORT set so the UI calls the API on the chosen port), waits until it answers,
+`embforge server` starts Prefect's server app (API and UI, as `prefect server start` does) on 127.0.0.1,
+answering only the Host names it serves (analytics off, and PREFECT_SERVER_API_PORT set so the UI calls
+the API on the chosen port), waits until it answers,
 then serves the deployments from this process: flow runs started from the UI, the CLI or the
 nightly schedule run here, in the folder the command was started in. `embforge serve` serves the
 same deployments against the server PREFECT_API_URL names (an existing Prefect server).
@@ -13,8 +14,8 @@ server's database on PostgreSQL.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -29,15 +30,13 @@ from prefect.workers.process import ProcessWorker
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from flows.api import SERVER_PROCESS, api_url, stop, wait_healthy
+from flows.api import HOSTS_ENV, api_url, host_name, served_hosts, start_app, stop, wait_healthy
 from flows.evaluate_registered import evaluate
 from flows.pipeline import pipeline, summarize, train
 from flows.select import select
 from tasks.config.base import ConfigError
 
 NIGHTLY_CRON = "0 3 * * *"
-# The other names a browser may use for a loopback host: the UI opened at any of them is its own origin.
-LOOPBACK_NAMES = {"127.0.0.1": ("localhost",), "localhost": ("127.0.0.1",)}
 
 
 def deployments(nightly_config: str, cron: str | None = None, timezone: str | None = None,
@@ -71,14 +70,17 @@ def local_timezone() -> str:
     return tzlocal.get_localzone_name() or "UTC"
 
 
-def server_env(host: str, port: int, database: str | None = None) -> dict[str, str]:
+def server_env(host: str, port: int, database: str | None = None, hosts: tuple[str, ...] = ()) -> dict[str, str]:
     """The server's settings. A page open in the user's browser must not start runs on it: browsers may call
-    its API from the UI's own origin only (CORS), and every change carries a CSRF token the server issued,
-    which Prefect's UI and clients fetch and send, and which another site's page can neither read nor forge."""
-    origins = [f"http://{name}:{port}" for name in (host, *LOOPBACK_NAMES.get(host, ()))]
+    its API from the UI's own origins only (CORS: the names it serves, `served_hosts`), and every change
+    carries a CSRF token the server issued, which Prefect's UI and clients fetch and send, and which another
+    site's page can neither read nor forge. `hosts`: the other names remote clients reach it by."""
+    names = served_hosts(host, hosts)
+    origins = [f"http://{name}:{port}" for name in names]
     env = {**os.environ, "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": api_url(host, port),
-           "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(origins), "PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true"}
+           "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(origins), "PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true",
+           HOSTS_ENV: ",".join(names)}
     if database:
         env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url(database)
     return env
@@ -107,11 +109,17 @@ def serve_deployments(nightly_config: str, cron: str | None, timezone: str | Non
 
 
 def start_server(env: dict[str, str], **popen_args) -> subprocess.Popen:
-    """`prefect server start` with `server_env`'s settings, started as SERVER_PROCESS says, returned
-    once it answers."""
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
-                               env["PREFECT_SERVER_API_HOST"], "--port", env["PREFECT_SERVER_API_PORT"]],
-                              env=env, **SERVER_PROCESS, **popen_args)
+    """Prefect's server app with `server_env`'s settings on its host and port, answering the Host names
+    they list, returned once it answers. A port in use is a ConfigError naming --port."""
+    host, port = env["PREFECT_SERVER_API_HOST"], int(env["PREFECT_SERVER_API_PORT"])
+    try:
+        sock = socket.create_server((host.strip("[]"), port),
+                                    family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as e:
+        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); is another "
+                          "server on that port?") from None
+    with sock:
+        server = start_app(sock, env, **popen_args)
     try:
         wait_healthy(env["PREFECT_API_URL"], server)
     except BaseException:
@@ -120,14 +128,15 @@ def start_server(env: dict[str, str], **popen_args) -> subprocess.Popen:
     return server
 
 
-def run_server(host: str, port: int, database: str | None, then: Callable[[], None], keep_up: bool = False) -> int:
+def run_server(host: str, port: int, database: str | None, then: Callable[[], None], keep_up: bool = False,
+               hosts: tuple[str, ...] = ()) -> int:
     """Start the server; once it answers, run `then` against it. Serving the deployments blocks until
     interrupted; after registering them on a work pool, `keep_up` waits on the server instead."""
-    env = server_env(host, port, database)
+    env = server_env(host, port, database, hosts)
     server = start_server(env)
     try:
         db = env.get("PREFECT_SERVER_DATABASE_CONNECTION_URL")
-        print(f"Prefect UI: http://{host}:{port}  (API {env['PREFECT_API_URL']}"
+        print(f"Prefect UI: http://{host_name(host)}:{port}  (API {env['PREFECT_API_URL']}"
               + (f", database {shown_url(db)})" if db else ")"), flush=True)
         # Flow runs started from here inherit the environment; Prefect read its settings at import.
         os.environ.update({k: env[k] for k in ("PREFECT_API_URL", "PREFECT_SERVER_ANALYTICS_ENABLED")})

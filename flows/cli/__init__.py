@@ -36,7 +36,12 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(args: argparse.Namespace) -> int:
     """The command, its errors said in one line, a signal's stop too."""
     try:
-        return args.fn(args)
+        try:
+            return args.fn(args)
+        except BaseException:  # whatever Prefect's engine raised on its way out of a run whose server died
+            if what := stopping.lost():
+                raise stopping.Lost(what) from None
+            raise
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
@@ -45,6 +50,10 @@ def run_command(args: argparse.Namespace) -> int:
             raise
         console.print(f"[bold red]error:[/bold red] {said}", highlight=False)  # a run's log has the traceback
         return 1 if isinstance(e, OutsideFault) else 2  # a full or read-only disk fails until the user acts
+    except stopping.Lost as e:  # the run's server or LLM engine died: nothing to wait for, a rerun resumes
+        console.print(f"[bold red]error:[/bold red] {e.what}; every finished stage is in the store; the same command "
+                      "resumes from it", highlight=False)
+        return 2
     except KeyboardInterrupt as e:
         signum = getattr(e, "signal", signal.SIGINT)
         console.print(f"stopped by {signum.name}: every finished stage is in the store; the same command resumes "

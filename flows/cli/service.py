@@ -15,7 +15,8 @@ def cmd_server(args: argparse.Namespace) -> int:
         console.print(f"[yellow]warning:[/yellow] the Prefect API has no authentication; {args.host} "
                       "exposes it beyond this machine")
     then = cmd_deploy if args.pool else cmd_serve
-    return server.run_server(args.host, args.port, args.database, lambda: then(args), keep_up=bool(args.pool))
+    return server.run_server(args.host, args.port, args.database, lambda: then(args), keep_up=bool(args.pool),
+                             hosts=tuple(args.allowed_host))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -39,6 +40,9 @@ def add_service(sub: argparse._SubParsersAction, name: str, fn, help: str) -> No
     if name == "server":
         sp.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
         sp.add_argument("--port", type=int, default=4200, help="port of the UI and API (default 4200)")
+        sp.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="another name clients reach the server by (repeatable); requests naming any other "
+                        "host are refused (default: the --host address, and the loopback names on loopback)")
         sp.add_argument("--database", help="run Prefect's server on PostgreSQL: "
                         "postgresql://user:pass@host:port/db (default: a SQLite file in PREFECT_HOME); the "
                         "password can also come from PGPASSWORD")

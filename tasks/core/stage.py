@@ -30,6 +30,7 @@ from tasks.config.run import RetryConfig
 from tasks.core import identity
 from tasks.core.parallel import GLOBAL_RNG
 from tasks.core.progress import current_stage
+from tasks.core.stopping import lost
 
 
 class Inputs(BaseModel):
@@ -215,9 +216,11 @@ def transient_failure(_task, task_run, state) -> bool:
     """Retry unless the stage failed on bad input, config, a damaged input artifact or a disk that is
     full or read-only, or its run is being cancelled: a cancel's SIGTERM can come out of a library as an
     ordinary error of its own (torch's checkpoint writer did; Checkpoints.save now raises the stop itself),
-    and a retry would train on after the user asked it to stop."""
+    and a retry would train on after the user asked it to stop; or the run is stopping because a process it
+    needs died (its Prefect server, the LLM engine: `stopping.lost`)."""
     error = state.result(raise_on_failure=False)
-    return not isinstance(error, INPUT_ERRORS) and disk_fault(error) is None and not run_cancelling(task_run)
+    return (not isinstance(error, INPUT_ERRORS) and disk_fault(error) is None and not lost()
+            and not run_cancelling(task_run))
 
 
 def run_cancelling(task_run) -> bool:

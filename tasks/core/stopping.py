@@ -11,7 +11,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from prefect.exceptions import TerminationSignal
@@ -25,6 +25,64 @@ class Terminated(KeyboardInterrupt):
     as in Prefect's TerminationSignal, which the flow engine raises for SIGTERM inside a flow run."""
 
     signal = signal.SIGTERM
+
+
+class Lost(Terminated):
+    """A process the run needs (its Prefect server, the LLM engine) died: the run stops as at a SIGTERM, with
+    `what` died and the exit status of a failure the rerun resumes from (docs/stages.md)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+_LOST: list[str] = []  # what died, for the handler that raises in the main thread
+
+
+def stop_for(what: str, first: Callable[[], None] = lambda: None) -> None:
+    """From any thread: stop the run because `what` died. `lost()` says so from now on (a failure it causes is not
+    retried), `first` runs (what waits on the dead process is set free), then the main thread raises `Lost` where a
+    SIGTERM would land (training at its next step boundary, after saving it), so the stop takes the same path."""
+    if _LOST:
+        return
+    _LOST.append(what)
+    try:
+        first()
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def watched(what: str, exit_code: Callable[[], int | None], first: Callable[[], None] = lambda: None,
+            every_s: float = 0.5) -> Iterator[None]:
+    """While inside: if `exit_code()` (None while the process runs) says `what` ended, stop the run (`stop_for`,
+    calling `first`) within `every_s`, rather than waiting on it for minutes or for ever."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(every_s):
+            if (code := exit_code()) is not None:
+                return stop_for(f"{what} died ({ended(code)})", first)
+
+    threading.Thread(target=watch, name=f"watch {what}", daemon=True).start()
+    try:
+        yield
+    except BaseException:  # the wait may end in an error of its own before the watcher looks: the same stop
+        if (code := exit_code()) is not None:
+            stop_for(f"{what} died ({ended(code)})", first)
+        raise
+    finally:
+        done.set()
+
+
+def ended(code: int) -> str:
+    """A process's exit status in words: Popen's negative code is the signal that killed it."""
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def lost() -> str | None:
+    """What died, if `stop_for` stopped this command."""
+    return _LOST[0] if _LOST else None
 
 
 def stop_signal(error: BaseException | None) -> KeyboardInterrupt | TerminationSignal | None:
@@ -43,6 +101,7 @@ def stop_on_signals() -> Iterator[None]:
         yield
         return
     saved = {signum: signal.signal(signum, _stop) for signum in SIGNALS}
+    _LOST.clear()
     try:
         yield
     finally:
@@ -53,7 +112,9 @@ def stop_on_signals() -> Iterator[None]:
 def _stop(signum: int, frame: FrameType | None) -> None:
     for each in SIGNALS:  # a second signal while stopping exits at once
         signal.signal(each, _exit_now)
-    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    if signum == signal.SIGTERM:
+        raise Lost(_LOST[0]) if _LOST else Terminated
+    raise KeyboardInterrupt
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:

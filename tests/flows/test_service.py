@@ -68,6 +68,35 @@ def test_a_page_on_another_site_cannot_start_runs_and_the_ui_s_own_origin_can_ca
     assert runs() == before and not (tmp_path / "store").exists()
 
 
+def test_a_page_whose_name_was_re_pointed_here_is_refused_before_any_route(service, tmp_path):
+    """DNS rebinding: a page on evil.example, its name then resolved to 127.0.0.1, is same-origin to its browser
+    and could read a CSRF token; its requests carry Host evil.example:PORT and get 400 from every route."""
+    pipeline = service.deployment("pipeline/pipeline")["id"]
+    runs = lambda: len(service.call("POST", "/flow_runs/filter", {"deployments": {"id": {"any_": [pipeline]}}}))  # noqa: E731
+    before, port = runs(), service.url.rsplit(":", 1)[1]
+
+    def status(method: str, path: str, host: str, body: dict | None = None) -> int:
+        request = urllib.request.Request(f"{service.url}{path}", method=method, data=None if body is None else
+                                         json.dumps(body).encode(), headers={"Host": host, "Origin": f"http://{host}",
+                                                                             "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    config = {"parameters": {"params": {"config": str(tiny_config(tmp_path))}}}
+    for host in (f"evil.example:{port}", f"evil.example:{port}".upper(), "127.0.0.1.evil.example"):
+        assert status("GET", "/api/csrf-token?client=x", host) == 400
+        assert status("GET", "/api/admin/settings", host) == 400
+        assert status("GET", "/", host) == 400  # the UI too
+        assert status("POST", "/api/deployments/filter", host, {}) == 400
+        assert status("POST", f"/api/deployments/{pipeline}/create_flow_run", host, config) == 400
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}", f"[::1]:{port}"):
+        assert status("GET", "/api/csrf-token?client=x", host) == 200 and status("GET", "/", host) == 200
+    assert runs() == before and not (tmp_path / "store").exists()
+
+
 def test_deployments_have_typed_forms_and_reject_bad_parameters(service, tmp_path):
     schema = service.deployment("pipeline/pipeline")["parameter_openapi_schema"]
     form = schema["definitions"]["RunParams"]["properties"]

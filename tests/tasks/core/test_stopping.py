@@ -134,3 +134,46 @@ def test_a_stop_is_found_as_itself_or_inside_the_error_a_library_made_of_it(stop
 def test_a_failure_is_no_stop():
     assert stop_signal(raised_within(ValueError("bad row"), RuntimeError)) is None
     assert stop_signal(RuntimeError("unexpected pos")) is None
+
+
+def test_a_watched_process_dying_stops_the_command_in_its_main_thread_naming_it():
+    """Whatever the main thread waits on (here a sleep; in a run, vLLM's queue or Prefect's API): the death is a
+    `Lost` there within a second, `lost()` says what died (a failure it causes is not retried), and what held the
+    waiter was set free first."""
+    done = python("""
+import subprocess
+child = subprocess.Popen(["sleep", "60"])
+freed = []
+with stopping.stop_on_signals():
+    start = time.monotonic()
+    try:
+        with stopping.watched(f"the helper (pid {child.pid})", child.poll, first=lambda: freed.append(stopping.lost())):
+            threading.Timer(0.2, child.kill).start()
+            time.sleep(30)
+    except stopping.Lost as e:
+        print("lost", e.what, "|", freed[0], "|", round(time.monotonic() - start) <= 1)
+""")
+    said = done.stdout.strip().split(" | ")
+    assert said[0].startswith("lost the helper (pid ") and said[0].endswith(" died (killed by SIGKILL)"), done.stderr
+    assert said[1:] == [said[0].removeprefix("lost "), "True"]
+
+
+def test_a_wait_that_ends_in_its_own_error_when_the_process_dies_is_the_same_stop():
+    done = python("""
+import subprocess
+child = subprocess.Popen(["sleep", "60"])
+with stopping.stop_on_signals():
+    try:
+        with stopping.watched("the helper", child.poll, every_s=60):  # the watcher would look too late
+            child.kill()
+            child.wait()
+            raise RuntimeError("engine dead")  # what vLLM raises when it notices first
+    except stopping.Lost as e:
+        print("lost", e.what)
+    except RuntimeError:
+        try:
+            time.sleep(1)  # the stop's signal lands
+        except stopping.Lost as e:
+            print("lost", e.what)
+""")
+    assert done.stdout.split("\n")[0] == "lost the helper died (killed by SIGKILL)", done.stdout + done.stderr
