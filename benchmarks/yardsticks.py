@@ -70,16 +70,25 @@ def permutation_tau(truth: np.ndarray, score: np.ndarray, perms: int, seed: int 
 
 def corpus_file(name: str, args: argparse.Namespace) -> tuple[Path, pd.DataFrame | None]:
     """The corpus's file (with `data.limit` taking its first --docs) and, for SciFact, the test claims' qrels. SciFact:
-    the first --docs documents and every document a test claim needs, written next to the store."""
+    the first --docs documents and every document a test claim needs, written next to the store; a labelled corpus
+    with empty texts (20 Newsgroups has posts that are all quote or header) without them, written there too."""
+    folder = Path(args.store).resolve().parent / "yardsticks-corpora"
     if name in LABELLED:
-        return REPO / LABELLED[name].format(data=args.data), None
+        path = REPO / LABELLED[name].format(data=args.data)
+        docs = pd.read_parquet(path)
+        if (empty := docs["text"].fillna("").str.strip() == "").any():
+            path = folder / f"{name}-nonempty.parquet"
+            folder.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                docs[~empty].to_parquet(path, index=False)
+        return path, None
     corpus = pd.read_parquet(Path(args.data) / "scifact_corpus.parquet")
     qrels = pd.read_parquet(Path(args.data) / "scifact_qrels.parquet")
     qrels = qrels[(qrels["split"] == "test") & (qrels["score"] > 0)].astype({"doc_id": str, "query_id": str})
     corpus["doc_id"] = corpus["doc_id"].astype(str)
     keep = corpus.head(args.docs)["doc_id"].tolist() + qrels["doc_id"].tolist()
     corpus = corpus[corpus["doc_id"].isin(set(keep))].drop(columns=["label"])
-    path = Path(args.store).resolve().parent / "yardsticks-corpora" / f"scifact-{args.docs}.parquet"
+    path = folder / f"scifact-{args.docs}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         corpus.to_parquet(path, index=False)
