@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import urllib.error
 import urllib.request
 
@@ -68,3 +69,13 @@ def test_two_runs_at_once_never_share_a_server(monkeypatch):
 def test_a_configured_server_is_used_as_it_is(monkeypatch):
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:1/api"}), prefect_api() as url:
         assert url == "http://127.0.0.1:1/api"
+
+
+def test_embforge_server_on_a_port_in_use_is_one_line_naming_the_port(capsys):
+    from flows.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["server", "--port", str(port)]) == 2
+    printed = capsys.readouterr().out
+    assert f"error: --host 127.0.0.1 --port {port}: cannot listen there" in " ".join(printed.split()), printed
