@@ -26,8 +26,8 @@ YARDSTICK = {"kind": "titles", "held_out": 0.25, "seed": 0}
 SELECT = {"recipes": ["crops", "dropout"], "lrs": [3e-3, 30.0], "budget": 48, "eta": 2}
 
 
-def select_config(tmp_path, run=None, yardstick=None, evaluate=None, **select):
-    return tiny_config(tmp_path, data={"limit": 400}, run=run or {},
+def select_config(tmp_path, run=None, yardstick=None, evaluate=None, limit=400, **select):
+    return tiny_config(tmp_path, data={"limit": limit}, run=run or {},
                        evaluate={"knn": None, "sts": None, "tsne": False, "yardstick": yardstick or YARDSTICK,
                                  **(evaluate or {})},
                        select={**SELECT, "out": str(tmp_path / "chosen"), **select})
@@ -195,6 +195,18 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert by_consensus["chosen"] == decision["chosen"] and by_consensus["artifact"] == decided.address
     if by_consensus["exported"]:  # two searches on one store: each exported the model it chose
         assert by_consensus["exported"] == str(tmp_path / "consensus")
+
+    # Another corpus (its first 300 documents) on the same store: the same candidates' labels (crops@0.003, ...),
+    # other trained models. Each search exports its own winner, never the other's of the same label.
+    other_id, other = run_select(select_config(tmp_path, limit=300, out=str(tmp_path / "other")))
+    assert other["exported"] == str(tmp_path / "other"), other
+    [own] = Catalog(store).query("SELECT artifact FROM models WHERE run_id = ? AND label = ?", [other_id,
+                                                                                               other["chosen"]])
+    assert own["artifact"] != model[0]["artifact"]
+    from_other = SentenceTransformer(str(tmp_path / "other"), device="cpu").encode(texts)
+    np.testing.assert_allclose(from_other, SentenceTransformer(str(store.path(ArtifactRef.parse(own["artifact"])) /
+                                                                   "model"), device="cpu").encode(texts), atol=1e-6)
+    assert not np.allclose(from_other, exported.encode(texts), atol=1e-4)
 
 
 @pytest.mark.slow  # the offline LLM (converted once per session) writes 12 queries on the CPU
