@@ -50,8 +50,6 @@ def tiny(sections: dict) -> dict:
     for section in ("summaries", "queries"):
         if section in sections:
             out |= {f"{section}.limit": 4, f"{section}.backend": "transformers", f"{section}.sampling.max_tokens": 32}
-    if "queries" in sections:
-        out["queries.sampling.n"] = 1  # a query a document is enough to mine negatives for
     if "static" in sections:
         out["static.pca_dims"] = 8
     if mteb := sections.get("evaluate", {}).get("mteb"):
