@@ -59,17 +59,21 @@ def watched(what: str, exit_code: Callable[[], int | None], first: Callable[[], 
     calling `first`) within `every_s`, rather than waiting on it for minutes or for ever."""
     done = threading.Event()
 
+    def stopped_if_dead() -> bool:
+        if (code := exit_code()) is not None:
+            stop_for(f"{what} died ({ended(code)})", first)
+        return code is not None
+
     def watch() -> None:
         while not done.wait(every_s):
-            if (code := exit_code()) is not None:
-                return stop_for(f"{what} died ({ended(code)})", first)
+            if stopped_if_dead():
+                return
 
     threading.Thread(target=watch, name=f"watch {what}", daemon=True).start()
     try:
         yield
     except BaseException:  # the wait may end in an error of its own before the watcher looks: the same stop
-        if (code := exit_code()) is not None:
-            stop_for(f"{what} died ({ended(code)})", first)
+        stopped_if_dead()
         raise
     finally:
         done.set()
@@ -113,7 +117,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     for each in SIGNALS:  # a second signal while stopping exits at once
         signal.signal(each, _exit_now)
     if signum == signal.SIGTERM:
-        raise Lost(_LOST[0]) if _LOST else Terminated
+        raise Lost(what) if (what := lost()) else Terminated
     raise KeyboardInterrupt
 
 
