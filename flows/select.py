@@ -38,7 +38,7 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
-from tasks.config.training import MethodConfig
+from tasks.config.training import MethodConfig, expand_chains
 from tasks.encoders.models import trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
@@ -117,31 +117,49 @@ def sample_of(run: Run, corpus: Corpus) -> Corpus:
     return replace(corpus, docs=sample, dataset=f"{run.cfg.data.display_name} (yardstick sample)")
 
 
+def stages_of(candidate: Candidate) -> list[MethodConfig]:
+    """What a candidate trains: its recipe at its learning rate, or a chained recipe's stages (CHAINS: llm2vec), the
+    last keeping the candidate's name. `warn`: a stage the health check finds collapsed or diverged trains to its end
+    and is dropped from its artifact's health, so a rerun finds that cached too (a stopped stage trains again)."""
+    own = dict(name=candidate.name, recipe=candidate.recipe, train={"lr": candidate.lr, "on_unhealthy": "warn"})
+    return [MethodConfig.model_validate(m) for m in expand_chains([own])]
+
+
 def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None, candidates: list[Candidate],
-           base: ArtifactRef) -> tuple[Ladder, dict[str, ReportedModel], dict[str, ArtifactRef]]:
+           base: ArtifactRef) -> tuple[Ladder, dict[str, ReportedModel], dict[str, ArtifactRef], int]:
     """Successive halving over the candidates: (the ladder, each rung's model and evaluate artifact by
-    rung_name). A rung's stages are all asked for before any is waited on, so a task runner (`run.task_runner`)
-    trains and scores its candidates side by side. On a consensus yardstick a rung's candidates and the untrained
+    rung_name, the steps the chained candidates' earlier stages trained before their rungs). A rung's stages are
+    all asked for before any is waited on, so a task runner (`run.task_runner`) trains and scores its candidates side
+    by side. A chained candidate (CHAINS: llm2vec) trains its earlier stages once to the budget, then climbs the rungs
+    as its last stage. On a consensus yardstick a rung's candidates and the untrained
     model (`base`, its evaluate artifact) judge each other (tasks/select.py's rung_pool)."""
     budget, yardstick = run.cfg.select.budget, run.cfg.evaluate.yardstick
     consensus = yardstick_kind(run.settled(corpus.yardstick)) == "consensus"
     models: dict[str, ReportedModel] = {}
     scored: dict[str, ArtifactRef] = {}
     reached: dict[Candidate, ReportedModel] = {}  # each candidate's last rung
+    before: dict[Candidate, list[ReportedModel]] = {}  # a chained candidate's earlier stages (CHAINS: llm2vec)
     last_rung: dict[Candidate, str] = {}  # its rung_name
     pools: dict[int, dict[str, float]] = {}  # a consensus's mean scores by rung, then rung_name
 
+    def trained(method: MethodConfig, after: ReportedModel | None, until: int | None = None,
+                resume: ArtifactRef | None = None) -> ReportedModel:
+        return train_method(run, method, run.cfg.train_for(method).model_copy(update={"max_steps": budget}),
+                            begun.docs, begun.sentences, None if after else begun.base_model,
+                            after.artifact if after else begun.start, begun.summaries, negatives, yardstick,
+                            until=until, resume=resume, schedule=True)
+
     def start(live: list[Candidate], steps: int) -> None:
         for candidate in live:
-            # `warn`: a candidate the health check finds collapsed or diverged trains to its rung's end and is
-            # dropped from its artifact's health, so a rerun finds that cached too (a stopped stage trains again)
-            method = MethodConfig(name=candidate.name, recipe=candidate.recipe,
-                                  train={"lr": candidate.lr, "on_unhealthy": "warn"})
-            before = reached.get(candidate)
-            model = train_method(run, method, run.cfg.train_for(method).model_copy(update={"max_steps": budget}),
-                                 begun.docs, begun.sentences, begun.base_model, begun.start, begun.summaries,
-                                 negatives, yardstick, until=None if steps == budget else steps,
-                                 resume=trained_ref(run.store, before.artifact) if before else None, schedule=True)
+            *earlier, method = stages_of(candidate)
+            if candidate not in before:  # a chain's earlier stages (CHAINS): once, to the budget, before its rungs
+                before[candidate] = []
+                for stage in earlier:
+                    before[candidate].append(trained(stage, before[candidate][-1] if before[candidate] else None))
+            after = before[candidate][-1] if before[candidate] else None
+            last = reached.get(candidate)
+            model = trained(method, after, None if steps == budget else steps,
+                            trained_ref(run.store, last.artifact) if last else None)
             name = rung_name(candidate.name, steps)
             model = with_tokenizer(run, begun, [replace(model, label=candidate.name if steps == budget else name)])
             reached[candidate] = models[name] = model[0]
@@ -151,9 +169,11 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
     def score(candidate: Candidate, steps: int) -> float | str:
         name = rung_name(candidate.name, steps)
         run.settled(scored[name])
-        trained = run.store.manifest(trained_ref(run.store, models[name].artifact))
-        if problem := health.fatal_verdict(trained["extra"]["health"]):
-            return f"{candidate.recipe} recipe: training {problem} (lr {candidate.lr:g})"
+        for model in [*before[candidate], models[name]]:
+            trained_by = run.store.manifest(trained_ref(run.store, model.artifact))
+            if problem := health.fatal_verdict(trained_by["extra"]["health"]):
+                stage = f" (its {model.method} stage)" if before[candidate] else ""
+                return f"{candidate.recipe} recipe{stage}: training {problem} (lr {candidate.lr:g})"
         if not consensus:
             return float(yardstick_scores(run.store, scored[name]).mean())
         if steps not in pools:  # the rung's candidates; at the budget, every candidate where it stopped
@@ -162,7 +182,8 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
             pools[steps] = {n: float(v.mean()) for n, v in judged.items()}
         return pools[steps][name]
 
-    return successive_halving(candidates, budget, run.cfg.select.eta, score, start), models, scored
+    ladder = successive_halving(candidates, budget, run.cfg.select.eta, score, start)
+    return ladder, models, scored, budget * sum(map(len, before.values()))
 
 
 def select_model(run: Run) -> Selection:
@@ -174,14 +195,13 @@ def select_model(run: Run) -> Selection:
     begun = start_of(run)
     candidates = [Candidate(recipe, lr) for recipe in sel.candidate_recipes(bool(cfg.summaries), bool(cfg.queries))
                   for lr in sel.lrs]
-    methods = [MethodConfig(name=c.name, recipe=c.recipe) for c in candidates]
-    queries, negatives = mine_queries(run, methods, begun.docs, begun.base)
+    queries, negatives = mine_queries(run, [m for c in candidates for m in stages_of(c)], begun.docs, begun.base)
     corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs)))
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
-    ladder, models, scored = search(run, begun, corpus, negatives, candidates, base_scores)
+    ladder, models, scored, earlier = search(run, begun, corpus, negatives, candidates, base_scores)
     job = SelectJob(name=cfg.data.display_name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
-                    yardstick=cfg.evaluate.yardstick, base=base.label)
+                    yardstick=cfg.evaluate.yardstick, base=base.label, earlier_steps=earlier)
     decided = run.stage(SELECT, job, SelectInputs(yardstick=corpus.yardstick, base=base_scores, scored=scored,
                                                   sample=corpus.docs if corpus.docs != begun.docs else None))
     decision = decision_of(run.settled(decided))

@@ -264,6 +264,7 @@ class SelectJob(Section):
     eta: int
     yardstick: YardstickConfig
     base: str  # the untrained model's label
+    earlier_steps: int = 0  # trained by the chained candidates' earlier stages (CHAINS), once, before their rungs
 
 
 class SelectInputs(Inputs):
@@ -311,7 +312,9 @@ def section(job: SelectJob, kind: str, ladder: Ladder, decision: Decision, base_
     lines += ["| untrained model | " + " | ".join(f"{base_score:.3f}" for _ in rungs) + " | |", "",
               f"Compute: {cost['trained_steps']:,} training steps, {cost['share']:.0%} of the "
               f"{cost['exhaustive_steps']:,} that training all {cost['candidates']} candidates to {job.total} steps "
-              "would have cost.", "", f"![yardstick against steps]({PICTURE})", ""]
+              "would have cost" + (f" ({cost['earlier_steps']:,} of them a chained candidate's earlier stages, "
+                                   "trained once before its rungs)" if cost["earlier_steps"] else "") + ".", "",
+              f"![yardstick against steps]({PICTURE})", ""]
     return "\n".join(lines)
 
 
@@ -335,8 +338,9 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     decision = decide(ladder, scores(final) if final else None, base.to_numpy(),
                       (scores(shared[0]), scores(shared[1])) if shared else None)
     candidates = len({r["candidate"] for r in job.ladder})
-    cost = dict(trained_steps=ladder.trained_steps, exhaustive_steps=job.total * candidates, candidates=candidates,
-                share=ladder.trained_steps / (job.total * candidates))
+    trained, exhaustive = ladder.trained_steps + job.earlier_steps, job.total * candidates + job.earlier_steps
+    cost = dict(trained_steps=trained, exhaustive_steps=exhaustive, candidates=candidates, share=trained / exhaustive,
+                earlier_steps=job.earlier_steps)
     out.write_table("ladder", pa.Table.from_pylist(job.ladder))
     out.extra.update(decision=dict(chosen=decision.chosen, said=decision.said, runner_up=decision.runner_up,
                                    versus_base=stored_difference(decision.versus_base),

@@ -10,7 +10,7 @@ from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import EvaluateConfig
 from tasks.config.model import ModelConfig
 from tasks.config.queries import NegativesConfig, QueriesConfig
-from tasks.config.recipes import RECIPES
+from tasks.config.recipes import CHAINS, RECIPES
 from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
 from tasks.config.select import SelectConfig, rung_steps
 from tasks.config.static import StaticConfig
@@ -93,7 +93,8 @@ class PipelineConfig(Section):
             raise ValueError("select: the search ranks candidates on the yardstick, set "
                              "`evaluate.yardstick` (`{}` for the defaults)")
         recipes = self.select.candidate_recipes(self.summaries is not None, self.queries is not None)
-        for recipe in map(RECIPES.get, recipes):
+        trained = [r for name in recipes for r in (CHAINS[name].recipes if name in CHAINS else [name])]
+        for recipe in map(RECIPES.get, dict.fromkeys(trained)):  # a chain's stages: each recipe once
             if (needs := recipe.needs) and getattr(self, needs) is None:
                 raise ValueError(f"select.recipes: {recipe.name} trains on LLM {needs}, add a `{needs}` section "
                                  f"(`{needs}: {{}}` for the defaults)")

@@ -108,6 +108,10 @@ class Chain:
     description: str
     stages: tuple[tuple[str, dict[str, Any]], ...]  # (recipe, its `train` defaults), in order
 
+    @property
+    def recipes(self) -> list[str]:
+        return [recipe for recipe, _ in self.stages]
+
 
 CHAINS: dict[str, Chain] = {c.name: c for c in [
     # LLM2Vec (BehnamGhader et al., 2024): bidirectional attention, MNTP, then unsupervised SimCSE with mean

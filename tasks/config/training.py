@@ -61,7 +61,7 @@ class MethodConfig(Section):
                                                        if r.round_trip) + "; none for the others).")
     start_from: str | None = Field(None, description="Start from the model an earlier method of the config "
                                    "trains, instead of the base model (how a chained recipe's stages follow each "
-                                   "other: " + ", ".join(f"`{c.name}`: {' then '.join(r for r, _ in c.stages)}"
+                                   "other: " + ", ".join(f"`{c.name}`: {' then '.join(c.recipes)}"
                                                          for c in CHAINS.values()) + ").")
     knn_holdout: bool = Field(False, description="Train on the documents of the kNN train split only "
                               "(evaluate.knn's test_size and seed), so the documents kNN accuracy is "
@@ -265,9 +265,8 @@ def expand_chains(methods: list) -> list:
             expanded.append(method)
             continue
         own = method.get("stages", {})
-        if set(own) - {r for r, _ in chain.stages}:
-            raise ValueError(f"methods.{i}.stages: {sorted(own)}: the stages of {chain.name} are "
-                             f"{[r for r, _ in chain.stages]}")
+        if set(own) - set(chain.recipes):
+            raise ValueError(f"methods.{i}.stages: {sorted(own)}: the stages of {chain.name} are {chain.recipes}")
         before = method.get("start_from")
         for j, (recipe, defaults) in enumerate(chain.stages):
             train = {**defaults, **method.get("train", {}), **own.get(recipe, {})}

@@ -1,5 +1,6 @@
 """The select flow (`embforge select`): the search over recipes on a tiny corpus, under the real Prefect engine."""
 
+import json
 import math
 
 import numpy as np
@@ -243,10 +244,57 @@ def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_docum
     assert chosen["static_said"] in (tmp_path / "chosen-static" / "README.md").read_text()
 
 
+@pytest.mark.slow  # a decoder's two chained stages and a crops candidate, through one rung and the winner's last leg
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_chained_recipe_on_a_decoder_trains_its_earlier_stage_once_and_climbs_the_rungs_with_its_last(
+        tmp_path, tiny_decoder_dir):
+    """`llm2vec` as a candidate beside `crops`, on a decoder base with LoRA: its MNTP stage trains once to the
+    budget before the search; its SimCSE stage starts from that model and is what the rungs stop or go on with."""
+    config = tiny_config(tmp_path, data={"limit": 120}, model={"name_or_path": tiny_decoder_dir, "random_init": None},
+                         train={"max_length": 32, "batch_size": 8, "lora": {"r": 4}},
+                         evaluate={"knn": None, "sts": None, "tsne": False, "yardstick": YARDSTICK},
+                         select={"recipes": ["llm2vec", "crops"], "lrs": [3e-3], "budget": 8, "eta": 2,
+                                 "out": str(tmp_path / "chosen")})
+    run_id, chosen = run_select(config)
+    store = ArtifactStore(tmp_path / "store")
+    made = Catalog(store).query("SELECT DISTINCT stage, label, key FROM run_stages WHERE run_id = ? AND stage IN "
+                                "('train', 'merge', 'select')", [run_id])
+    trains = [(r["label"], store.manifest(ArtifactRef("train", r["key"]))) for r in made if r["stage"] == "train"]
+    merges = {r["label"]: r["key"] for r in made if r["stage"] == "merge" and r["label"].endswith("-mntp")}
+    [decided] = [ArtifactRef("select", r["key"]) for r in made if r["stage"] == "select"]
+    [rung] = rung_steps(8, 2, 2)
+    # the MNTP stage: one artifact, trained once to the whole budget, a bidirectional decoder
+    [(mntp_key, mntp)] = [(m["key"], m) for label, m in trains if label == "llm2vec@0.003-mntp"]
+    assert mntp["config"]["recipe"] == "mntp" and mntp["config"]["until"] is None
+    assert store.read_table(ArtifactRef("train", mntp_key), "training")["step"].to_pylist()[-1] == 8
+    assert json.loads((store.path(ArtifactRef("merge", merges["llm2vec@0.003-mntp"])) / "model" / "config.json"
+                       ).read_text())["is_causal"] is False
+    # the SimCSE stage's rungs start from it
+    simcse = [m for label, m in trains if label == "llm2vec@0.003"]
+    assert simcse and all(m["config"]["recipe"] == "dropout" for m in simcse)
+    assert {m["input_roles"]["start"] for m in simcse} == {merges["llm2vec@0.003-mntp"]}
+    assert rung in {m["config"]["until"] for m in simcse}
+    ladder = store.read_table(decided, "ladder").to_pandas()
+    assert set(ladder[ladder["steps"] == rung]["candidate"]) == {"llm2vec@0.003", "crops@0.003"}
+    assert ladder["score"].notna().all()
+    cost = store.manifest(decided)["extra"]["cost"]
+    # the MNTP stage's 8, each candidate's first rung, the winner's last leg to the budget
+    assert cost["earlier_steps"] == 8 and cost["trained_steps"] == 8 + rung + 8
+    assert cost["exhaustive_steps"] == 8 + 2 * 8
+    assert "8 of them a chained candidate's earlier stages" in " ".join(
+        (store.path(decided) / "selection.md").read_text().split())
+    if chosen["chosen"] == "llm2vec@0.003":  # shipped: the merged SimCSE stage, bidirectional as it trained
+        saved = json.loads((tmp_path / "chosen" / "config.json").read_text())
+        assert saved["is_causal"] is False and saved["attention_dropout"] == 0.3
+    # a rerun is all from the cache, with the same decision
+    again_id, again = run_select(config, overrides={"select.out": str(tmp_path / "again")})
+    states = Catalog(store).query("SELECT DISTINCT state FROM run_stages WHERE run_id = ?", [again_id])
+    assert again["chosen"] == chosen["chosen"] and {r["state"] for r in states} == {"Cached"}, states
+
+
 def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_path, capsys):
     cases = {"budget": ({"budget": 2}, "select.budget: a budget of 2 steps is too small for 4 candidates at eta 2"),
              "unknown": ({"recipes": ["crops", "magic"]}, "select.recipes: Value error, unknown recipes ['magic']"),
-             "chain": ({"recipes": ["llm2vec"]}, "llm2vec trains in stages (mntp, dropout)"),
              "queries": ({"recipes": ["gpl"]}, "select.recipes: gpl trains on LLM queries, add a `queries` section")}
     for name, (select, said) in cases.items():
         (tmp_path / name).mkdir()

@@ -1,7 +1,11 @@
 """The configs users copy run end to end at a tiny size (a few documents, a step a stage), so a shipped config cannot
 break unseen."""
 
+import shutil
+from pathlib import Path
+
 import pytest
+import yaml
 
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
@@ -31,8 +35,12 @@ def test_the_llm2vec_config_trains_and_scores_from_the_gguf_package(llm_store):
 
 # Every other pipeline config users copy (configs/paper/ needs the Hub and a GPU: benchmarks/paper_configs.py scales
 # each, tests/test_benchmarks.py runs one).
-SHIPPED = sorted(p.relative_to(REPO).as_posix() for folder in ("configs", "configs/cpu")
-                 for p in (REPO / folder).glob("*.yaml") if p.name not in ("select.yaml", "llm2vec.yaml"))
+SHIPPED = {p.relative_to(REPO).as_posix(): yaml.safe_load(p.read_text()) for folder in ("configs", "configs/cpu")
+           for p in sorted((REPO / folder).glob("*.yaml")) if p.name not in ("select.yaml", "llm2vec.yaml")}
+LLM_SECTIONS = ("summaries", "queries")
+# Those whose views an LLM writes share the session's converted LLM (one worker); the others spread over both.
+WITH_LLM = [c for c, sections in SHIPPED.items() if any(s in sections for s in LLM_SECTIONS)]
+WITHOUT_LLM = [c for c in SHIPPED if c not in WITH_LLM]
 
 
 def tiny(sections: dict) -> dict:
@@ -47,9 +55,10 @@ def tiny(sections: dict) -> dict:
         out["model.pretrain.data.limit"] = 24
     for train in trains:
         out |= {f"{train}.max_steps": 1, f"{train}.batch_size": 2, f"{train}.max_length": 16}
-    for section in ("summaries", "queries"):
+    for section in LLM_SECTIONS:  # summaries are 5 a document: 2 documents give SemCSE its batch
         if section in sections:
-            out |= {f"{section}.limit": 4, f"{section}.backend": "transformers", f"{section}.sampling.max_tokens": 32}
+            out |= {f"{section}.limit": 2 if section == "summaries" else 4, f"{section}.backend": "transformers",
+                    f"{section}.sampling.max_tokens": 32}
     if "static" in sections:
         out["static.pca_dims"] = 8
     if mteb := sections.get("evaluate", {}).get("mteb"):
@@ -58,31 +67,38 @@ def tiny(sections: dict) -> dict:
     return out
 
 
-@pytest.mark.slow  # each config's every stage at a tiny size: seconds to a minute each
-@pytest.mark.parametrize("config", SHIPPED)
-@pytest.mark.usefixtures("prefect_harness")
-def test_every_shipped_config_runs_end_to_end_at_a_tiny_size(config, llm_store, tmp_path):
-    """Each finishes and scores every method it names (a sweep's each value), in a store of its own holding the
-    session's converted LLM (the GGUF packages' llm stage, found Cached)."""
-    import shutil
-
-    import yaml
-
+def runs_end_to_end(config: str, store: Path) -> None:
+    """`config` at its tiny size in `store` finishes and scores every method it names (a sweep's each value)."""
     from flows.params import RunParams
     from flows.pipeline import pipeline
 
-    store, llm = llm_store
-    shutil.copytree(store.path(llm), tmp_path / "store" / "artifacts" / "llm" / llm.key)
-    sections = yaml.safe_load((REPO / config).read_text())
-    state = pipeline(RunParams(config=str(REPO / config), store=str(tmp_path / "store"), overrides=tiny(sections)),
+    sections = SHIPPED[config]
+    state = pipeline(RunParams(config=str(REPO / config), store=str(store), overrides=tiny(sections)),
                      return_state=True)
     assert state.is_completed(), state
-    ran = Catalog(ArtifactStore(tmp_path / "store")).query(
+    ran = Catalog(ArtifactStore(store)).query(
         "SELECT DISTINCT label FROM run_stages WHERE run_id = ? AND stage = 'evaluate'",
         [str(state.state_details.flow_run_id)])
     labels = {r["label"] for r in ran}
     print(config, sorted(labels))
     assert all(any(label.startswith(m["name"]) for label in labels) for m in sections.get("methods", [])), labels
+
+
+@pytest.mark.slow  # each config's every stage at a tiny size: seconds to a minute each
+@pytest.mark.parametrize("config", WITHOUT_LLM)
+@pytest.mark.usefixtures("prefect_harness")
+def test_every_shipped_config_runs_end_to_end_at_a_tiny_size(config, tmp_path):
+    runs_end_to_end(config, tmp_path / "store")
+
+
+@pytest.mark.slow  # an LLM writes its views for a few documents, then every stage at a tiny size
+@pytest.mark.parametrize("config", WITH_LLM)
+@pytest.mark.usefixtures("prefect_harness")
+def test_every_shipped_config_with_llm_views_runs_end_to_end_at_a_tiny_size(config, llm_store, tmp_path):
+    """In a store of its own holding the session's converted LLM (the GGUF package's llm stage, found Cached)."""
+    store, llm = llm_store
+    shutil.copytree(store.path(llm), tmp_path / "store" / "artifacts" / "llm" / llm.key)
+    runs_end_to_end(config, tmp_path / "store")
 
 
 @pytest.mark.slow  # six candidates through the rungs of a budget of 9 steps

@@ -18,11 +18,10 @@ def test_the_default_candidates_are_those_whose_view_the_config_can_build():
             "`queries`") in SelectConfig.model_fields["recipes"].description
 
 
-def test_a_candidate_must_be_a_recipe_once_and_not_a_chain():
+def test_a_candidate_is_a_recipe_or_a_chain_once():
     with pytest.raises(ValidationError, match="unknown recipes"):
         SelectConfig(recipes=["nope"])
-    with pytest.raises(ValidationError, match="llm2vec trains in stages"):
-        SelectConfig(recipes=["llm2vec"])
+    assert SelectConfig(recipes=["llm2vec", "crops"]).candidate_recipes(False, False) == ["llm2vec", "crops"]
     with pytest.raises(ValidationError, match="recipes must differ"):
         SelectConfig(recipes=["crops", "crops"])
     with pytest.raises(ValidationError, match="learning rates must be positive and differ"):
