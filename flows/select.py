@@ -131,8 +131,8 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
     rung_name, the steps the chained candidates' earlier stages trained before their rungs). A rung's stages are
     all asked for before any is waited on, so a task runner (`run.task_runner`) trains and scores its candidates side
     by side. A chained candidate (CHAINS: llm2vec) trains its earlier stages once to the budget, then climbs the rungs
-    as its last stage. On a consensus yardstick a rung's candidates and the untrained
-    model (`base`, its evaluate artifact) judge each other (tasks/select.py's rung_pool)."""
+    as its last stage. On a consensus yardstick a rung's candidates and the untrained model (`base`, its evaluate
+    artifact) judge each other (tasks/select.py's rung_pool)."""
     budget, yardstick = run.cfg.select.budget, run.cfg.evaluate.yardstick
     consensus = yardstick_kind(run.settled(corpus.yardstick)) == "consensus"
     models: dict[str, ReportedModel] = {}
@@ -153,9 +153,10 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
         for candidate in live:
             *earlier, method = stages_of(candidate)
             if candidate not in before:  # a chain's earlier stages (CHAINS): once, to the budget, before its rungs
-                before[candidate] = []
+                chain, after = [], None
                 for stage in earlier:
-                    before[candidate].append(trained(stage, before[candidate][-1] if before[candidate] else None))
+                    chain.append(after := trained(stage, after))
+                before[candidate] = chain
             after = before[candidate][-1] if before[candidate] else None
             last = reached.get(candidate)
             model = trained(method, after, None if steps == budget else steps,
