@@ -38,6 +38,10 @@ class LocalTaskConfig(Section):
                                 "(a relevant document) and score.")
     split: str | None = Field("test", description="Use rows of this `split` only (None: all rows).")
     limit: int | None = Field(None, gt=0, description="Use only the first N pairs, documents or queries.")
+    corpus_limit: int | None = Field(None, gt=0, description="Retrieval only: encode at most N documents of the "
+                                     "corpus, every one relevant to a query kept plus a seeded sample of the others "
+                                     "(fewer distractors make retrieval easier: for trial runs). Unset: the whole "
+                                     "corpus, or 10,000 documents when `limit` is set.")
     positive_at: float = Field(0.5, description="Pair classification: score ≥ this is a positive "
                                "(paraphrase), below it a negative.")
 
@@ -45,6 +49,8 @@ class LocalTaskConfig(Section):
     def _queries(self) -> LocalTaskConfig:
         if (self.type == "retrieval") != (self.queries is not None):
             raise ValueError("`queries` is required for retrieval tasks and only for them")
+        if self.corpus_limit and self.type != "retrieval":
+            raise ValueError("`corpus_limit` is for retrieval tasks only")
         return self
 
 

@@ -18,8 +18,8 @@ Local tasks (`LocalTaskConfig`) are real mteb task classes whose `load_data` rea
 - pair_classification: the same pairs, label = score >= positive_at.
 - retrieval: corpus (doc_id, text, optional title) + queries (query_id, query, doc_id, score):
   one row per relevant document. `split` and `limit` apply to the queries; the corpus is kept whole
-  (fewer distractors would make retrieval easier), except that a trial run (`limit` set) over a
-  corpus above MAX_TRIAL_CORPUS documents keeps the relevant ones plus a seeded random sample.
+  (fewer distractors would make retrieval easier), except that `corpus_limit`, or a trial run's (`limit`
+  set) MAX_TRIAL_CORPUS, keeps the relevant documents plus a seeded random sample of the others.
 `split` keeps rows of that split (its name is the evaluated split; "all" when None), then `limit`
 keeps the first N pairs / documents / queries.
 
@@ -70,7 +70,7 @@ with global_rng_kept():  # importing mteb seeds the process-wide generators with
     from mteb.abstasks.task_metadata import TaskMetadata
     from mteb.models import SentenceTransformerEncoderWrapper
 
-# A trial run (`limit` set) over a bigger retrieval corpus encodes only this many documents.
+# A trial run (`limit` set) with no `corpus_limit` encodes at most this many documents of a retrieval corpus.
 MAX_TRIAL_CORPUS = 10_000
 HUB_PROBE_TIMEOUT_S = 3.0
 
@@ -90,9 +90,10 @@ def with_titles(table: pd.DataFrame) -> list[str]:
             for title, text in zip(table["title"], table["text"])]
 
 
-def trial_corpus(corpus: pd.DataFrame, relevant_ids: set[str]) -> pd.DataFrame:
+def trial_corpus(corpus: pd.DataFrame, relevant_ids: set[str], size: int) -> pd.DataFrame:
+    """Every relevant document and a seeded sample of the others, `size` in all (more if more are relevant)."""
     relevant = corpus["doc_id"].isin(relevant_ids)
-    others = corpus[~relevant].sample(n=max(0, MAX_TRIAL_CORPUS - int(relevant.sum())), random_state=0)
+    others = corpus[~relevant].sample(n=max(0, size - int(relevant.sum())), random_state=0)
     return corpus[relevant | corpus.index.isin(others.index)]
 
 
@@ -177,8 +178,9 @@ class LocalRetrieval(LocalTask, AbsTaskRetrieval):
         if len(unknown):
             doc, query = unknown.iloc[0][["doc_id", "query_id"]]
             raise InputError(f"{cfg.queries}: doc_id {doc!r} (query {query!r}) is not in {cfg.path}")
-        if cfg.limit and len(corpus) > MAX_TRIAL_CORPUS:
-            corpus = trial_corpus(corpus, set(qrels["doc_id"]))
+        size = cfg.corpus_limit or (MAX_TRIAL_CORPUS if cfg.limit else None)
+        if size and len(corpus) > size:
+            corpus = trial_corpus(corpus, set(qrels["doc_id"]), size)
         titles = corpus["title"] if "title" in corpus.columns else pd.Series("", index=corpus.index)
         relevant: dict[str, dict[str, int]] = {}
         for query, doc, score in zip(qrels["query_id"], qrels["doc_id"], qrels["score"]):

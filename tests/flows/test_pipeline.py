@@ -537,7 +537,7 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
     methods = [{"name": "gpl", "recipe": "gpl"}, {"name": "inpars", "recipe": "inpars", "round_trip": 10},
                {"name": "gpl_margin", "recipe": "gpl_margin"}]
     scifact = {"name": "SciFact", "type": "retrieval", "path": str(DEMO_DATA / "scifact_test.parquet"),
-               "queries": str(DEMO_DATA / "scifact_test_queries.parquet"), "limit": 12}
+               "queries": str(DEMO_DATA / "scifact_test_queries.parquet"), "limit": 12, "corpus_limit": 100}
     config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries, negatives=negatives,
                          train={"epochs": 2, "batch_size": 4, "max_length": 32},
                          evaluate={"max_length": 64, "knn": {"repeats": 3},

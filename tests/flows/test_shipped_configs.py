@@ -47,7 +47,8 @@ def tiny(sections: dict) -> dict:
     """`--set` overrides that shrink a config without changing what it runs: every training section (the run's, each
     method's own, a pre-training's) to a step of two texts, every corpus to a few documents, kNN to one split (a
     method's learning curve needs it), an LLM's sections to a few documents through transformers `generate` (no
-    engine to start: the vLLM path has its tests), a static model to 8 dimensions, local MTEB tasks to 10 items."""
+    engine to start: the vLLM path has its tests), a static model to 8 dimensions, local MTEB tasks to 10 items (a
+    retrieval corpus to 100 documents)."""
     out = {**TINY, "data.limit": 24, "evaluate.knn": {"k": 3, "test_size": 0.25, "seed": 0, "repeats": 1}}
     trains = ["train", *(f"methods.{i}.train" for i, m in enumerate(sections.get("methods", [])) if "train" in m)]
     if "pretrain" in sections.get("model", {}):
@@ -63,7 +64,9 @@ def tiny(sections: dict) -> dict:
         out["static.pca_dims"] = 8
     if mteb := sections.get("evaluate", {}).get("mteb"):
         out["evaluate.mteb.max_length"] = 16
-        out |= {f"evaluate.mteb.local.{i}.limit": 10 for i in range(len(mteb.get("local", [])))}
+        for i, local in enumerate(mteb.get("local", [])):  # a retrieval task's corpus to 100 documents
+            out |= {f"evaluate.mteb.local.{i}.limit": 10} | (
+                {f"evaluate.mteb.local.{i}.corpus_limit": 100} if local["type"] == "retrieval" else {})
     return out
 
 

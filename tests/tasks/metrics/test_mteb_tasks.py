@@ -91,17 +91,18 @@ def test_local_clustering(cache_dir):
     assert 0.3 < row["value"] < 0.8
 
 
-def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir, monkeypatch):
+def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir):
     # The 2,000-document slice takes over a minute to encode here; a trial corpus of 300 keeps
     # every document relevant to the 30 queries (and tests that rule).
-    monkeypatch.setattr(mteb_tasks, "MAX_TRIAL_CORPUS", 300)
     task = LocalTaskConfig(name="SciFact-local", type="retrieval", path=str(DEMO_DATA / "scifact_test.parquet"),
-                           queries=str(DEMO_DATA / "scifact_test_queries.parquet"), limit=30)
+                           queries=str(DEMO_DATA / "scifact_test_queries.parquet"), limit=30, corpus_limit=300)
     local = mteb_tasks.LocalRetrieval(task)
     local.load_data()
     data = local.dataset["default"]["test"]
     assert len(data["queries"]) == 30 and len(data["corpus"]) == 300
     assert {d for docs in data["relevant_docs"].values() for d in docs} <= set(data["corpus"]["id"])
+    with pytest.raises(ValueError, match="`corpus_limit` is for retrieval tasks only"):
+        LocalTaskConfig(name="STSB-local", type="sts", path=str(STSB), corpus_limit=300)
 
     scored = mteb_tasks.evaluate_mteb(MODEL, "mean", SHORT, task, "cpu", cache_dir, ("local/test-model", None), LOG)
     [row] = scored.rows
