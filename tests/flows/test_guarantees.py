@@ -19,6 +19,7 @@ from storage.store import ArtifactStore
 from tests import processes
 from tests.flows.test_cli import EMBFORGE, REPO, embforge
 from tests.helpers import cli_env, tiny_config
+from tests.workers import alone
 
 # In pipeline order; `train` is killed mid-epoch, right after its first checkpoint.
 STAGES = ["ingest", "sentences", "pairs", "tokens", "train", "text_tokens", "embed", "evaluate", "report"]
@@ -117,7 +118,6 @@ def run_processes(prefect_home: str) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # each stop is timed
 def test_ctrl_c_and_sigterm_stop_within_seconds_and_the_rerun_resumes_to_the_same_numbers(uninterrupted, tmp_path):
     """Also the run's own Prefect server dying under it (kill -9): one error line within 30 s (not minutes of retries
     against a closed port), exit 2, and the rerun resumes."""
@@ -126,24 +126,25 @@ def test_ctrl_c_and_sigterm_stop_within_seconds_and_the_rerun_resumes_to_the_sam
     store, env = tmp_path / "store", cli_env(tmp_path / "prefect", EMBFORGE_SIGNALLED_AT=str(tmp_path / "at"))
     stops = [("train:SIGINT", 130, 10), ("train:SIGTERM:pid", 143, 10), ("embed:SIGTERM", 143, 10),
              ("evaluate:SIGKILL:server", 2, 30)]
-    for where, code, within_s in stops:
-        stopped = subprocess.run([sys.executable, "-m", "tests.flows.faults", where, "run", str(config), "--store",
-                                  str(store)], cwd=REPO, env=env, start_new_session=True, capture_output=True,
-                                 text=True, timeout=600)
-        took = time.time() - float((tmp_path / "at").read_text())
-        output = stopped.stdout + stopped.stderr
-        assert stopped.returncode == code, f"{where}: {output}"
-        assert took < within_s, f"{where}: {took:.1f} s from the signal to the exit"
-        said = "error: the run's Prefect server (pid " if code == 2 else f"stopped by {where.split(':')[1]}: "
-        assert said in output and "every finished stage is in the store; the same command resumes" in output, output
-        assert output.count("error:") == (code == 2), output
-        assert "Error logging to API" not in output and "Traceback" not in output, output
-        assert "EventsWorker" not in output, output  # nothing queued for a dead server is tried at exit
-        assert not run_processes(env["PREFECT_HOME"]), f"{where}: a process of the run is left"
-        if where == "train:SIGINT":  # signalled during step 3: the step ends, its checkpoint is saved
-            assert "train[crops]: stopped after step 3 of" in " ".join(output.split())
-        if where == "train:SIGTERM:pid":  # where the Ctrl-C'd run stopped, not its last periodic checkpoint (2)
-            assert "train[crops]: resuming from checkpoint at step 3 of" in " ".join(output.split())
+    with alone():  # each stop is timed: no other test's processes beside them (the rerun below may have some)
+        for where, code, within_s in stops:
+            stopped = subprocess.run([sys.executable, "-m", "tests.flows.faults", where, "run", str(config), "--store",
+                                      str(store)], cwd=REPO, env=env, start_new_session=True, capture_output=True,
+                                     text=True, timeout=600)
+            took = time.time() - float((tmp_path / "at").read_text())
+            output = stopped.stdout + stopped.stderr
+            assert stopped.returncode == code, f"{where}: {output}"
+            assert took < within_s, f"{where}: {took:.1f} s from the signal to the exit"
+            said = "error: the run's Prefect server (pid " if code == 2 else f"stopped by {where.split(':')[1]}: "
+            assert said in output and "every finished stage is in the store; the same command resumes" in output, output
+            assert output.count("error:") == (code == 2), output
+            assert "Error logging to API" not in output and "Traceback" not in output, output
+            assert "EventsWorker" not in output, output  # nothing queued for a dead server is tried at exit
+            assert not run_processes(env["PREFECT_HOME"]), f"{where}: a process of the run is left"
+            if where == "train:SIGINT":  # signalled during step 3: the step ends, its checkpoint is saved
+                assert "train[crops]: stopped after step 3 of" in " ".join(output.split())
+            if where == "train:SIGTERM:pid":  # where the Ctrl-C'd run stopped, not its last periodic checkpoint (2)
+                assert "train[crops]: resuming from checkpoint at step 3 of" in " ".join(output.split())
     runs = Catalog(ArtifactStore(store)).query("SELECT status, error FROM runs ORDER BY started_at")
     assert runs[:3] == [{"status": "interrupted", "error": f"stopped by {where.split(':')[1]}"}
                         for where, _, _ in stops[:3]]
