@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from prefect import get_client, get_run_logger
 from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 
@@ -27,7 +28,7 @@ from storage.store import ArtifactStore
 from storage.stores import open_store
 from tasks.config.loading import load_config
 from tasks.config.pipeline import PipelineConfig
-from tasks.core.stage import Inputs, Stage
+from tasks.core.stage import GPU_TAG, Inputs, Stage
 from tasks.core.stopping import lost, stop_signal
 
 T = TypeVar("T")
@@ -74,6 +75,18 @@ class Submitted:
     recorded: bool = False
 
 
+def gpu_capped() -> bool:
+    """Whether the run's Prefect server has an active concurrency limit on GPU_TAG: then the run's model stages carry
+    the tag and each waits for a slot. Else they go untagged: Prefect asks its server for a slot at the start of every
+    tagged task, and on the server's default SQLite database that ask took ~2 s after a long stage and, at times,
+    60 s, waiting on the database's lock (docs/scale-out.md#gpus)."""
+    with get_client(sync_client=True) as client:
+        try:
+            return bool(client.read_global_concurrency_limit_by_name(f"tag:{GPU_TAG}").active)
+        except ObjectNotFound:
+            return False
+
+
 class Run:
     """A flow run: its config, store and record, and how it runs a stage as a cached Prefect task.
 
@@ -85,6 +98,7 @@ class Run:
         self.cfg, self.store = cfg, store
         self.rebuild_stale = params.rebuild_stale_versions
         self.runner = task_runner(cfg.run)
+        self.gpu_tag = gpu_capped()
         self.submitted: dict[str, Submitted] = {}  # key → the task that builds it (with a task runner)
         self.staged: set[str] = set()  # keys this run has built or submitted: each is built and recorded once
         self._recording = threading.Lock()
@@ -117,7 +131,7 @@ class Run:
         if force:
             self.forced.add(ref.key)
             self.store.discard(ref)
-        runner = stage.as_task(self.cfg.retries).with_options(task_run_name=stage.display(label))
+        runner = stage.as_task(self.cfg.retries, self.gpu_tag).with_options(task_run_name=stage.display(label))
         args = dict(store_url=self.store.url, config=config, inputs=inputs, ref=ref, label=label)
         if self.runner is None:
             state = runner(**args, return_state=True)

@@ -72,7 +72,8 @@ BuildFn = Callable[[ArtifactStore, Any, Any, ArtifactWriter, ArtifactRef, loggin
 STAGES: dict[str, Stage] = {}
 
 # The tag of stages that run a model on the accelerator: a Prefect concurrency limit on it
-# (`prefect concurrency-limit create gpu N`) caps them at one per GPU however many run at once.
+# (`prefect concurrency-limit create gpu N`) caps them at one per GPU however many run at once. A run tags them
+# only where its server has that limit (flows/runs.py: `gpu_capped`).
 GPU_TAG = "gpu"
 
 
@@ -86,7 +87,7 @@ class Stage:
     # False for an artifact that must be built again on the next run (an MTEB task skipped
     # because its data was not reachable gets scored once the data is there).
     complete: Callable[[ArtifactStore, ArtifactRef], bool] | None = None
-    gpu: bool = False  # runs a model (training, encoding, generation): tagged GPU_TAG
+    gpu: bool = False  # runs a model (training, encoding, generation): tagged GPU_TAG where the tag is capped
     seeds_global_rng: bool = False  # seeds and draws from torch's process-wide generator: holds GLOBAL_RNG
 
     def __post_init__(self) -> None:
@@ -183,11 +184,11 @@ class Stage:
             log.info("artifact %s was built by another run, reusing it", ref.key)
         return False
 
-    def as_task(self, retry: RetryConfig | None = None):
+    def as_task(self, retry: RetryConfig | None = None, gpu_tag: bool = False):
         """The Prefect task for this stage, with retries and back-off for transient failures (training
         resumes from its checkpoint). It is called with the artifact's ref, computed once by the caller,
         and ends `Cached` when the store has the artifact: Prefect's own cache and result files are
-        not used, so the store alone decides."""
+        not used, so the store alone decides. `gpu_tag`: a model stage carries GPU_TAG."""
         retry = retry or RetryConfig()
 
         def run_stage(store_url: str, config: BaseModel, inputs: Inputs, ref: ArtifactRef, label: str = ""):
@@ -196,7 +197,7 @@ class Stage:
                 return Completed(data=ref, name="Cached", message=f"artifacts/{ref.address} is in the store")
             return ref
 
-        return task(run_stage, name=self.name, tags=[GPU_TAG] if self.gpu else None, cache_policy=NO_CACHE,
+        return task(run_stage, name=self.name, tags=[GPU_TAG] if self.gpu and gpu_tag else None, cache_policy=NO_CACHE,
                     persist_result=False, retries=retry.attempts, retry_delay_seconds=retry.delays,
                     retry_condition_fn=transient_failure)
 
