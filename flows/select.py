@@ -39,7 +39,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.training import MethodConfig, expand_chains
-from tasks.encoders.models import trained_ref
+from tasks.encoders.models import is_decoder_model, model_path, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
 from tasks.report import markdown_for_ui
@@ -194,8 +194,15 @@ def select_model(run: Run) -> Selection:
     if sel.static:
         check_export_folder(static_folder(out), "select.static: its folder", run.store.root)
     begun = start_of(run)
-    candidates = [Candidate(recipe, lr) for recipe in sel.candidate_recipes(bool(cfg.summaries), bool(cfg.queries))
-                  for lr in sel.lrs]
+    if begun.start:
+        run.settled(begun.start)  # a random init, built (with a task runner: waited for) before its config is read
+    decoder = begun.converted or is_decoder_model(model_path(run.store, begun.start) if begun.start
+                                                  else begun.base_model)
+    recipes = sel.candidate_recipes(bool(cfg.summaries), bool(cfg.queries), decoder)
+    if sel.recipes is None:
+        get_run_logger().info("candidates: %s at learning rates %s (the defaults from %s)", ", ".join(recipes),
+                              ", ".join(f"{lr:g}" for lr in sel.lrs), "a decoder LLM" if decoder else "an encoder")
+    candidates = [Candidate(recipe, lr) for recipe in recipes for lr in sel.lrs]
     queries, negatives = mine_queries(run, [m for c in candidates for m in stages_of(c)], begun.docs, begun.base)
     corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs)))
     base = with_tokenizer(run, begun, [begun.base])[0]

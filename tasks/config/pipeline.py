@@ -92,8 +92,11 @@ class PipelineConfig(Section):
         if self.evaluate.yardstick is None:
             raise ValueError("select: the search ranks candidates on the yardstick, set "
                              "`evaluate.yardstick` (`{}` for the defaults)")
-        recipes = self.select.candidate_recipes(self.summaries is not None, self.queries is not None)
-        trained = [r for name in recipes for r in (CHAINS[name].recipes if name in CHAINS else [name])]
+        # the defaults for either kind of base: which one training starts from is known once its config is read
+        kinds = [self.select.candidate_recipes(self.summaries is not None, self.queries is not None, decoder)
+                 for decoder in (False, True)]
+        trained = [r for recipes in kinds for name in recipes for r in (CHAINS[name].recipes if name in CHAINS
+                                                                        else [name])]
         for recipe in map(RECIPES.get, dict.fromkeys(trained)):  # a chain's stages: each recipe once
             if (needs := recipe.needs) and getattr(self, needs) is None:
                 raise ValueError(f"select.recipes: {recipe.name} trains on LLM {needs}, add a `{needs}` section "
@@ -102,7 +105,7 @@ class PipelineConfig(Section):
                 raise ValueError(f"select.recipes: {recipe.name} learns a cross-encoder's margins, set "
                                  "`negatives.cross_encoder`")
         try:
-            rung_steps(self.select.budget, len(recipes) * len(self.select.lrs), self.select.eta)
+            rung_steps(self.select.budget, max(map(len, kinds)) * len(self.select.lrs), self.select.eta)
         except ValueError as e:
             raise ValueError(f"select.budget: {e}") from None
         if self.model.pretrain:

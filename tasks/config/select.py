@@ -12,14 +12,20 @@ from tasks.config.recipes import CHAINS, RECIPES
 # Tried when the config names none: those of them whose view the config can build (an LLM's summaries or queries
 # only when it has that section: the registry's `needs_*`).
 DEFAULT_CANDIDATES = ("crops", "dropout", "tsdae", "semcse", "gpl", "inpars")
+# From a decoder LLM: LLM2Vec (its MNTP stage makes the attention bidirectional, its SimCSE stage sets the dropout a
+# decoder lacks) in place of dropout, whose views would not differ, and TSDAE, whose denoising decoder is BERT's.
+DECODER_CANDIDATES = ("llm2vec", "crops", "semcse", "gpl", "inpars")
 
 
 def _defaults_help() -> str:
     plain = [r for r in DEFAULT_CANDIDATES if RECIPES[r].needs is None]
     extra = [(need, names) for need in ("summaries", "queries")
              if (names := [r for r in DEFAULT_CANDIDATES if RECIPES[r].needs == need])]
+    swapped = [r for r in DEFAULT_CANDIDATES if r not in DECODER_CANDIDATES]
     return ", ".join(plain) + ", with " + " and ".join(
-        f"{', '.join(names)} when {'it' if i else 'the config'} has `{need}`" for i, (need, names) in enumerate(extra))
+        f"{', '.join(names)} when {'it' if i else 'the config'} has `{need}`" for i, (need, names) in enumerate(extra)
+    ) + f"; from a decoder LLM, {', '.join(r for r in DECODER_CANDIDATES if r not in DEFAULT_CANDIDATES)} in place " \
+        f"of {' and '.join(swapped)}"
 
 
 class SelectConfig(Section):
@@ -63,11 +69,14 @@ class SelectConfig(Section):
             raise ValueError(f"learning rates must be positive and differ, got {lrs}")
         return lrs
 
-    def candidate_recipes(self, summaries: bool, queries: bool) -> list[str]:
+    def candidate_recipes(self, summaries: bool, queries: bool, decoder: bool = False) -> list[str]:
+        """The recipes named, else the defaults the config can build views for (`decoder`: training starts from a
+        decoder LLM)."""
         if self.recipes is not None:
             return self.recipes
         can = {None: True, "summaries": summaries, "queries": queries}  # whether the config can build each view
-        return [r for r in DEFAULT_CANDIDATES if can[RECIPES[r].needs]]
+        return [name for name in (DECODER_CANDIDATES if decoder else DEFAULT_CANDIDATES)
+                if all(can[RECIPES[r].needs] for r in (CHAINS[name].recipes if name in CHAINS else [name]))]
 
 
 def rung_steps(total: int, candidates: int, eta: int) -> list[int]:

@@ -96,6 +96,11 @@ def start_width(name_or_path: str, random_init: RandomInitConfig | None) -> int 
         return None
 
 
+def is_decoder_model(name_or_path: str) -> bool:
+    """Whether a model is a decoder LLM, by its config (no weights read)."""
+    return decoders.is_decoder(load_model(name_or_path, AutoConfig.from_pretrained))
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """A model's tokenizer as embforge uses it: a decoder's pads, and ends every text with EOS (decoders.py)."""
     tokenizer = load_model(name_or_path, AutoTokenizer.from_pretrained)

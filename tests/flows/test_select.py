@@ -248,13 +248,13 @@ def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_docum
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_chained_recipe_on_a_decoder_trains_its_earlier_stage_once_and_climbs_the_rungs_with_its_last(
         tmp_path, tiny_decoder_dir):
-    """`llm2vec` as a candidate beside `crops`, on a decoder base with LoRA: its MNTP stage trains once to the
-    budget before the search; its SimCSE stage starts from that model and is what the rungs stop or go on with."""
+    """`llm2vec` as a candidate beside `crops` (a decoder base's defaults, none named), with LoRA: its MNTP stage
+    trains once to the budget before the search; its SimCSE stage starts from that model and is what the rungs stop
+    or go on with."""
     config = tiny_config(tmp_path, data={"limit": 120}, model={"name_or_path": tiny_decoder_dir, "random_init": None},
                          train={"max_length": 32, "batch_size": 8, "lora": {"r": 4}},
                          evaluate={"knn": None, "sts": None, "tsne": False, "yardstick": YARDSTICK},
-                         select={"recipes": ["llm2vec", "crops"], "lrs": [3e-3], "budget": 8, "eta": 2,
-                                 "out": str(tmp_path / "chosen")})
+                         select={"lrs": [3e-3], "budget": 8, "eta": 2, "out": str(tmp_path / "chosen")})
     run_id, chosen = run_select(config)
     store = ArtifactStore(tmp_path / "store")
     made = Catalog(store).query("SELECT DISTINCT stage, label, key FROM run_stages WHERE run_id = ? AND stage IN "

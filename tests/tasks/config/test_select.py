@@ -15,7 +15,15 @@ def test_the_default_candidates_are_those_whose_view_the_config_can_build():
     assert all(RECIPES[r].needs is None for r in select.candidate_recipes(False, False))  # the registry decides
     assert SelectConfig(recipes=["mlm"]).candidate_recipes(False, False) == ["mlm"]  # named: as named
     assert ("crops, dropout, tsdae, with semcse when the config has `summaries` and gpl, inpars when it has "
-            "`queries`") in SelectConfig.model_fields["recipes"].description
+            "`queries`; from a decoder LLM, llm2vec in place of dropout and tsdae") in SelectConfig.model_fields[
+        "recipes"].description
+
+
+def test_a_decoder_s_default_candidates_have_llm2vec_in_place_of_dropout_and_tsdae():
+    select = SelectConfig()
+    assert select.candidate_recipes(False, False, decoder=True) == ["llm2vec", "crops"]
+    assert select.candidate_recipes(True, True, decoder=True) == ["llm2vec", "crops", "semcse", "gpl", "inpars"]
+    assert SelectConfig(recipes=["crops"]).candidate_recipes(False, False, decoder=True) == ["crops"]  # as named
 
 
 def test_a_candidate_is_a_recipe_or_a_chain_once():
