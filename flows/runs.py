@@ -78,10 +78,9 @@ class Submitted:
 def gpu_capped() -> bool:
     """Whether the run's Prefect server has an active concurrency limit on GPU_TAG: then the run's model stages carry
     the tag and each waits for a slot. Else they go untagged: Prefect asks its server for a slot at the start of every
-    tagged task, and on the server's default SQLite database that ask took ~2 s after a long stage and, at times,
-    60 s, waiting on the database's lock (docs/scale-out.md#gpus)."""
+    tagged task, which on SQLite can wait a minute (docs/scale-out.md, "GPUs")."""
     with get_client(sync_client=True) as client:
-        try:
+        try:  # Prefect 3 keeps a tag's limit (`prefect concurrency-limit create gpu N`) as the global limit `tag:gpu`
             return bool(client.read_global_concurrency_limit_by_name(f"tag:{GPU_TAG}").active)
         except ObjectNotFound:
             return False
@@ -98,7 +97,7 @@ class Run:
         self.cfg, self.store = cfg, store
         self.rebuild_stale = params.rebuild_stale_versions
         self.runner = task_runner(cfg.run)
-        self.gpu_tag = gpu_capped()
+        self.gpu_capped = gpu_capped()
         self.submitted: dict[str, Submitted] = {}  # key → the task that builds it (with a task runner)
         self.staged: set[str] = set()  # keys this run has built or submitted: each is built and recorded once
         self._recording = threading.Lock()
@@ -131,7 +130,7 @@ class Run:
         if force:
             self.forced.add(ref.key)
             self.store.discard(ref)
-        runner = stage.as_task(self.cfg.retries, self.gpu_tag).with_options(task_run_name=stage.display(label))
+        runner = stage.as_task(self.cfg.retries, self.gpu_capped).with_options(task_run_name=stage.display(label))
         args = dict(store_url=self.store.url, config=config, inputs=inputs, ref=ref, label=label)
         if self.runner is None:
             state = runner(**args, return_state=True)

@@ -39,7 +39,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.training import MethodConfig, expand_chains
-from tasks.encoders.models import is_decoder_model, model_path, trained_ref
+from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
 from tasks.report import markdown_for_ui
@@ -194,10 +194,10 @@ def select_model(run: Run) -> Selection:
     if sel.static:
         check_export_folder(static_folder(out), "select.static: its folder", run.store.root)
     begun = start_of(run)
-    if begun.start:
-        run.settled(begun.start)  # a random init, built (with a task runner: waited for) before its config is read
-    decoder = begun.converted or is_decoder_model(model_path(run.store, begun.start) if begun.start
-                                                  else begun.base_model)
+    # the defaults depend on the kind of model training starts from, known from the config (no artifact read)
+    init = cfg.model.random_init
+    decoder = sel.recipes is None and (begun.converted or (init.architecture == "llama" if init else
+                                                           is_decoder_model(cfg.model.name_or_path)))
     recipes = sel.candidate_recipes(bool(cfg.summaries), bool(cfg.queries), decoder)
     if sel.recipes is None:
         get_run_logger().info("candidates: %s at learning rates %s (the defaults from %s)", ", ".join(recipes),

@@ -25,6 +25,10 @@ PAPER_MTEB_TASKS = {
 }
 
 
+# A trial run (`limit` set) with no `corpus_limit` encodes about this many documents of a retrieval corpus.
+MAX_TRIAL_CORPUS = 10_000
+
+
 class LocalTaskConfig(Section):
     """An MTEB task built from a local Parquet file, so it runs offline."""
 
@@ -38,10 +42,10 @@ class LocalTaskConfig(Section):
                                 "(a relevant document) and score.")
     split: str | None = Field("test", description="Use rows of this `split` only (None: all rows).")
     limit: int | None = Field(None, gt=0, description="Use only the first N pairs, documents or queries.")
-    corpus_limit: int | None = Field(None, gt=0, description="Retrieval only: encode at most N documents of the "
-                                     "corpus, every one relevant to a query kept plus a seeded sample of the others "
-                                     "(fewer distractors make retrieval easier: for trial runs). Unset: the whole "
-                                     "corpus, or 10,000 documents when `limit` is set.")
+    corpus_limit: int | None = Field(None, gt=0, description="Retrieval only: encode about N documents of the "
+                                     "corpus: every one relevant to a query kept (even past N) and a seeded sample of "
+                                     "the others up to N (fewer distractors make retrieval easier: for trial runs). "
+                                     f"Unset: the whole corpus, or {MAX_TRIAL_CORPUS:,} documents when `limit` is set.")
     positive_at: float = Field(0.5, description="Pair classification: score ≥ this is a positive "
                                "(paraphrase), below it a negative.")
 

@@ -10,7 +10,7 @@ from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import EvaluateConfig
 from tasks.config.model import ModelConfig
 from tasks.config.queries import NegativesConfig, QueriesConfig
-from tasks.config.recipes import CHAINS, RECIPES
+from tasks.config.recipes import RECIPES, recipes_of
 from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
 from tasks.config.select import SelectConfig, rung_steps
 from tasks.config.static import StaticConfig
@@ -95,8 +95,7 @@ class PipelineConfig(Section):
         # the defaults for either kind of base: which one training starts from is known once its config is read
         kinds = [self.select.candidate_recipes(self.summaries is not None, self.queries is not None, decoder)
                  for decoder in (False, True)]
-        trained = [r for recipes in kinds for name in recipes for r in (CHAINS[name].recipes if name in CHAINS
-                                                                        else [name])]
+        trained = [r for recipes in kinds for name in recipes for r in recipes_of(name)]
         for recipe in map(RECIPES.get, dict.fromkeys(trained)):  # a chain's stages: each recipe once
             if (needs := recipe.needs) and getattr(self, needs) is None:
                 raise ValueError(f"select.recipes: {recipe.name} trains on LLM {needs}, add a `{needs}` section "

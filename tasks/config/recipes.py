@@ -124,6 +124,11 @@ if set(CHAINS) & set(RECIPES):
     raise RuntimeError(f"chains and recipes share names: {sorted(set(CHAINS) & set(RECIPES))}")
 
 
+def recipes_of(name: str) -> list[str]:
+    """The recipes a method of this name trains: a chain's stages', else the recipe itself."""
+    return CHAINS[name].recipes if name in CHAINS else [name]
+
+
 def recipe_help() -> str:
     return "; ".join(f"`{r.name}`: {r.description}" for r in [*RECIPES.values(), *CHAINS.values()]) + "."
 

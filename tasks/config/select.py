@@ -7,13 +7,13 @@ import math
 from pydantic import Field, field_validator
 
 from tasks.config.base import Section
-from tasks.config.recipes import CHAINS, RECIPES
+from tasks.config.recipes import CHAINS, RECIPES, recipes_of
 
 # Tried when the config names none: those of them whose view the config can build (an LLM's summaries or queries
 # only when it has that section: the registry's `needs_*`).
 DEFAULT_CANDIDATES = ("crops", "dropout", "tsdae", "semcse", "gpl", "inpars")
 # From a decoder LLM: LLM2Vec (its MNTP stage makes the attention bidirectional, its SimCSE stage sets the dropout a
-# decoder lacks) in place of dropout, whose views would not differ, and TSDAE, whose denoising decoder is BERT's.
+# decoder lacks) in place of dropout, whose views would barely differ, and TSDAE, whose denoising decoder is BERT's.
 DECODER_CANDIDATES = ("llm2vec", "crops", "semcse", "gpl", "inpars")
 
 
@@ -29,9 +29,9 @@ def _defaults_help() -> str:
 
 
 class SelectConfig(Section):
-    recipes: list[str] | None = Field(None, description="Candidate recipes (the registry's names), or chained "
-                                      "ones (llm2vec: its earlier stages train once to the budget, its last climbs "
-                                      f"the rungs). Empty: {_defaults_help()}.")
+    recipes: list[str] | None = Field(None, min_length=1, description="Candidate recipes (the registry's names), "
+                                      "or chained ones (llm2vec: its earlier stages train once to the budget, its last "
+                                      f"climbs the rungs). Unset: {_defaults_help()}.")
     lrs: list[float] = Field([2e-5, 1e-4], min_length=1, description="Learning rates each recipe is tried at: "
                              "candidates = recipes x learning rates.")
     budget: int = Field(120, ge=2, description="Training steps of the winner: every candidate is on this "
@@ -76,7 +76,7 @@ class SelectConfig(Section):
             return self.recipes
         can = {None: True, "summaries": summaries, "queries": queries}  # whether the config can build each view
         return [name for name in (DECODER_CANDIDATES if decoder else DEFAULT_CANDIDATES)
-                if all(can[RECIPES[r].needs] for r in (CHAINS[name].recipes if name in CHAINS else [name]))]
+                if all(can[RECIPES[r].needs] for r in recipes_of(name))]
 
 
 def rung_steps(total: int, candidates: int, eta: int) -> list[int]:

@@ -184,11 +184,11 @@ class Stage:
             log.info("artifact %s was built by another run, reusing it", ref.key)
         return False
 
-    def as_task(self, retry: RetryConfig | None = None, gpu_tag: bool = False):
+    def as_task(self, retry: RetryConfig | None = None, tag_gpu: bool = False):
         """The Prefect task for this stage, with retries and back-off for transient failures (training
         resumes from its checkpoint). It is called with the artifact's ref, computed once by the caller,
         and ends `Cached` when the store has the artifact: Prefect's own cache and result files are
-        not used, so the store alone decides. `gpu_tag`: a model stage carries GPU_TAG."""
+        not used, so the store alone decides. `tag_gpu`: a model stage carries GPU_TAG."""
         retry = retry or RetryConfig()
 
         def run_stage(store_url: str, config: BaseModel, inputs: Inputs, ref: ArtifactRef, label: str = ""):
@@ -197,7 +197,7 @@ class Stage:
                 return Completed(data=ref, name="Cached", message=f"artifacts/{ref.address} is in the store")
             return ref
 
-        return task(run_stage, name=self.name, tags=[GPU_TAG] if self.gpu and gpu_tag else None, cache_policy=NO_CACHE,
+        return task(run_stage, name=self.name, tags=[GPU_TAG] if self.gpu and tag_gpu else None, cache_policy=NO_CACHE,
                     persist_result=False, retries=retry.attempts, retry_delay_seconds=retry.delays,
                     retry_condition_fn=transient_failure)
 

@@ -48,7 +48,7 @@ from sentence_transformers import SentenceTransformer, models
 
 from storage.base import file_digest, stable_hash
 from tasks.config.base import InputError
-from tasks.config.evaluation import LocalTaskConfig, MtebSettings
+from tasks.config.evaluation import MAX_TRIAL_CORPUS, LocalTaskConfig, MtebSettings
 from tasks.config.model import Prompts
 from tasks.core.eval_sets import read_pairs, read_table, rows_of_split
 from tasks.core.rng import global_rng_kept
@@ -70,8 +70,6 @@ with global_rng_kept():  # importing mteb seeds the process-wide generators with
     from mteb.abstasks.task_metadata import TaskMetadata
     from mteb.models import SentenceTransformerEncoderWrapper
 
-# A trial run (`limit` set) with no `corpus_limit` encodes at most this many documents of a retrieval corpus.
-MAX_TRIAL_CORPUS = 10_000
 HUB_PROBE_TIMEOUT_S = 3.0
 
 
@@ -91,7 +89,7 @@ def with_titles(table: pd.DataFrame) -> list[str]:
 
 
 def trial_corpus(corpus: pd.DataFrame, relevant_ids: set[str], size: int) -> pd.DataFrame:
-    """Every relevant document and a seeded sample of the others, `size` in all (more if more are relevant)."""
+    """Every relevant document and a seeded sample of the others, `size` in all (more where more are relevant)."""
     relevant = corpus["doc_id"].isin(relevant_ids)
     others = corpus[~relevant].sample(n=max(0, size - int(relevant.sum())), random_state=0)
     return corpus[relevant | corpus.index.isin(others.index)]

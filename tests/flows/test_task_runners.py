@@ -69,7 +69,7 @@ def test_a_task_runner_gives_the_sequential_numbers_with_stages_side_by_side(seq
     assert catalog.query("SELECT status FROM runs WHERE run_id = ?", [run_id]) == [{"status": "completed"}]
 
     train = task_runs(run_id, "train")
-    assert len(train) == 2 and all(t.tags == [] for t in train)  # no limit on the `gpu` tag: untagged (below: one)
+    assert len(train) == 2 and all(t.tags == [] for t in train)  # no limit on `gpu`: untagged (the next test sets one)
     if runner != "threads":  # in threads, training holds the process-wide RNG: one at a time (tasks/core/rng.py)
         (a, b) = sorted(train, key=lambda t: t.start_time)
         assert b.start_time < a.end_time, "the two methods' training did not overlap"

@@ -91,6 +91,22 @@ def test_local_clustering(cache_dir):
     assert 0.3 < row["value"] < 0.8
 
 
+def test_a_trial_corpus_keeps_every_relevant_document_even_past_its_size_and_limit_alone_caps_it(monkeypatch):
+    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(10)], "text": [f"text {i}" for i in range(10)]})
+    assert set(mteb_tasks.trial_corpus(corpus, {"d1", "d2", "d3"}, 2)["doc_id"]) == {"d1", "d2", "d3"}
+    drawn = mteb_tasks.trial_corpus(corpus, {"d1"}, 4)
+    assert len(drawn) == 4 and "d1" in set(drawn["doc_id"])
+    assert drawn.equals(mteb_tasks.trial_corpus(corpus, {"d1"}, 4))  # seeded
+    # `limit` without `corpus_limit`: a trial run's cap (here 300 of the 2,000-document slice)
+    monkeypatch.setattr(mteb_tasks, "MAX_TRIAL_CORPUS", 300)
+    task = LocalTaskConfig(name="SciFact-local", type="retrieval", path=str(DEMO_DATA / "scifact_test.parquet"),
+                           queries=str(DEMO_DATA / "scifact_test_queries.parquet"), limit=30)
+    assert len(mteb_tasks.LocalRetrieval(task).read()["corpus"]) == 300
+    assert len(mteb_tasks.LocalRetrieval(task.model_copy(update={"limit": None})).read()["corpus"]) == 2000
+    with pytest.raises(ValueError, match="`corpus_limit` is for retrieval tasks only"):
+        LocalTaskConfig(name="STSB-local", type="sts", path=str(STSB), corpus_limit=300)
+
+
 def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir):
     # The 2,000-document slice takes over a minute to encode here; a trial corpus of 300 keeps
     # every document relevant to the 30 queries (and tests that rule).
@@ -101,8 +117,6 @@ def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir):
     data = local.dataset["default"]["test"]
     assert len(data["queries"]) == 30 and len(data["corpus"]) == 300
     assert {d for docs in data["relevant_docs"].values() for d in docs} <= set(data["corpus"]["id"])
-    with pytest.raises(ValueError, match="`corpus_limit` is for retrieval tasks only"):
-        LocalTaskConfig(name="STSB-local", type="sts", path=str(STSB), corpus_limit=300)
 
     scored = mteb_tasks.evaluate_mteb(MODEL, "mean", SHORT, task, "cpu", cache_dir, ("local/test-model", None), LOG)
     [row] = scored.rows
