@@ -30,6 +30,8 @@ def test_a_candidate_is_a_recipe_or_a_chain_once():
     with pytest.raises(ValidationError, match="unknown recipes"):
         SelectConfig(recipes=["nope"])
     assert SelectConfig(recipes=["llm2vec", "crops"]).candidate_recipes(False, False) == ["llm2vec", "crops"]
+    with pytest.raises(ValidationError, match="at least 1 item"):  # unset means the defaults; empty is a mistake
+        SelectConfig(recipes=[])
     with pytest.raises(ValidationError, match="recipes must differ"):
         SelectConfig(recipes=["crops", "crops"])
     with pytest.raises(ValidationError, match="learning rates must be positive and differ"):
