@@ -21,11 +21,11 @@ def _defaults_help() -> str:
     plain = [r for r in DEFAULT_CANDIDATES if RECIPES[r].needs is None]
     extra = [(need, names) for need in ("summaries", "queries")
              if (names := [r for r in DEFAULT_CANDIDATES if RECIPES[r].needs == need])]
+    added = [r for r in DECODER_CANDIDATES if r not in DEFAULT_CANDIDATES]
     swapped = [r for r in DEFAULT_CANDIDATES if r not in DECODER_CANDIDATES]
     return ", ".join(plain) + ", with " + " and ".join(
         f"{', '.join(names)} when {'it' if i else 'the config'} has `{need}`" for i, (need, names) in enumerate(extra)
-    ) + f"; from a decoder LLM, {', '.join(r for r in DECODER_CANDIDATES if r not in DEFAULT_CANDIDATES)} in place " \
-        f"of {' and '.join(swapped)}"
+    ) + f"; from a decoder LLM, {', '.join(added)} in place of {' and '.join(swapped)}"
 
 
 class SelectConfig(Section):
