@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from corpora import LABELLED, labelled_file
 from select_recipe import REPO, embforge, latest, scores
 
 from storage.base import ArtifactRef
@@ -47,8 +48,6 @@ from tasks.encoders.encode import encoder_at
 from tasks.encoders.models import model_path
 from tasks.metrics import pool, retrieval
 
-LABELLED = {"demo": "configs/data/ohsumed_demo.parquet", "arxiv": "{data}/arxiv2007.parquet",
-            "medical": "{data}/medical_abstracts.parquet", "newsgroups": "{data}/newsgroups20.parquet"}
 CORPORA = [*LABELLED, "scifact"]
 YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "information", "effective_rank"]
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
@@ -74,14 +73,7 @@ def corpus_file(name: str, args: argparse.Namespace) -> tuple[Path, pd.DataFrame
     with empty texts (20 Newsgroups has posts that are all quote or header) without them, written there too."""
     folder = Path(args.store).resolve().parent / "yardsticks-corpora"
     if name in LABELLED:
-        path = REPO / LABELLED[name].format(data=args.data)
-        docs = pd.read_parquet(path)
-        if (empty := docs["text"].fillna("").str.strip() == "").any():
-            path = folder / f"{name}-nonempty.parquet"
-            folder.mkdir(parents=True, exist_ok=True)
-            if not path.exists():
-                docs[~empty].to_parquet(path, index=False)
-        return path, None
+        return labelled_file(name, args.data, folder), None
     corpus = pd.read_parquet(Path(args.data) / "scifact_corpus.parquet")
     qrels = pd.read_parquet(Path(args.data) / "scifact_qrels.parquet")
     qrels = qrels[(qrels["split"] == "test") & (qrels["score"] > 0)].astype({"doc_id": str, "query_id": str})

@@ -286,10 +286,11 @@ def decision_of(manifest: dict) -> Decision:
     return Decision(kept["chosen"], kept["said"], runner_up=kept["runner_up"], **differences)
 
 
-def section(job: SelectJob, kind: str, ladder: Ladder, decision: Decision, base_score: float, cost: dict,
+def section(job: SelectJob, held: dict, ladder: Ladder, decision: Decision, base_score: float, cost: dict,
             sampled: dict | None = None) -> str:
-    """The report section: the answer, the ladder, the compute, what the yardstick is and its bias (and the sample it
-    ranked among, if any: the sample stage's manifest extra)."""
+    """The report section: the answer, the ladder, the compute, what the yardstick (`held`: its manifest's extra) is
+    and its bias (and the sample it ranked among, if any: the sample stage's manifest extra)."""
+    kind = held["kind"]
     rows = pd.DataFrame(ladder.rows())
     rungs = sorted(rows["steps"].unique())
     ranked = (f" It ranked among {sampled['documents']:,} of the {sampled['of']:,} documents: the "
@@ -297,7 +298,7 @@ def section(job: SelectJob, kind: str, ladder: Ladder, decision: Decision, base_
               if sampled else "")
     lines = [f"# {job.name}: which recipe", "", f"**Answer: {decision.chosen}.** {decision.said}.", "",
              f"Yardstick: {YARDSTICKS[kind].metric}, {YARDSTICKS[kind].asks}; the held-out documents "
-             f"({job.yardstick.held_out:.0%} of the corpus) are left out of every candidate's training. "
+             f"({held['held_out']:,}, {held['share']:.0%} of the corpus) are left out of every candidate's training. "
              f"Its known bias: {YARDSTICKS[kind].bias}. {agreement(kind)}{ranked}", "",
              "| candidate | " + " | ".join(f"{s} steps" for s in rungs) + " | stopped |",
              "|---|" + "---|" * (len(rungs) + 1)]
@@ -349,7 +350,8 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICKS[kind].metric, out.folder / PICTURE,
                      f"{job.name}: the search's rungs")
     sampled = store.manifest(inputs.sample)["extra"] if inputs.sample else None
-    out.write_text(SECTION, section(job, kind, ladder, decision, float(base.mean()), cost, sampled))
+    held = store.manifest(inputs.yardstick)["extra"]
+    out.write_text(SECTION, section(job, held, ladder, decision, float(base.mean()), cost, sampled))
     log.info("answer: %s. %s", decision.chosen, decision.said)
 
 

@@ -143,3 +143,6 @@ def test_select_recipe_selects_then_trains_every_candidate_and_judges_with_the_l
     assert demo["best"] == max(demo["knn"], key=demo["knn"].get) and demo["low"] <= demo["difference"] <= demo["high"]
     assert demo["search_steps"] == 8 + 24 and demo["exhaustive_steps"] == 48  # one rung of 8 steps, the winner to 24
     assert -1 <= demo["kendall_tau"] <= 1 and out["all_within"] == demo["within"]
+    over_base = demo["over_base"]
+    assert over_base["low"] <= over_base["mean"] <= over_base["high"]
+    assert (demo["chosen"] == "base") == (over_base["mean"] == 0)  # an answer of the base is the base

@@ -28,8 +28,9 @@ def split_of(doc_id: str, seed: int, held_out: float) -> str:
 
 
 def held_out_documents(doc_ids: list[str], cfg: HeldOutShare) -> set[str]:
-    """The documents the yardstick holds out of training (tasks/yardstick.py)."""
-    return {d for d in doc_ids if split_of(d, cfg.seed, cfg.held_out) == HELD_OUT}
+    """The documents the yardstick holds out of training (tasks/yardstick.py), of a corpus of `doc_ids`."""
+    share = cfg.share(len(doc_ids))
+    return {d for d in doc_ids if split_of(d, cfg.seed, share) == HELD_OUT}
 
 
 def held_out_queries(store: ArtifactStore, ref: ArtifactRef) -> pa.Table:

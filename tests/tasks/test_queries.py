@@ -160,7 +160,8 @@ def test_the_yardstick_s_queries_are_written_for_its_held_out_documents_only(tmp
     ok = table[table["status"] == "ok"]
     assert sorted(asked["query_id"]) == sorted(ok["query_id"]) and (asked.set_index("query_id")["doc_id"] ==
                                                                      ok.set_index("query_id")["doc_id"]).all()
-    assert store.manifest(ref)["extra"] == {"kind": "queries", "held_out": len(held), "queries": len(ok)}
+    assert store.manifest(ref)["extra"] == {"kind": "queries", "held_out": len(held), "share": 0.3,
+                                            "queries": len(ok)}
     assert len(ScriptedGenerator.asked) == len(held) - 2  # the second run came from the cache
 
 

@@ -11,6 +11,7 @@ from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import KnnConfig, YardstickConfig
 from tasks.config.training import MethodConfig
+from tasks.config.splits import ENOUGH_HELD_OUT
 from tasks.core.held_out import held_out_documents, held_out_queries
 from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
@@ -49,6 +50,16 @@ def test_the_held_out_documents_are_a_share_drawn_by_document_alone():
     assert held_out_documents(ids, CFG.model_copy(update={"seed": 1})) != held
 
 
+@pytest.mark.parametrize(("documents", "share"), [(400, 0.25), (2_000, 0.25), (4_000, 0.125), (20_000, 0.1)])
+def test_an_auto_share_holds_out_enough_documents_for_a_gain_of_0_03_within_its_bounds(documents, share):
+    auto = CFG.model_copy(update={"held_out": "auto"})
+    assert auto.share(documents) == share
+    ids = [f"doc-{i}" for i in range(documents)]
+    held = held_out_documents(ids, auto)
+    assert held == held_out_documents(ids, CFG.model_copy(update={"held_out": share}))
+    assert abs(len(held) - min(max(ENOUGH_HELD_OUT, 0.1 * documents), 0.25 * documents)) < 4 * documents ** 0.5
+
+
 def test_each_titled_held_out_document_asks_for_itself_by_its_title(corpus):
     store, _, _, docs, ref = corpus
     queries = held_out_queries(store, ref).to_pandas()  # as the in-domain retrieval evaluation reads queries
@@ -57,7 +68,8 @@ def test_each_titled_held_out_document_asks_for_itself_by_its_title(corpus):
     assert set(queries["doc_id"]) == held & set(titled["doc_id"]) and len(queries) >= 2
     assert len(held - set(titled["doc_id"])) > 0  # the untitled held-out ones ask nothing
     assert (queries["query"] == queries["doc_id"].map(dict(zip(docs["doc_id"], docs["title"])))).all()
-    assert store.manifest(ref)["extra"] == {"kind": "titles", "held_out": len(held), "queries": len(queries)}
+    assert store.manifest(ref)["extra"] == {"kind": "titles", "held_out": len(held), "share": 0.2,
+                                            "queries": len(queries)}
 
 
 def test_no_training_view_reads_a_held_out_document(corpus):
@@ -115,7 +127,8 @@ def test_auto_takes_the_labels_where_the_held_out_documents_have_them(corpus):
     known = {label_of[d] for d in set(docs["doc_id"]) - held}
     assert (queries["status"] == queries["query"].map(lambda label: "ok" if label in known else NO_RELEVANT)).all()
     asking = int((queries["status"] == "ok").sum())
-    assert asking >= 2 and store.manifest(ref)["extra"] == {"kind": "labels", "held_out": len(held), "queries": asking}
+    assert asking >= 2 and store.manifest(ref)["extra"] == {"kind": "labels", "held_out": len(held), "share": 0.2,
+                                                          "queries": asking}
     assert len(held_out_queries(store, ref)) == asking  # what the report pairs over
 
 
@@ -197,7 +210,8 @@ def test_auto_takes_the_titles_where_few_documents_carry_a_label(tmp_path, caplo
     assert store.manifest(ref)["extra"]["kind"] == "titles"
     assert f"the titles decide: 3 labelled held-out documents ask, against {len(held)} titles" in caplog.text
     labels = YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=documents))
-    assert store.manifest(labels)["extra"] == {"kind": "labels", "held_out": len(held), "queries": 3}  # when asked
+    assert store.manifest(labels)["extra"] == {"kind": "labels", "held_out": len(held), "share": 0.2,
+                                               "queries": 3}  # when asked
 
 
 def write_qrels(path, rows: list[tuple[str, str, str, int]]) -> str:
@@ -229,7 +243,7 @@ def test_your_queries_ask_only_where_every_relevant_document_is_held_out_and_aut
     relevant = store.read_table(ref, "relevant").to_pandas()
     assert sorted(zip(relevant["query_id"], relevant["doc_id"])) == [("q-both", held[0]), ("q-both", held[1]),
                                                                       ("q-one", held[3])]
-    assert store.manifest(ref)["extra"] == {"kind": "qrels", "held_out": len(held), "queries": 2}
+    assert store.manifest(ref)["extra"] == {"kind": "qrels", "held_out": len(held), "share": 0.2, "queries": 2}
     assert held_out_queries(store, ref)["query_id"].to_pylist() == ["q-both", "q-one"]  # what is embedded and paired
     # The held-out documents are the hash's share whatever the kind: the same pairs serve every kind.
     with_qrels = AUTO.model_copy(update={"qrels": path})
