@@ -10,7 +10,7 @@ or above) and against the untrained model's, the search's training steps against
 35%), Kendall's tau between the yardstick's ranking of the candidates and kNN's, and the search's wall time.
 Usage:
     python benchmarks/select_recipe.py [--corpora demo arxiv medical newsgroups] [--config FILE] [--store DIR]
-                                [--limit N] [--data DIR]
+                                [--limit N] [--data DIR] [--judge all|answer]
                                 [--yardstick titles|labels|qrels] [--set FIELD=VALUE ...]
 Prints a line per corpus, then ONE final line of JSON with every figure.
 """
@@ -85,9 +85,13 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     # them for the search's budget).
     epochs = {r["method"]: store.manifest(ArtifactRef("pairs", r["key"]))["extra"]["epochs"] for r in catalog.query(
         "SELECT label AS method, key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [searched])}
+    chosen = extra["decision"]["chosen"]
+    trained = ladder[["candidate", "recipe", "lr"]].drop_duplicates()
+    if args.judge == "answer":  # the answer alone, beside the untrained model
+        trained = trained[trained["candidate"] == chosen]
     methods = [dict(name=c, recipe=r, train=dict(lr=lr, epochs=epochs[c], max_steps=cfg.select.budget,
                                                    on_unhealthy="warn"))
-               for c, r, lr in ladder[["candidate", "recipe", "lr"]].drop_duplicates().itertuples(index=False)]
+               for c, r, lr in trained.itertuples(index=False)]
     exhaustive_s = embforge("run", args.config, *store_args, *(a for s in sets for a in ("--set", s)),
                             "--set", f"data.path={path}", "--set", f"methods={json.dumps(methods)}",
                             "--set", f"evaluate.knn={json.dumps(KNN)}")
@@ -97,26 +101,28 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRICS[args.yardstick]).items()}
     candidates = [m["name"] for m in methods]
     base = next(label for label in knn if label.startswith("base"))
-    chosen = extra["decision"]["chosen"]
     selected = base if chosen == "base" else chosen
-    best = max(candidates, key=lambda c: sum(knn[c]))
-    d = paired_difference(knn[selected], knn[best])
     over_base = paired_difference(knn[selected], knn[base])  # a trained answer: does it beat its start on the labels?
-    tau = stats.kendalltau([yardstick[c] for c in candidates], [sum(knn[c]) for c in candidates]).statistic
+    best = d = tau = None  # judging the answer alone: no other candidate trained fully to compare it with
+    if args.judge == "all":
+        best = max(candidates, key=lambda c: sum(knn[c]))
+        d = paired_difference(knn[selected], knn[best])
+        tau = stats.kendalltau([yardstick[c] for c in candidates], [sum(knn[c]) for c in candidates]).statistic
     ingest = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'ingest'", [full])[0]["key"]
     row = dict(corpus=name, documents=store.manifest(ArtifactRef("ingest", ingest))["rows"]["documents"],
                chosen=chosen, best=best, selected_knn=sum(knn[selected]) / len(knn[selected]),
-               best_knn=sum(knn[best]) / len(knn[best]), base_knn=sum(knn[base]) / len(knn[base]),
-               difference=d.mean, low=d.low, high=d.high, within=d.high >= 0,
+               best_knn=sum(knn[best]) / len(knn[best]) if best else None, base_knn=sum(knn[base]) / len(knn[base]),
+               difference=d and d.mean, low=d and d.low, high=d and d.high, within=d and d.high >= 0,
                over_base=dict(mean=over_base.mean, low=over_base.low, high=over_base.high),
                kendall_tau=tau, search_steps=extra["cost"]["trained_steps"],
                exhaustive_steps=extra["cost"]["exhaustive_steps"], share=extra["cost"]["share"],
                select_s=round(select_s, 1), exhaustive_s=round(exhaustive_s, 1),
                yardstick={c: yardstick[c] for c in candidates}, knn={c: sum(knn[c]) / len(knn[c]) for c in candidates})
-    print(f"{name}: selected {chosen} (kNN {row['selected_knn']:.3f}), best {best} ({row['best_knn']:.3f}): "
-          f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]; over the base {over_base.mean:+.3f} [{over_base.low:+.3f}, "
-          f"{over_base.high:+.3f}]; {row['share']:.0%} of the exhaustive steps; "
-          f"Kendall's tau {tau:+.2f}; select {select_s / 60:.1f} min", flush=True)
+    against_best = (f"best {best} ({row['best_knn']:.3f}): {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]; Kendall's tau "
+                    f"{tau:+.2f}; " if d else "")
+    print(f"{name}: selected {chosen} (kNN {row['selected_knn']:.3f}), {against_best}over the base "
+          f"{over_base.mean:+.3f} [{over_base.low:+.3f}, {over_base.high:+.3f}]; {row['share']:.0%} of the exhaustive "
+          f"steps; select {select_s / 60:.1f} min", flush=True)
     return row
 
 
@@ -130,12 +136,15 @@ def main() -> None:
     p.add_argument("--yardstick", choices=list(YARDSTICK_METRICS), default="titles",
                    help="what decides (evaluate.yardstick.kind; qrels with --set evaluate.yardstick.qrels=FILE); kNN "
                    "on the labels judges")
+    p.add_argument("--judge", choices=["all", "answer"], default="all",
+                   help="all: train every candidate fully (the exhaustive run); answer: only the selected one, to "
+                   "judge it against the untrained model (best, difference and tau are then null)")
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
         rows = [one_corpus(name, labelled_file(name, args.data, Path(work)), args, Path(work))
                 for name in args.corpora]
-    print(json.dumps(dict(corpora=rows, all_within=all(r["within"] for r in rows),
+    print(json.dumps(dict(corpora=rows, all_within=all(r["within"] for r in rows) if args.judge == "all" else None,
                           max_share=max(r["share"] for r in rows), target_share=TARGET_SHARE,
                           config=str(args.config), yardstick=args.yardstick, sets=args.sets)))
 
