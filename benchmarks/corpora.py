@@ -1,6 +1,7 @@
 """The labelled corpora the benchmarks judge with (the shared data folder; its README gives sources and licences), as
 files embforge reads: a corpus with empty texts (20 Newsgroups has posts that are all quote or header) is written
-without them, once, into `folder`."""
+without them, once, into the folder beside the benchmark's store (the ingest stage keys a file by its path: one place
+keeps every rerun's stages cached)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ LABELLED = {"demo": "configs/data/ohsumed_demo.parquet", "arxiv": "{data}/arxiv2
             "medical": "{data}/medical_abstracts.parquet", "newsgroups": "{data}/newsgroups20.parquet"}
 
 
+def corpora_folder(store: str | Path) -> Path:
+    """Where the corpora files a benchmark writes go: beside its store."""
+    return Path(store).resolve().parent / "yardsticks-corpora"
+
+
 def labelled_file(name: str, data: str | Path, folder: Path) -> Path:
-    """The corpus `name` of LABELLED (`data`: the shared data folder), without its empty texts."""
+    """The corpus `name` of LABELLED (`data`: the shared data folder), without its empty texts (in `folder`)."""
     path = REPO / LABELLED[name].format(data=data)
     docs = pd.read_parquet(path)
     if not (empty := docs["text"].fillna("").str.strip() == "").any():

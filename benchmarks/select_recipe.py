@@ -27,7 +27,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from corpora import LABELLED, REPO, labelled_file
+from corpora import LABELLED, REPO, corpora_folder, labelled_file
 from scipy import stats
 
 from flows.cli.common import overrides
@@ -142,7 +142,7 @@ def main() -> None:
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        rows = [one_corpus(name, labelled_file(name, args.data, Path(work)), args, Path(work))
+        rows = [one_corpus(name, labelled_file(name, args.data, corpora_folder(args.store)), args, Path(work))
                 for name in args.corpora]
     print(json.dumps(dict(corpora=rows, all_within=all(r["within"] for r in rows) if args.judge == "all" else None,
                           max_share=max(r["share"] for r in rows), target_share=TARGET_SHARE,

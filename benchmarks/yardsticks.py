@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from corpora import LABELLED, labelled_file
+from corpora import LABELLED, corpora_folder, labelled_file
 from select_recipe import REPO, embforge, latest, scores
 
 from storage.base import ArtifactRef
@@ -71,7 +71,7 @@ def corpus_file(name: str, args: argparse.Namespace) -> tuple[Path, pd.DataFrame
     """The corpus's file (with `data.limit` taking its first --docs) and, for SciFact, the test claims' qrels. SciFact:
     the first --docs documents and every document a test claim needs, written next to the store; a labelled corpus
     with empty texts (20 Newsgroups has posts that are all quote or header) without them, written there too."""
-    folder = Path(args.store).resolve().parent / "yardsticks-corpora"
+    folder = corpora_folder(args.store)
     if name in LABELLED:
         return labelled_file(name, args.data, folder), None
     corpus = pd.read_parquet(Path(args.data) / "scifact_corpus.parquet")
