@@ -148,7 +148,8 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
     docs = store.read_table(inputs.documents, "documents", columns=["doc_id", "title", "label"])
     ids = held_out_documents(docs["doc_id"].to_pylist(), cfg)
     held = pc.is_in(docs["doc_id"], pa.array(sorted(ids), pa.string()))
-    share = f"of the {len(ids)} held-out documents ({cfg.share(docs.num_rows):.0%} of the corpus)"
+    fraction = cfg.share(docs.num_rows)
+    share = f"of the {len(ids)} held-out documents ({fraction:.0%} of the corpus)"
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
     wants = {cfg.kind} | ({"labels", "titles", "queries"} if cfg.kind == "auto" else set()) | (
@@ -158,7 +159,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
         asking = pc.count_distinct(relevant["query_id"]).as_py()
         found["qrels"] = (queries, asking) if asking >= MIN_QUERIES else (
             f"qrels: {asking} of the {queries.num_rows} queries of {cfg.qrels} have every relevant document among "
-            f"the {len(ids)} held-out documents ({cfg.share(docs.num_rows):.0%} of the corpus); it needs at least {MIN_QUERIES}")
+            f"the {len(ids)} held-out documents ({fraction:.0%} of the corpus); it needs at least {MIN_QUERIES}")
     if "labels" in wants:
         queries, labels = label_queries(docs, held)
         asking = pc.sum(pc.equal(queries["status"], "ok")).as_py() or 0
@@ -202,11 +203,10 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
         kept = queries.filter(pc.equal(queries["status"], "ok"))["query_id"]
         out.write_table("relevant", relevant.filter(pc.is_in(relevant["query_id"], kept)))
     kind = "consensus" if cfg.kind == "consensus" else source
-    out.extra.update(kind=kind, held_out=len(ids), share=cfg.share(docs.num_rows), queries=asking,
+    out.extra.update(kind=kind, held_out=len(ids), share=fraction, queries=asking,
                      **({"source": source} if kind != source else {}))
     log.info("%s yardstick%s: %d documents held out of training (%.0f%% of %d), %d queries ask", kind,
-             f" (by {source})" if kind != source else "", len(ids), 100 * cfg.share(docs.num_rows), docs.num_rows,
-             asking)
+             f" (by {source})" if kind != source else "", len(ids), 100 * fraction, docs.num_rows, asking)
 
 
 def drawn(queries: pa.Table, cfg: YardstickConfig) -> pa.Table:

@@ -55,7 +55,8 @@ YARDSTICKS = {
         bias="the queries are a small LLM's: short, often lifted from the document's own words, so it favours models "
              "that match a document's salient terms; and GPL/InPars candidates train on queries from the same LLM "
              "(for other documents)",
-        prefix="generated_", queried=True, agreement=f"Kendall tau +0.48 (p < 0.05 on 3 of 5, at chance on two) {MEASURED}"),
+        prefix="generated_", queried=True,
+        agreement=f"Kendall tau +0.48 (p < 0.05 on 3 of 5, at chance on two) {MEASURED}"),
     "consensus": Yardstick(
         needs="titles, or the LLM's queries where the corpus has none",
         asks="each held-out query (a title, or an LLM's) ranking the corpus as the other candidates' rankings, fused, "

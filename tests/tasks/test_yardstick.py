@@ -10,8 +10,8 @@ from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import KnnConfig, YardstickConfig
-from tasks.config.training import MethodConfig
 from tasks.config.splits import ENOUGH_HELD_OUT
+from tasks.config.training import MethodConfig
 from tasks.core.held_out import held_out_documents, held_out_queries
 from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
