@@ -138,7 +138,8 @@ def main() -> None:
                    "on the labels judges")
     p.add_argument("--judge", choices=["all", "answer"], default="all",
                    help="all: train every candidate fully (the exhaustive run); answer: only the selected one, to "
-                   "judge it against the untrained model (best, difference and tau are then null)")
+                   "judge it against the untrained model (best, difference and tau are then null; an answer of "
+                   "`base` trains nothing and scores the untrained model alone)")
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as work:

@@ -28,6 +28,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import BASE, InputError, Section
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.select import rung_steps
+from tasks.config.splits import WORTH
 from tasks.config.yardsticks import YARDSTICKS
 from tasks.core.stage import Inputs, Stage
 from tasks.metrics.pool import consensus_ndcg
@@ -147,7 +148,6 @@ def successive_halving(candidates: list[Candidate], total: int, eta: int, score:
 
 
 CEILING = 0.9  # the untrained model's mean yardstick score from which a "base" answer says the yardstick is near top
-WORTH = 0.03  # a yardstick gain worth a trained model: a "base" answer says whether its interval rules one out
 
 
 @dataclass(frozen=True)

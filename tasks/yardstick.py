@@ -149,7 +149,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
     ids = held_out_documents(docs["doc_id"].to_pylist(), cfg)
     held = pc.is_in(docs["doc_id"], pa.array(sorted(ids), pa.string()))
     fraction = cfg.share(docs.num_rows)
-    share = f"of the {len(ids)} held-out documents ({fraction:.0%} of the corpus)"
+    among = f"of the {len(ids)} held-out documents ({fraction:.0%} of the corpus)"
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
     wants = {cfg.kind} | ({"labels", "titles", "queries"} if cfg.kind == "auto" else set()) | (
@@ -164,12 +164,12 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
         queries, labels = label_queries(docs, held)
         asking = pc.sum(pc.equal(queries["status"], "ok")).as_py() or 0
         found["labels"] = (queries, asking) if asking >= MIN_QUERIES and labels >= 2 else (
-            f"labels: {asking} {share} have a label that a document not held out shares, among {labels} labels; it "
+            f"labels: {asking} {among} have a label that a document not held out shares, among {labels} labels; it "
             f"needs at least {MIN_QUERIES} and 2 labels")
     if "titles" in wants:
         queries = title_queries(docs, held)
         found["titles"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (
-            f"titles: {queries.num_rows} {share} have a title; it needs at least {MIN_QUERIES}")
+            f"titles: {queries.num_rows} {among} have a title; it needs at least {MIN_QUERIES}")
     if "queries" in wants and inputs.generated:
         queries = generated_queries(store, inputs.generated, ids)
         found["queries"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (

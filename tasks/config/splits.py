@@ -10,10 +10,11 @@ from pydantic import Field
 
 from tasks.config.base import Section
 
-# `held_out: auto`: enough held-out documents that a paired interval over their queries confirms a true gain of 0.03
-# (select's WORTH) at least four times in five: n = ((1.96 + 0.84) x sd / 0.03)^2 = 502 at the largest per-query
-# spread of the paired differences titles have shown on 2,000 news posts (sd 0.24; 0.15 on 20 Newsgroups); at least
-# 10% of the corpus and at most 25%.
+WORTH = 0.03  # a yardstick gain worth a trained model: select's "base" answer says whether its interval rules one out
+# `held_out: auto`: enough held-out documents that a paired interval over their queries confirms a true gain of WORTH
+# about four times in five: n = ((1.96 + 0.84) x sd / 0.03)^2 = 502 at the largest per-query spread of the paired
+# differences titles have shown (sd 0.24, select's first account on 2,000 news articles; 0.15 on 20 Newsgroups'
+# first 2,000 posts: docs/select.md, its power); between AUTO_SHARES of the corpus.
 ENOUGH_HELD_OUT = 500
 AUTO_SHARES = (0.1, 0.25)
 
@@ -33,7 +34,8 @@ class HeldOutShare(Section):
     held_out: Annotated[float, Field(gt=0, lt=1)] | Literal["auto"] = Field(
         0.1, description="Share of the documents held out of every training view, drawn by a hash of (seed, doc_id): "
         f"the same documents in every run. `auto`: {ENOUGH_HELD_OUT} documents, enough for a paired interval to "
-        "confirm a gain of 0.03, but at least 10% of the corpus and at most 25% (adding documents may then lower it).")
+        f"confirm a gain of {WORTH}, but at least {AUTO_SHARES[0]:.0%} of the corpus and at most {AUTO_SHARES[1]:.0%} "
+        "(adding documents may then lower it).")
     seed: int = 0
 
     def share(self, documents: int) -> float:

@@ -26,7 +26,7 @@ class Yardstick:
 
 # Where the agreements below come from: five small corpora (docs/select.md#the-yardsticks-against-labels)
 MEASURED = ("against the labels (kNN accuracy; on SciFact its test claims' nDCG@10), median of the demo's OHSUMED, "
-            "arXiv, medical abstracts, 20 Newsgroups and SciFact (400 documents, 13 candidates each; "
+            "arXiv, medical abstracts, 20 Newsgroups and SciFact (400 documents, SciFact 659; 13 candidates each; "
             "benchmarks/yardsticks.py, 2026-11-29)")
 YARDSTICKS = {
     "qrels": Yardstick(

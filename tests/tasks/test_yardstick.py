@@ -10,7 +10,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import KnnConfig, YardstickConfig
-from tasks.config.splits import ENOUGH_HELD_OUT
+from tasks.config.splits import AUTO_SHARES, ENOUGH_HELD_OUT
 from tasks.config.training import MethodConfig
 from tasks.core.held_out import held_out_documents, held_out_queries
 from tasks.core.stage import NoInputs
@@ -57,7 +57,8 @@ def test_an_auto_share_holds_out_enough_documents_for_a_gain_of_0_03_within_its_
     ids = [f"doc-{i}" for i in range(documents)]
     held = held_out_documents(ids, auto)
     assert held == held_out_documents(ids, CFG.model_copy(update={"held_out": share}))
-    assert abs(len(held) - min(max(ENOUGH_HELD_OUT, 0.1 * documents), 0.25 * documents)) < 4 * documents ** 0.5
+    low, high = AUTO_SHARES
+    assert abs(len(held) - min(max(ENOUGH_HELD_OUT, low * documents), high * documents)) < 4 * documents ** 0.5
 
 
 def test_each_titled_held_out_document_asks_for_itself_by_its_title(corpus):
