@@ -286,11 +286,11 @@ def decision_of(manifest: dict) -> Decision:
     return Decision(kept["chosen"], kept["said"], runner_up=kept["runner_up"], **differences)
 
 
-def section(job: SelectJob, held: dict, ladder: Ladder, decision: Decision, base_score: float, cost: dict,
+def section(job: SelectJob, yardstick: dict, ladder: Ladder, decision: Decision, base_score: float, cost: dict,
             sampled: dict | None = None) -> str:
-    """The report section: the answer, the ladder, the compute, what the yardstick (`held`: its manifest's extra) is
-    and its bias (and the sample it ranked among, if any: the sample stage's manifest extra)."""
-    kind = held["kind"]
+    """The report section: the answer, the ladder, the compute, what the yardstick (its artifact's manifest) is and
+    its bias (and the sample it ranked among, if any: the sample stage's manifest extra)."""
+    kind, held = yardstick_kind(yardstick), yardstick["extra"]
     rows = pd.DataFrame(ladder.rows())
     rungs = sorted(rows["steps"].unique())
     ranked = (f" It ranked among {sampled['documents']:,} of the {sampled['of']:,} documents: the "
@@ -322,7 +322,8 @@ def section(job: SelectJob, held: dict, ladder: Ladder, decision: Decision, base
 def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     ladder = Ladder.from_rows(job.ladder, job.total, job.eta)
-    kind = yardstick_kind(store.manifest(inputs.yardstick))
+    yardstick = store.manifest(inputs.yardstick)
+    kind = yardstick_kind(yardstick)
     base = yardstick_scores(store, inputs.base)
     if kind == "consensus":  # judged by the pool the search judged them in (flows/select.py: rung_pool)
         pools = {steps: consensus_scores(store, rung_pool(ladder, steps, inputs.base, inputs.scored))
@@ -350,8 +351,7 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICKS[kind].metric, out.folder / PICTURE,
                      f"{job.name}: the search's rungs")
     sampled = store.manifest(inputs.sample)["extra"] if inputs.sample else None
-    held = store.manifest(inputs.yardstick)["extra"]
-    out.write_text(SECTION, section(job, held, ladder, decision, float(base.mean()), cost, sampled))
+    out.write_text(SECTION, section(job, yardstick, ladder, decision, float(base.mean()), cost, sampled))
     log.info("answer: %s. %s", decision.chosen, decision.said)
 
 
