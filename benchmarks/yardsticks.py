@@ -17,11 +17,16 @@ Truth: kNN accuracy (knn_accuracy_splits, the mean over 10 splits) on labelled c
 nDCG@10 over the corpus (every judged document relevant), each claim encoded by the model, the corpus from the cache.
 Per corpus and yardstick: Kendall's tau-b of the yardstick's scores against the truth over the candidates, and a
 one-sided permutation p-value (H1: tau > 0): p = (1 + #{permutations of the yardstick's scores with tau >= observed})
-/ (1 + --perms). A rerun recomputes nothing but the pool scores and the SciFact claims.
+/ (1 + --perms). A rerun recomputes nothing but the pool scores and the SciFact claims; --from-store reads the
+store's last runs of each corpus instead of running (the figures of a store made earlier, whatever code made it).
+Split halves (`halves`): how well the truth and the titles and LLM queries each agree with themselves, the mean tau
+between two random halves of their units (kNN's splits, SciFact's claims, the yardstick's queries), and each
+yardstick's half against the truth's: where a yardstick's halves agree well and it still disagrees with the truth at
+the same size, it is measuring something else, which more queries will not mend.
 Usage:
     python benchmarks/yardsticks.py [--corpora demo arxiv medical newsgroups scifact] [--docs 2000] [--data DIR]
         [--recipes crops dropout tsdae] [--lrs 2e-5 1e-4] [--budgets 40 120] [--queries 300] [--perms 10000]
-        [--store DIR] [--config FILE] [--set FIELD=VALUE ...]
+        [--store DIR] [--from-store] [--config FILE] [--set FIELD=VALUE ...]
 Prints a table per corpus and a summary (median tau over corpora, corpora with p < 0.05), then ONE final line of JSON
 with every figure (each candidate's truth and yardstick scores too).
 """
@@ -36,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from corpora import LABELLED, corpora_folder, labelled_file
+from scipy import stats
 from select_recipe import REPO, embforge, latest, scores
 
 from storage.base import ArtifactRef
@@ -47,6 +53,7 @@ from tasks.core.held_out import held_out_queries
 from tasks.encoders.encode import encoder_at
 from tasks.encoders.models import model_path
 from tasks.metrics import pool, retrieval
+from tasks.select import yardstick_scores
 
 CORPORA = [*LABELLED, "scifact"]
 YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "information", "effective_rank"]
@@ -65,6 +72,19 @@ def permutation_tau(truth: np.ndarray, score: np.ndarray, perms: int, seed: int 
     denominator = np.sqrt(np.count_nonzero(sx) * np.count_nonzero(sy, axis=1).astype(float))
     taus = np.divide(sy @ sx, denominator, out=np.zeros(len(ys)), where=denominator > 0)
     return float(taus[0]), float((1 + np.sum(taus[1:] >= taus[0] - 1e-12)) / (1 + perms))
+
+
+def split_half_tau(a: np.ndarray, b: np.ndarray | None = None, rounds: int = 500, seed: int = 0) -> float:
+    """The mean Kendall tau-b, over `rounds` random halvings of the units (columns: a measure's splits or queries;
+    rows: the models), between the models' means over half of `a`'s units and over the other half (`b` None: how
+    well the measure agrees with itself), or over half of `b`'s (how well two measures agree at that size)."""
+    rng = np.random.default_rng(seed)
+    taus = []
+    for _ in range(rounds):
+        first, second = np.array_split(rng.permutation(a.shape[1]), 2)
+        other = b[:, np.array_split(rng.permutation(b.shape[1]), 2)[0]] if b is not None else a[:, second]
+        taus.append(stats.kendalltau(a[:, first].mean(axis=1), other.mean(axis=1)).statistic)
+    return float(np.nanmean(taus))
 
 
 def corpus_file(name: str, args: argparse.Namespace) -> tuple[Path, pd.DataFrame | None]:
@@ -104,8 +124,19 @@ def run(name: str, path: Path, kind: str, args: argparse.Namespace, labelled: bo
             f"evaluate.knn={json.dumps(KNN if labelled and kind == 'titles' else None)}", *args.sets]
     if name in LABELLED:
         sets.append(f"data.limit={args.docs}")
+    if args.from_store:
+        return stored_run(Catalog(ArtifactStore(args.store)), f"yardsticks-{name}", kind), 0.0
     seconds = embforge("run", args.config, "--store", args.store, *(a for s in sets for a in ("--set", s)))
     return latest(Catalog(ArtifactStore(args.store)), "pipeline"), seconds
+
+
+def stored_run(catalog: Catalog, name: str, kind: str) -> str:
+    """The last completed run `name` with the `kind` yardstick in the store (--from-store)."""
+    for r in catalog.query("SELECT run_id, config FROM runs WHERE name = ? AND status = 'completed' "
+                           "ORDER BY started_at DESC", [name]):
+        if json.loads(r["config"])["evaluate"]["yardstick"]["kind"] == kind:
+            return r["run_id"]
+    raise SystemExit(f"--from-store: no completed run {name} with the {kind} yardstick in the store")
 
 
 def pooled(store: ArtifactStore, catalog: Catalog, run_id: str) -> dict[str, dict]:
@@ -130,8 +161,8 @@ def consensus(models: dict[str, dict], labels: list[str], doc_ids: list[str]) ->
     return pool.consensus_ndcg(rankings, len(doc_ids), own=own).mean(axis=1)
 
 
-def claims_ndcg(store: ArtifactStore, model: dict, qrels: pd.DataFrame, doc_ids: list[str]) -> float:
-    """Mean nDCG@10 of the SciFact test claims over the corpus: each claim encoded by the model, the corpus cached."""
+def claims_ndcg(store: ArtifactStore, model: dict, qrels: pd.DataFrame, doc_ids: list[str]) -> np.ndarray:
+    """Each SciFact test claim's nDCG@10 over the corpus: each claim encoded by the model, the corpus cached."""
     manifest = model["manifest"]
     source = manifest["config"].get("model")
     if not source:  # a trained model: the train (or merge, init) artifact the evaluate stage read
@@ -144,7 +175,7 @@ def claims_ndcg(store: ArtifactStore, model: dict, qrels: pd.DataFrame, doc_ids:
     doc_row = pd.Series(np.arange(len(doc_ids)), index=doc_ids)
     _, ndcg = retrieval.qrels_ranks(vectors, model["docs"], query_row[qrels["query_id"]].to_numpy(),
                                     doc_row[qrels["doc_id"]].to_numpy())
-    return float(np.mean(ndcg))
+    return np.asarray(ndcg, dtype=float)
 
 
 def one_corpus(name: str, args: argparse.Namespace) -> dict:
@@ -161,9 +192,13 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     assert sorted(by_queries) == labels, (labels, sorted(by_queries))
     documents = store.read_table(ArtifactRef("ingest", by_titles[labels[0]]["manifest"]["input_roles"]["documents"]),
                                  "documents", columns=["doc_id"])["doc_id"].to_pylist()
-    for m in labels:  # the same documents' vectors in both runs: one cache
-        assert by_titles[m]["manifest"]["input_roles"]["embeddings"] == \
-            by_queries[m]["manifest"]["input_roles"]["embeddings"], m
+    apart = [m for m in labels if by_titles[m]["manifest"]["input_roles"]["embeddings"] !=
+             by_queries[m]["manifest"]["input_roles"]["embeddings"]]
+    # the same documents' vectors in both runs, one cache; stored runs that other code made may differ (each run's
+    # scores are then its own vectors')
+    assert args.from_store or not apart, apart
+    if apart:
+        print(f"{name}: the two stored runs embedded the documents apart for {len(apart)} of {len(labels)} models")
     held = pd.Series(np.arange(len(documents)), index=documents)[by_titles[labels[0]]["held"]["doc_id"].unique()]
     ndcg = {kind: {m: v[0] for m, v in scores(catalog, run_id, YARDSTICKS[kind].metric).items()}
             for kind, run_id in (("titles", titled), ("queries", asked))}
@@ -173,10 +208,15 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
                  consensus_queries=consensus(by_queries, labels, documents).tolist(),
                  information=pool.information([by_titles[m]["docs"][held] for m in labels]).tolist(),
                  effective_rank=[pool.effective_rank(by_titles[m]["docs"][held]) for m in labels])
-    if labelled:
-        truth = [float(np.mean(scores(catalog, titled, "knn_accuracy_splits")[m])) for m in labels]
-    else:
-        truth = [claims_ndcg(store, by_titles[m], qrels, documents) for m in labels]
+    if labelled:  # (models, kNN's splits)
+        units = np.array([scores(catalog, titled, "knn_accuracy_split")[m] for m in labels])
+    else:  # (models, SciFact's test claims)
+        units = np.array([claims_ndcg(store, by_titles[m], qrels, documents) for m in labels])
+    truth = units.mean(axis=1).tolist()
+    asked = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"])).to_numpy()
+                             for m in labels]) for kind, models in (("titles", by_titles), ("queries", by_queries))}
+    halves = dict(truth=split_half_tau(units), **{kind: split_half_tau(q) for kind, q in asked.items()},
+                  **{f"{kind}_truth": split_half_tau(q, units) for kind, q in asked.items()})
     pool_s = time.perf_counter() - start
     results = {y: dict(zip(("tau", "p"), permutation_tau(np.array(truth), np.array(table[y]), args.perms)))
                for y in YARDSTICK_NAMES}
@@ -186,6 +226,8 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     print(f"  {'yardstick':<18} {'tau':>6} {'p':>7}")
     for y in YARDSTICK_NAMES:
         print(f"  {y:<18} {results[y]['tau']:>+6.2f} {results[y]['p']:>7.4f}")
+    print(f"  split halves: the truth's agree at {halves['truth']:+.2f}; " + "; ".join(
+        f"the {kind}' at {halves[kind]:+.2f}, with the truth's at {halves[kind + '_truth']:+.2f}" for kind in asked))
     print(f"  {'model':<22} {'truth':>6} " + " ".join(f"{y[:10]:>10}" for y in YARDSTICK_NAMES))
     for i, m in enumerate(labels):
         print(f"  {m:<22} {truth[i]:>6.3f} " + " ".join(f"{table[y][i]:>10.4f}" for y in YARDSTICK_NAMES))
@@ -194,7 +236,7 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
                 titles_asked=len(by_titles[labels[0]]["held"]), queries_asked=len(by_queries[labels[0]]["held"]),
                 truth_kind="knn_accuracy_splits" if labelled else "scifact_test_ndcg_at_10",
                 models=labels, truth=dict(zip(labels, truth)), scores={y: dict(zip(labels, table[y])) for y in table},
-                tau={y: r["tau"] for y, r in results.items()}, p={y: r["p"] for y, r in results.items()},
+                tau={y: r["tau"] for y, r in results.items()}, p={y: r["p"] for y, r in results.items()}, halves=halves,
                 titles_run_s=round(titles_s, 1), queries_run_s=round(queries_s, 1), pool_s=round(pool_s, 1))
 
 
@@ -210,6 +252,8 @@ def main() -> None:
     p.add_argument("--perms", type=int, default=10_000)
     p.add_argument("--config", default=str(REPO / "configs" / "select.yaml"))
     p.add_argument("--store", default=str(REPO.parent / "embforge-store"))
+    p.add_argument("--from-store", action="store_true", help="read the store's last completed runs of each corpus "
+                   "(named yardsticks-CORPUS) instead of running them")
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args()
     start = time.perf_counter()
