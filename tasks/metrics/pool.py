@@ -26,14 +26,18 @@ DEPTH = 100  # each model's ranking is fused down to this depth
 JUDGED = 10  # the leave-one-out fusion's top documents are the pseudo-relevant ones
 
 
-def top_documents(queries: np.ndarray, docs: np.ndarray, depth: int = DEPTH) -> np.ndarray:
-    """(queries, depth) row numbers of each query's best documents by cosine, best first."""
+def top_documents(queries: np.ndarray, docs: np.ndarray, depth: int = DEPTH, own: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """(queries, depth) row numbers of each query's best documents by cosine, best first; `own`, (queries,) row
+    numbers: a query that is itself a document of `docs` (asking for its neighbours) never finds itself."""
     q, d = unit_rows(queries, np.float32), unit_rows(docs, np.float32)
-    depth = min(depth, len(d))
+    depth = min(depth, len(d) - (own is not None))
     top = np.empty((len(q), depth), dtype=np.int64)
     step = block_rows(len(d), 4)
     for start in range(0, len(q), step):
         scores = cosines(q[start : start + step], d)  # (block, docs)
+        if own is not None:
+            scores[np.arange(len(scores)), own[start : start + step]] = -np.inf
         part = np.argpartition(-scores, depth - 1, axis=1)[:, :depth]  # (block, depth), unordered
         order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
         top[start : start + step] = np.take_along_axis(part, order, axis=1)

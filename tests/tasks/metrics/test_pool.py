@@ -14,6 +14,19 @@ def test_top_documents_are_the_best_by_cosine_best_first():
     assert (pool.top_documents(q, d, depth=4) == expected).all()
 
 
+def test_a_document_asking_for_its_neighbours_never_finds_itself():
+    rng = np.random.default_rng(2)
+    d = rng.normal(size=(30, 5))
+    own = np.array([3, 17, 29])
+    top = pool.top_documents(d[own], d, depth=29, own=own)  # every other document, best first
+    assert top.shape == (3, 29) and not (top == own[:, None]).any()
+    assert (pool.top_documents(d[own], d, depth=1) == own[:, None]).all()  # without `own`, itself first
+    unit = d / np.linalg.norm(d, axis=1, keepdims=True)
+    cos = unit[own] @ unit.T
+    cos[np.arange(3), own] = -np.inf
+    assert (top[:, :5] == np.argsort(-cos, axis=1, kind="stable")[:, :5]).all()
+
+
 def test_a_model_is_judged_only_by_the_others():
     """Leave-one-out: a model's score is nDCG against the fusion of the other models; changing its own ranking
     changes what it gets, never what it is judged by."""
