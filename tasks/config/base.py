@@ -28,6 +28,9 @@ class OutsideFault(RuntimeError):
 
 # Errors that fail the same way every time: never retried, and said to the user in one line (exit 2).
 INPUT_ERRORS = (InputError, ConfigError, DamagedArtifactError, StoreUnusable)
+# model_dump's context when a config keys a stage (tasks/core/stage.py): a field whose bytes the stage keys by
+# otherwise (a local corpus, by the ingest stage's digest) can leave out what does not change them.
+IDENTITY = {"identity": True}
 
 
 class Section(BaseModel):

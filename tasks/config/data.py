@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializationInfo, field_serializer, model_validator
 
-from tasks.config.base import Section
+from tasks.config.base import IDENTITY, Section
 
 # The embedded default's data, shipped in the repository: the demo corpus and STS-B (configs/data/README.md).
 DEMO_DATA = Path(__file__).resolve().parents[2] / "configs" / "data"
@@ -56,6 +56,14 @@ class DataConfig(Section):
     @property
     def display_name(self) -> str:
         return self.name or Path(self.path or self.hf_dataset or "data").stem
+
+    @field_serializer("path")
+    def _path(self, path: str | None, info: SerializationInfo) -> str | None:
+        # A local corpus keys the ingest stage by its bytes (tasks/ingest.py's digest), so its folder is not part of
+        # the key: a file moved or copied elsewhere is still cached. Its name is (the reports name the corpus by it).
+        if path is not None and info.context == IDENTITY and Path(path).exists():
+            return Path(path).name
+        return path
 
 
 class SentenceConfig(Section):

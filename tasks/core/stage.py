@@ -25,7 +25,7 @@ from storage import leases
 from storage.base import ArtifactRef, StoreUnusable, disk_fault, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from storage.stores import store_at
-from tasks.config.base import INPUT_ERRORS
+from tasks.config.base import IDENTITY, INPUT_ERRORS
 from tasks.config.run import RetryConfig
 from tasks.core import identity
 from tasks.core.parallel import GLOBAL_RNG
@@ -123,7 +123,8 @@ class Stage:
 
     def ref(self, config: BaseModel, inputs: Inputs) -> ArtifactRef:
         extra = self.extra_key(config) if self.extra_key else None
-        key = stable_hash(self.name, config.model_dump(mode="json"), inputs.key_by_role(), extra, self.code_version)
+        key = stable_hash(self.name, config.model_dump(mode="json", context=IDENTITY), inputs.key_by_role(), extra,
+                          self.code_version)
         return ArtifactRef(self.name, key)
 
     def version_changes(self, store: ArtifactStore, ref: ArtifactRef) -> dict[str, list[str | None]]:

@@ -53,6 +53,26 @@ def test_folder_of_files_and_column_mapping(tmp_path, load_documents):
     assert docs["doc_id"].tolist() == ["a", "b", "c"]
 
 
+def test_a_corpus_is_keyed_by_its_bytes_and_name_not_by_its_folder(tmp_path):
+    """The same file moved or copied to another folder is the same ingest artifact, served from the store; other
+    bytes, or another name (the one reports give the corpus), make another."""
+    store = ArtifactStore(tmp_path / "store")
+    here, there = tmp_path / "a" / "docs.csv", tmp_path / "b" / "docs.csv"
+    for path in (here, there):
+        path.parent.mkdir()
+        pd.DataFrame(ROWS).to_csv(path, index=False)
+    built = INGEST.run(store, cfg(here), NoInputs())
+    made = store.manifest(built)["created_at"]
+    assert INGEST.run(store, cfg(there), NoInputs()) == built
+    assert store.manifest(built)["created_at"] == made  # not built again
+    assert store.manifest(built)["config"]["path"] == str(here)  # the manifest says which file it read
+    renamed = tmp_path / "b" / "other.csv"
+    renamed.write_bytes(here.read_bytes())
+    assert INGEST.ref(cfg(renamed), NoInputs()) != built
+    pd.DataFrame(ROWS[:2]).to_csv(there, index=False)
+    assert INGEST.ref(cfg(there), NoInputs()) != built
+
+
 def test_missing_file(tmp_path, load_documents):
     with pytest.raises(InputError, match="data.path: .*nope.parquet does not exist"):
         load_documents(cfg(tmp_path / "nope.parquet"))
