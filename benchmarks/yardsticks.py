@@ -55,6 +55,7 @@ from tasks.core.held_out import held_out_queries
 from tasks.encoders.encode import encoder_at
 from tasks.encoders.models import model_path
 from tasks.metrics import pool, retrieval
+from tasks.reporting.tables import PER_SPLIT
 from tasks.select import yardstick_scores
 
 CORPORA = [*LABELLED, "scifact"]
@@ -121,25 +122,26 @@ def candidates(args: argparse.Namespace) -> list[dict]:
 
 def run(name: str, path: Path, kind: str, args: argparse.Namespace, labelled: bool) -> tuple[str, float]:
     """`embforge run` of every candidate with the `kind` yardstick: (its run id, wall seconds)."""
+    if args.from_store:
+        return stored_run(Catalog(ArtifactStore(args.store)), name, kind, args.docs), 0.0
     yardstick = dict(kind=kind, **HELD_OUT, max_queries=args.queries if kind == "queries" else 1000)
     sets = [f"name=yardsticks-{name}", f"data.path={path}", f"data.name={name}-{args.docs}",
             f"methods={json.dumps(candidates(args))}", f"evaluate.yardstick={json.dumps(yardstick)}",
             f"evaluate.knn={json.dumps(KNN if labelled and kind == 'titles' else None)}", *args.sets]
     if name in LABELLED:
         sets.append(f"data.limit={args.docs}")
-    if args.from_store:
-        return stored_run(Catalog(ArtifactStore(args.store)), f"yardsticks-{name}", kind), 0.0
     seconds = embforge("run", args.config, "--store", args.store, *(a for s in sets for a in ("--set", s)))
     return latest(Catalog(ArtifactStore(args.store)), "pipeline"), seconds
 
 
-def stored_run(catalog: Catalog, name: str, kind: str) -> str:
-    """The last completed run `name` with the `kind` yardstick in the store (--from-store)."""
-    for r in catalog.query("SELECT run_id, config FROM runs WHERE name = ? AND status = 'completed' "
-                           "ORDER BY started_at DESC", [name]):
-        if json.loads(r["config"])["evaluate"]["yardstick"]["kind"] == kind:
+def stored_run(catalog: Catalog, name: str, kind: str, docs: int) -> str:
+    """The store's last completed run of corpus `name` at `docs` documents with the `kind` yardstick (--from-store)."""
+    for r in catalog.query("SELECT run_id, config FROM runs WHERE name = ? AND flow = 'pipeline' AND "
+                           "status = 'completed' ORDER BY started_at DESC", [f"yardsticks-{name}"]):
+        config = json.loads(r["config"])
+        if config["evaluate"]["yardstick"]["kind"] == kind and config["data"]["name"] == f"{name}-{docs}":
             return r["run_id"]
-    raise SystemExit(f"--from-store: no completed run {name} with the {kind} yardstick in the store")
+    raise SystemExit(f"--from-store: no completed run of {name} at {docs} documents with the {kind} yardstick")
 
 
 def pooled(store: ArtifactStore, catalog: Catalog, run_id: str) -> dict[str, dict]:
@@ -220,7 +222,7 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
                  information=pool.information([by_titles[m]["docs"][held] for m in labels]).tolist(),
                  effective_rank=[pool.effective_rank(by_titles[m]["docs"][held]) for m in labels])
     if labelled:  # (models, kNN's splits)
-        units = np.array([scores(catalog, titled, "knn_accuracy_split")[m] for m in labels])
+        units = np.array([scores(catalog, titled, PER_SPLIT)[m] for m in labels])
     else:  # (models, SciFact's test claims)
         units = np.array([claims_ndcg(store, by_titles[m], qrels, documents) for m in labels])
     truth = units.mean(axis=1).tolist()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, SerializationInfo
 
 from storage.base import DamagedArtifactError, StoreUnusable
 
@@ -30,7 +30,13 @@ class OutsideFault(RuntimeError):
 INPUT_ERRORS = (InputError, ConfigError, DamagedArtifactError, StoreUnusable)
 # model_dump's context when a config keys a stage (tasks/core/stage.py): a field whose bytes the stage keys by
 # otherwise (a local corpus, by the ingest stage's digest) can leave out what does not change them.
-IDENTITY = {"identity": True}
+KEYING = "identity"
+IDENTITY = {KEYING: True}
+
+
+def keying(info: SerializationInfo) -> bool:
+    """Whether a serializer is dumping a config for a stage's key (IDENTITY in its context)."""
+    return bool((info.context or {}).get(KEYING))
 
 
 class Section(BaseModel):

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SerializationInfo, field_serializer, model_validator
 
-from tasks.config.base import IDENTITY, Section
+from tasks.config.base import Section, keying
 
 # The embedded default's data, shipped in the repository: the demo corpus and STS-B (configs/data/README.md).
 DEMO_DATA = Path(__file__).resolve().parents[2] / "configs" / "data"
@@ -57,11 +57,11 @@ class DataConfig(Section):
     def display_name(self) -> str:
         return self.name or Path(self.path or self.hf_dataset or "data").stem
 
-    @field_serializer("path")
+    @field_serializer("path", "hf_dataset")
     def _path(self, path: str | None, info: SerializationInfo) -> str | None:
         # A local corpus keys the ingest stage by its bytes (tasks/ingest.py's digest), so its folder is not part of
         # the key: a file moved or copied elsewhere is still cached. Its name is (the reports name the corpus by it).
-        if path is not None and info.context == IDENTITY and Path(path).exists():
+        if path is not None and keying(info) and Path(path).exists():
             return Path(path).name
         return path
 
