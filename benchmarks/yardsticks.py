@@ -50,7 +50,6 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks import embed
-from tasks.config.yardsticks import YARDSTICKS
 from tasks.core.held_out import held_out_queries
 from tasks.encoders.encode import encoder_at
 from tasks.encoders.models import model_path
@@ -212,10 +211,12 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     if apart:
         print(f"{name}: the two stored runs embedded the documents apart for {len(apart)} of {len(labels)} models")
     held = pd.Series(np.arange(len(documents)), index=documents)[by_titles[labels[0]]["held"]["doc_id"].unique()]
-    ndcg = {kind: {m: v[0] for m, v in scores(catalog, run_id, YARDSTICKS[kind].metric).items()}
-            for kind, run_id in (("titles", titled), ("queries", asked))}
     start = time.perf_counter()
-    table = dict(titles=[ndcg["titles"][m] for m in labels], queries=[ndcg["queries"][m] for m in labels],
+    # (models, queries): each held-out query's nDCG@10; their means are the evaluate stage's title_/generated_ndcg_at_10
+    per_query = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
+                                 .to_numpy() for m in labels])
+                 for kind, models in (("titles", by_titles), ("queries", by_queries))}
+    table = dict(titles=per_query["titles"].mean(axis=1).tolist(), queries=per_query["queries"].mean(axis=1).tolist(),
                  consensus_titles=consensus(by_titles, labels, documents).tolist(),
                  consensus_queries=consensus(by_queries, labels, documents).tolist(),
                  consensus_documents=neighbours(by_titles, labels, held.to_numpy()).tolist(),
@@ -226,10 +227,8 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     else:  # (models, SciFact's test claims)
         units = np.array([claims_ndcg(store, by_titles[m], qrels, documents) for m in labels])
     truth = units.mean(axis=1).tolist()
-    asked = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"])).to_numpy()
-                             for m in labels]) for kind, models in (("titles", by_titles), ("queries", by_queries))}
-    halves = dict(truth=split_half_tau(units), **{kind: split_half_tau(q) for kind, q in asked.items()},
-                  **{f"{kind}_truth": split_half_tau(q, units) for kind, q in asked.items()})
+    halves = dict(truth=split_half_tau(units), **{kind: split_half_tau(q) for kind, q in per_query.items()},
+                  **{f"{kind}_truth": split_half_tau(q, units) for kind, q in per_query.items()})
     pool_s = time.perf_counter() - start
     results = {y: dict(zip(("tau", "p"), permutation_tau(np.array(truth), np.array(table[y]), args.perms)))
                for y in YARDSTICK_NAMES}
@@ -240,7 +239,8 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     for y in YARDSTICK_NAMES:
         print(f"  {y:<18} {results[y]['tau']:>+6.2f} {results[y]['p']:>7.4f}")
     print(f"  split halves: the truth's agree at {halves['truth']:+.2f}; " + "; ".join(
-        f"the {kind}' at {halves[kind]:+.2f}, with the truth's at {halves[kind + '_truth']:+.2f}" for kind in asked))
+        f"the {kind}' at {halves[kind]:+.2f}, with the truth's at {halves[kind + '_truth']:+.2f}"
+        for kind in per_query))
     print(f"  {'model':<22} {'truth':>6} " + " ".join(f"{y[:10]:>10}" for y in YARDSTICK_NAMES))
     for i, m in enumerate(labels):
         print(f"  {m:<22} {truth[i]:>6.3f} " + " ".join(f"{table[y][i]:>10.4f}" for y in YARDSTICK_NAMES))

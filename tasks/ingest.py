@@ -256,8 +256,7 @@ def first_duplicate(ids: Path, sources: list[str], spill: Path) -> str | None:
 def _data_digest(cfg: DataConfig) -> str | None:
     # Local files are keyed by content, so editing the corpus in place invalidates the cache;
     # a Hub dataset is keyed by its name.
-    local = cfg.path or cfg.hf_dataset
-    return file_digest(local) if Path(local).exists() else None
+    return file_digest(cfg.local) if cfg.local else None
 
 
 NUMBER = r"^\s*[-+]?[0-9]+([.,][0-9]+)?\s*$"

@@ -57,11 +57,18 @@ class DataConfig(Section):
     def display_name(self) -> str:
         return self.name or Path(self.path or self.hf_dataset or "data").stem
 
+    @property
+    def local(self) -> Path | None:
+        """The corpus's file or folder on this machine (None: a Hub dataset, by its name): the ingest stage keys it
+        by its bytes."""
+        source = Path(self.path or self.hf_dataset)
+        return source if source.exists() else None
+
     @field_serializer("path", "hf_dataset")
     def _path(self, path: str | None, info: SerializationInfo) -> str | None:
         # A local corpus keys the ingest stage by its bytes (tasks/ingest.py's digest), so its folder is not part of
         # the key: a file moved or copied elsewhere is still cached. Its name is (the reports name the corpus by it).
-        if path is not None and keying(info) and Path(path).exists():
+        if path is not None and keying(info) and self.local is not None:
             return Path(path).name
         return path
 
