@@ -11,7 +11,7 @@ or above) and against the untrained model's, the search's training steps against
 Usage:
     python benchmarks/select_recipe.py [--corpora demo arxiv medical newsgroups] [--config FILE] [--store DIR]
                                 [--limit N] [--data DIR] [--judge all|answer]
-                                [--yardstick titles|labels|qrels] [--set FIELD=VALUE ...]
+                                [--yardstick titles|labels|qrels|neighbours|...] [--set FIELD=VALUE ...]
 Prints a line per corpus, then ONE final line of JSON with every figure.
 """
 from __future__ import annotations
@@ -36,8 +36,10 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.evaluation import YARDSTICK_METRICS
 from tasks.config.loading import load_config
+from tasks.config.yardsticks import YARDSTICKS
 from tasks.metrics.significance import paired_difference
 from tasks.reporting.tables import PER_SPLIT
+from tasks.select import consensus_scores
 
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
 TARGET_SHARE = 0.35
@@ -98,7 +100,12 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     catalog = Catalog(store)  # the runs since
     full = latest(catalog, "pipeline")
     knn = scores(catalog, full, PER_SPLIT)
-    yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRICS[args.yardstick]).items()}
+    if YARDSTICKS[args.yardstick].pooled:  # the fully trained candidates and the untrained model judge each other
+        pool = {r["label"]: ArtifactRef("evaluate", r["key"]) for r in catalog.query(
+            "SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'evaluate'", [full])}
+        yardstick = {label: float(v.mean()) for label, v in consensus_scores(store, pool).items()}
+    else:
+        yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRICS[args.yardstick]).items()}
     candidates = [m["name"] for m in methods]
     base = next(label for label in knn if label.startswith("base"))
     selected = base if chosen == "base" else chosen

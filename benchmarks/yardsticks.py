@@ -11,8 +11,8 @@ SmolLM2, at most --queries queries). Each candidate's score on each yardstick:
                             (title_ndcg_at_10, generated_ndcg_at_10 of the evaluate stage)
     consensus_titles,       tasks/metrics/pool.py's consensus_ndcg: each model's top documents for the same queries
     consensus_queries       over the corpus (from the embeddings cache), judged by the others' fusion; pool = all
-    consensus_documents     the same with each held-out document asking, by its own vector, for its nearest others
-                            (no titles, no LLM: the grouping kNN measures, asked without labels)
+    neighbours              the same with each held-out document asking, by its own vector, for its nearest others
+                            (no titles, no LLM: the grouping kNN measures, asked without labels; select's kind too)
     information             pool.information of the held-out documents' embeddings (pool = all)
     effective_rank          pool.effective_rank of them (a baseline)
 Truth: kNN accuracy (knn_accuracy_splits, the mean over 10 splits) on labelled corpora; on SciFact the test claims'
@@ -58,7 +58,7 @@ from tasks.reporting.tables import PER_SPLIT
 from tasks.select import yardstick_scores
 
 CORPORA = [*LABELLED, "scifact"]
-YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "consensus_documents", "information",
+YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "neighbours", "information",
                    "effective_rank"]
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
 HELD_OUT = {"held_out": 0.1, "seed": 0}
@@ -168,7 +168,7 @@ def consensus(models: dict[str, dict], labels: list[str], doc_ids: list[str]) ->
 def neighbours(models: dict[str, dict], labels: list[str], held: np.ndarray) -> np.ndarray:
     """Each model's mean consensus nDCG@10 with the held-out documents (`held`: their rows) asking for their nearest
     other documents, judged by the others' fusion."""
-    rankings = np.stack([pool.top_documents(models[m]["docs"][held], models[m]["docs"], own=held) for m in labels])
+    rankings = np.stack([pool.neighbour_rankings(models[m]["docs"], held) for m in labels])
     return pool.consensus_ndcg(rankings, len(models[labels[0]]["docs"])).mean(axis=1)
 
 
@@ -219,7 +219,7 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     table = dict(titles=per_query["titles"].mean(axis=1).tolist(), queries=per_query["queries"].mean(axis=1).tolist(),
                  consensus_titles=consensus(by_titles, labels, documents).tolist(),
                  consensus_queries=consensus(by_queries, labels, documents).tolist(),
-                 consensus_documents=neighbours(by_titles, labels, held.to_numpy()).tolist(),
+                 neighbours=neighbours(by_titles, labels, held.to_numpy()).tolist(),
                  information=pool.information([by_titles[m]["docs"][held] for m in labels]).tolist(),
                  effective_rank=[pool.effective_rank(by_titles[m]["docs"][held]) for m in labels])
     if labelled:  # (models, kNN's splits)

@@ -143,13 +143,13 @@ class Corpus:
 
 def yardstick_of(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
     """The yardstick's queries, if the config asks (its documents are then left out of training); an LLM writes
-    them for the held-out documents where the corpus has nothing else to ask by (tasks/yardstick.py)."""
+    them for the held-out documents where the kind asks for an LLM's queries (tasks/yardstick.py)."""
     cfg = run.cfg.evaluate.yardstick
     if not cfg:
         return None
     counts = run.settled(docs)["extra"]
     generated = None
-    if llm_queries_needed(cfg, counts.get("titled", 0), counts.get("labelled", 0)):
+    if llm_queries_needed(cfg, counts.get("titled", 0)):
         queries = run.cfg.queries or QueriesConfig()
         most = -(-cfg.max_queries // queries.sampling.n) if cfg.max_queries else None  # documents enough to ask
         job = AskedQueries(**queries.model_dump(exclude={"limit"}),

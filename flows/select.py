@@ -3,9 +3,9 @@
 Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs
 (tasks/select.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung before
 (`until`, `resume`: no step is trained twice), merged where LoRA is on, and scored by the evaluate stage on the
-yardstick (tasks/yardstick.py: by your queries, labels, titles or an LLM's queries; on a large corpus among a sample of
-it, tasks/sample.py), whose documents no candidate trains on. Every candidate is on one schedule of `select.budget`
-steps (`train.max_steps`, over as many epochs of its view as that takes: the pairs stage counts them), so a rung means
+yardstick (tasks/yardstick.py: by your queries, labels, neighbours, titles or an LLM's queries; on a large corpus
+among a sample of it, tasks/sample.py), whose documents no candidate trains on. Every candidate is on one schedule of
+`select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes: the pairs stage counts them), so a rung means
 the same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is registered and
 exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others' rungs.
 """
@@ -39,6 +39,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.training import MethodConfig, expand_chains
+from tasks.config.yardsticks import YARDSTICKS
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
@@ -54,6 +55,7 @@ from tasks.select import (
     consensus_scores,
     decision_of,
     rung_name,
+    rung_pool,
     static_summary,
     successive_halving,
     yardstick_scores,
@@ -84,15 +86,16 @@ def static_folder(out: Path) -> Path:
 
 
 def distil(run: Run, teacher: ReportedModel, teacher_scores: ArtifactRef, begun: Start, corpus: Corpus,
-           out: Path) -> str:
-    """`select.static`: the static model of the answer (docs/static.md), scored on the yardstick beside its teacher,
-    timed beside it on the CPU and exported to `out`; what it kept and gained, in one sentence."""
+           out: Path, pool: dict[str, ArtifactRef] | None) -> str:
+    """`select.static`: the static model of the answer (docs/static.md), scored on the yardstick beside its teacher
+    (on a pooled kind, in `pool`: the decision's), timed beside it on the CPU and exported to `out`; what it kept and
+    gained, in one sentence."""
     settings = static_settings(run.cfg)  # what `of` names is the pipeline's, not select's
     static = static_model(run, teacher, begun.sentences, settings)
     scores = evaluate_model(run, static, corpus)[0]
     speed = cpu_speed(run, static, teacher, corpus.docs, settings.speed_documents) if settings.speed_documents else None
     run.register([static])
-    said = static_summary(run.store, scores, teacher_scores, speed, teacher.label)
+    said = static_summary(run.store, scores, teacher_scores, speed, teacher.label, pool)
     notes = f"Distilled from {teacher.label} by `embforge select`: {said}.\n"
     export_model(Catalog(run.store), static.artifact.address, out, [], notes=notes)
     return said
@@ -131,16 +134,16 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
     rung_name, the steps the chained candidates' earlier stages trained before their rungs). A rung's stages are
     all asked for before any is waited on, so a task runner (`run.task_runner`) trains and scores its candidates side
     by side. A chained candidate (CHAINS: llm2vec) trains its earlier stages once to the budget, then climbs the rungs
-    as its last stage. On a consensus yardstick a rung's candidates and the untrained model (`base`, its evaluate
-    artifact) judge each other (tasks/select.py's rung_pool)."""
+    as its last stage. On a pooled yardstick (consensus, neighbours) a rung's candidates and the untrained model
+    (`base`, its evaluate artifact) judge each other (tasks/select.py's rung_pool)."""
     budget, yardstick = run.cfg.select.budget, run.cfg.evaluate.yardstick
-    consensus = yardstick_kind(run.settled(corpus.yardstick)) == "consensus"
+    pooled = YARDSTICKS[yardstick_kind(run.settled(corpus.yardstick))].pooled
     models: dict[str, ReportedModel] = {}
     scored: dict[str, ArtifactRef] = {}
     reached: dict[Candidate, ReportedModel] = {}  # each candidate's last rung
     before: dict[Candidate, list[ReportedModel]] = {}  # a chained candidate's earlier stages (CHAINS: llm2vec)
     last_rung: dict[Candidate, str] = {}  # its rung_name
-    pools: dict[int, dict[str, float]] = {}  # a consensus's mean scores by rung, then rung_name
+    pools: dict[int, dict[str, float]] = {}  # a pooled kind's mean scores by rung, then rung_name
 
     def trained(method: MethodConfig, after: ReportedModel | None, until: int | None = None,
                 resume: ArtifactRef | None = None) -> ReportedModel:
@@ -175,7 +178,7 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
             if problem := health.fatal_verdict(trained_by["extra"]["health"]):
                 stage = f" (its {model.method} stage)" if before[candidate] else ""
                 return f"{candidate.recipe} recipe{stage}: training {problem} (lr {candidate.lr:g})"
-        if not consensus:
+        if not pooled:
             return float(yardstick_scores(run.store, scored[name]).mean())
         if steps not in pools:  # the rung's candidates; at the budget, every candidate where it stopped
             pool = [n for c, n in last_rung.items() if steps == budget or n == rung_name(c.name, steps)]
@@ -225,7 +228,9 @@ def select_model(run: Run) -> Selection:
     static = None
     if sel.static:
         teacher_scores = scored[rung_name(decision.chosen, sel.budget)] if chosen else base_scores
-        static = distil(run, chosen or base, teacher_scores, begun, corpus, static_folder(out))
+        pooled = YARDSTICKS[yardstick_kind(run.settled(corpus.yardstick))].pooled
+        static = distil(run, chosen or base, teacher_scores, begun, corpus, static_folder(out),
+                        rung_pool(ladder, sel.budget, base_scores, scored) if pooled else None)
     return Selection(decision.chosen, decision.said, run.store.location("artifacts", decided.stage, decided.key),
                      decided.address, str(out) if chosen else None, base.label,
                      str(static_folder(out)) if static else None, static)

@@ -221,10 +221,15 @@ def yardstick_scores(store: ArtifactStore, evaluate: ArtifactRef) -> pd.Series:
 
 
 def static_summary(store: ArtifactStore, static: ArtifactRef, teacher: ArtifactRef, speed: ArtifactRef | None,
-                   teacher_label: str) -> str:
+                   teacher_label: str, pool: dict[str, ArtifactRef] | None = None) -> str:
     """A static model against its teacher (`select.static`): the yardstick, paired over its queries (evaluate
-    artifacts), and the CPU documents/s measured side by side (the speed stage's artifact), in one sentence."""
-    mine, theirs = yardstick_scores(store, static), yardstick_scores(store, teacher)
+    artifacts; on a pooled kind, both judged in `pool`, the decision's, the static model joining it), and the CPU
+    documents/s measured side by side (the speed stage's artifact), in one sentence."""
+    if pool:
+        judged = consensus_scores(store, pool | {STATIC: static})
+        mine, theirs = judged[STATIC], judged[next(name for name, ref in pool.items() if ref == teacher)]
+    else:
+        mine, theirs = yardstick_scores(store, static), yardstick_scores(store, teacher)
     d = paired_difference(mine[theirs.index].to_numpy(), theirs.to_numpy())
     said = (f"the yardstick {mine.mean():.3f} against {teacher_label}'s {theirs.mean():.3f} "
             f"({mine.mean() / theirs.mean():.0%} kept: {_interval(d)})")
@@ -233,6 +238,9 @@ def static_summary(store: ArtifactStore, static: ArtifactRef, teacher: ArtifactR
         fast, slow = (rates[m] for m in SPEED_METRICS)
         said += f"; {fast:,.0f} documents/s on the CPU against {slow:,.0f} ({fast / slow:.1f}x)"
     return said
+
+
+STATIC = "static"  # the static model's name in a pool
 
 
 def rung_pool(ladder: Ladder, steps: int, base: ArtifactRef, scored: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
@@ -252,8 +260,9 @@ def consensus_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict
             for name, ref in pool.items()}
     first = next(iter(tops.values()))
     rankings = np.stack([np.stack(t.loc[first.index, "top"].to_numpy()) for t in tops.values()])  # (models, q, depth)
-    own = first["own"].to_numpy()
-    scores = consensus_ndcg(rankings, int(max(rankings.max(), own.max())) + 1, own=own)  # (models, queries)
+    own = first["own"].to_numpy() if "own" in first else None  # a text query's own document (not the neighbours')
+    documents = int(max(rankings.max(), own.max() if own is not None else 0)) + 1
+    scores = consensus_ndcg(rankings, documents, own=own)  # (models, queries)
     return {name: pd.Series(row, index=first.index) for name, row in zip(tops, scores)}
 
 
@@ -324,15 +333,17 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     ladder = Ladder.from_rows(job.ladder, job.total, job.eta)
     yardstick = store.manifest(inputs.yardstick)
     kind = yardstick_kind(yardstick)
-    base = yardstick_scores(store, inputs.base)
-    if kind == "consensus":  # judged by the pool the search judged them in (flows/select.py: rung_pool)
+    pooled = YARDSTICKS[kind].pooled
+    if pooled:  # judged by the pool the search judged them in (flows/select.py: rung_pool)
         pools = {steps: consensus_scores(store, rung_pool(ladder, steps, inputs.base, inputs.scored))
                  for steps in {s.steps for s in ladder.steps}}
-        base = pools[job.total][BASE] if job.total in pools else base
+        base = pools[job.total if job.total in pools else max(pools)][BASE]
+    else:
+        base = yardstick_scores(store, inputs.base)
 
     def scores(step: Step) -> np.ndarray:  # in the base's query order: every model scores every yardstick query
         name = rung_name(step.candidate.name, step.steps)
-        found = pools[step.steps][name] if kind == "consensus" else yardstick_scores(store, inputs.scored[name])
+        found = pools[step.steps][name] if pooled else yardstick_scores(store, inputs.scored[name])
         return found[base.index].to_numpy()
 
     final = ladder.steps[-1] if ladder.winner is not None else None

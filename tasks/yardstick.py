@@ -3,7 +3,8 @@
 The held-out documents are drawn by a hash of (seed, doc_id) (tasks/core/held_out.py: the same documents whatever
 else the corpus holds) and are left out of every training view (tasks/pairs.py, `PairsConfig.yardstick`),
 so no candidate trained on them. The kinds, by what the user has (`auto`: qrels where given, else labels if they ask
-at least half as many queries as titles would, else titles, else an LLM's queries; the log says why):
+at least half as many queries as the held-out documents, else the neighbours: the order benchmarks/yardsticks.py's
+agreement with labels supports; the log says why):
 
 - `qrels`, the user's own queries and relevance judgements (a file): each query whose relevant documents (score > 0)
   are all held out asks for them among all the corpus's (nDCG@10, binary gains); one with a relevant document that
@@ -17,6 +18,8 @@ at least half as many queries as titles would, else titles, else an LLM's querie
   an `AskedQueries` job: the flow asks for it when `llm_queries_needed`); each usable one asks for its own document.
 - `consensus`: the titles' queries, else the LLM's (the manifest's `source`), scored across the candidates by the
   select stage (tasks/metrics/pool.py), each against the others' rankings fused.
+- `neighbours`, nothing but the text and no LLM: each held-out document asks, by its own vector, for its nearest
+  other documents; scored across the candidates like a consensus (the evaluate stage keeps each one's ranking).
 
 At most `max_queries` ask (a sample by a hash of seed and query id; the others are `not_drawn`, still held out), so
 a large corpus's yardstick costs what a few thousand documents' does (with `select.sample`, tasks/sample.py).
@@ -118,6 +121,12 @@ def title_queries(docs: pa.Table, held: pa.Array) -> pa.Table:
                     pa.array(["ok"] * asked.num_rows, pa.string()))
 
 
+def neighbour_queries(docs: pa.Table, held: pa.Array) -> pa.Table:
+    """The neighbours kind's queries: every held-out document, asking by its own vector (its query: its id)."""
+    asked = docs.filter(held)["doc_id"]
+    return _queries(_named("doc-", asked), asked, asked, pa.array(["ok"] * len(asked), pa.string()))
+
+
 def _named(prefix: str, doc_ids: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise(prefix, doc_ids, "")
 
@@ -136,11 +145,10 @@ def generated_queries(store: ArtifactStore, generated: ArtifactRef, held: set[st
     return _queries(table["query_id"], table["doc_id"], table["query"], table["status"])
 
 
-def llm_queries_needed(cfg: YardstickConfig, titled: int, labelled: int) -> bool:
+def llm_queries_needed(cfg: YardstickConfig, titled: int) -> bool:
     """Whether the yardstick asks by an LLM's queries (the flow then has them written first), from the ingest stage's
-    counts: `queries`; `consensus` on a corpus without titles; `auto` on one without titles, labels or qrels."""
-    return (cfg.kind == "queries" or (cfg.kind == "consensus" and not titled)
-            or (cfg.kind == "auto" and not cfg.qrels and not titled and not labelled))
+    counts: `queries`, or `consensus` on a corpus without titles (`auto` never: it falls back on the neighbours)."""
+    return cfg.kind == "queries" or (cfg.kind == "consensus" and not titled)
 
 
 def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: YardstickInputs,
@@ -152,7 +160,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
     among = f"of the {len(ids)} held-out documents ({fraction:.0%} of the corpus)"
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
-    wants = {cfg.kind} | ({"labels", "titles", "queries"} if cfg.kind == "auto" else set()) | (
+    wants = {cfg.kind} | ({"labels", "neighbours"} if cfg.kind == "auto" else set()) | (
         set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
     if cfg.qrels:
         queries, relevant = qrels_queries(cfg.qrels, docs, held)
@@ -175,19 +183,25 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
         found["queries"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (
             f"queries: the LLM wrote {queries.num_rows} usable queries for the {len(ids)} held-out documents; it needs "
             f"at least {MIN_QUERIES}")
+    if "neighbours" in wants:
+        queries = neighbour_queries(docs, held)
+        found["neighbours"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (
+            f"neighbours: {queries.num_rows} held-out documents ({fraction:.0%} of the corpus); it needs at least "
+            f"{MIN_QUERIES}")
     usable = {k: v for k, v in found.items() if isinstance(v, tuple)}
     if not usable:
-        wanted = {"auto": "labels, titles or an LLM's queries", "qrels": "more queries"}.get(cfg.kind, cfg.kind)
-        raise InputError(f"yardstick {'; '.join(found.values()) or 'of kind ' + cfg.kind}: a larger corpus, a larger "
-                         f"held-out share, or {'documents with ' if cfg.kind != 'qrels' else ''}{wanted}")
+        more = {"qrels": "more queries", "auto": None, "neighbours": None}.get(cfg.kind, f"documents with {cfg.kind}")
+        raise InputError(f"yardstick {'; '.join(found.values()) or 'of kind ' + cfg.kind}: "
+                         + (f"a larger corpus, a larger held-out share, or {more}" if more else
+                            "a larger corpus or a larger held-out share"))
     # The user's queries first; then their labels, unless so few carry them that a paired interval over them would
-    # say little; then titles; then the LLM's queries. A consensus fuses rankings of titles, else the LLM's queries.
+    # say little; then the neighbours. A consensus fuses rankings of titles, else the LLM's queries.
     asks = {k: asking for k, (_, asking) in usable.items()}
-    order = [k for k in ("qrels", "labels", "titles", "queries") if k in usable]
-    if "labels" in order and 2 * asks["labels"] < asks.get("titles", 0):
+    order = [k for k in ("qrels", "labels", "neighbours", "titles", "queries") if k in usable]
+    if "labels" in order and 2 * asks["labels"] < asks.get("neighbours", 0):
         order.remove("labels")
-        log.info("the titles decide: %d labelled held-out documents ask, against %d titles", asks["labels"],
-                 asks["titles"])
+        log.info("the neighbours decide: %d labelled held-out documents ask, of the %d held out", asks["labels"],
+                 asks["neighbours"])
     source = next(k for k in (TEXT_QUERIES if cfg.kind == "consensus" else order) if k in usable)
     if cfg.qrels and source != "qrels":
         log.warning("your queries cannot decide (%s); the %s do", found["qrels"], source)

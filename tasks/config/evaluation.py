@@ -103,8 +103,9 @@ class YardstickConfig(HeldOutShare):
         "each held-out document finds documents of its label among the others; `titles`: each held-out document's "
         "title finds its text; `queries`: queries an LLM writes for each held-out document (`queries.llm`, the "
         "offline default otherwise) find it; `consensus`: the titles' or LLM's queries, each candidate scored "
-        "against the others' rankings fused (leave-one-out); `auto`: qrels where given, else labels, unless fewer "
-        "held-out documents ask by label than half those that would by title, else titles, else the LLM's queries.")
+        "against the others' rankings fused (leave-one-out); `neighbours`: each held-out document asks by its own "
+        "vector for its nearest other documents, scored as a consensus; `auto`: qrels where given, else labels, "
+        "unless fewer than half the held-out documents carry one, else the neighbours.")
     qrels: str | None = Field(None, description="Parquet of your queries: query_id, query, doc_id, score (one row "
                               "per query and relevant document; score > 0 is relevant), the format of a local MTEB "
                               "retrieval task's `queries`. Read by `kind: qrels` or `auto`.")

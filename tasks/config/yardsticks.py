@@ -2,7 +2,8 @@
 its known bias and its measured agreement with labels (benchmarks/yardsticks.py; docs/select.md's table).
 
 Every kind holds a share of the corpus out of training (tasks/yardstick.py builds its queries; the evaluate stage
-scores one model on them; `consensus` is scored across the candidates by the select stage, tasks/metrics/pool.py).
+scores one model on them; the pooled kinds, `consensus` and `neighbours`, are scored across the candidates by the
+select stage, tasks/metrics/pool.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ class Yardstick:
     bias: str  # what a reader must know of a decision made on it
     prefix: str  # its metric rows' prefix: `<prefix>ndcg_at_10` is the score select ranks by
     queried: bool  # its queries are texts, embedded as queries (the others ask by a held-out document's vector)
+    pooled: bool = False  # scored only across a pool of models, each judged by the others (no score of one model)
     agreement: str | None = None  # its Kendall tau against labels as measured (benchmarks/yardsticks.py), or None
 
     @property
@@ -63,9 +65,19 @@ YARDSTICKS = {
              "say it should (its own document counting most); each candidate is judged by the fusion of the others",
         bias="pool-relative: it rewards agreeing with the other candidates, so a candidate better in a way none of the "
              "others are is marked down; it needs a pool (every rung's candidates and the untrained model)",
-        prefix="consensus_", queried=True,
+        prefix="consensus_", queried=True, pooled=True,
         agreement=f"Kendall tau +0.40 over titles (p < 0.05 on 3 of 5, two more at 0.050-0.053), +0.38 over the "
                   f"LLM's queries (p < 0.05 on 3 of 5), {MEASURED}"),
+    "neighbours": Yardstick(
+        needs="nothing but the text",
+        asks="each held-out document, by its own vector, ranking the corpus's other documents as the other "
+             "candidates' rankings, fused, say it should; each candidate is judged by the fusion of the others",
+        bias="pool-relative: it rewards putting near a document what the other candidates put near it, so a candidate "
+             "better in a way none of the others are is marked down; it measures how a model groups documents, not how "
+             "it matches a short query to them; it needs a pool (every rung's candidates and the untrained model)",
+        prefix="neighbours_", queried=False, pooled=True,
+        agreement=f"Kendall tau +0.53 (p < 0.05 on 3 of 5, 0.052 and 0.064 on the other two), the highest median of "
+                  f"the label-free kinds, {MEASURED}"),
 }
 KINDS = tuple(YARDSTICKS)
 TEXT_QUERIES = ("titles", "queries")  # where a consensus's queries come from, in this order

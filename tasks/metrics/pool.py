@@ -44,6 +44,12 @@ def top_documents(queries: np.ndarray, docs: np.ndarray, depth: int = DEPTH, own
     return top
 
 
+def neighbour_rankings(x: np.ndarray, rows: np.ndarray, depth: int = DEPTH) -> np.ndarray:
+    """(len(rows), depth) row numbers of each of `rows`' documents' nearest other documents among `x` (documents,
+    dims), best first: the neighbours yardstick's rankings, a document asking by its own vector."""
+    return top_documents(x[rows], x, depth, own=rows)
+
+
 def fusion(rankings: np.ndarray, documents: int, k: int = RRF_K) -> np.ndarray:
     """(models, queries, depth) rankings → (models, queries, documents): each model's reciprocal rank fusion
     contribution, 1 / (k + rank) at each document it ranked; their sum over models is the fusion."""

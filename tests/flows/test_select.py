@@ -16,7 +16,7 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.select import rung_steps
-from tasks.core.held_out import held_out_documents
+from tasks.core.held_out import held_out_documents, held_out_queries
 from tasks.methods.batches import plan_batches
 from tests.helpers import DEMO_DOCS, tiny_config
 
@@ -197,6 +197,20 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     if by_consensus["exported"]:  # two searches on one store: each exported the model it chose
         assert by_consensus["exported"] == str(tmp_path / "consensus")
 
+    # The neighbours (auto's kind for a corpus without labels): each held-out document asks by its own vector, judged
+    # like a consensus; the same held-out documents, so the first rung comes from the cache (its ladder may take
+    # other candidates further).
+    near_id, by_neighbours = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "neighbours"},
+                                                      out=str(tmp_path / "neighbours")))
+    stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [near_id])
+    assert {(r["key"], r["state"]) for r in stages if r["key"] in first_keys} == {(k, "Cached") for k in first_keys}
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    assert "Yardstick: neighbours_ndcg_at_10, each held-out document, by its own vector" in (
+        store.path(decided) / "selection.md").read_text()
+    near = store.read_table(decided, "ladder").to_pandas()
+    assert near["score"].notna().sum() == ladder["score"].notna().sum() and near["score"].dropna().between(0, 1).all()
+    assert by_neighbours["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
+
     # Another corpus (its first 300 documents) on the same store: the same candidates' labels (crops@0.003, ...),
     # other trained models. Each search exports its own winner, never the other's of the same label.
     other_id, other = run_select(select_config(tmp_path, limit=300, out=str(tmp_path / "other")))
@@ -210,25 +224,44 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert not np.allclose(from_other, exported.encode(texts), atol=1e-4)
 
 
-@pytest.mark.slow  # the offline LLM (converted once per session) writes 12 queries on the CPU
+@pytest.mark.slow  # a search of one candidate, twice; the offline LLM (converted once per session) writes 12 queries
 @pytest.mark.usefixtures("prefect_harness")
-def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_documents(tmp_path, llm_dir):
-    """No title, no label, no queries of the user's: `auto` has the queries stage's LLM write queries for the
-    held-out documents (here 4 of them, 3 each: `max_queries` 12), each asking for its own document."""
+def test_a_text_only_corpus_is_judged_by_its_held_out_documents_neighbours_or_an_llm_s_queries(tmp_path, llm_dir):
+    """No title, no label, no queries of the user's: `auto` has each held-out document ask for its nearest others
+    (no LLM); `kind: queries` has the queries stage's LLM write queries for the held-out documents (here 4 of them,
+    3 each: `max_queries` 12), each asking for its own document. The training is the same for both."""
     docs = pd.read_parquet(DEMO_DOCS).head(120)[["doc_id", "text"]]
     docs.to_parquet(tmp_path / "plain.parquet")
-    config = tiny_config(tmp_path, data={"path": str(tmp_path / "plain.parquet"), "name": "plain", "limit": None},
-                         evaluate={"knn": None, "sts": None, "tsne": False,
-                                   "yardstick": {"held_out": 0.25, "seed": 0, "max_queries": 12}},
-                         queries={"llm": llm_dir, "backend": "transformers"},  # 4 documents: no vLLM start-up
-                         static={"of": ["base"], "pca_dims": 16, "tokenlearn": False, "speed_documents": 16},
-                         select={"recipes": ["crops"], "lrs": [3e-3], "budget": 12, "out": str(tmp_path / "chosen")})
-    run_id, chosen = run_select(config, static=True)  # `--static`: the answer distilled too
+    held_out = {"held_out": 0.25, "seed": 0, "max_queries": 12}
+
+    def config(out="chosen", **kind):
+        return tiny_config(tmp_path, data={"path": str(tmp_path / "plain.parquet"), "name": "plain", "limit": None},
+                           evaluate={"knn": None, "sts": None, "tsne": False, "yardstick": {**held_out, **kind}},
+                           queries={"llm": llm_dir, "backend": "transformers"},  # 4 documents: no vLLM start-up
+                           static={"of": ["base"], "pca_dims": 16, "tokenlearn": False, "speed_documents": 16},
+                           select={"recipes": ["crops"], "lrs": [3e-3], "budget": 12, "out": str(tmp_path / out)})
+
+    run_id, chosen = run_select(config(), static=True)  # `--static`: the answer distilled too, judged in the pool
     store = ArtifactStore(tmp_path / "store")
     stages = Catalog(store).query("SELECT stage, key FROM run_stages WHERE run_id = ?", [run_id])
+    assert "queries" not in {r["stage"] for r in stages}
+    [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
+    held = held_out_documents(docs["doc_id"].tolist(), YardstickConfig(**held_out))
+    assert store.manifest(yardstick)["extra"]["kind"] == "neighbours"
+    assert set(held_out_queries(store, yardstick).to_pandas()["doc_id"]) <= held
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    assert "Yardstick: neighbours_ndcg_at_10" in (store.path(decided) / "selection.md").read_text()
+    assert chosen["chosen"] in ("crops@0.003", "base")
+    teacher = "crops@0.003" if chosen["exported"] else chosen["base"]
+    assert chosen["static"] == str(tmp_path / "chosen-static") and (tmp_path / "chosen-static" / "README.md").exists()
+    assert f"against {teacher}'s" in chosen["static_said"] and "documents/s on the CPU" in chosen["static_said"]
+    assert chosen["static_said"] in (tmp_path / "chosen-static" / "README.md").read_text()
+
+    run_id, chosen = run_select(config("queried", kind="queries"))
+    stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [run_id])
+    assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"}
     [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
     [queries] = [ArtifactRef("queries", r["key"]) for r in stages if r["stage"] == "queries"]
-    held = held_out_documents(docs["doc_id"].tolist(), YardstickConfig(held_out=0.25, seed=0))
     written = store.read_table(queries, "queries").to_pandas()
     assert set(written["doc_id"]) < held and written["doc_id"].nunique() == 4  # held-out ones only, enough to ask 12
     assert set(written["split"]) == {"held_out"}
@@ -238,10 +271,6 @@ def test_a_text_only_corpus_is_judged_by_an_llm_s_queries_for_its_held_out_docum
     assert "Yardstick: generated_ndcg_at_10, each query an LLM wrote" in (store.path(decided) / "selection.md"
                                                                         ).read_text()
     assert chosen["chosen"] in ("crops@0.003", "base")
-    teacher = "crops@0.003" if chosen["exported"] else chosen["base"]
-    assert chosen["static"] == str(tmp_path / "chosen-static") and (tmp_path / "chosen-static" / "README.md").exists()
-    assert f"against {teacher}'s" in chosen["static_said"] and "documents/s on the CPU" in chosen["static_said"]
-    assert chosen["static_said"] in (tmp_path / "chosen-static" / "README.md").read_text()
 
 
 @pytest.mark.slow  # a decoder's two chained stages and a crops candidate, through one rung and the winner's last leg

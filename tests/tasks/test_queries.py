@@ -165,9 +165,9 @@ def test_the_yardstick_s_queries_are_written_for_its_held_out_documents_only(tmp
     assert len(ScriptedGenerator.asked) == len(held) - 2  # the second run came from the cache
 
 
-@pytest.mark.parametrize("kind, titled, labelled, needed", [
-    ("auto", 0, 0, True), ("auto", 5, 0, False), ("auto", 0, 5, False), ("queries", 5, 5, True),
-    ("consensus", 0, 5, True), ("consensus", 5, 0, False), ("titles", 0, 0, False)])
-def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, labelled, needed):
-    assert llm_queries_needed(YardstickConfig(kind=kind), titled, labelled) is needed
-    assert llm_queries_needed(YardstickConfig(qrels="q.parquet"), 0, 0) is False  # the user's queries ask
+@pytest.mark.parametrize("kind, titled, needed", [
+    ("auto", 0, False), ("neighbours", 0, False), ("queries", 5, True), ("consensus", 0, True),
+    ("consensus", 5, False), ("titles", 0, False)])
+def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, needed):
+    assert llm_queries_needed(YardstickConfig(kind=kind), titled) is needed  # auto: the neighbours need no LLM
+    assert llm_queries_needed(YardstickConfig(qrels="q.parquet"), 0) is False  # the user's queries ask

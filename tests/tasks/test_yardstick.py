@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from storage.catalog import YARDSTICK_SCORES
+from storage.catalog import YARDSTICK_SCORES, YARDSTICK_TOP
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
@@ -180,39 +180,63 @@ def test_the_labels_yardstick_ranks_each_held_out_document_s_label_among_the_doc
     assert metrics.loc["label_mrr_at_10", "value"] == pytest.approx(mrr)
 
 
-def test_labels_asked_of_an_unlabelled_corpus_and_auto_with_neither_are_one_clear_error(tmp_path):
+def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_the_neighbours(tmp_path):
     docs = pd.read_parquet(DEMO_DOCS).head(30).assign(label=None)
     docs.to_parquet(tmp_path / "titled.parquet")
     docs.assign(title=None).to_parquet(tmp_path / "bare.parquet")
+    docs.head(2).to_parquet(tmp_path / "two.parquet")  # one held out
     store = ArtifactStore(tmp_path / "store")
-    titled, bare = (INGEST.run(store, DataConfig(path=str(tmp_path / f"{name}.parquet")), NoInputs())
-                    for name in ("titled", "bare"))
-    assert store.manifest(YARDSTICK.run(store, AUTO, YardstickInputs(documents=titled)))["extra"]["kind"] == "titles"
+    titled, bare, two = (INGEST.run(store, DataConfig(path=str(tmp_path / f"{name}.parquet")), NoInputs())
+                         for name in ("titled", "bare", "two"))
+    for documents in (titled, bare):  # titles or not: nothing but the text is needed
+        assert store.manifest(YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents)))["extra"]["kind"] == (
+            "neighbours")
     with pytest.raises(InputError, match=r"yardstick labels: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a label that a document not held out shares, among 0 labels; it needs "
                                          "at least 2 and 2 labels: a larger corpus, a larger held-out share, or "
                                          "documents with labels$"):
         YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=titled))
-    with pytest.raises(InputError, match=r"yardstick labels: 0 .*; titles: 0 of the \d+ held-out documents .* have a "
-                                         "title; it needs at least 2: .* documents with labels, titles or an LLM's "
-                                         "queries$"):
-        YARDSTICK.run(store, AUTO, YardstickInputs(documents=bare))
+    with pytest.raises(InputError, match=r"yardstick labels: 0 .*; neighbours: 1 held-out documents \(20% of the "
+                                         r"corpus\); it needs at least 2: a larger corpus or a larger held-out share$"):
+        YARDSTICK.run(store, AUTO, YardstickInputs(documents=two))
 
 
-def test_auto_takes_the_titles_where_few_documents_carry_a_label(tmp_path, caplog):
+def test_auto_takes_the_neighbours_where_few_documents_carry_a_label(tmp_path, caplog):
     docs = pd.read_parquet(DEMO_DOCS).head(80)
     held = sorted(held_out_documents(docs["doc_id"].tolist(), CFG))
-    docs.loc[docs["doc_id"].isin(held[3:]), "label"] = None  # 3 labelled held-out documents against 14 titles
+    docs.loc[docs["doc_id"].isin(held[3:]), "label"] = None  # 3 labelled held-out documents of 16
     docs.to_parquet(tmp_path / "docs.parquet")
     store = ArtifactStore(tmp_path / "store")
     documents = INGEST.run(store, DataConfig(path=str(tmp_path / "docs.parquet")), NoInputs())
     with caplog.at_level("INFO"):
         ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents))
-    assert store.manifest(ref)["extra"]["kind"] == "titles"
-    assert f"the titles decide: 3 labelled held-out documents ask, against {len(held)} titles" in caplog.text
+    assert store.manifest(ref)["extra"] == {"kind": "neighbours", "held_out": len(held), "share": 0.2,
+                                            "queries": len(held)}
+    assert f"the neighbours decide: 3 labelled held-out documents ask, of the {len(held)} held out" in caplog.text
+    queries = held_out_queries(store, ref).to_pandas()  # every held-out document asks, by its own vector
+    assert sorted(queries["doc_id"]) == held and (queries["query_id"] == "doc-" + queries["doc_id"]).all()
     labels = YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=documents))
     assert store.manifest(labels)["extra"] == {"kind": "labels", "held_out": len(held), "share": 0.2,
                                                "queries": 3}  # when asked
+
+
+def test_the_neighbours_keep_each_held_out_document_s_nearest_others_and_no_score_of_one_model(corpus, tiny_dir):
+    store, documents, _, docs, _ = corpus
+    ref = YARDSTICK.run(store, CFG.model_copy(update={"kind": "neighbours"}), YardstickInputs(documents=documents))
+    doc_emb = EMBED.run(store, EmbedJob(model=tiny_dir, max_length=64, batch_size=16), EmbedInputs(documents=documents))
+    job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
+    scores = EVALUATE.run(store, job, EvaluateInputs(documents=documents, embeddings=doc_emb, yardstick=ref))
+    top = store.read_table(scores, YARDSTICK_TOP).to_pandas().set_index("query_id")
+    assert YARDSTICK_SCORES not in store.manifest(scores)["rows"]
+    assert not store.read_table(scores, "metrics").to_pandas()["metric"].str.startswith("neighbours_").any()
+    # By hand: each held-out document's other documents by cosine, best first (never itself)
+    x = unit_rows(PooledEncoder(tiny_dir, "cpu").encode(docs["text"].tolist(), 64))
+    held = held_out_documents(docs["doc_id"].tolist(), CFG)
+    assert sorted(top.index) == sorted("doc-" + d for d in held)
+    for doc in held:
+        q = int(np.flatnonzero(docs["doc_id"] == doc)[0])
+        order = [i for i in np.argsort(-(x @ x[q]), kind="stable") if i != q]
+        assert list(top.loc[f"doc-{doc}", "top"][:10]) == order[:10]
 
 
 def write_qrels(path, rows: list[tuple[str, str, str, int]]) -> str:
