@@ -1,13 +1,13 @@
 """The `select` flow: from a corpus to a chosen, trained and exported model (`embforge select`, docs/select.md).
 
-Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs
-(tasks/select.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung before
-(`until`, `resume`: no step is trained twice), merged where LoRA is on, and scored by the evaluate stage on the
-yardstick (tasks/yardstick.py: by your queries, labels, neighbours, titles or an LLM's queries; on a large corpus
-among a sample of it, tasks/sample.py), whose documents no candidate trains on. Every candidate is on one schedule of
-`select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes: the pairs stage counts them), so a rung means
-the same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is registered and
-exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others' rungs.
+Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs (tasks/select.py). Each
+rung is an ordinary cached train stage that goes on from the candidate's rung before (`until`, `resume`: no step is
+trained twice), merged where LoRA is on, and scored by the evaluate stage on the yardstick (tasks/yardstick.py: by your
+queries, labels, neighbours, titles or an LLM's queries; on a large corpus among a sample of it, tasks/sample.py), whose
+documents no candidate trains on. Every candidate is on one schedule of `select.budget` steps (`train.max_steps`, over
+as many epochs of its view as that takes: the pairs stage counts them), so a rung means the same for all. The select
+stage decides with paired intervals (tasks/select.py); the chosen model is registered and exported with the decision on
+its card. A rerun recomputes nothing; a new candidate reuses the others' rungs.
 """
 
 from __future__ import annotations
