@@ -103,7 +103,8 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     if YARDSTICKS[args.yardstick].pooled:  # the fully trained candidates and the untrained model judge each other
         pool = {r["label"]: ArtifactRef("evaluate", r["key"]) for r in catalog.query(
             "SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'evaluate'", [full])}
-        yardstick = {label: float(v.mean()) for label, v in consensus_scores(store, pool).items()}
+        yardstick = {label: float(v.mean()) for label, v in consensus_scores(store, pool).items()} if len(
+            pool) > 1 else {}  # the answer the untrained model, judged alone: no pool
     else:
         yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRICS[args.yardstick]).items()}
     candidates = [m["name"] for m in methods]
@@ -124,7 +125,8 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
                kendall_tau=tau, search_steps=extra["cost"]["trained_steps"],
                exhaustive_steps=extra["cost"]["exhaustive_steps"], share=extra["cost"]["share"],
                select_s=round(select_s, 1), exhaustive_s=round(exhaustive_s, 1),
-               yardstick={c: yardstick[c] for c in candidates}, knn={c: sum(knn[c]) / len(knn[c]) for c in candidates})
+               yardstick={c: yardstick.get(c) for c in candidates},
+               knn={c: sum(knn[c]) / len(knn[c]) for c in candidates})
     against_best = (f"best {best} ({row['best_knn']:.3f}): {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]; Kendall's tau "
                     f"{tau:+.2f}; " if d else "")
     print(f"{name}: selected {chosen} (kNN {row['selected_knn']:.3f}), {against_best}over the base "

@@ -295,10 +295,11 @@ def decision_of(manifest: dict) -> Decision:
     return Decision(kept["chosen"], kept["said"], runner_up=kept["runner_up"], **differences)
 
 
-def section(job: SelectJob, yardstick: dict, ladder: Ladder, decision: Decision, base_score: float, cost: dict,
-            sampled: dict | None = None) -> str:
-    """The report section: the answer, the ladder, the compute, what the yardstick (its artifact's manifest) is and
-    its bias (and the sample it ranked among, if any: the sample stage's manifest extra)."""
+def section(job: SelectJob, yardstick: dict, ladder: Ladder, decision: Decision, base_scores: dict[int, float],
+            cost: dict, sampled: dict | None = None) -> str:
+    """The report section: the answer, the ladder beside the untrained model's score on each rung (`base_scores`, by
+    steps: a pooled kind judges it in each rung's pool), the compute, what the yardstick (its artifact's manifest) is
+    and its bias (and the sample it ranked among, if any: the sample stage's manifest extra)."""
     kind, held = yardstick_kind(yardstick), yardstick["extra"]
     rows = pd.DataFrame(ladder.rows())
     rungs = sorted(rows["steps"].unique())
@@ -319,7 +320,7 @@ def section(job: SelectJob, yardstick: dict, ladder: Ladder, decision: Decision,
                    (last["dropped"] or "").split(": ")[1 if ": " in (last["dropped"] or "") else 0])
         lines.append(f"| {candidate} | " + " | ".join("" if s not in scores or scores[s] != scores[s] else
                                                        f"{scores[s]:.3f}" for s in rungs) + f" | {stopped} |")
-    lines += ["| untrained model | " + " | ".join(f"{base_score:.3f}" for _ in rungs) + " | |", "",
+    lines += ["| untrained model | " + " | ".join(f"{base_scores[s]:.3f}" for s in rungs) + " | |", "",
               f"Compute: {cost['trained_steps']:,} training steps, {cost['share']:.0%} of the "
               f"{cost['exhaustive_steps']:,} that training all {cost['candidates']} candidates to {job.total} steps "
               "would have cost" + (f" ({cost['earlier_steps']:,} of them a chained candidate's earlier stages, "
@@ -334,12 +335,15 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     yardstick = store.manifest(inputs.yardstick)
     kind = yardstick_kind(yardstick)
     pooled = YARDSTICKS[kind].pooled
+    rungs = {s.steps for s in ladder.steps}
     if pooled:  # judged by the pool the search judged them in (flows/select.py: rung_pool)
         pools = {steps: consensus_scores(store, rung_pool(ladder, steps, inputs.base, inputs.scored))
-                 for steps in {s.steps for s in ladder.steps}}
+                 for steps in rungs}
         base = pools[job.total if job.total in pools else max(pools)][BASE]
+        base_scores = {steps: float(pools[steps][BASE].mean()) for steps in rungs}
     else:
         base = yardstick_scores(store, inputs.base)
+        base_scores = dict.fromkeys(rungs, float(base.mean()))
 
     def scores(step: Step) -> np.ndarray:  # in the base's query order: every model scores every yardstick query
         name = rung_name(step.candidate.name, step.steps)
@@ -362,7 +366,7 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICKS[kind].metric, out.folder / PICTURE,
                      f"{job.name}: the search's rungs")
     sampled = store.manifest(inputs.sample)["extra"] if inputs.sample else None
-    out.write_text(SECTION, section(job, yardstick, ladder, decision, float(base.mean()), cost, sampled))
+    out.write_text(SECTION, section(job, yardstick, ladder, decision, base_scores, cost, sampled))
     log.info("answer: %s. %s", decision.chosen, decision.said)
 
 

@@ -6,8 +6,18 @@ import numpy as np
 import pytest
 
 from tasks.config.base import BASE
+from tasks.config.evaluation import YardstickConfig
 from tasks.metrics.significance import paired_difference
-from tasks.select import Candidate, Ladder, decide, decision_of, stored_difference, successive_halving
+from tasks.select import (
+    Candidate,
+    Ladder,
+    SelectJob,
+    decide,
+    decision_of,
+    section,
+    stored_difference,
+    successive_halving,
+)
 
 NINE = [Candidate(recipe, lr) for recipe in ("crops", "dropout", "tsdae") for lr in (1e-4, 3e-4, 1e-3)]
 
@@ -130,3 +140,17 @@ def test_a_decision_reads_back_from_its_artifact_as_it_was_made():
     made = decide(successive_halving(NINE, 900, 3, lambda c, s: "collapsed"), None, base)
     assert decision_of({"extra": {"decision": dict(chosen=made.chosen, said=made.said, runner_up=None,
                                                    versus_base=None, versus_runner_up=None)}}) == made
+
+
+def test_the_section_gives_the_untrained_model_s_score_on_each_rung():
+    """A pooled yardstick judges the untrained model in each rung's pool: the section's row gives each rung's."""
+    ladder = successive_halving(NINE, 900, 3, quality)
+    base = np.random.default_rng(2).uniform(0.2, 0.6, 50)
+    job = SelectJob(name="corpus", ladder=ladder.rows(), total=900, eta=3,
+                    yardstick=YardstickConfig(kind="neighbours"), base="base")
+    yardstick = {"extra": {"kind": "neighbours", "held_out": 50, "share": 0.25, "queries": 50}}
+    cost = dict(trained_steps=ladder.trained_steps, exhaustive_steps=9 * 900, candidates=9, share=0.3,
+                earlier_steps=0)
+    text = section(job, yardstick, ladder, decide(ladder, base + 0.1, base), {100: 0.71, 300: 0.62, 900: 0.55}, cost)
+    assert "| untrained model | 0.710 | 0.620 | 0.550 | |" in text
+    assert "Yardstick: neighbours_ndcg_at_10, each held-out document, by its own vector" in text
