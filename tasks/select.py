@@ -220,6 +220,9 @@ def yardstick_scores(store: ArtifactStore, evaluate: ArtifactRef) -> pd.Series:
     return table.set_index("query_id")["ndcg"].sort_index()
 
 
+STATIC = "static"  # the static model's name in a pool
+
+
 def static_summary(store: ArtifactStore, static: ArtifactRef, teacher: ArtifactRef, speed: ArtifactRef | None,
                    teacher_label: str, pool: dict[str, ArtifactRef] | None = None) -> str:
     """A static model against its teacher (`select.static`): the yardstick, paired over its queries (evaluate
@@ -238,9 +241,6 @@ def static_summary(store: ArtifactStore, static: ArtifactRef, teacher: ArtifactR
         fast, slow = (rates[m] for m in SPEED_METRICS)
         said += f"; {fast:,.0f} documents/s on the CPU against {slow:,.0f} ({fast / slow:.1f}x)"
     return said
-
-
-STATIC = "static"  # the static model's name in a pool
 
 
 def rung_pool(ladder: Ladder, steps: int, base: ArtifactRef, scored: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
