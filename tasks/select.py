@@ -162,10 +162,11 @@ class Decision:
 
 
 def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
-           rung: tuple[np.ndarray, np.ndarray] | None = None) -> Decision:
+           rung: tuple[np.ndarray, np.ndarray] | None = None, pooled: bool = False) -> Decision:
     """The winner if it beats the untrained model significantly (its paired interval over the yardstick's
     queries leaves out 0, above it), else the base, said plainly. `winner`, `base`: per-query scores in the same
-    query order; `rung`: the winner's and the runner-up's on their last shared rung."""
+    query order; `rung`: the winner's and the runner-up's on their last shared rung; `pooled`: scores of a pooled
+    kind, agreement with the other models, which cannot rule a gain out."""
     if ladder.winner is None or winner is None:
         return Decision(BASE, "every candidate was stopped by its health check: the answer is the base model as it "
                         "is", None, None)
@@ -181,7 +182,11 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
                      + ("" if versus_runner_up.significant else " (not told apart: either would do)"))
         return Decision(name, said, versus_base, versus_runner_up, runner_up)
     said = f"no candidate beats the untrained model significantly (the best, {name}: {_interval(versus_base)})"
-    if versus_base.high < WORTH:
+    if pooled:  # a model unlike the others is marked down: a gain on its own is not ruled out by disagreement
+        said += ("; on a pooled yardstick the interval measures agreement with the other models, not a gain, so it "
+                 "rules none out: the answer stays the base model as it is, and your labels, titles or queries "
+                 "(another kind) would tell more")
+    elif versus_base.high < WORTH:
         said += f"; a gain of {WORTH} or more is ruled out: the answer is the base model as it is"
     else:  # too few queries to speak: say so, rather than let "the base" read as the evidence's answer
         said += (f"; the yardstick cannot tell: a gain of up to {versus_base.high:+.3f} is not ruled out (more queries "
@@ -353,7 +358,7 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     final = ladder.steps[-1] if ladder.winner is not None else None
     shared = ladder.runner_up()
     decision = decide(ladder, scores(final) if final else None, base.to_numpy(),
-                      (scores(shared[0]), scores(shared[1])) if shared else None)
+                      (scores(shared[0]), scores(shared[1])) if shared else None, pooled)
     candidates = len({r["candidate"] for r in job.ladder})
     trained, exhaustive = ladder.trained_steps + job.earlier_steps, job.total * candidates + job.earlier_steps
     cost = dict(trained_steps=trained, exhaustive_steps=exhaustive, candidates=candidates, share=trained / exhaustive,

@@ -3,8 +3,8 @@
 The held-out documents are drawn by a hash of (seed, doc_id) (tasks/core/held_out.py: the same documents whatever
 else the corpus holds) and are left out of every training view (tasks/pairs.py, `PairsConfig.yardstick`),
 so no candidate trained on them. The kinds, by what the user has (`auto`: qrels where given, else labels if they ask
-at least half as many queries as the held-out documents, else the neighbours: the order benchmarks/yardsticks.py's
-agreement with labels supports; the log says why):
+at least half as many queries as titles (else the neighbours) would, else titles, else the neighbours; the log says
+why):
 
 - `qrels`, the user's own queries and relevance judgements (a file): each query whose relevant documents (score > 0)
   are all held out asks for them among all the corpus's (nDCG@10, binary gains); one with a relevant document that
@@ -160,7 +160,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
     among = f"of the {len(ids)} held-out documents ({fraction:.0%} of the corpus)"
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
-    wants = {cfg.kind} | ({"labels", "neighbours"} if cfg.kind == "auto" else set()) | (
+    wants = {cfg.kind} | ({"labels", "titles", "neighbours"} if cfg.kind == "auto" else set()) | (
         set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
     if cfg.qrels:
         queries, relevant = qrels_queries(cfg.qrels, docs, held)
@@ -195,13 +195,14 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
                          + (f"a larger corpus, a larger held-out share, or {more}" if more else
                             "a larger corpus or a larger held-out share"))
     # The user's queries first; then their labels, unless so few carry them that a paired interval over them would
-    # say little; then the neighbours. A consensus fuses rankings of titles, else the LLM's queries.
+    # say little; then titles; then the neighbours (text alone). A consensus fuses rankings of titles, else the LLM's
+    # queries.
     asks = {k: asking for k, (_, asking) in usable.items()}
-    order = [k for k in ("qrels", "labels", "neighbours", "titles", "queries") if k in usable]
-    if "labels" in order and 2 * asks["labels"] < asks.get("neighbours", 0):
+    order = [k for k in ("qrels", "labels", "titles", "neighbours", "queries") if k in usable]
+    after = next((k for k in order if k in ("titles", "neighbours")), None)
+    if "labels" in order and after and 2 * asks["labels"] < asks[after]:
         order.remove("labels")
-        log.info("the neighbours decide: %d labelled held-out documents ask, of the %d held out", asks["labels"],
-                 asks["neighbours"])
+        log.info("the %s decide: %d labelled held-out documents ask, against %d", after, asks["labels"], asks[after])
     source = next(k for k in (TEXT_QUERIES if cfg.kind == "consensus" else order) if k in usable)
     if cfg.qrels and source != "qrels":
         log.warning("your queries cannot decide (%s); the %s do", found["qrels"], source)

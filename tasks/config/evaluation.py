@@ -105,7 +105,8 @@ class YardstickConfig(HeldOutShare):
         "offline default otherwise) find it; `consensus`: the titles' or LLM's queries, each candidate scored "
         "against the others' rankings fused (leave-one-out); `neighbours`: each held-out document asks by its own "
         "vector for its nearest other documents, scored as a consensus; `auto`: qrels where given, else labels, "
-        "unless fewer than half the held-out documents carry one, else the neighbours.")
+        "unless fewer held-out documents ask by label than half those that would by title (else by neighbours), else "
+        "titles, else the neighbours.")
     qrels: str | None = Field(None, description="Parquet of your queries: query_id, query, doc_id, score (one row "
                               "per query and relevant document; score > 0 is relevant), the format of a local MTEB "
                               "retrieval task's `queries`. Read by `kind: qrels` or `auto`.")

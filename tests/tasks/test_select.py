@@ -91,6 +91,9 @@ def test_the_winner_is_the_answer_only_when_it_beats_the_untrained_model_on_the_
                                                                 "significantly (the best, dropout@0.0003:")
     assert decision.said.endswith("the answer is the base model as it is")
     assert "a gain of 0.03 or more is ruled out" in decision.said
+    # On a pooled yardstick the same tie rules nothing out: a model unlike the others is marked down by them.
+    decision = decide(ladder, tie, base, (tie, tie), pooled=True)
+    assert decision.chosen == BASE and "ruled out" not in decision.said and "rules none out" in decision.said
     # Too few queries to tell a gain of 0.03 from none: the answer says the yardstick cannot tell, not that the base
     # won.
     noisy = np.clip(base[:20] + rng.normal(0.03, 0.2, 20), 0, 1)

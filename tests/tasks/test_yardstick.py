@@ -188,9 +188,8 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
     store = ArtifactStore(tmp_path / "store")
     titled, bare, two = (INGEST.run(store, DataConfig(path=str(tmp_path / f"{name}.parquet")), NoInputs())
                          for name in ("titled", "bare", "two"))
-    for documents in (titled, bare):  # titles or not: nothing but the text is needed
-        assert store.manifest(YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents)))["extra"]["kind"] == (
-            "neighbours")
+    for documents, kind in ((titled, "titles"), (bare, "neighbours")):  # text alone: no LLM needed
+        assert store.manifest(YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents)))["extra"]["kind"] == kind
     with pytest.raises(InputError, match=r"yardstick labels: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a label that a document not held out shares, among 0 labels; it needs "
                                          "at least 2 and 2 labels: a larger corpus, a larger held-out share, or "
@@ -201,23 +200,29 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
         YARDSTICK.run(store, AUTO, YardstickInputs(documents=two))
 
 
-def test_auto_takes_the_neighbours_where_few_documents_carry_a_label(tmp_path, caplog):
+def test_auto_takes_the_titles_or_the_neighbours_where_few_documents_carry_a_label(tmp_path, caplog):
     docs = pd.read_parquet(DEMO_DOCS).head(80)
     held = sorted(held_out_documents(docs["doc_id"].tolist(), CFG))
-    docs.loc[docs["doc_id"].isin(held[3:]), "label"] = None  # 3 labelled held-out documents of 16
+    docs.loc[docs["doc_id"].isin(held[3:]), "label"] = None  # 3 labelled held-out documents, all titled
     docs.to_parquet(tmp_path / "docs.parquet")
+    docs.assign(title=None).to_parquet(tmp_path / "bare.parquet")
     store = ArtifactStore(tmp_path / "store")
-    documents = INGEST.run(store, DataConfig(path=str(tmp_path / "docs.parquet")), NoInputs())
+    documents, bare = (INGEST.run(store, DataConfig(path=str(tmp_path / f"{name}.parquet")), NoInputs())
+                       for name in ("docs", "bare"))
     with caplog.at_level("INFO"):
         ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents))
-    assert store.manifest(ref)["extra"] == {"kind": "neighbours", "held_out": len(held), "share": 0.2,
-                                            "queries": len(held)}
-    assert f"the neighbours decide: 3 labelled held-out documents ask, of the {len(held)} held out" in caplog.text
-    queries = held_out_queries(store, ref).to_pandas()  # every held-out document asks, by its own vector
-    assert sorted(queries["doc_id"]) == held and (queries["query_id"] == "doc-" + queries["doc_id"]).all()
+    assert store.manifest(ref)["extra"]["kind"] == "titles"
+    assert f"the titles decide: 3 labelled held-out documents ask, against {len(held)}" in caplog.text
     labels = YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=documents))
     assert store.manifest(labels)["extra"] == {"kind": "labels", "held_out": len(held), "share": 0.2,
                                                "queries": 3}  # when asked
+    with caplog.at_level("INFO"):  # no titles: every held-out document asks, by its own vector
+        ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=bare))
+    assert store.manifest(ref)["extra"] == {"kind": "neighbours", "held_out": len(held), "share": 0.2,
+                                            "queries": len(held)}
+    assert f"the neighbours decide: 3 labelled held-out documents ask, against {len(held)}" in caplog.text
+    queries = held_out_queries(store, ref).to_pandas()
+    assert sorted(queries["doc_id"]) == held and (queries["query_id"] == "doc-" + queries["doc_id"]).all()
 
 
 def test_the_neighbours_keep_each_held_out_document_s_nearest_others_and_no_score_of_one_model(corpus, tiny_dir):
