@@ -48,7 +48,14 @@ from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
-from tasks.yardstick import YARDSTICK, YardstickInputs, llm_queries_needed, yardstick_kind, yardstick_source
+from tasks.yardstick import (
+    YARDSTICK,
+    YardstickInputs,
+    llm_queries_needed,
+    yardstick_kind,
+    yardstick_pooled,
+    yardstick_source,
+)
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
@@ -312,10 +319,10 @@ def cpu_speed(run: Run, static: ReportedModel, teacher: ReportedModel, docs: Art
 
 def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: bool = False) -> ArtifactRef:
     """Score every model (cached per model and task), then the report, shown in the Prefect UI."""
-    if corpus.yardstick and YARDSTICKS[kind := yardstick_kind(run.settled(corpus.yardstick))].pooled:
+    if corpus.yardstick and yardstick_pooled(made := run.settled(corpus.yardstick)):
         get_run_logger().warning("evaluate.yardstick: the %s yardstick judges a search's candidates by each other "
                                  "(`embforge select`); this report has no score of it (kind labels, titles or queries "
-                                 "give one)", kind)
+                                 "give one)", yardstick_kind(made))
     scores = {m.label: evaluate_model(run, m, corpus, force) for m in models}
     by_label = {m.label: m for m in models}
     for m in models:

@@ -39,7 +39,6 @@ from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.training import MethodConfig, expand_chains
-from tasks.config.yardsticks import YARDSTICKS
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
@@ -60,7 +59,7 @@ from tasks.select import (
     successive_halving,
     yardstick_scores,
 )
-from tasks.yardstick import yardstick_kind
+from tasks.yardstick import yardstick_pooled
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
     as its last stage. On a pooled yardstick (consensus, neighbours) a rung's candidates and the untrained model
     (`base`, its evaluate artifact) judge each other (tasks/select.py's rung_pool)."""
     budget, yardstick = run.cfg.select.budget, run.cfg.evaluate.yardstick
-    pooled = YARDSTICKS[yardstick_kind(run.settled(corpus.yardstick))].pooled
+    pooled = yardstick_pooled(run.settled(corpus.yardstick))
     models: dict[str, ReportedModel] = {}
     scored: dict[str, ArtifactRef] = {}
     reached: dict[Candidate, ReportedModel] = {}  # each candidate's last rung
@@ -228,7 +227,7 @@ def select_model(run: Run) -> Selection:
     static = None
     if sel.static:
         teacher_scores = scored[rung_name(decision.chosen, sel.budget)] if chosen else base_scores
-        pooled = YARDSTICKS[yardstick_kind(run.settled(corpus.yardstick))].pooled
+        pooled = yardstick_pooled(run.settled(corpus.yardstick))
         static = distil(run, chosen or base, teacher_scores, begun, corpus, static_folder(out),
                         rung_pool(ladder, sel.budget, base_scores, scored) if pooled else None)
     return Selection(decision.chosen, decision.said, run.store.location("artifacts", decided.stage, decided.key),

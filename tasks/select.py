@@ -35,7 +35,7 @@ from tasks.metrics.pool import consensus_ndcg
 from tasks.metrics.significance import PairedDifference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
 from tasks.reporting import plots
-from tasks.yardstick import yardstick_kind
+from tasks.yardstick import yardstick_kind, yardstick_pooled
 
 # The search: successive halving over candidate recipes.
 # Every candidate (a recipe at a learning rate) trains a short first rung and is scored on the yardstick; the best
@@ -338,8 +338,7 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     ladder = Ladder.from_rows(job.ladder, job.total, job.eta)
     yardstick = store.manifest(inputs.yardstick)
-    kind = yardstick_kind(yardstick)
-    pooled = YARDSTICKS[kind].pooled
+    kind, pooled = yardstick_kind(yardstick), yardstick_pooled(yardstick)
     rungs = {s.steps for s in ladder.steps}
     if pooled:  # judged by the pool the search judged them in (flows/select.py: rung_pool)
         pools = {steps: consensus_scores(store, rung_pool(ladder, steps, inputs.base, inputs.scored))

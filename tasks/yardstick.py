@@ -47,7 +47,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
-from tasks.config.yardsticks import TEXT_QUERIES
+from tasks.config.yardsticks import TEXT_QUERIES, YARDSTICKS
 from tasks.core.eval_sets import read_table
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
@@ -63,6 +63,11 @@ QRELS_COLUMNS = ["query_id", "query", "doc_id", "score"]
 def yardstick_kind(manifest: dict) -> str:
     """The kind a yardstick artifact is (`auto` resolved), from its manifest."""
     return manifest["extra"]["kind"]
+
+
+def yardstick_pooled(manifest: dict) -> bool:
+    """Whether its kind is scored only across a pool of models (consensus, neighbours), from its manifest."""
+    return YARDSTICKS[yardstick_kind(manifest)].pooled
 
 
 def yardstick_source(manifest: dict) -> str:
