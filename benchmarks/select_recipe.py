@@ -8,6 +8,8 @@ epochs the search gave each) scored by labelled kNN accuracy over 10 splits and 
 corpus: the selected model's kNN against the best candidate's, paired over the splits (the target: within the interval
 or above) and against the untrained model's, the search's training steps against the exhaustive run's (target <=
 35%), Kendall's tau between the yardstick's ranking of the candidates and kNN's, and the search's wall time.
+With --judge answer nothing is trained after the search: its own models (the answer, the untrained model, every rung's
+candidates) are judged by kNN from the document embeddings it stored (the corpus it ranked: a sample of a large one).
 Usage:
     python benchmarks/select_recipe.py [--corpora demo arxiv medical newsgroups] [--config FILE] [--store DIR]
                                 [--limit N] [--data DIR] [--judge all|answer]
@@ -27,6 +29,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
+import pandas as pd
 from corpora import LABELLED, REPO, corpora_folder, labelled_file
 from scipy import stats
 
@@ -37,9 +41,11 @@ from storage.store import ArtifactStore
 from tasks.config.evaluation import YARDSTICK_METRICS
 from tasks.config.loading import load_config
 from tasks.config.yardsticks import YARDSTICKS
+from tasks.embed import read_embeddings
+from tasks.metrics.knn import knn_accuracy_splits
 from tasks.metrics.significance import paired_difference
 from tasks.reporting.tables import PER_SPLIT
-from tasks.select import consensus_scores
+from tasks.select import consensus_scores, rung_name
 
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
 TARGET_SHARE = 0.35
@@ -69,6 +75,35 @@ def scores(catalog: Catalog, run_id: str, metric: str) -> dict[str, list[float]]
     return found
 
 
+def stored_knn(store: ArtifactStore, catalog: Catalog, run_id: str, labels: pd.Series) -> dict[str, list[float]]:
+    """Each model a run scored (by label): its kNN accuracy on each of KNN's splits, from the document embeddings its
+    evaluate stage read (nothing trained or embedded again); `labels` by doc_id."""
+    found = {}
+    for r in catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'evaluate'", [run_id]):
+        manifest = store.manifest(ArtifactRef("evaluate", r["key"]))
+        roles = manifest["input_roles"]
+        [stage] = [a["stage"] for a in catalog.query("SELECT stage FROM artifacts WHERE key = ?", [roles["documents"]])]
+        doc_ids = store.read_table(ArtifactRef(stage, roles["documents"]), "documents", ["doc_id"])["doc_id"]
+        y = labels.reindex(doc_ids.to_pylist())
+        x = read_embeddings(store, ArtifactRef("embed", roles["embeddings"]), manifest["config"]["pooling"])
+        found[r["label"]] = knn_accuracy_splits(x[y.notna().to_numpy()], y.dropna().to_numpy(), KNN["k"],
+                                                KNN["test_size"], range(KNN["repeats"]))
+    return found
+
+
+def rungs(ladder: pd.DataFrame, knn: dict[str, list[float]], total: int) -> list[dict]:
+    """Each rung of the search: every candidate scored there, its yardstick score beside its labelled kNN, and
+    Kendall's tau between the two over the rung (three candidates or more)."""
+    out = []
+    for steps, rung in ladder[ladder["score"].notna()].groupby("steps"):
+        labels = [c if steps == total else rung_name(c, steps) for c in rung["candidate"]]
+        means = [float(np.mean(knn[label])) for label in labels]
+        tau = stats.kendalltau(rung["score"], means).statistic if len(labels) > 2 else None
+        out.append(dict(steps=int(steps), tau=tau, yardstick=dict(zip(labels, rung["score"])),
+                        knn=dict(zip(labels, means))))
+    return out
+
+
 def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> dict:
     sets = [*args.sets, *([f"data.limit={args.limit}"] if args.limit else []), f"name=select-{name}",
             f"evaluate.yardstick.kind={args.yardstick}"]
@@ -81,16 +116,19 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     catalog = Catalog(store)
     searched = latest(catalog, "select")
     decided = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'select'", [searched])[0]["key"]
-    extra = store.manifest(ArtifactRef("select", decided))["extra"]
+    manifest = store.manifest(ArtifactRef("select", decided))
+    extra = manifest["extra"]
     ladder = store.read_table(ArtifactRef("select", decided), "ladder").to_pandas()
+    chosen = extra["decision"]["chosen"]
+    cost = dict(search_steps=extra["cost"]["trained_steps"], exhaustive_steps=extra["cost"]["exhaustive_steps"],
+                share=extra["cost"]["share"], select_s=round(select_s, 1))
+    if args.judge == "answer":
+        return judged_from_search(name, store, catalog, searched, path, manifest["config"], ladder, chosen, cost)
     # Every candidate trained fully on the schedule the search put it on (its view's epochs, as the pairs stage drew
     # them for the search's budget).
     epochs = {r["method"]: store.manifest(ArtifactRef("pairs", r["key"]))["extra"]["epochs"] for r in catalog.query(
         "SELECT label AS method, key FROM run_stages WHERE run_id = ? AND stage = 'pairs'", [searched])}
-    chosen = extra["decision"]["chosen"]
     trained = ladder[["candidate", "recipe", "lr"]].drop_duplicates()
-    if args.judge == "answer":  # the answer alone, beside the untrained model
-        trained = trained[trained["candidate"] == chosen]
     methods = [dict(name=c, recipe=r, train=dict(lr=lr, epochs=epochs[c], max_steps=cfg.select.budget,
                                                    on_unhealthy="warn"))
                for c, r, lr in trained.itertuples(index=False)]
@@ -103,36 +141,58 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     if YARDSTICKS[args.yardstick].pooled:  # the fully trained candidates and the untrained model judge each other
         pool = {r["label"]: ArtifactRef("evaluate", r["key"]) for r in catalog.query(
             "SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'evaluate'", [full])}
-        yardstick = {label: float(v.mean()) for label, v in consensus_scores(store, pool).items()} if len(
-            pool) > 1 else {}  # the answer the untrained model, judged alone: no pool
+        yardstick = {label: float(v.mean()) for label, v in consensus_scores(store, pool).items()}
     else:
         yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRICS[args.yardstick]).items()}
     candidates = [m["name"] for m in methods]
     base = next(label for label in knn if label.startswith("base"))
     selected = base if chosen == "base" else chosen
     over_base = paired_difference(knn[selected], knn[base])  # a trained answer: does it beat its start on the labels?
-    best = d = tau = None  # judging the answer alone: no other candidate trained fully to compare it with
-    if args.judge == "all":
-        best = max(candidates, key=lambda c: sum(knn[c]))
-        d = paired_difference(knn[selected], knn[best])
-        tau = stats.kendalltau([yardstick[c] for c in candidates], [sum(knn[c]) for c in candidates]).statistic
-    ingest = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'ingest'", [full])[0]["key"]
-    row = dict(corpus=name, documents=store.manifest(ArtifactRef("ingest", ingest))["rows"]["documents"],
-               chosen=chosen, best=best, selected_knn=sum(knn[selected]) / len(knn[selected]),
-               best_knn=sum(knn[best]) / len(knn[best]) if best else None, base_knn=sum(knn[base]) / len(knn[base]),
-               difference=d and d.mean, low=d and d.low, high=d and d.high, within=d and d.high >= 0,
+    best = max(candidates, key=lambda c: sum(knn[c]))
+    d = paired_difference(knn[selected], knn[best])
+    tau = stats.kendalltau([yardstick[c] for c in candidates], [sum(knn[c]) for c in candidates]).statistic
+    row = dict(corpus=name, documents=documents(store, catalog, full),
+               chosen=chosen, best=best, selected_knn=mean(knn[selected]), best_knn=mean(knn[best]),
+               base_knn=mean(knn[base]), difference=d.mean, low=d.low, high=d.high, within=d.high >= 0,
                over_base=dict(mean=over_base.mean, low=over_base.low, high=over_base.high),
-               kendall_tau=tau, search_steps=extra["cost"]["trained_steps"],
-               exhaustive_steps=extra["cost"]["exhaustive_steps"], share=extra["cost"]["share"],
-               select_s=round(select_s, 1), exhaustive_s=round(exhaustive_s, 1),
-               yardstick={c: yardstick.get(c) for c in candidates},
-               knn={c: sum(knn[c]) / len(knn[c]) for c in candidates})
-    against_best = (f"best {best} ({row['best_knn']:.3f}): {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]; Kendall's tau "
-                    f"{tau:+.2f}; " if d else "")
-    print(f"{name}: selected {chosen} (kNN {row['selected_knn']:.3f}), {against_best}over the base "
+               kendall_tau=tau, **cost, exhaustive_s=round(exhaustive_s, 1),
+               yardstick={c: yardstick.get(c) for c in candidates}, knn={c: mean(knn[c]) for c in candidates})
+    print(f"{name}: selected {chosen} (kNN {row['selected_knn']:.3f}), best {best} ({row['best_knn']:.3f}): "
+          f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]; Kendall's tau {tau:+.2f}; over the base "
           f"{over_base.mean:+.3f} [{over_base.low:+.3f}, {over_base.high:+.3f}]; {row['share']:.0%} of the exhaustive "
           f"steps; select {select_s / 60:.1f} min", flush=True)
     return row
+
+
+def judged_from_search(name: str, store: ArtifactStore, catalog: Catalog, searched: str, path: Path, job: dict,
+                       ladder: pd.DataFrame, chosen: str, cost: dict) -> dict:
+    """--judge answer: the search's own models judged by the labels, from the embeddings it stored: the answer
+    (trained to the budget by the search, or the untrained model) against the untrained model, and each rung."""
+    labels = pd.read_parquet(path, columns=["doc_id", "label"]).set_index("doc_id")["label"]
+    knn = stored_knn(store, catalog, searched, labels)
+    base = job["base"]
+    selected = base if chosen == "base" else chosen
+    over_base = paired_difference(knn[selected], knn[base])
+    row = dict(corpus=name, documents=documents(store, catalog, searched), chosen=chosen,
+               best=None, selected_knn=mean(knn[selected]), best_knn=None, base_knn=mean(knn[base]), difference=None,
+               low=None, high=None, within=None, over_base=dict(mean=over_base.mean, low=over_base.low,
+                                                                  high=over_base.high),
+               kendall_tau=None, **cost, exhaustive_s=None, rungs=rungs(ladder, knn, job["total"]))
+    taus = ", ".join(f"{r['steps']} steps {r['tau']:+.2f}" for r in row["rungs"] if r["tau"] is not None)
+    print(f"{name}: selected {chosen} (kNN {row['selected_knn']:.3f}), over the base {over_base.mean:+.3f} "
+          f"[{over_base.low:+.3f}, {over_base.high:+.3f}]; the rungs' Kendall's tau: {taus or 'none'}; "
+          f"{row['share']:.0%} of the exhaustive steps; select {cost['select_s'] / 60:.1f} min", flush=True)
+    return row
+
+
+def documents(store: ArtifactStore, catalog: Catalog, run_id: str) -> int:
+    """The documents a run ingested."""
+    ingest = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'ingest'", [run_id])[0]["key"]
+    return store.manifest(ArtifactRef("ingest", ingest))["rows"]["documents"]
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def main() -> None:
@@ -146,9 +206,10 @@ def main() -> None:
                    help="what decides (evaluate.yardstick.kind; qrels with --set evaluate.yardstick.qrels=FILE); kNN "
                    "on the labels judges")
     p.add_argument("--judge", choices=["all", "answer"], default="all",
-                   help="all: train every candidate fully (the exhaustive run); answer: only the selected one, to "
-                   "judge it against the untrained model (best, difference and tau are then null; an answer of "
-                   "`base` trains nothing and scores the untrained model alone)")
+                   help="all: train every candidate fully (the exhaustive run); answer: train nothing more, judge "
+                   "the search's own models (the answer against the untrained model, and every rung: kNN beside "
+                   "the yardstick, Kendall's tau per rung) from the document embeddings it stored (best, "
+                   "difference and the exhaustive tau are then null)")
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as work:

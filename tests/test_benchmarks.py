@@ -133,11 +133,11 @@ def test_static_encode_times_the_static_model_beside_its_teacher(tiny_dir):
 
 
 def test_select_recipe_selects_then_trains_every_candidate_and_judges_with_the_labels(tmp_path):
-    out = json.loads(benchmark("select_recipe.py", "--corpora", "demo", "--limit", "300", "--store",
-                               str(tmp_path / "store"), "--set", "model.random_init={layers: 1, hidden: 32, heads: 2, "
-                               "intermediate: 64}", "--set", "select.budget=24", "--set", "select.lrs=[3.0e-3]",
-                               "--set", "select.recipes=[crops, dropout]", "--set", "train.batch_size=16",
-                               "--set", "train.max_length=64", "--set", "evaluate.max_length=64"))
+    tiny = ["select_recipe.py", "--corpora", "demo", "--limit", "300", "--store", str(tmp_path / "store"), "--set",
+            "model.random_init={layers: 1, hidden: 32, heads: 2, intermediate: 64}", "--set", "select.budget=24",
+            "--set", "select.lrs=[3.0e-3]", "--set", "select.recipes=[crops, dropout]", "--set",
+            "train.batch_size=16", "--set", "train.max_length=64", "--set", "evaluate.max_length=64"]
+    out = json.loads(benchmark(*tiny))
     [demo] = out["corpora"]
     assert demo["documents"] == 300 and set(demo["knn"]) == set(demo["yardstick"]) == {"crops@0.003", "dropout@0.003"}
     assert demo["best"] == max(demo["knn"], key=demo["knn"].get) and demo["low"] <= demo["difference"] <= demo["high"]
@@ -146,3 +146,11 @@ def test_select_recipe_selects_then_trains_every_candidate_and_judges_with_the_l
     over_base = demo["over_base"]
     assert over_base["low"] <= over_base["mean"] <= over_base["high"]
     assert (demo["chosen"] == "base") == (over_base["mean"] == 0)  # an answer of the base is the base
+    # --judge answer trains nothing more: the search's own models, judged from the embeddings it stored
+    [stored] = json.loads(benchmark(*tiny, "--judge", "answer"))["corpora"]
+    assert stored["chosen"] == demo["chosen"] and stored["exhaustive_s"] is None
+    assert stored["base_knn"] == pytest.approx(demo["base_knn"])  # the untrained model's vectors, stored by both runs
+    [rung, last] = stored["rungs"]
+    assert rung["steps"] == 8 and set(rung["knn"]) == {"crops@0.003@8", "dropout@0.003@8"} and rung["tau"] is None
+    assert last["steps"] == 24 and len(last["knn"]) == 1  # the winner, trained to the budget
+    assert demo["chosen"] in {"base", *last["knn"]}
