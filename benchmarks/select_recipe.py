@@ -43,9 +43,10 @@ from tasks.config.loading import load_config
 from tasks.config.yardsticks import YARDSTICKS
 from tasks.embed import read_embeddings
 from tasks.metrics.knn import knn_accuracy_splits
+from tasks.metrics.pool import consensus_scores
 from tasks.metrics.significance import paired_difference
 from tasks.reporting.tables import PER_SPLIT
-from tasks.select import consensus_scores, rung_name
+from tasks.select import rung_name
 
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
 TARGET_SHARE = 0.35

@@ -42,6 +42,7 @@ from tasks.config.training import MethodConfig, expand_chains
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
+from tasks.metrics.pool import consensus_scores
 from tasks.report import markdown_for_ui
 from tasks.sample import SAMPLE, SampleConfig, SampleInputs
 from tasks.select import (
@@ -51,7 +52,6 @@ from tasks.select import (
     Ladder,
     SelectInputs,
     SelectJob,
-    consensus_scores,
     decision_of,
     rung_name,
     rung_pool,

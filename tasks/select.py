@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from storage.base import ArtifactRef
-from storage.catalog import YARDSTICK_SCORES, YARDSTICK_TOP
+from storage.catalog import YARDSTICK_SCORES
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import BASE, InputError, Section
 from tasks.config.evaluation import YardstickConfig
@@ -31,7 +31,7 @@ from tasks.config.select import rung_steps
 from tasks.config.splits import WORTH
 from tasks.config.yardsticks import YARDSTICKS
 from tasks.core.stage import Inputs, Stage
-from tasks.metrics.pool import consensus_ndcg
+from tasks.metrics.pool import consensus_scores
 from tasks.metrics.significance import PairedDifference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
 from tasks.reporting import plots
@@ -256,19 +256,6 @@ def rung_pool(ladder: Ladder, steps: int, base: ArtifactRef, scored: dict[str, A
     pool = [s for s in ladder.steps if s.steps == steps] if steps < ladder.total else list(last.values())
     return {BASE: base} | {rung_name(s.candidate.name, s.steps): scored[rung_name(s.candidate.name, s.steps)]
                            for s in pool}
-
-
-def consensus_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict[str, pd.Series]:
-    """Each model's per-query consensus nDCG@10 (tasks/metrics/pool.py) against the others of `pool` (name → its
-    evaluate artifact on a consensus yardstick), by query id: no model judges itself."""
-    tops = {name: store.read_table(ref, YARDSTICK_TOP).to_pandas().set_index("query_id").sort_index()
-            for name, ref in pool.items()}
-    first = next(iter(tops.values()))
-    rankings = np.stack([np.stack(t.loc[first.index, "top"].to_numpy()) for t in tops.values()])  # (models, q, depth)
-    own = first["own"].to_numpy() if "own" in first else None  # a text query's own document (not the neighbours')
-    documents = int(max(rankings.max(), own.max() if own is not None else 0)) + 1
-    scores = consensus_ndcg(rankings, documents, own=own)  # (models, queries)
-    return {name: pd.Series(row, index=first.index) for name, row in zip(tops, scores)}
 
 
 class SelectJob(Section):

@@ -12,12 +12,19 @@ tasks/config/yardsticks.py), and effective rank, the single-model baseline they 
   so a wide embedding cannot explain noise).
 - Effective rank (Roy and Vetterli 2007; RankMe, Garrido et al. 2023): exp of the entropy of the normalised singular
   values. Weak or reversed for text encoders in the literature: a baseline, not a yardstick to trust.
+
+`consensus_scores` reads the rankings evaluate artifacts stored (YARDSTICK_TOP) for the select stage, which judges a
+search's candidates by each other, and the report, which judges its models so.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
+from storage.base import ArtifactRef
+from storage.catalog import YARDSTICK_TOP
+from storage.store import ArtifactStore
 from tasks.metrics import block_rows, unit_rows
 from tasks.metrics.retrieval import cosines
 
@@ -123,3 +130,16 @@ def effective_rank(x: np.ndarray) -> float:
     p = s / s.sum() if s.sum() > 0 else np.ones(1)
     p = p[p > 0]
     return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def consensus_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict[str, pd.Series]:
+    """Each model's per-query consensus nDCG@10 against the others of `pool` (name → its evaluate artifact on a pooled
+    yardstick, whose YARDSTICK_TOP table holds each query's ranking), by query id: no model judges itself."""
+    tops = {name: store.read_table(ref, YARDSTICK_TOP).to_pandas().set_index("query_id").sort_index()
+            for name, ref in pool.items()}
+    first = next(iter(tops.values()))
+    rankings = np.stack([np.stack(t.loc[first.index, "top"].to_numpy()) for t in tops.values()])  # (models, q, depth)
+    own = first["own"].to_numpy() if "own" in first else None  # a text query's own document (not the neighbours')
+    documents = int(max(rankings.max(), own.max() if own is not None else 0)) + 1
+    scores = consensus_ndcg(rankings, documents, own=own)  # (models, queries)
+    return {name: pd.Series(row, index=first.index) for name, row in zip(tops, scores)}

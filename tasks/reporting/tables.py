@@ -6,6 +6,8 @@ agree with the catalog, and the command needs neither Prefect's tasks nor the en
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 
@@ -54,6 +56,12 @@ LEGEND = {
     "label_ndcg_at_10": "the yardstick by labels: nDCG@10 of the documents of each held-out document's label (every "
     "one relevant) among the labelled documents not held out, by cosine (docs/evaluation.md)",
     "label_mrr_at_10": "the same: mean reciprocal rank of the first document of its label, 0 beyond the top 10",
+    "consensus_ndcg_at_10": "the consensus yardstick: nDCG@10 of each held-out title or LLM query's documents against "
+    "the fusion of the report's other models' rankings (its own document weighted most); the models judge each "
+    "other, so the score moves with the models beside it (docs/evaluation.md)",
+    "neighbours_ndcg_at_10": "the neighbours yardstick: nDCG@10 of each held-out document's nearest other documents "
+    "against the fusion of the report's other models' rankings; the models judge each other, so the score moves "
+    "with the models beside it (docs/evaluation.md)",
     "health": "how training went: healthy, collapsed (one vector for every text), diverged, or trivial (a view too "
     "easy to teach much), with the first step it showed (docs/health.md)",
     "final_loss": "the training loss at the last step",
@@ -126,12 +134,14 @@ def _cell(value: float, std: float | None = None) -> str:
     return f"{value:.3f}" if std is None or std != std else f"{value:.3f} ± {std:.3f}"
 
 
-def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
-    """Tasks as rows, models as columns; MTEB block means and their average at the bottom."""
+def comparison_table(catalog: Catalog, entries: list[dict], pooled: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Tasks as rows, models as columns (`pooled`: a pooled yardstick's rows, pooled_rows, among the in-domain ones);
+    MTEB block means and their average at the bottom."""
     models = list(dict.fromkeys(e["label"] for e in entries))
     rows: list[dict] = []
     catalog = _load(catalog, entries)
-    scores = _query(catalog, IN_DOMAIN_SQL)
+    scores = pd.concat([_query(catalog, IN_DOMAIN_SQL), pooled]) if pooled is not None else _query(catalog,
+                                                                                                    IN_DOMAIN_SQL)
     metric_order = {m: i for i, m in enumerate(LEGEND)}
     scores = scores.assign(o=scores["metric"].map(metric_order).fillna(len(LEGEND))).sort_values(
         ["dataset", "o", "metric"])
@@ -216,6 +226,23 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
             if len(r.scores) >= 2:
                 d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
                 rows.append(_paired_row(r, r.metric, "t", d))
+    return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
+
+
+def pooled_rows(judged: dict[str, pd.Series], metric: str, dataset: str) -> pd.DataFrame:
+    """A pooled yardstick's score of each model (`judged`: its per-query scores, tasks/yardstick.py's
+    consensus_scores), the mean over the held-out queries, as in-domain rows."""
+    note = f"judged by the fusion of the other {len(judged) - 1} models of this report"
+    return pd.DataFrame([dict(model=model, dataset=dataset, metric=metric, value=float(s.mean()), std=None, n=len(s),
+                              note=note) for model, s in judged.items()])
+
+
+def pooled_paired(judged: dict[str, pd.Series], metric: str, dataset: str) -> pd.DataFrame:
+    """Each model minus each model before it on a pooled yardstick, over the same held-out queries (t interval)."""
+    models = list(judged)
+    rows = [_paired_row(SimpleNamespace(dataset=dataset, model=model, versus=versus), metric, "t",
+                        paired_difference(judged[model].to_numpy(), judged[versus].to_numpy()))
+            for i, model in enumerate(models) for versus in models[:i]]
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 

@@ -450,7 +450,7 @@ def test_semcse_summaries_through_vllm_training_and_semantic_benchmark(tmp_path,
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_sweep_of_three_values_trains_three_models_cached_on_a_rerun_and_draws_the_figure(tmp_path):
     config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops", "sweep": {"lr": [1e-4, 1e-3, 1e-2]}}],
-                         evaluate={"sts": None})
+                         evaluate={"sts": None, "yardstick": {"kind": "neighbours", "held_out": 0.2}})
     store = ArtifactStore(tmp_path / "store")
     first, state = run(config)
     assert state.is_completed()
@@ -465,6 +465,16 @@ def test_a_sweep_of_three_values_trains_three_models_cached_on_a_rerun_and_draws
     assert (folder / "sweep_lr.png").stat().st_size > 0
     assert "![kNN accuracy against lr (mean ± std over the repeated splits)](sweep_lr.png)" in (
         folder / "report.md").read_text()
+    # The neighbours (a pooled yardstick): the report's four models judge each other, paired over the held-out ones.
+    held_out = len(store.read_table(ArtifactRef("yardstick", catalog.query(
+        "SELECT key FROM run_stages WHERE run_id = ? AND stage = 'yardstick'", [first])[0]["key"]), "queries"))
+    paired = catalog.query("SELECT model, versus, n FROM paired WHERE metric = 'neighbours_ndcg_at_10'")
+    models = ["base (random init)", *trained]
+    assert held_out >= 2 and {(r["model"], r["versus"], r["n"]) for r in paired} == {
+        (m, v, held_out) for i, m in enumerate(models) for v in models[:i]}
+    lines = (folder / "report.md").read_text().splitlines()
+    dataset = next(line for line in lines if ": knn_accuracy |" in line).split(":")[0]  # "| <the corpus's name>"
+    assert sum(line.startswith(f"{dataset}: neighbours_ndcg_at_10 |") for line in lines) == 1  # filed beside kNN
     second, _ = run(config)
     assert {s["state"] for s in stages(Catalog(store), second)} == {"Cached"}
 

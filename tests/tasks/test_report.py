@@ -1,9 +1,14 @@
 """The comparison table: tasks as rows, models as columns, MTEB block means at the bottom."""
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
-from storage.catalog import Catalog
+from storage.base import ArtifactRef
+from storage.catalog import PAIRED, YARDSTICK_TOP, Catalog
 from storage.store import ArtifactStore
+from tasks.metrics.pool import consensus_scores
+from tasks.report import REPORT, PooledYardstick, ReportEntry, ReportInputs, ReportJob
 from tasks.reporting.tables import beside_teacher, comparison_table, long_rows, to_markdown
 from tests.helpers import write_scores
 
@@ -82,3 +87,34 @@ def test_a_static_model_is_set_beside_its_teacher_with_the_share_it_keeps_and_bo
     markdown = to_markdown("t", comparison_table(catalog, rows), beside=[beside_teacher(long_rows(catalog, rows),
                                                                                        "b", "a")])
     assert "## b beside its teacher a" in markdown and "| docs: knn_accuracy | 0.500 | 0.250 | 50.0% |" in markdown
+
+
+def test_a_pooled_yardstick_is_scored_by_the_reports_models_judging_each_other(tmp_path):
+    """The neighbours (a pooled kind) give no score of one model: the report's models judge each other, as select's
+    candidates do (tasks/yardstick.py: consensus_scores), in its table, its long rows and its paired differences."""
+    store, rng = ArtifactStore(tmp_path), np.random.default_rng(0)
+    ranked = {m: pa.table({"query_id": [f"doc-{q}" for q in range(6)],
+                           "top": pa.array([rng.permutation(20)[:10].astype(np.int32) for _ in range(6)],
+                                           pa.list_(pa.int32()))}) for m in "abc"}
+    scores = {m: [ArtifactRef("evaluate", write_scores(store, "evaluate", f"eval-{m}", [dict(metric="final_loss",
+                                                                                             value=1.0)],
+                                                       tables={YARDSTICK_TOP: ranked[m]} if m in ranked else {},
+                                                       model=m, dataset="docs", status="ok")["key"])]
+              for m in "abcd"}  # d ranked nothing (no yardstick table): not in the pool
+    pooled = PooledYardstick(metric="neighbours_ndcg_at_10", dataset="docs")
+    job = ReportJob(title="t", entries=[ReportEntry(label=m, method="m") for m in "abcd"], pooled=pooled)
+    report = REPORT.run(store, job, ReportInputs(scores=scores))
+    judged = consensus_scores(store, {m: scores[m][0] for m in "abc"})
+    means = " | ".join(f"{judged[m].mean():.3f}" for m in "abc")
+    assert f"| docs: neighbours_ndcg_at_10 | {means} |  |" in (store.path(report) / "report.md").read_text()
+    paired = store.read_table(report, PAIRED).to_pandas().query("metric == 'neighbours_ndcg_at_10'")
+    assert list(zip(paired["model"], paired["versus"])) == [("b", "a"), ("c", "a"), ("c", "b")]
+    assert paired["n"].tolist() == [6] * 3
+    assert paired["difference"].iloc[1] == pytest.approx((judged["c"] - judged["a"]).mean())
+    long = store.read_table(report, "report").to_pandas().query("metric == 'neighbours_ndcg_at_10'")
+    assert long["model"].tolist() == ["a", "b", "c"] and long["value"].tolist() == pytest.approx(
+        [judged[m].mean() for m in "abc"])
+    # One model that ranked them is no pool: no score, and the report says why in its log.
+    alone = REPORT.run(store, job.model_copy(update={"entries": job.entries[2:]}),
+                       ReportInputs(scores={m: scores[m] for m in "cd"}))
+    assert "neighbours_ndcg_at_10" not in (store.path(alone) / "report.md").read_text()
