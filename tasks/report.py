@@ -128,7 +128,7 @@ def tsne_pictures(store: ArtifactStore, entries: list[dict], report: ArtifactRef
 def pooled_scores(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
                   log: logging.Logger) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """job.pooled's rows (pooled_rows) and paired differences: every model whose evaluate artifact ranked its held-out
-    queries, judged by the fusion of the others' rankings (tasks/yardstick.py); none with fewer than two."""
+    queries, judged by the fusion of the others' rankings (tasks/metrics/pool.py); none with fewer than two."""
     pool = {e.label: r for e in job.entries for r in inputs.scores[e.label]
             if f"{YARDSTICK_TOP}.parquet" in (store.published_files(r) or {})}
     if len(pool) < 2:
