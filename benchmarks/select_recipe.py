@@ -29,7 +29,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np
 import pandas as pd
 from corpora import LABELLED, REPO, corpora_folder, labelled_file
 from scipy import stats
@@ -38,6 +37,7 @@ from flows.cli.common import overrides
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tasks.config.base import BASE
 from tasks.config.evaluation import YARDSTICK_METRICS
 from tasks.config.loading import load_config
 from tasks.config.yardsticks import YARDSTICKS
@@ -98,7 +98,7 @@ def rungs(ladder: pd.DataFrame, knn: dict[str, list[float]], total: int) -> list
     out = []
     for steps, rung in ladder[ladder["score"].notna()].groupby("steps"):
         labels = [c if steps == total else rung_name(c, steps) for c in rung["candidate"]]
-        means = [float(np.mean(knn[label])) for label in labels]
+        means = [mean(knn[label]) for label in labels]
         tau = stats.kendalltau(rung["score"], means).statistic if len(labels) > 2 else None
         out.append(dict(steps=int(steps), tau=tau, yardstick=dict(zip(labels, rung["score"])),
                         knn=dict(zip(labels, means))))
@@ -147,7 +147,7 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
         yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRICS[args.yardstick]).items()}
     candidates = [m["name"] for m in methods]
     base = next(label for label in knn if label.startswith("base"))
-    selected = base if chosen == "base" else chosen
+    selected = base if chosen == BASE else chosen
     over_base = paired_difference(knn[selected], knn[base])  # a trained answer: does it beat its start on the labels?
     best = max(candidates, key=lambda c: sum(knn[c]))
     d = paired_difference(knn[selected], knn[best])
@@ -172,7 +172,7 @@ def judged_from_search(name: str, store: ArtifactStore, catalog: Catalog, search
     labels = pd.read_parquet(path, columns=["doc_id", "label"]).set_index("doc_id")["label"]
     knn = stored_knn(store, catalog, searched, labels)
     base = job["base"]
-    selected = base if chosen == "base" else chosen
+    selected = base if chosen == BASE else chosen
     over_base = paired_difference(knn[selected], knn[base])
     row = dict(corpus=name, documents=documents(store, catalog, searched), chosen=chosen,
                best=None, selected_knn=mean(knn[selected]), best_knn=None, base_knn=mean(knn[base]), difference=None,

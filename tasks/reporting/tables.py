@@ -140,8 +140,9 @@ def comparison_table(catalog: Catalog, entries: list[dict], pooled: pd.DataFrame
     models = list(dict.fromkeys(e["label"] for e in entries))
     rows: list[dict] = []
     catalog = _load(catalog, entries)
-    scores = pd.concat([_query(catalog, IN_DOMAIN_SQL), pooled]) if pooled is not None else _query(catalog,
-                                                                                                    IN_DOMAIN_SQL)
+    scores = _query(catalog, IN_DOMAIN_SQL)
+    if pooled is not None:
+        scores = pd.concat([scores, pooled])
     metric_order = {m: i for i, m in enumerate(LEGEND)}
     scores = scores.assign(o=scores["metric"].map(metric_order).fillna(len(LEGEND))).sort_values(
         ["dataset", "o", "metric"])
@@ -230,7 +231,7 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
 
 
 def pooled_rows(judged: dict[str, pd.Series], metric: str, dataset: str) -> pd.DataFrame:
-    """A pooled yardstick's score of each model (`judged`: its per-query scores, tasks/yardstick.py's
+    """A pooled yardstick's score of each model (`judged`: its per-query scores, tasks/metrics/pool.py's
     consensus_scores), the mean over the held-out queries, as in-domain rows."""
     note = f"judged by the fusion of the other {len(judged) - 1} models of this report"
     return pd.DataFrame([dict(model=model, dataset=dataset, metric=metric, value=float(s.mean()), std=None, n=len(s),
