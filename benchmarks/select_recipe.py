@@ -9,7 +9,8 @@ corpus: the selected model's kNN against the best candidate's, paired over the s
 or above) and against the untrained model's, the search's training steps against the exhaustive run's (target <=
 35%), Kendall's tau between the yardstick's ranking of the candidates and kNN's, and the search's wall time.
 With --judge answer nothing is trained after the search: its own models (the answer, the untrained model, every rung's
-candidates) are judged by kNN from the document embeddings it stored (the corpus it ranked: a sample of a large one).
+candidates) are judged by kNN from the document embeddings it stored (the corpus it ranked: a sample of a large one,
+`knn_documents` of them labelled).
 Usage:
     python benchmarks/select_recipe.py [--corpora demo arxiv medical newsgroups] [--config FILE] [--store DIR]
                                 [--limit N] [--data DIR] [--judge all|answer]
@@ -76,20 +77,21 @@ def scores(catalog: Catalog, run_id: str, metric: str) -> dict[str, list[float]]
     return found
 
 
-def stored_knn(store: ArtifactStore, catalog: Catalog, run_id: str, labels: pd.Series) -> dict[str, list[float]]:
-    """Each model a run scored (by label): its kNN accuracy on each of KNN's splits, from the document embeddings its
-    evaluate stage read (nothing trained or embedded again); `labels` by doc_id."""
-    found = {}
+def stored_knn(store: ArtifactStore, catalog: Catalog, run_id: str) -> tuple[dict[str, list[float]], int]:
+    """Each model a run scored (by label): its kNN accuracy on each of KNN's splits, from the documents and embeddings
+    its evaluate stage read (nothing trained or embedded again; the labels the documents carry); and how many
+    labelled documents that is."""
+    found, labelled = {}, 0
     for r in catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'evaluate'", [run_id]):
         manifest = store.manifest(ArtifactRef("evaluate", r["key"]))
         roles = manifest["input_roles"]
         [stage] = [a["stage"] for a in catalog.query("SELECT stage FROM artifacts WHERE key = ?", [roles["documents"]])]
-        doc_ids = store.read_table(ArtifactRef(stage, roles["documents"]), "documents", ["doc_id"])["doc_id"]
-        y = labels.reindex(doc_ids.to_pylist())
+        y = store.read_table(ArtifactRef(stage, roles["documents"]), "documents", ["label"])["label"].to_pandas()
         x = read_embeddings(store, ArtifactRef("embed", roles["embeddings"]), manifest["config"]["pooling"])
         found[r["label"]] = knn_accuracy_splits(x[y.notna().to_numpy()], y.dropna().to_numpy(), KNN["k"],
                                                 KNN["test_size"], range(KNN["repeats"]))
-    return found
+        labelled = int(y.notna().sum())
+    return found, labelled
 
 
 def rungs(ladder: pd.DataFrame, knn: dict[str, list[float]], total: int) -> list[dict]:
@@ -124,7 +126,7 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     cost = dict(search_steps=extra["cost"]["trained_steps"], exhaustive_steps=extra["cost"]["exhaustive_steps"],
                 share=extra["cost"]["share"], select_s=round(select_s, 1))
     if args.judge == "answer":
-        return judged_from_search(name, store, catalog, searched, path, manifest["config"], ladder, chosen, cost)
+        return judged_from_search(name, store, catalog, searched, manifest["config"], ladder, chosen, cost)
     # Every candidate trained fully on the schedule the search put it on (its view's epochs, as the pairs stage drew
     # them for the search's budget).
     epochs = {r["method"]: store.manifest(ArtifactRef("pairs", r["key"]))["extra"]["epochs"] for r in catalog.query(
@@ -165,16 +167,15 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     return row
 
 
-def judged_from_search(name: str, store: ArtifactStore, catalog: Catalog, searched: str, path: Path, job: dict,
+def judged_from_search(name: str, store: ArtifactStore, catalog: Catalog, searched: str, job: dict,
                        ladder: pd.DataFrame, chosen: str, cost: dict) -> dict:
     """--judge answer: the search's own models judged by the labels, from the embeddings it stored: the answer
     (trained to the budget by the search, or the untrained model) against the untrained model, and each rung."""
-    labels = pd.read_parquet(path, columns=["doc_id", "label"]).set_index("doc_id")["label"]
-    knn = stored_knn(store, catalog, searched, labels)
+    knn, labelled = stored_knn(store, catalog, searched)
     base = job["base"]
     selected = base if chosen == BASE else chosen
     over_base = paired_difference(knn[selected], knn[base])
-    row = dict(corpus=name, documents=documents(store, catalog, searched), chosen=chosen,
+    row = dict(corpus=name, documents=documents(store, catalog, searched), knn_documents=labelled, chosen=chosen,
                best=None, selected_knn=mean(knn[selected]), best_knn=None, base_knn=mean(knn[base]), difference=None,
                low=None, high=None, within=None, over_base=dict(mean=over_base.mean, low=over_base.low,
                                                                   high=over_base.high),

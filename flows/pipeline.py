@@ -18,7 +18,7 @@ from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from tasks.config.base import BASE, ConfigError
 from tasks.config.data import SentenceConfig
-from tasks.config.evaluation import YARDSTICK_METRICS, YardstickConfig
+from tasks.config.evaluation import YardstickConfig
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.queries import AskedQueries, AskingDocuments, QueriesConfig
 from tasks.config.recipes import RECIPES
@@ -39,7 +39,7 @@ from tasks.mteb import MTEB, MtebJob
 from tasks.negatives import NEGATIVES, NegativesInputs, NegativesJob
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.queries import QUERIES, QueriesInputs
-from tasks.report import REPORT, PooledYardstick, ReportEntry, ReportInputs, ReportJob, publish_report
+from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob, publish_report
 from tasks.semantic import SEMANTIC, SemanticInputs, SemanticJob
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.speed import SPEED, SpeedInputs, SpeedJob
@@ -52,8 +52,6 @@ from tasks.yardstick import (
     YARDSTICK,
     YardstickInputs,
     llm_queries_needed,
-    yardstick_kind,
-    yardstick_pooled,
     yardstick_source,
 )
 
@@ -96,7 +94,7 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
     """Embed (cached per model and text set, from the text set's token ids), then score: the evaluate
     artifact, the semantic benchmark's, then one per MTEB task."""
     docs, summaries, queries = corpus.docs, corpus.summaries, corpus.queries
-    ev, dataset, prompts = run.cfg.evaluate, scored_as(run, corpus), run.cfg.model.prompts
+    ev, dataset, prompts = run.cfg.evaluate, corpus.dataset or run.cfg.data.display_name, run.cfg.model.prompts
     embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device,
                  dtype=ev.dtype, backend=ev.backend)
 
@@ -146,11 +144,6 @@ class Corpus:
     queries: ArtifactRef | None = None  # the generated queries (their held-out ones are scored)
     yardstick: ArtifactRef | None = None  # evaluate.yardstick's held-out documents (tasks/yardstick.py)
     dataset: str | None = None  # what its scores are filed under; None: the config's data name
-
-
-def scored_as(run: Run, corpus: Corpus) -> str:
-    """The dataset a corpus's scores are filed under."""
-    return corpus.dataset or run.cfg.data.display_name
 
 
 def yardstick_of(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
@@ -324,9 +317,6 @@ def cpu_speed(run: Run, static: ReportedModel, teacher: ReportedModel, docs: Art
 
 def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: bool = False) -> ArtifactRef:
     """Score every model (cached per model and task), then the report, shown in the Prefect UI."""
-    pooled = None  # a pooled yardstick: the report's models judge each other on it
-    if corpus.yardstick and yardstick_pooled(made := run.settled(corpus.yardstick)):
-        pooled = PooledYardstick(metric=YARDSTICK_METRICS[yardstick_kind(made)], dataset=scored_as(run, corpus))
     scores = {m.label: evaluate_model(run, m, corpus, force) for m in models}
     by_label = {m.label: m for m in models}
     for m in models:
@@ -334,7 +324,7 @@ def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: 
             scores[m.label].append(cpu_speed(run, m, by_label[m.teacher], corpus.docs))
     job = ReportJob(title=f"{run.cfg.name}: {run.cfg.data.display_name}",
                     entries=[ReportEntry(label=m.label, method=m.method, swept=m.swept, teacher=m.teacher)
-                             for m in models], pooled=pooled)
+                             for m in models])
     report = run.stage(REPORT, job, ReportInputs(scores=scores))
     run.wait()
     publish_report(run.store.url, report)

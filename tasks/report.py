@@ -23,12 +23,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import model_validator
 
 from storage.base import ArtifactRef
-from storage.catalog import PAIRED, YARDSTICK_TOP, Catalog
+from storage.catalog import PAIRED, Catalog
 from storage.store import ArtifactStore, ArtifactWriter
 from storage.stores import store_at
 from tasks.config.base import Section
 from tasks.core.stage import Inputs, Stage
-from tasks.metrics.pool import consensus_scores
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import (
@@ -39,8 +38,6 @@ from tasks.reporting.tables import (
     long_rows,
     notes,
     paired_differences,
-    pooled_paired,
-    pooled_rows,
     to_markdown,
 )
 
@@ -52,17 +49,9 @@ class ReportEntry(Section):
     teacher: str | None = None  # a static model's: the label of the model it was distilled from
 
 
-class PooledYardstick(Section):
-    """A yardstick scored only across models (tasks/config/yardsticks.py's pooled kinds: consensus, neighbours)."""
-
-    metric: str  # its nDCG@10's name
-    dataset: str  # the corpus whose documents it held out, as the evaluate rows name it
-
-
 class ReportJob(Section):
     title: str
     entries: list[ReportEntry]
-    pooled: PooledYardstick | None = None  # the report's models then judge each other on it
 
     @model_validator(mode="after")
     def _unique_labels(self) -> ReportJob:
@@ -125,41 +114,19 @@ def tsne_pictures(store: ArtifactStore, entries: list[dict], report: ArtifactRef
     return found
 
 
-def pooled_scores(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
-                  log: logging.Logger) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """job.pooled's rows (pooled_rows) and paired differences: every model whose evaluate artifact ranked its held-out
-    queries, judged by the fusion of the others' rankings (tasks/metrics/pool.py); none with fewer than two."""
-    pool = {e.label: r for e in job.entries for r in inputs.scores[e.label]
-            if f"{YARDSTICK_TOP}.parquet" in (store.published_files(r) or {})}
-    if len(pool) < 2:
-        log.warning("the %s needs two models or more to judge each other; this report has %d: no score of it",
-                    job.pooled.metric, len(pool))
-        return None, None
-    judged = consensus_scores(store, pool)
-    return (pooled_rows(judged, job.pooled.metric, job.pooled.dataset),
-            pooled_paired(judged, job.pooled.metric, job.pooled.dataset))
-
-
 def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
                  out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     entries = entries_for(job, inputs)
     catalog = Catalog(store)
     long = long_rows(catalog, entries)
-    pooled, pooled_differences = pooled_scores(store, job, inputs, log) if job.pooled else (None, None)
-    if pooled is not None:
-        order = {e.label: (i, e.method) for i, e in enumerate(job.entries)}
-        long = pd.concat([long, pooled.assign(ord=pooled["model"].map(lambda m: order[m][0]),
-                                              method=pooled["model"].map(lambda m: order[m][1]))])
     out.write_table("report", pa.Table.from_pandas(long, preserve_index=False))
     pictures = (draw_curves(catalog, entries, out, job.title) + sweep_pictures(long, job, out)
                 + tsne_pictures(store, entries, ref))
     paired = paired_differences(catalog, entries)
-    if pooled_differences is not None:
-        paired = pd.concat([paired, pooled_differences], ignore_index=True)
     out.write_table(PAIRED, pa.Table.from_pandas(paired, preserve_index=False))
     labels = {e.label for e in job.entries}
     beside = [beside_teacher(long, e.label, e.teacher) for e in job.entries if e.teacher in labels]
-    markdown = to_markdown(job.title, comparison_table(catalog, entries, pooled), notes(catalog, entries), pictures,
+    markdown = to_markdown(job.title, comparison_table(catalog, entries), notes(catalog, entries), pictures,
                            paired, beside)
     out.write_text("report.md", markdown)
     log.info("\n%s", markdown)

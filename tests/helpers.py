@@ -169,14 +169,15 @@ def tiny_decoder(folder: Path) -> str:
     return str(folder)
 
 
-def write_scores(store, stage: str, key: str, rows: list[dict], tables: dict | None = None, **common) -> dict:
+def write_scores(store, stage: str, key: str, rows: list[dict], tables: dict | None = None, config: dict | None = None,
+                 roles: dict | None = None, **common) -> dict:
     """A score artifact holding `rows` (a metrics table) and `tables` (name → pyarrow table), as a stage
-    writes it; its report entry."""
+    writes it (its manifest's `config` and input `roles`, if given); its report entry."""
     from storage.base import ArtifactRef
     from storage.catalog import metrics_table
 
     ref = ArtifactRef(stage, key)
-    with store.writing(ref, config={}, inputs=[], code_version="v", libraries={}) as out:
+    with store.writing(ref, config=config or {}, inputs=[], code_version="v", libraries={}, roles=roles) as out:
         out.write_table("metrics", metrics_table(rows, key=key, **common))
         for name, table in (tables or {}).items():
             out.write_table(name, table)

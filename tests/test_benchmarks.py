@@ -148,7 +148,7 @@ def test_select_recipe_selects_then_trains_every_candidate_and_judges_with_the_l
     assert (demo["chosen"] == "base") == (over_base["mean"] == 0)  # an answer of the base is the base
     # --judge answer trains nothing more: the search's own models, judged from the embeddings it stored
     [stored] = json.loads(benchmark(*tiny, "--judge", "answer"))["corpora"]
-    assert stored["chosen"] == demo["chosen"] and stored["exhaustive_s"] is None
+    assert stored["chosen"] == demo["chosen"] and stored["exhaustive_s"] is None and stored["knn_documents"] == 300
     assert stored["base_knn"] == pytest.approx(demo["base_knn"])  # the untrained model's vectors, stored by both runs
     [rung, last] = stored["rungs"]
     assert rung["steps"] == 8 and set(rung["knn"]) == {"crops@0.003@8", "dropout@0.003@8"} and rung["tau"] is None

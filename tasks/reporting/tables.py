@@ -11,11 +11,15 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, Catalog
+from storage.base import ArtifactRef
+from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, YARDSTICK_TOP, Catalog
 from tasks.config.evaluation import YARDSTICK_METRICS
+from tasks.config.queries import HELD_OUT
 from tasks.encoders.budget import CHARS_PER_TOKEN
+from tasks.metrics.pool import consensus_scores
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
+from tasks.yardstick import yardstick_kind
 
 # Scores that are points of a curve (written by the evaluate stage): drawn as pictures, not listed
 # as table rows.
@@ -120,7 +124,10 @@ def _query(catalog: Catalog, sql: str) -> pd.DataFrame:
 
 
 def long_rows(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
-    return _query(_load(catalog, entries), "SELECT * FROM scores")
+    """Every score of the entries, a pooled yardstick's included (pooled_rows)."""
+    pooled = pooled_rows(catalog, entries)
+    long = _query(_load(catalog, entries), "SELECT * FROM scores")
+    return pd.concat([long, pooled], ignore_index=True) if len(pooled) else long
 
 
 def curve_rows(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
@@ -134,15 +141,14 @@ def _cell(value: float, std: float | None = None) -> str:
     return f"{value:.3f}" if std is None or std != std else f"{value:.3f} ± {std:.3f}"
 
 
-def comparison_table(catalog: Catalog, entries: list[dict], pooled: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Tasks as rows, models as columns (`pooled`: a pooled yardstick's rows, pooled_rows, among the in-domain ones);
-    MTEB block means and their average at the bottom."""
+def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
+    """Tasks as rows, models as columns (a pooled yardstick's among the in-domain rows); MTEB block means and their
+    average at the bottom."""
     models = list(dict.fromkeys(e["label"] for e in entries))
     rows: list[dict] = []
+    pooled = pooled_rows(catalog, entries)
     catalog = _load(catalog, entries)
-    scores = _query(catalog, IN_DOMAIN_SQL)
-    if pooled is not None:
-        scores = pd.concat([scores, pooled])
+    scores = pd.concat([_query(catalog, IN_DOMAIN_SQL), pooled]) if len(pooled) else _query(catalog, IN_DOMAIN_SQL)
     metric_order = {m: i for i, m in enumerate(LEGEND)}
     scores = scores.assign(o=scores["metric"].map(metric_order).fillna(len(LEGEND))).sort_values(
         ["dataset", "o", "metric"])
@@ -212,7 +218,7 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     kNN accuracy paired over the splits both were scored on (t interval), then STS Spearman over the
     pairs both scored (bootstrap of the pairs), then nDCG@10 over the queries both were scored on (t
     interval): the held-out generated queries, each local retrieval task (its metric: the task), and the
-    yardstick's held-out documents."""
+    yardstick's held-out documents (a pooled yardstick's: pooled_paired)."""
     catalog, rows = _load(catalog, entries), []
     for r in _query(catalog, PAIRED_SQL).itertuples():
         if len(r.scores) >= 2:
@@ -227,24 +233,40 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
             if len(r.scores) >= 2:
                 d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
                 rows.append(_paired_row(r, r.metric, "t", d))
-    return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
+    return pd.DataFrame(rows + pooled_paired(catalog, entries), columns=PAIRED_COLUMNS)
 
 
-def pooled_rows(judged: dict[str, pd.Series], metric: str, dataset: str) -> pd.DataFrame:
-    """A pooled yardstick's score of each model (`judged`: its per-query scores, tasks/metrics/pool.py's
-    consensus_scores), the mean over the held-out queries, as in-domain rows."""
-    note = f"judged by the fusion of the other {len(judged) - 1} models of this report"
-    return pd.DataFrame([dict(model=model, dataset=dataset, metric=metric, value=float(s.mean()), std=None, n=len(s),
-                              note=note) for model, s in judged.items()])
+def pooled_yardsticks(catalog: Catalog, entries: list[dict]) -> list[tuple[str, str, dict[str, pd.Series]]]:
+    """The pooled yardsticks (consensus, neighbours: no score of one model) the entries' evaluate artifacts ranked:
+    (dataset, metric, each model's per-query scores), the models that ranked one yardstick's held-out queries judging
+    each other (tasks/metrics/pool.py); none for a yardstick fewer than two of them ranked."""
+    store, pools = catalog.store, {}
+    for e in entries:
+        ref = ArtifactRef("evaluate", e["key"])
+        if f"{YARDSTICK_TOP}.parquet" in (store.published_files(ref) or {}):
+            manifest = store.manifest(ref)
+            pool = pools.setdefault((manifest["config"]["dataset"], manifest["input_roles"]["yardstick"]), {})
+            pool[e["label"]] = ref
+    return [(dataset, YARDSTICK_METRICS[yardstick_kind(store.manifest(ArtifactRef("yardstick", key)))],
+             consensus_scores(store, pool)) for (dataset, key), pool in pools.items() if len(pool) > 1]
 
 
-def pooled_paired(judged: dict[str, pd.Series], metric: str, dataset: str) -> pd.DataFrame:
-    """Each model minus each model before it on a pooled yardstick, over the same held-out queries (t interval)."""
-    models = list(judged)
-    rows = [_paired_row(SimpleNamespace(dataset=dataset, model=model, versus=versus), metric, "t",
+def pooled_rows(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
+    """Each pooled yardstick's score of each model, the mean over its held-out queries, as long rows."""
+    order = {e["label"]: (i, e["method"]) for i, e in enumerate(dict((e["label"], e) for e in entries).values())}
+    return pd.DataFrame([dict(ord=order[model][0], model=model, method=order[model][1], dataset=dataset, metric=metric,
+                              value=float(s.mean()), std=np.nan, n=len(s), split=HELD_OUT, status="ok",
+                              note=f"judged by the fusion of the other {len(judged) - 1} models' rankings")
+                         for dataset, metric, judged in pooled_yardsticks(catalog, entries)
+                         for model, s in judged.items()])
+
+
+def pooled_paired(catalog: Catalog, entries: list[dict]) -> list[dict]:
+    """Each model minus each model before it on each pooled yardstick, over the same held-out queries (t interval)."""
+    return [_paired_row(SimpleNamespace(dataset=dataset, model=model, versus=versus), metric, "t",
                         paired_difference(judged[model].to_numpy(), judged[versus].to_numpy()))
-            for i, model in enumerate(models) for versus in models[:i]]
-    return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
+            for dataset, metric, judged in pooled_yardsticks(catalog, entries)
+            for i, model in enumerate(judged) for versus in list(judged)[:i]]
 
 
 def paired_lines(paired: pd.DataFrame) -> list[str]:

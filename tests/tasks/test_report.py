@@ -5,11 +5,11 @@ import pyarrow as pa
 import pytest
 
 from storage.base import ArtifactRef
-from storage.catalog import PAIRED, YARDSTICK_TOP, Catalog
+from storage.catalog import YARDSTICK_TOP, Catalog
 from storage.store import ArtifactStore
 from tasks.metrics.pool import consensus_scores
-from tasks.report import REPORT, PooledYardstick, ReportEntry, ReportInputs, ReportJob
-from tasks.reporting.tables import beside_teacher, comparison_table, long_rows, to_markdown
+from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob
+from tasks.reporting.tables import beside_teacher, comparison_table, long_rows, paired_differences, to_markdown
 from tests.helpers import write_scores
 
 # Two models; block means by hand: clustering (0.2+0.4)/2=0.3 and 0.5; sts (0.8) and 0.6.
@@ -89,32 +89,36 @@ def test_a_static_model_is_set_beside_its_teacher_with_the_share_it_keeps_and_bo
     assert "## b beside its teacher a" in markdown and "| docs: knn_accuracy | 0.500 | 0.250 | 50.0% |" in markdown
 
 
-def test_a_pooled_yardstick_is_scored_by_the_reports_models_judging_each_other(tmp_path):
-    """The neighbours (a pooled kind) give no score of one model: the report's models judge each other, as select's
-    candidates do (tasks/yardstick.py: consensus_scores), in its table, its long rows and its paired differences."""
+def test_a_pooled_yardstick_is_scored_by_the_models_judging_each_other_in_every_view(tmp_path):
+    """The neighbours (a pooled kind) give no score of one model: the models that ranked one yardstick's held-out
+    documents judge each other, as select's candidates do (tasks/metrics/pool.py: consensus_scores), in the table,
+    the long rows and the paired differences, which the report stage, `embforge run` and `embforge report` share."""
     store, rng = ArtifactStore(tmp_path), np.random.default_rng(0)
+    with store.writing(ArtifactRef("yardstick", "y1"), config={}, inputs=[], code_version="v", libraries={}) as out:
+        out.extra["kind"] = "neighbours"
     ranked = {m: pa.table({"query_id": [f"doc-{q}" for q in range(6)],
                            "top": pa.array([rng.permutation(20)[:10].astype(np.int32) for _ in range(6)],
                                            pa.list_(pa.int32()))}) for m in "abc"}
-    scores = {m: [ArtifactRef("evaluate", write_scores(store, "evaluate", f"eval-{m}", [dict(metric="final_loss",
-                                                                                             value=1.0)],
-                                                       tables={YARDSTICK_TOP: ranked[m]} if m in ranked else {},
-                                                       model=m, dataset="docs", status="ok")["key"])]
-              for m in "abcd"}  # d ranked nothing (no yardstick table): not in the pool
-    pooled = PooledYardstick(metric="neighbours_ndcg_at_10", dataset="docs")
-    job = ReportJob(title="t", entries=[ReportEntry(label=m, method="m") for m in "abcd"], pooled=pooled)
-    report = REPORT.run(store, job, ReportInputs(scores=scores))
-    judged = consensus_scores(store, {m: scores[m][0] for m in "abc"})
-    means = " | ".join(f"{judged[m].mean():.3f}" for m in "abc")
-    assert f"| docs: neighbours_ndcg_at_10 | {means} |  |" in (store.path(report) / "report.md").read_text()
-    paired = store.read_table(report, PAIRED).to_pandas().query("metric == 'neighbours_ndcg_at_10'")
+    entries = [write_scores(store, "evaluate", f"eval-{m}", [dict(metric="final_loss", value=1.0)],
+                            tables={YARDSTICK_TOP: ranked[m]} if m in ranked else {}, config={"dataset": "docs"},
+                            roles={"yardstick": "y1"}, model=m, dataset="docs", status="ok")
+               for m in "abcd"]  # d ranked nothing (no rankings stored): not in the pool
+    catalog = Catalog(store)
+    judged = consensus_scores(store, {m: ArtifactRef("evaluate", f"eval-{m}") for m in "abc"})
+    means = [f"{judged[m].mean():.3f}" for m in "abc"]
+    assert comparison_table(catalog, entries).set_index("task").loc["docs: neighbours_ndcg_at_10"].tolist() == [
+        *means, ""]
+    paired = paired_differences(catalog, entries).query("metric == 'neighbours_ndcg_at_10'")
     assert list(zip(paired["model"], paired["versus"])) == [("b", "a"), ("c", "a"), ("c", "b")]
     assert paired["n"].tolist() == [6] * 3
     assert paired["difference"].iloc[1] == pytest.approx((judged["c"] - judged["a"]).mean())
-    long = store.read_table(report, "report").to_pandas().query("metric == 'neighbours_ndcg_at_10'")
+    long = long_rows(catalog, entries).query("metric == 'neighbours_ndcg_at_10'")
     assert long["model"].tolist() == ["a", "b", "c"] and long["value"].tolist() == pytest.approx(
         [judged[m].mean() for m in "abc"])
-    # One model that ranked them is no pool: no score, and the report says why in its log.
-    alone = REPORT.run(store, job.model_copy(update={"entries": job.entries[2:]}),
-                       ReportInputs(scores={m: scores[m] for m in "cd"}))
-    assert "neighbours_ndcg_at_10" not in (store.path(alone) / "report.md").read_text()
+    assert set(long["status"]) == {"ok"} and set(long["split"]) == {"held_out"}
+    job = ReportJob(title="t", entries=[ReportEntry(label=m, method="m") for m in "abcd"])
+    report = REPORT.run(store, job, ReportInputs(scores={e["label"]: [ArtifactRef("evaluate", e["key"])]
+                                                         for e in entries}))
+    assert f"| docs: neighbours_ndcg_at_10 | {' | '.join(means)} |  |" in (store.path(report) / "report.md").read_text()
+    # One model that ranked them is no pool: no score.
+    assert "docs: neighbours_ndcg_at_10" not in comparison_table(catalog, entries[2:])["task"].tolist()
