@@ -148,7 +148,9 @@ def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     rows: list[dict] = []
     pooled = pooled_rows(catalog, entries)
     catalog = _load(catalog, entries)
-    scores = pd.concat([_query(catalog, IN_DOMAIN_SQL), pooled]) if len(pooled) else _query(catalog, IN_DOMAIN_SQL)
+    scores = _query(catalog, IN_DOMAIN_SQL)
+    if len(pooled):
+        scores = pd.concat([scores, pooled])
     metric_order = {m: i for i, m in enumerate(LEGEND)}
     scores = scores.assign(o=scores["metric"].map(metric_order).fillna(len(LEGEND))).sort_values(
         ["dataset", "o", "metric"])
