@@ -24,7 +24,7 @@ from tasks.config.queries import AskedQueries, AskingDocuments, QueriesConfig
 from tasks.config.recipes import RECIPES
 from tasks.config.static import StaticConfig, StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
-from tasks.config.yardsticks import YARDSTICKS
+from tasks.config.yardsticks import YARDSTICKS, yardstick_source
 from tasks.core.stage import Inputs, NoInputs, Stage
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.encoders.lora import check_targets, start_layers
@@ -48,12 +48,7 @@ from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
-from tasks.yardstick import (
-    YARDSTICK,
-    YardstickInputs,
-    llm_queries_needed,
-    yardstick_source,
-)
+from tasks.yardstick import YARDSTICK, YardstickInputs, llm_queries_needed
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,

@@ -39,6 +39,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.training import MethodConfig, expand_chains
+from tasks.config.yardsticks import yardstick_pooled
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
@@ -59,7 +60,6 @@ from tasks.select import (
     successive_halving,
     yardstick_scores,
 )
-from tasks.yardstick import yardstick_pooled
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from tasks import embed
 from tasks.config.base import Section
 from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
 from tasks.config.queries import HELD_OUT
-from tasks.config.yardsticks import TEXT_QUERIES, YARDSTICKS
+from tasks.config.yardsticks import TEXT_QUERIES, YARDSTICKS, yardstick_kind, yardstick_source
 from tasks.core import eval_sets
 from tasks.core.held_out import held_out_queries
 from tasks.core.stage import Stage
@@ -36,7 +36,6 @@ from tasks.metrics import geometry, knn, pool, retrieval, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import PER_SPLIT, POINTS
-from tasks.yardstick import yardstick_kind, yardstick_source
 
 
 class EvalJob(Section):

@@ -26,9 +26,9 @@ from pydantic import Field
 from storage.base import ArtifactRef, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
+from tasks.config.yardsticks import yardstick_kind
 from tasks.core.held_out import held_out_queries
 from tasks.core.stage import Inputs, Stage
-from tasks.yardstick import yardstick_kind
 
 
 class SampleConfig(Section):

@@ -29,13 +29,12 @@ from tasks.config.base import BASE, InputError, Section
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.select import rung_steps
 from tasks.config.splits import WORTH
-from tasks.config.yardsticks import YARDSTICKS
+from tasks.config.yardsticks import YARDSTICKS, yardstick_kind, yardstick_pooled
 from tasks.core.stage import Inputs, Stage
 from tasks.metrics.pool import consensus_scores
 from tasks.metrics.significance import PairedDifference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
 from tasks.reporting import plots
-from tasks.yardstick import yardstick_kind, yardstick_pooled
 
 # The search: successive halving over candidate recipes.
 # Every candidate (a recipe at a learning rate) trains a short first rung and is scored on the yardstick; the best

@@ -47,7 +47,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
-from tasks.config.yardsticks import TEXT_QUERIES, YARDSTICKS
+from tasks.config.yardsticks import TEXT_QUERIES
 from tasks.core.eval_sets import read_table
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
@@ -58,21 +58,6 @@ NO_RELEVANT = "no_relevant"  # a held-out document whose label no trained-on doc
 TRAINED_ON = "trained_on"  # a user's query with a relevant document that is not held out
 NOT_DRAWN = "not_drawn"  # a query past `max_queries` (still held out of training)
 QRELS_COLUMNS = ["query_id", "query", "doc_id", "score"]
-
-
-def yardstick_kind(manifest: dict) -> str:
-    """The kind a yardstick artifact is (`auto` resolved), from its manifest."""
-    return manifest["extra"]["kind"]
-
-
-def yardstick_pooled(manifest: dict) -> bool:
-    """Whether its kind is scored only across a pool of models (consensus, neighbours), from its manifest."""
-    return YARDSTICKS[yardstick_kind(manifest)].pooled
-
-
-def yardstick_source(manifest: dict) -> str:
-    """What its queries are (a consensus's: titles or the LLM's queries; every other kind's: the kind itself)."""
-    return manifest["extra"].get("source", yardstick_kind(manifest))
 
 
 class YardstickInputs(Inputs):

@@ -83,3 +83,18 @@ YARDSTICKS = {
 }
 KINDS = tuple(YARDSTICKS)
 TEXT_QUERIES = ("titles", "queries")  # where a consensus's queries come from, in this order
+
+
+def yardstick_kind(manifest: dict) -> str:
+    """The kind a yardstick artifact is (`auto` resolved), from its manifest."""
+    return manifest["extra"]["kind"]
+
+
+def yardstick_pooled(manifest: dict) -> bool:
+    """Whether its kind is scored only across a pool of models (consensus, neighbours), from its manifest."""
+    return YARDSTICKS[yardstick_kind(manifest)].pooled
+
+
+def yardstick_source(manifest: dict) -> str:
+    """What its queries are (a consensus's: titles or the LLM's queries; every other kind's: the kind itself)."""
+    return manifest["extra"].get("source", yardstick_kind(manifest))

@@ -15,11 +15,11 @@ from storage.base import ArtifactRef
 from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, YARDSTICK_TOP, Catalog
 from tasks.config.evaluation import YARDSTICK_METRICS
 from tasks.config.queries import HELD_OUT
+from tasks.config.yardsticks import yardstick_kind
 from tasks.encoders.budget import CHARS_PER_TOKEN
 from tasks.metrics.pool import consensus_scores
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
-from tasks.yardstick import yardstick_kind
 
 # Scores that are points of a curve (written by the evaluate stage): drawn as pictures, not listed
 # as table rows.
