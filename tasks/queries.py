@@ -11,7 +11,8 @@ A quality guard labels every query: `empty` (under 2 words), `run_on` (no line e
 not a question) or `ok`. A share `held_out` of the documents, drawn by a hash of (seed, doc_id), is
 `held_out`: their queries are the in-domain retrieval evaluation's and never trained on; the rest are
 `train`. The draw depends on the document alone, so its split is the same in every run and
-whatever else the corpus holds. A document too long for the LLM's context is cut to fit (`extra.cut`).
+whatever else the corpus holds. A document too long for the LLM's context (or `max_input_tokens`) is cut to fit
+(`extra.cut`).
 
 Inputs: `documents`, and `llm` when the LLM was converted from GGUF.
 Output `queries.parquet`: query_id, doc_id, sample, query, status, split, continuation, finish,
@@ -50,8 +51,8 @@ def query_status(query: str, ended: bool, finish: str, source: str, copied: floa
 
 
 def pool_key(job: QueriesConfig) -> str:
-    """The queries' pool: one per LLM and sampling settings (pool.rows_key), apart from the summaries'."""
-    return rows_key(llm.identity(job.llm), job.sampling)
+    """The queries' pool: one per LLM, sampling settings and cut (pool.rows_key), apart from the summaries'."""
+    return rows_key(llm.identity(job.llm), job)
 
 
 def asking_documents(doc_ids: list[str], asking: AskingDocuments) -> set[str]:

@@ -10,8 +10,8 @@ artifact. More documents, another prompt or another LLM therefore make only the 
 A quality guard labels every summary: `empty` (under 3 words), `run_on` (no end of sentence
 within `max_tokens`), `repeat` (it merely copies the input: most of its word trigrams are in the
 title and abstract) or `ok`; SemCSE trains on `ok` ones, and the counts are in the artifact. A
-document too long for the LLM's context (generate.CONTEXT tokens with the prompt and continuation)
-is cut to fit, and the manifest counts the documents cut (`extra.cut`).
+document too long for the LLM's context (generate.CONTEXT tokens with the prompt and continuation),
+or than `max_input_tokens`, is cut to fit, and the manifest counts the documents cut (`extra.cut`).
 
 Inputs: `documents`, and `llm` when the LLM was converted from GGUF.
 Output `summaries.parquet`: doc_id, prompt_id, sample, text, status, continuation, finish,
@@ -54,8 +54,8 @@ def summary_status(summary: str, ended: bool, finish: str, source: str, copied: 
 
 
 def pool_key(job: SummaryConfig) -> str:
-    """The summaries' pool: one per LLM and sampling settings (pool.rows_key)."""
-    return rows_key(llm.identity(job.llm), job.sampling)
+    """The summaries' pool: one per LLM, sampling settings and cut (pool.rows_key)."""
+    return rows_key(llm.identity(job.llm), job)
 
 
 def build_summaries(store: ArtifactStore, job: SummaryConfig, inputs: SummarizeInputs,

@@ -49,6 +49,10 @@ class GenerationConfig(Section):
                               "trains on those).")
     shard_size: int = Field(16, ge=1, description="Documents per shard: a killed run loses at most the "
                             "shard in flight.")
+    max_input_tokens: int | None = Field(None, ge=16, description="Cut each document to its first N tokens "
+                                         "before it is prompted (None: as much as the LLM's context holds); "
+                                         "reading is most of an LLM's time on a CPU, and a passage's first "
+                                         "few hundred tokens are what a query or summary is written from.")
     sampling: Sampling = Field(default_factory=Sampling)
 
 

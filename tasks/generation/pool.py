@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from storage.base import ArtifactRef, stable_hash
 from storage.shards import ShardPool
 from storage.store import ArtifactStore
-from tasks.config.summaries import GenerationConfig, Sampling
+from tasks.config.summaries import GenerationConfig
 from tasks.core.progress import StageProgress
 from tasks.encoders.budget import char_budget
 from tasks.encoders.models import load_model
@@ -64,14 +64,16 @@ def fitted_text(tokenizer, text: str, budget: int) -> tuple[str, bool]:
     return tokenizer.decode(ids[:budget]), True
 
 
-def fit_documents(tokenizer, docs: list[dict], prefix: str, prompts: list[str], max_tokens: int) -> int:
+def fit_documents(tokenizer, docs: list[dict], prefix: str, prompts: list[str], max_tokens: int,
+                  most: int | None = None) -> int:
     """Set each document's `fitted` text: cut so that every prompt built from it and its continuation
-    fit the LLM's context (generate.CONTEXT tokens); returns how many were cut."""
+    fit the LLM's context (generate.CONTEXT tokens), and to `most` tokens where given; returns how many were cut."""
     cut = 0
     for d in docs:
         around = max(len(tokenizer(build_prompt(prefix, d["title"], "", p))["input_ids"]) for p in prompts)
         # 8 tokens of slack: tokens can merge differently where the text meets the rest of the prompt
-        d["fitted"], was_cut = fitted_text(tokenizer, d["text"], max(generate.CONTEXT - max_tokens - around - 8, 0))
+        budget = max(generate.CONTEXT - max_tokens - around - 8, 0)
+        d["fitted"], was_cut = fitted_text(tokenizer, d["text"], min(budget, most or budget))
         cut += was_cut
     return cut
 
@@ -104,18 +106,21 @@ def status_counts(table: pa.Table) -> dict[str, int]:
     return {s: int(pc.sum(pc.equal(table["status"], s)).as_py() or 0) for s in STATUSES}
 
 
-def rows_key(llm_identity: str, sampling: Sampling) -> str:
-    """A pool's key: rows are interchangeable between jobs that share the LLM's weights and the sampling
-    settings (not the backend: both sample the same distribution)."""
-    return stable_hash(llm_identity, sampling.model_dump(mode="json"))
+def rows_key(llm_identity: str, job: GenerationConfig) -> str:
+    """A pool's key: rows are interchangeable between jobs that share the LLM's weights, the sampling settings and
+    the cut of a document's text (not the backend: both sample the same distribution). No cut, no part of the key:
+    the pools made before `max_input_tokens` keep theirs."""
+    cut = [job.max_input_tokens] if job.max_input_tokens is not None else []
+    return stable_hash(llm_identity, job.sampling.model_dump(mode="json"), *cut)
 
 
-def generate_missing(docs: list[dict], pool: ShardPool, have: pa.Table | None, prompts: list[str], *, model: str,
-                     model_dir: str, prefix: str, backend: str, sampling: Sampling, shard_size: int,
-                     log: logging.Logger, what: str = "rows") -> tuple[list[pa.Table], int]:
-    """Generate the (document, prompt) rows that `have` (the pool as read) lacks with the LLM `model`
-    (loaded from `model_dir`; every prompt starts with `prefix`), `shard_size` documents per pool shard;
-    returns the new shards' tables and how many of the documents were cut to fit the LLM's context."""
+def generate_missing(docs: list[dict], pool: ShardPool, have: pa.Table | None, prompts: list[str],
+                     job: GenerationConfig, *, model_dir: str, prefix: str, log: logging.Logger,
+                     what: str = "rows") -> tuple[list[pa.Table], int]:
+    """Generate the (document, prompt) rows that `have` (the pool as read) lacks with the job's LLM (loaded from
+    `model_dir`; every prompt starts with `prefix`), `shard_size` documents per pool shard; returns the new
+    shards' tables and how many of the documents were cut (to fit the LLM's context or to `max_input_tokens`)."""
+    model, sampling, shard_size = job.llm, job.sampling, job.shard_size
     done = set(zip(have["doc_digest"].to_pylist(), have["prompt_digest"].to_pylist())) if have else set()
     hashed = [(p, stable_hash(p)) for p in prompts]
     todo = [(d, [(p, h) for p, h in hashed if (d["digest"], h) not in done]) for d in docs]
@@ -125,10 +130,11 @@ def generate_missing(docs: list[dict], pool: ShardPool, have: pa.Table | None, p
         return [], 0
     settings = json.dumps(sampling.model_dump(mode="json"), sort_keys=True)
     cut = fit_documents(load_model(model_dir, AutoTokenizer.from_pretrained), [d for d, _ in todo], prefix,
-                        prompts, sampling.max_tokens)
+                        prompts, sampling.max_tokens, job.max_input_tokens)
     if cut:
-        log.warning("%d of %d documents cut to fit the LLM's context of %d tokens", cut, len(todo), generate.CONTEXT)
-    generator = generate.make_generator(backend, model_dir, sampling)
+        log.warning("%d of %d documents cut to fit the LLM's context of %d tokens%s", cut, len(todo),
+                    generate.CONTEXT, f" or max_input_tokens ({job.max_input_tokens})" if job.max_input_tokens else "")
+    generator = generate.make_generator(job.backend, model_dir, sampling)
     made = []
     try:
         with StageProgress(len(todo), "documents") as progress, \
@@ -159,8 +165,7 @@ def pooled_rows(store: ArtifactStore, job: GenerationConfig, documents: Artifact
     made twice, by two runs at once, keeps the first), the rows generated now, and the documents cut."""
     docs = read_documents(store, documents, job.limit, only)
     have = pool.read()
-    new, cut = generate_missing(docs, pool, have, prompts, model=job.llm, model_dir=model_dir, prefix=prefix,
-                                backend=job.backend, sampling=job.sampling, shard_size=job.shard_size, log=log,
+    new, cut = generate_missing(docs, pool, have, prompts, job, model_dir=model_dir, prefix=prefix, log=log,
                                 what=what)
     pooled = pa.concat_tables(([have] if have is not None else []) + new, promote_options="default")
     by_digest, wanted = {d["digest"]: d for d in docs}, {stable_hash(p) for p in prompts}

