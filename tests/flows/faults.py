@@ -9,12 +9,15 @@ right after the LLM's first shard reached the pool), sends itself a signal once:
 - `STAGE:SIGKILL:server`, `STAGE:SIGKILL:engine`: kill -9 to the run's own Prefect server, or to vLLM's
   engine process (a crash of what the run depends on, the run itself untouched).
 
-Before a signal it writes the time into $EMBFORGE_SIGNALLED_AT, so a test can time the stop."""
+Before a signal it writes the time into $EMBFORGE_SIGNALLED_AT, so a test can time the stop; with
+$EMBFORGE_HOLD_SIGNAL (a folder) it first says `ready` there and waits for `go`, so a test can take the cores
+for the stop alone (tests/workers.py), not for the run's start."""
 
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -33,6 +36,10 @@ def send(name: str, to: str) -> None:
     if SENT:
         return
     SENT.append(name)
+    if hold := os.environ.get("EMBFORGE_HOLD_SIGNAL"):
+        (Path(hold) / "ready").touch()
+        while not (Path(hold) / "go").exists():
+            time.sleep(0.05)
     if stamp := os.environ.get("EMBFORGE_SIGNALLED_AT"):
         with open(stamp, "w") as f:
             f.write(str(time.time()))

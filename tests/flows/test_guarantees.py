@@ -126,25 +126,37 @@ def test_ctrl_c_and_sigterm_stop_within_seconds_and_the_rerun_resumes_to_the_sam
     store, env = tmp_path / "store", cli_env(tmp_path / "prefect", EMBFORGE_SIGNALLED_AT=str(tmp_path / "at"))
     stops = [("train:SIGINT", 130, 10), ("train:SIGTERM:pid", 143, 10), ("embed:SIGTERM", 143, 10),
              ("evaluate:SIGKILL:server", 2, 30)]
-    with alone():  # each stop is timed: no other test's processes beside them (the rerun below may have some)
-        for where, code, within_s in stops:
-            stopped = subprocess.run([sys.executable, "-m", "tests.flows.faults", where, "run", str(config), "--store",
-                                      str(store)], cwd=REPO, env=env, start_new_session=True, capture_output=True,
-                                     text=True, timeout=600)
-            took = time.time() - float((tmp_path / "at").read_text())
-            output = stopped.stdout + stopped.stderr
-            assert stopped.returncode == code, f"{where}: {output}"
-            assert took < within_s, f"{where}: {took:.1f} s from the signal to the exit"
-            said = "error: the run's Prefect server (pid " if code == 2 else f"stopped by {where.split(':')[1]}: "
-            assert said in output and "every finished stage is in the store; the same command resumes" in output, output
-            assert output.count("error:") == (code == 2), output
-            assert "Error logging to API" not in output and "Traceback" not in output, output
-            assert "EventsWorker" not in output, output  # nothing queued for a dead server is tried at exit
-            assert not run_processes(env["PREFECT_HOME"]), f"{where}: a process of the run is left"
-            if where == "train:SIGINT":  # signalled during step 3: the step ends, its checkpoint is saved
-                assert "train[crops]: stopped after step 3 of" in " ".join(output.split())
-            if where == "train:SIGTERM:pid":  # where the Ctrl-C'd run stopped, not its last periodic checkpoint (2)
-                assert "train[crops]: resuming from checkpoint at step 3 of" in " ".join(output.split())
+    for i, (where, code, within_s) in enumerate(stops):
+        hold, log = tmp_path / f"hold-{i}", tmp_path / f"stop-{i}.log"
+        hold.mkdir()
+        with open(log, "w") as out:
+            stopped = subprocess.Popen([sys.executable, "-m", "tests.flows.faults", where, "run", str(config),
+                                        "--store", str(store)], env={**env, "EMBFORGE_HOLD_SIGNAL": str(hold)},
+                                       cwd=REPO, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600
+            while not (hold / "ready").exists() and stopped.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)  # the run starts beside other tests; it waits at its signal for the cores
+            with alone():  # each stop is timed: no other test's processes beside it
+                (hold / "go").touch()
+                stopped.wait(timeout=600)
+        finally:
+            if stopped.poll() is None:
+                os.killpg(stopped.pid, signal.SIGKILL)
+        took = time.time() - float((tmp_path / "at").read_text())
+        output = log.read_text()
+        assert stopped.returncode == code, f"{where}: {output}"
+        assert took < within_s, f"{where}: {took:.1f} s from the signal to the exit"
+        said = "error: the run's Prefect server (pid " if code == 2 else f"stopped by {where.split(':')[1]}: "
+        assert said in output and "every finished stage is in the store; the same command resumes" in output, output
+        assert output.count("error:") == (code == 2), output
+        assert "Error logging to API" not in output and "Traceback" not in output, output
+        assert "EventsWorker" not in output, output  # nothing queued for a dead server is tried at exit
+        assert not run_processes(env["PREFECT_HOME"]), f"{where}: a process of the run is left"
+        if where == "train:SIGINT":  # signalled during step 3: the step ends, its checkpoint is saved
+            assert "train[crops]: stopped after step 3 of" in " ".join(output.split())
+        if where == "train:SIGTERM:pid":  # where the Ctrl-C'd run stopped, not its last periodic checkpoint (2)
+            assert "train[crops]: resuming from checkpoint at step 3 of" in " ".join(output.split())
     runs = Catalog(ArtifactStore(store)).query("SELECT status, error FROM runs ORDER BY started_at")
     assert runs[:3] == [{"status": "interrupted", "error": f"stopped by {where.split(':')[1]}"}
                         for where, _, _ in stops[:3]]
