@@ -136,7 +136,7 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
     (`title_`, `generated_`); each of the user's queries finds its relevant documents among the corpus (`qrels_`); or
     each labelled held-out document, by its vector, finds its label's among the labelled documents not held out
     (`label_`). Each query's scores go in YARDSTICK_SCORES, which the select stage pairs; for a consensus, each
-    query's best documents too (YARDSTICK_TOP), which the select stage fuses across the candidates; for the
+    query's best documents too (YARDSTICK_TOP), which the select stage (and a report) fuses across the models; for the
     neighbours, each held-out document's nearest others, and nothing else (no score of one model)."""
     manifest = store.manifest(inputs.yardstick)
     kind, source = yardstick_kind(manifest), yardstick_source(manifest)
@@ -155,7 +155,7 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
                                    pooling, out, YARDSTICKS[source].prefix, YARDSTICK_SCORES)
     asked = held_out_queries(store, inputs.yardstick).to_pandas()
     row_of = pd.Series(np.arange(len(docs)), index=docs["doc_id"])
-    if source == "neighbours":  # no score of one model: the select stage fuses the candidates' rankings
+    if source == "neighbours":  # no score of one model: select (and a report) fuses the models' rankings
         top = pool.neighbour_rankings(x, row_of[asked["doc_id"]].to_numpy())  # (queries, depth) rows of `docs`
         out.write_table(YARDSTICK_TOP, pa.table({"query_id": asked["query_id"],
                                                  "top": pa.array(list(top.astype(np.int32)), pa.list_(pa.int32()))}))

@@ -16,8 +16,8 @@ why):
   document is its own text, among all the corpus's.
 - `queries`, nothing but the text: the queries stage's LLM writes queries for held-out documents (input `generated`,
   an `AskedQueries` job: the flow asks for it when `llm_queries_needed`); each usable one asks for its own document.
-- `consensus`: the titles' queries, else the LLM's (the manifest's `source`), scored across the candidates by the
-  select stage (tasks/metrics/pool.py), each against the others' rankings fused.
+- `consensus`: the titles' queries, else the LLM's (the manifest's `source`), scored across the candidates (the
+  select stage's, a report's models: tasks/metrics/pool.py), each against the others' rankings fused.
 - `neighbours`, nothing but the text and no LLM: each held-out document asks, by its own vector, for its nearest
   other documents; scored across the candidates like a consensus (the evaluate stage keeps each one's ranking).
 
