@@ -13,6 +13,9 @@ SmolLM2, at most --queries queries). Each candidate's score on each yardstick:
     consensus_queries       over the corpus (from the embeddings cache), judged by the others' fusion; pool = all
     neighbours              the same with each held-out document asking, by its own vector, for its nearest others
                             (no titles, no LLM: the grouping kNN measures, asked without labels; select's kind too)
+    clusters                pool.cluster_purity: each held-out document's 10 nearest others (by the model's own
+                            vectors) in its group of the others' k-means consensus (20 groups of every document;
+                            leave-one-out); clusters_all: every document asks (no titles, no LLM, no labels)
     information             pool.information of the held-out documents' embeddings (pool = all)
     effective_rank          pool.effective_rank of them (a baseline)
 Truth: kNN accuracy (knn_accuracy_splits, the mean over 10 splits) on labelled corpora; on SciFact the test claims'
@@ -58,8 +61,8 @@ from tasks.reporting.tables import PER_SPLIT
 from tasks.select import yardstick_scores
 
 CORPORA = [*LABELLED, "scifact"]
-YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "neighbours", "information",
-                   "effective_rank"]
+YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "neighbours", "clusters",
+                   "clusters_all", "information", "effective_rank"]
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
 HELD_OUT = {"held_out": 0.1, "seed": 0}
 ROWS_PER_DOC = 0.5  # a lower bound on a view's training rows per document, to give every budget epochs enough
@@ -213,6 +216,7 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     held = pd.Series(np.arange(len(documents)), index=documents)[by_titles[labels[0]]["held"]["doc_id"].unique()]
     start = time.perf_counter()
     # (models, queries): each held-out query's nDCG@10; their means are the evaluate stage's title_/generated_ndcg_at_10
+    vectors = [by_titles[m]["docs"] for m in labels]
     per_query = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
                                  .to_numpy() for m in labels])
                  for kind, models in (("titles", by_titles), ("queries", by_queries))}
@@ -220,6 +224,8 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
                  consensus_titles=consensus(by_titles, labels, documents).tolist(),
                  consensus_queries=consensus(by_queries, labels, documents).tolist(),
                  neighbours=neighbours(by_titles, labels, held.to_numpy()).tolist(),
+                 clusters=pool.cluster_purity(vectors, held.to_numpy()).mean(axis=1).tolist(),
+                 clusters_all=pool.cluster_purity(vectors, np.arange(len(documents))).mean(axis=1).tolist(),
                  information=pool.information([by_titles[m]["docs"][held] for m in labels]).tolist(),
                  effective_rank=[pool.effective_rank(by_titles[m]["docs"][held]) for m in labels])
     if labelled:  # (models, kNN's splits)

@@ -10,6 +10,10 @@ tasks/config/yardsticks.py), and effective rank, the single-model baseline they 
   others' carries what they carry): the mean share of each other model's embedding variance that a ridge regression
   from this model's embeddings explains, fitted on one half of the documents and scored on the other (cross-fitted,
   so a wide embedding cannot explain noise).
+- Clusters (ours, measured in benchmarks/yardsticks.py): what kNN accuracy asks of labels, asked of the pool
+  instead. The other models' unit vectors side by side are split into `clusters` groups by k-means, and each model
+  is scored by the share of each asking document's 10 nearest others (by its own vectors) that fall in that
+  document's group: its neighbourhoods' purity against the others' consensus grouping (leave-one-out, as above).
 - Effective rank (Roy and Vetterli 2007; RankMe, Garrido et al. 2023): exp of the entropy of the normalised singular
   values. Weak or reversed for text encoders in the literature: a baseline, not a yardstick to trust.
 
@@ -121,6 +125,32 @@ def information(embeddings: list[np.ndarray], alpha: float = 1.0) -> np.ndarray:
     unit = [unit_rows(x, np.float64) for x in embeddings]
     return np.array([np.mean([explained_share(unit[m], unit[j], alpha) for j in range(len(unit)) if j != m])
                      for m in range(len(unit))])
+
+
+def consensus_groups(embeddings: list[np.ndarray], clusters: int, seed: int = 0) -> np.ndarray:
+    """(documents,) each document's group: k-means over the models' unit vectors side by side, every model weighing
+    the same (a wide embedding no more than a narrow one)."""
+    from sklearn.cluster import KMeans
+
+    joined = np.concatenate([unit_rows(x, np.float64) for x in embeddings], axis=1) / np.sqrt(len(embeddings))
+    return KMeans(clusters, n_init=4, random_state=seed).fit_predict(joined)
+
+
+def neighbour_purity(x: np.ndarray, groups: np.ndarray, rows: np.ndarray, k: int = 10) -> np.ndarray:
+    """(len(rows),) the share of each of `rows`' documents' k nearest other documents among `x` (documents, dims;
+    cosine) that are in its group."""
+    nearest = neighbour_rankings(x, rows, depth=k)  # (rows, k)
+    return (groups[nearest] == groups[rows][:, None]).mean(axis=1)
+
+
+def cluster_purity(embeddings: list[np.ndarray], rows: np.ndarray, clusters: int = 20, k: int = 10,
+                   seed: int = 0) -> np.ndarray:
+    """(models, len(rows)) each model's neighbour_purity against the consensus_groups of the *other* models' vectors
+    of the same documents (leave-one-out: no model groups the documents it is judged by)."""
+    if len(embeddings) < 2:
+        raise ValueError("cluster purity needs at least 2 models: each is judged by the others' grouping")
+    return np.stack([neighbour_purity(x, consensus_groups(embeddings[:m] + embeddings[m + 1:], clusters, seed), rows, k)
+                     for m, x in enumerate(embeddings)])
 
 
 def effective_rank(x: np.ndarray) -> float:

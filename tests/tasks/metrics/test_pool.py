@@ -91,3 +91,28 @@ def test_effective_rank():
     line = rng.normal(size=(50, 1)) @ rng.normal(size=(1, 8))
     assert pool.effective_rank(line) == pytest.approx(1, abs=1e-6)
     assert pool.effective_rank(rng.normal(size=(2000, 8))) == pytest.approx(8, rel=0.05)
+
+
+def test_neighbour_purity_is_the_share_of_nearest_others_in_the_same_group():
+    x = np.array([[1.0, 0.0], [0.9, 0.1], [0.8, 0.3], [0.0, 1.0], [0.1, 0.9]])
+    groups = np.array([0, 0, 1, 1, 1])
+    # document 0's two nearest others are 1 (group 0) and 2 (group 1); document 3's are 4 and 2 (both group 1)
+    assert pool.neighbour_purity(x, groups, np.array([0, 3]), k=2).tolist() == [0.5, 1.0]
+
+
+def test_cluster_purity_ranks_models_that_group_like_the_others_first():
+    rng = np.random.default_rng(0)
+    topic = np.repeat([0, 1, 2], 20)  # 60 documents of 3 topics, which no model is told
+    centres = rng.normal(size=(3, 16))
+
+    def model(noise: float, seed: int) -> np.ndarray:
+        r = np.random.default_rng(seed)
+        return (centres[topic] + noise * r.normal(size=(60, 16))) @ r.normal(size=(16, 8))
+
+    sharp, blurred, scrambled = model(0.3, 1), model(1.5, 2), rng.normal(size=(60, 8))
+    scores = pool.cluster_purity([sharp, model(0.3, 3), blurred, scrambled], np.arange(60), clusters=3, k=5)
+    assert scores.shape == (4, 60)
+    means = scores.mean(axis=1)
+    assert means[0] > means[2] > means[3] and means[1] > means[2]  # sharp > blurred > a model with no topics
+    with pytest.raises(ValueError, match="at least 2 models"):
+        pool.cluster_purity([sharp], np.arange(60))
