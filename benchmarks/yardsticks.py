@@ -215,8 +215,10 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
         print(f"{name}: the two stored runs embedded the documents apart for {len(apart)} of {len(labels)} models")
     held = pd.Series(np.arange(len(documents)), index=documents)[by_titles[labels[0]]["held"]["doc_id"].unique()]
     start = time.perf_counter()
-    # (models, queries): each held-out query's nDCG@10; their means are the evaluate stage's title_/generated_ndcg_at_10
     vectors = [by_titles[m]["docs"] for m in labels]
+    # (models, documents): every document's cluster purity, one grouping per model; the held-out ones are a subset
+    purity = pool.cluster_purity(vectors, np.arange(len(documents)))
+    # (models, queries): each held-out query's nDCG@10; their means are the evaluate stage's title_/generated_ndcg_at_10
     per_query = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
                                  .to_numpy() for m in labels])
                  for kind, models in (("titles", by_titles), ("queries", by_queries))}
@@ -224,10 +226,9 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
                  consensus_titles=consensus(by_titles, labels, documents).tolist(),
                  consensus_queries=consensus(by_queries, labels, documents).tolist(),
                  neighbours=neighbours(by_titles, labels, held.to_numpy()).tolist(),
-                 clusters=pool.cluster_purity(vectors, held.to_numpy()).mean(axis=1).tolist(),
-                 clusters_all=pool.cluster_purity(vectors, np.arange(len(documents))).mean(axis=1).tolist(),
-                 information=pool.information([by_titles[m]["docs"][held] for m in labels]).tolist(),
-                 effective_rank=[pool.effective_rank(by_titles[m]["docs"][held]) for m in labels])
+                 clusters=purity[:, held].mean(axis=1).tolist(), clusters_all=purity.mean(axis=1).tolist(),
+                 information=pool.information([x[held] for x in vectors]).tolist(),
+                 effective_rank=[pool.effective_rank(x[held]) for x in vectors])
     if labelled:  # (models, kNN's splits)
         units = np.array([scores(catalog, titled, PER_SPLIT)[m] for m in labels])
     else:  # (models, SciFact's test claims)
