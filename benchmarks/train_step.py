@@ -66,6 +66,7 @@ from tasks.config.training import PER_ROW, MethodConfig, TrainConfig, pooling_fo
 from tasks.core.stage import NoInputs
 from tasks.encoders.inputs import features
 from tasks.encoders.models import pick_device, save_random_encoder, sentence_model
+from tasks.encoders.precision import autocast_dtype
 from tasks.ingest import INGEST
 from tasks.methods.batches import GROUP_WINDOW, PairBatches
 from tasks.methods.objectives import build_objective
@@ -259,7 +260,9 @@ def main() -> None:
     unpadded = cfg.model_copy(update={"padding_free": True})
     sides = {"crops": lambda: time_recipe("crops", model_path, cfg, pairs, work),
              "crops_padding_free": lambda: time_recipe("crops", model_path, unpadded, pairs, work),
-             "st": lambda: time_st_trainer(model_path, pairs, cfg, total, work)}
+             # in the precision embforge's `auto` resolves to here (bf16 on a CPU that multiplies it natively)
+             "st": lambda: time_st_trainer(model_path, pairs, cfg, total, work,
+                                           bf16=autocast_dtype(cfg.precision, device) == torch.bfloat16)}
     if "crops" not in recipes:
         del sides["crops"], sides["crops_padding_free"]
     rounds: dict[str, list[float]] = {side: [] for side in sides}
@@ -332,7 +335,8 @@ def main() -> None:
                       "crops_rounds": [round(r, 2) for r in rounds.get("crops", [])],
                       "padding_free_rounds": [round(r, 2) for r in rounds.get("crops_padding_free", [])],
                       "st_rounds": [round(r, 2) for r in rounds["st"]], "max_length": args.max_length,
-                      "device": device, "torch_threads": torch.get_num_threads()}))
+                      "device": device, "torch_threads": torch.get_num_threads(),
+                      "precision": str(autocast_dtype(cfg.precision, device))}))
 
 
 if __name__ == "__main__":

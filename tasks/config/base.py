@@ -44,8 +44,9 @@ class Section(BaseModel):
 
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
-PRECISION_HELP = ("`auto`: bf16 on a CUDA GPU that supports it, else fp32; `fp16` adds a gradient scaler in "
-                  "training; `bf16` also runs on the CPU.")
+PRECISION_HELP = ("`auto`: bf16 on a CUDA GPU that supports it or a CPU that multiplies it natively (AVX512-BF16, "
+                  "AMX), else fp32; `fp16` adds a gradient scaler in training; `bf16` also runs on any CPU "
+                  "(emulated, slower, on one without them).")
 
 
 DEVICE_HELP = "`auto` (CUDA if available), `cpu`, `cuda`, `cuda:N` or `mps`."

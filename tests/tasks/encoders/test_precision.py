@@ -10,7 +10,7 @@ from tasks.config.base import DEFAULT_MODEL, InputError
 from tasks.core import eval_sets
 from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.models import sentence_model
-from tasks.encoders.precision import MixedPrecision, autocast_dtype
+from tasks.encoders.precision import MixedPrecision, autocast_dtype, cpu_has_bf16
 from tasks.metrics.sts import sts_spearman
 from tests.helpers import STSB
 
@@ -35,9 +35,15 @@ def test_lower_precision_encoding_scores_stay_within_0_002_of_fp32(stsb_scores, 
     assert not np.allclose(emb, exact, atol=1e-4)  # it did run in the lower precision
 
 
-def test_auto_is_bf16_on_a_cuda_gpu_that_has_it_else_fp32():
-    assert autocast_dtype("auto", "cpu") == torch.float32
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_is_bf16_on_a_device_that_multiplies_it_natively_else_fp32(monkeypatch, native):
+    # which CPU probe answers is this machine's: both answers, as each kind of CPU would give them
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: native)
+    assert cpu_has_bf16() is native
+    assert autocast_dtype("auto", "cpu") == (torch.bfloat16 if native else torch.float32)
     assert autocast_dtype("bf16", "cpu") == torch.bfloat16
+    assert autocast_dtype("fp32", "cpu") == torch.float32
     if torch.cuda.is_available():
         assert autocast_dtype("auto", "cuda") == (
             torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)
