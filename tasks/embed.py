@@ -83,14 +83,15 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     else:
         texts, cut = stored  # cut before they were tokenized
     layers = list(range(encoder.n_layers + 1)) if job.layers == "all" else [encoder.n_layers]
-    log.info("%d texts%s, %d layer(s), max length %d", len(texts), "" if stored is None else " (stored ids)",
-             len(layers), job.max_length)
+    computed = str(getattr(encoder, "dtype", "")).removeprefix("torch.")  # `auto` resolved on this machine
+    log.info("%d texts%s, %d layer(s), max length %d%s", len(texts), "" if stored is None else " (stored ids)",
+             len(layers), job.max_length, f", in {computed}" if computed else "")
     if cut:
         log.info("%d text(s) over %s characters cut to that before tokenizing", cut, f"{char_budget(job.max_length):,}")
     chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
     schema = embeddings_schema(encoder.dim, job.store_dtype)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
-    out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut)
+    out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed or None)
 
 
 def stored_ids(store: ArtifactStore, tokens: ArtifactRef | None, digest: str,

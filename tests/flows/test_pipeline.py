@@ -207,7 +207,9 @@ def test_llm2vec_with_lora_and_a_contrastive_recipe_train_a_decoder_from_config_
     methods = [{"name": "llm2vec", "recipe": "llm2vec", "train": {"lora": {"r": 4}}},
                {"name": "crops", "recipe": "crops"}]
     prompts = {"query": "Instruct: Find the abstract that answers the question.\nQuery: ", "document": "Abstract: "}
+    # evaluate in fp32: the shipped model, loaded below, encodes in float32 (`auto` is bf16 on some CPUs)
     config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, train={"max_length": 32},
+                         evaluate={"dtype": "fp32"},
                          model={"name_or_path": tiny_decoder_dir, "random_init": None, "prompts": prompts})
     first, state = run(config)
     assert state.is_completed()

@@ -52,11 +52,11 @@ def store_with_docs(tmp_path_factory):
 
 def test_embed_artifact_reads_back_each_layer_and_pooling_in_text_order(store_with_docs):
     store, docs = store_with_docs
-    ref = EMBED.run(store, EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=5),
-                    EmbedInputs(documents=docs))
+    job = EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=5)
+    ref = EMBED.run(store, job, EmbedInputs(documents=docs))
     assert embedded_layers(store, ref) == list(range(7))
     texts = store.read_table(docs, "documents")["text"].to_pylist()
-    encoder = PooledEncoder(MODEL, "cpu")
+    encoder = PooledEncoder(MODEL, "cpu", dtype=job.dtype)  # `auto`: bf16 on a CPU with native bf16
     direct = encoder.encode_layers(texts, 64, 5, [2, 6])
     for j, pooling in enumerate(POOLINGS):
         np.testing.assert_array_equal(read_embeddings(store, ref, pooling, 2), direct[0, j])
@@ -67,9 +67,10 @@ def test_pairs_text_set_is_sentence1_then_sentence2(store_with_docs, tmp_path):
     store, _ = store_with_docs
     pairs = pd.read_parquet(STSB).query("split == 'test'").head(4)
     pairs.to_parquet(tmp_path / "pairs.parquet")
-    ref = EMBED.run(store, EmbedJob(model=MODEL, pairs_path=str(tmp_path / "pairs.parquet"), split="test",
-                                    max_length=64, batch_size=8), EmbedInputs())
-    expected = PooledEncoder(MODEL, "cpu").encode(pairs["sentence1"].tolist() + pairs["sentence2"].tolist(), 64, 8)
+    job = EmbedJob(model=MODEL, pairs_path=str(tmp_path / "pairs.parquet"), split="test", max_length=64, batch_size=8)
+    ref = EMBED.run(store, job, EmbedInputs())
+    texts = pairs["sentence1"].tolist() + pairs["sentence2"].tolist()
+    expected = PooledEncoder(MODEL, "cpu", dtype=job.dtype).encode(texts, 64, 8)
     np.testing.assert_array_equal(read_embeddings(store, ref, "mean"), expected)
 
 
@@ -90,11 +91,11 @@ def test_embedding_in_chunks_stores_what_one_pass_gives(tmp_path, monkeypatch):
     store = ArtifactStore(tmp_path)
     docs = INGEST.run(store, DataConfig(path=str(DEMO_DOCS), limit=12), NoInputs())
     monkeypatch.setattr("tasks.embed.CHUNK_TEXTS", 4)  # rounded up to whole batches: chunks of 6, 6
-    ref = EMBED.run(store, EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=3),
-                    EmbedInputs(documents=docs))
+    job = EmbedJob(model=MODEL, layers="all", max_length=64, batch_size=3)
+    ref = EMBED.run(store, job, EmbedInputs(documents=docs))
     assert pq.ParquetFile(store.path(ref) / "embeddings.parquet").num_row_groups == 2 * 7  # chunk × layer
     texts = store.read_table(docs, "documents")["text"].to_pylist()
-    direct = PooledEncoder(MODEL, "cpu").encode_layers(texts, 64, 3, list(range(7)))
+    direct = PooledEncoder(MODEL, "cpu", dtype=job.dtype).encode_layers(texts, 64, 3, list(range(7)))
     for layer in (0, 6):
         for j, pooling in enumerate(POOLINGS):
             np.testing.assert_array_equal(read_embeddings(store, ref, pooling, layer), direct[layer, j])

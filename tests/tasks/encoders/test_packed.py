@@ -74,7 +74,7 @@ SETTINGS = {"padding_free": {"padding_free": True}, "compile": {"compile": True}
 @pytest.mark.parametrize("setting", ["padding_free", *(pytest.param(s, marks=pytest.mark.slow) for s in
                                                        ("compile", "compile_padding_free", "cuda_graphs"))])
 def test_without_dropout_training_takes_the_padded_steps(setting, tiny_dir, tmp_path, monkeypatch):
-    cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100)
+    cfg = TrainConfig(batch_size=8, lr=1e-3, max_length=64, checkpoint_every=100, precision="fp32")  # exact sums
     rows = texts(32)
     pq.write_table(pa.table({"epoch": pa.array([0] * 32, pa.int32()), "doc_id": [str(i) for i in range(32)],
                              "anchor": rows, "positive": rows[1:] + rows[:1]}), tmp_path / "pairs.parquet")
