@@ -57,6 +57,7 @@ def test_embed_artifact_reads_back_each_layer_and_pooling_in_text_order(store_wi
     assert embedded_layers(store, ref) == list(range(7))
     texts = store.read_table(docs, "documents")["text"].to_pylist()
     encoder = PooledEncoder(MODEL, "cpu", dtype=job.dtype)  # `auto`: bf16 on a CPU with native bf16
+    assert store.manifest(ref)["extra"]["computed_in"] == str(encoder.dtype).removeprefix("torch.")  # what it became
     direct = encoder.encode_layers(texts, 64, 5, [2, 6])
     for j, pooling in enumerate(POOLINGS):
         np.testing.assert_array_equal(read_embeddings(store, ref, pooling, 2), direct[0, j])
