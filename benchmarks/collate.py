@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
-from train_step import demo_rows
+from train_step import alternating, demo_rows
 
 from storage.store import ArtifactStore
 from tasks.encoders.budget import cut_texts
@@ -60,13 +60,13 @@ def main() -> None:
         if any(o.keys() != theirs.keys() or not all(torch.equal(o[k], theirs[k]) for k in o if k != "modality")
                for o in ours):
             raise SystemExit(f"batch {batch}: the sides give different tensors")
-        seconds: dict[str, list[float]] = {side: [] for side in sides}
-        for i in range(args.rounds):
-            for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
-                start = time.perf_counter()
-                for _ in range(args.repeats):
-                    sides[side](texts, ids)
-                seconds[side].append((time.perf_counter() - start) / args.repeats)
+        def seconds_a_batch(side: str) -> float:
+            start = time.perf_counter()
+            for _ in range(args.repeats):
+                sides[side](texts, ids)
+            return (time.perf_counter() - start) / args.repeats
+
+        seconds = alternating(seconds_a_batch, sides, args.rounds)
         ms = {side: statistics.median(s) * 1000 for side, s in seconds.items()}
         results.append({"batch": batch, "ms": {side: round(v, 2) for side, v in ms.items()},
                         "rounds_ms": {side: [round(v * 1000, 2) for v in s] for side, s in seconds.items()},

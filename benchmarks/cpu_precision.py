@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-from train_step import WARMUP, demo_rows, pairs_per_second, time_recipe
+from train_step import WARMUP, alternating, demo_rows, pairs_per_second, time_recipe
 
 from storage.store import ArtifactStore
 from tasks.config.data import DEMO_DOCS
@@ -39,15 +39,6 @@ from tasks.encoders.precision import autocast_dtype, cpu_has_bf16
 from tasks.metrics import unit_rows
 
 SIDES = ("fp32", "auto")
-
-
-def alternating(measure, rounds: int) -> dict[str, list[float]]:
-    """`measure(side)` for both sides over `rounds` rounds, each side first in every other round."""
-    out: dict[str, list[float]] = {side: [] for side in SIDES}
-    for i in range(rounds):
-        for side in SIDES[:: 1 if i % 2 == 0 else -1]:
-            out[side].append(measure(side))
-    return out
 
 
 def main() -> None:
@@ -67,7 +58,7 @@ def main() -> None:
     configs = {side: TrainConfig(batch_size=args.batch_size, lr=2e-5, max_length=args.max_length, device="cpu",
                                  checkpoint_every=10**9, padding_free=False, precision=side) for side in SIDES}
     train = alternating(lambda side: pairs_per_second(time_recipe("crops", args.model, configs[side], pairs, work),
-                                                      args.batch_size), args.rounds)
+                                                      args.batch_size), SIDES, args.rounds)
     shutil.rmtree(work, ignore_errors=True)
 
     # 2. encoding: documents/s, and how far the two sides' vectors are apart
@@ -81,7 +72,7 @@ def main() -> None:
         return len(texts) / (time.perf_counter() - start)
 
     encode("fp32"), encode("auto")  # warm-up, untimed
-    rates = alternating(encode, args.rounds)
+    rates = alternating(encode, SIDES, args.rounds)
     cosines = (vectors["fp32"] * vectors["auto"]).sum(axis=1)  # (documents,)
     nearest = {}
     for side, x in vectors.items():

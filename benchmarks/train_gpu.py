@@ -45,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 from train_step import (
     WARMUP,
+    alternating,
     demo_rows,
     pairs_per_second,
     prepared_ahead,
@@ -225,17 +226,14 @@ def main() -> None:
                          "compiled_padding_free": {"compile": True, "padding_free": True}} if args.compile else {}),
                      **({"cuda_graphs": {"compile": "cuda_graphs", "padding_free": False}} if args.cuda_graphs else {}),
                      "st_trainer": None}
-            rates = {side: [] for side in sides}
-            memory = {side: [] for side in sides}
             # Untimed, over every batch: a GPU's first run pays for set-up, and every sequence length's first
             # batch for choosing its kernels (measured on an H200: a side's first run went at a quarter of the speed).
             for settings in sides.values():
                 measure(settings, model, rows, cfg, WARMUP + steps, work)
-            for i in range(args.rounds):  # interleaved, each side first in every other round
-                for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
-                    rate, mem = measure(sides[side], model, rows, cfg, WARMUP + steps, work)
-                    rates[side].append(rate)
-                    memory[side].append(mem)
+            measured = alternating(lambda side: measure(sides[side], model, rows, cfg, WARMUP + steps, work),
+                                   sides, args.rounds)  # (rate, memory) of each round
+            rates = {side: [rate for rate, _ in got] for side, got in measured.items()}
+            memory = {side: [mem for _, mem in got] for side, got in measured.items()}
             st = statistics.median(rates["st_trainer"])
             result = {"model": name, "parameters": params, "batch": batch, "mini_batch_size": cfg.mini_batch_size}
             for side in sides:

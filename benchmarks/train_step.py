@@ -78,6 +78,16 @@ from tasks.tokens import tokenized
 WARMUP = 1  # untimed first step of each side
 
 
+def alternating(measure, sides, rounds: int) -> dict[str, list]:
+    """`measure(side)` of every side over `rounds` rounds, in reversed order every other round (each side first in
+    turn), so that machine noise does not pick the winner: side → its rounds' results."""
+    out: dict[str, list] = {side: [] for side in sides}
+    for i in range(rounds):
+        for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
+            out[side].append(measure(side))
+    return out
+
+
 def demo_rows(recipe: str, n: int, store: ArtifactStore) -> pa.Table:
     """The first n rows of `recipe`'s pairs from the demo corpus, built by the pipeline's stages: as many
     epochs (passes with fresh views) as n needs, counted from the rows one epoch really gives."""
@@ -243,11 +253,9 @@ def main() -> None:
                 configs[f"{recipe}, group_by_length"] = by_length
             # grouped: the rows of a whole window, of which both sides train the first `total` batches
             rows = demo_rows(recipe, (GROUP_WINDOW if len(configs) > 1 else total) * args.batch_size, store)
-            rates: dict[str, list[float]] = {side: [] for side in configs}
-            for i in range(args.rounds if len(configs) > 1 else 1):
-                for side in list(configs)[:: 1 if i % 2 == 0 else -1]:
-                    stamps = time_recipe(recipe, model_path, configs[side], rows, work, steps=total)
-                    rates[side].append(pairs_per_second(stamps, args.batch_size))
+            rates = alternating(lambda side: pairs_per_second(
+                time_recipe(recipe, model_path, configs[side], rows, work, steps=total), args.batch_size),
+                configs, args.rounds if len(configs) > 1 else 1)
             # the same batches every round: measured once a side
             padding_of.update({side: padding_share(model_path, recipe, configs[side], work, total) for side in configs})
             per_recipe[recipe] = statistics.median(rates.pop(recipe))
@@ -265,10 +273,7 @@ def main() -> None:
                                            bf16=autocast_dtype(cfg.precision, device) == torch.bfloat16)}
     if "crops" not in recipes:
         del sides["crops"], sides["crops_padding_free"]
-    rounds: dict[str, list[float]] = {side: [] for side in sides}
-    for i in range(args.rounds):
-        for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
-            rounds[side].append(pairs_per_second(sides[side](), args.batch_size))
+    rounds = alternating(lambda side: pairs_per_second(sides[side](), args.batch_size), sides, args.rounds)
     if "crops" in rounds:
         per_recipe = {"crops": statistics.median(rounds["crops"]), **per_recipe}
     st = statistics.median(rounds["st"])
