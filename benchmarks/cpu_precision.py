@@ -35,7 +35,7 @@ from storage.store import ArtifactStore
 from tasks.config.data import DEMO_DOCS
 from tasks.config.training import TrainConfig
 from tasks.encoders.encode import PooledEncoder
-from tasks.encoders.precision import autocast_dtype, cpu_has_bf16
+from tasks.encoders.precision import autocast_dtype, cpu_has_bf16, dtype_name
 from tasks.metrics import unit_rows
 
 SIDES = ("fp32", "auto")
@@ -50,7 +50,7 @@ def main() -> None:
     p.add_argument("--documents", type=int, default=256, help="abstracts encoded a round")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    resolved = str(autocast_dtype("auto", "cpu")).removeprefix("torch.")
+    resolved = dtype_name(autocast_dtype("auto", "cpu"))
     work = Path(tempfile.mkdtemp(prefix="embforge-bench-"))
 
     # 1. training: the same rows and weights for both sides

@@ -29,7 +29,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Precision
 from tasks.config.evaluation import Backend, EvaluateConfig, StoreDtype
 from tasks.core.stage import Stage
-from tasks.encoders import encode
+from tasks.encoders import encode, precision
 from tasks.encoders.budget import char_budget, over_budget
 from tasks.encoders.inputs import Tokens, column_values, tokenizer_digest
 from tasks.encoders.models import ModelInputs
@@ -83,7 +83,7 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     else:
         texts, cut = stored  # cut before they were tokenized
     layers = list(range(encoder.n_layers + 1)) if job.layers == "all" else [encoder.n_layers]
-    computed = str(getattr(encoder, "dtype", "")).removeprefix("torch.")  # `auto` resolved on this machine
+    computed = precision.dtype_name(encoder.dtype) if encoder.dtype else None  # `auto` resolved on this machine
     log.info("%d texts%s, %d layer(s), max length %d%s", len(texts), "" if stored is None else " (stored ids)",
              len(layers), job.max_length, f", in {computed}" if computed else "")
     if cut:
@@ -91,7 +91,7 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
     schema = embeddings_schema(encoder.dim, job.store_dtype)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
-    out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed or None)
+    out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed)
 
 
 def stored_ids(store: ArtifactStore, tokens: ArtifactRef | None, digest: str,

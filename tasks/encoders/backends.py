@@ -97,6 +97,7 @@ class Runtime:
 
     def __init__(self, model_file: Path, backend: str, dtype: torch.dtype):
         threads = torch.get_num_threads()  # what the stage was given (run.workers, Dask's workers)
+        self.dtype = torch.float32 if backend == "onnx" else dtype  # what it computes in
         if backend == "onnx":  # float32 (EvaluateConfig refuses another dtype for it)
             import onnxruntime as ort
 

@@ -54,6 +54,7 @@ class Encoder:
 
     pooling: str
     tokenizer = None
+    dtype: torch.dtype | None = None  # what it computes in, where embforge chooses it (not a static model's)
     n_layers: int
     dim: int
 
@@ -139,6 +140,7 @@ class PooledEncoder(Encoder):
             with tempfile.TemporaryDirectory() as export:  # the runtime has read the file once built
                 file = load_model(model, lambda p: backends.backend_file(p, backend, Path(export), quantized))
                 self.runtime = backends.Runtime(file, backend, precision.autocast_dtype(dtype, "cpu"))
+            self.dtype = self.runtime.dtype
 
     @property
     def n_layers(self) -> int:

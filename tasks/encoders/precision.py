@@ -37,6 +37,11 @@ def autocast_dtype(precision: str, device: str | torch.device) -> torch.dtype:
     return DTYPES[precision]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """`bfloat16`, `float32`, ...: what a log line or a manifest says a precision resolved to."""
+    return str(dtype).removeprefix("torch.")
+
+
 def autocast(device: str | torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
     """The forward pass in `dtype`; nothing changes for float32."""
     return torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)

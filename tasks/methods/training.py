@@ -174,8 +174,7 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
                 else get_linear_schedule_with_warmup(optimizer, warmup, len(batches)))
     amp = precision.MixedPrecision(cfg.precision, next(loss_fn.parameters()).device)
     if rank == 0:  # `auto` depends on the machine: say what it resolved to
-        log.info("forward pass and loss in %s (train.precision: %s)", str(amp.dtype).removeprefix("torch."),
-                 cfg.precision)
+        log.info("forward pass and loss in %s (train.precision: %s)", precision.dtype_name(amp.dtype), cfg.precision)
     torch.manual_seed(cfg.seed + rank)  # each process its own dropout masks; process 0 draws one device's
     history: list[StepLog] = []
     warned: set[str] = set()

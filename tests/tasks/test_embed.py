@@ -16,6 +16,7 @@ from tasks.embed import EMBED, EmbedInputs, EmbedJob, embedded_layers, read_embe
 from tasks.encoders.encode import MODEL_MASK, POOLINGS, PooledEncoder, pool
 from tasks.encoders.inputs import Tokens
 from tasks.encoders.models import resolve_model
+from tasks.encoders.precision import dtype_name
 from tasks.encoders.text_sets import TextSetInputs
 from tasks.ingest import INGEST
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
@@ -57,7 +58,7 @@ def test_embed_artifact_reads_back_each_layer_and_pooling_in_text_order(store_wi
     assert embedded_layers(store, ref) == list(range(7))
     texts = store.read_table(docs, "documents")["text"].to_pylist()
     encoder = PooledEncoder(MODEL, "cpu", dtype=job.dtype)  # `auto`: bf16 on a CPU with native bf16
-    assert store.manifest(ref)["extra"]["computed_in"] == str(encoder.dtype).removeprefix("torch.")  # what it became
+    assert store.manifest(ref)["extra"]["computed_in"] == dtype_name(encoder.dtype)  # what it became
     direct = encoder.encode_layers(texts, 64, 5, [2, 6])
     for j, pooling in enumerate(POOLINGS):
         np.testing.assert_array_equal(read_embeddings(store, ref, pooling, 2), direct[0, j])

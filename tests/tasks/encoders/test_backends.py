@@ -70,6 +70,7 @@ def test_embed_stage_key_follows_the_backend_and_vectors_do_not(encoder_folder, 
         EMBED.run(store, job, EmbedInputs())
     np.testing.assert_allclose(read_embeddings(store, refs["openvino"], "mean"),
                                read_embeddings(store, refs["torch"], "mean"), atol=1e-5)
+    assert {store.manifest(ref)["extra"]["computed_in"] for ref in refs.values()} == {"float32"}  # as asked
 
 
 @pytest.mark.parametrize(("fields", "message"), [
