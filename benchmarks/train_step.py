@@ -266,11 +266,10 @@ def main() -> None:
     # callback), alternating over --rounds rounds, each side first in every other round, so that machine
     # noise does not pick the winner; the figures are the medians
     unpadded = cfg.model_copy(update={"padding_free": True})
+    dtype = autocast_dtype(cfg.precision, device)  # what `auto` resolves to here (bf16 on a CPU with native bf16)
     sides = {"crops": lambda: time_recipe("crops", model_path, cfg, pairs, work),
              "crops_padding_free": lambda: time_recipe("crops", model_path, unpadded, pairs, work),
-             # in the precision embforge's `auto` resolves to here (bf16 on a CPU that multiplies it natively)
-             "st": lambda: time_st_trainer(model_path, pairs, cfg, total, work,
-                                           bf16=autocast_dtype(cfg.precision, device) == torch.bfloat16)}
+             "st": lambda: time_st_trainer(model_path, pairs, cfg, total, work, bf16=dtype == torch.bfloat16)}
     if "crops" not in recipes:
         del sides["crops"], sides["crops_padding_free"]
     rounds = alternating(lambda side: pairs_per_second(sides[side](), args.batch_size), sides, args.rounds)
@@ -341,7 +340,7 @@ def main() -> None:
                       "padding_free_rounds": [round(r, 2) for r in rounds.get("crops_padding_free", [])],
                       "st_rounds": [round(r, 2) for r in rounds["st"]], "max_length": args.max_length,
                       "device": device, "torch_threads": torch.get_num_threads(),
-                      "precision": str(autocast_dtype(cfg.precision, device))}))
+                      "precision": str(dtype)}))
 
 
 if __name__ == "__main__":
