@@ -30,7 +30,7 @@ from tasks.config.base import InputError, OutsideFault
 from tasks.config.data import DEMO_STSB
 from tasks.config.training import TrainConfig
 from tasks.core.eval_sets import read_pairs
-from tasks.encoders import backends, encode
+from tasks.encoders import backends, encode, families
 from tasks.encoders.inputs import prompted
 from tasks.encoders.models import MERGED, model_path, trained_ref
 from tasks.methods.health import HEALTH_METRICS
@@ -304,6 +304,7 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
     to = to.resolve()  # `.` has no name or parent to build next to
     model = describe(catalog, name)
     catalog.store.check(model.ref)  # on an object store: brought into the working copy
+    families.dense_only(model_path(catalog.store, model.ref), "export (its card, its backends' check)")
     # What leaves the store is what was published: every file's SHA-256, not only its size (a same-size
     # corruption would ship with the original scores in the card).
     if found := catalog.store.problems(model.ref, digests=True):

@@ -3,12 +3,13 @@
 Inputs: `pairs` and their `tokens` (the rows trained on, as token ids: tasks/tokens.py), `start` (the
 init or stage-1 artifact the encoder starts from, if any), `documents` when a learning curve is asked
 for (`train.eval_every`), and `resume`: a rung, the train artifact of the same job stopped at an earlier step.
-Only the encoder is saved: decoders, MLM heads and projection heads are training-only.
-Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
-Output: `model/` (loads with `SentenceTransformer(path)`; with `train.lora`, the adapter alone, which the merge
-stage adds into the start model: tasks/merge.py) and `training.parquet` (the per-step loss,
-learning rate, gradient norm and probe cosine, and with `eval_every` the kNN accuracy from step 0 on:
-the learning curve); the manifest's `health` is the model's health summary (tasks/methods/health.py).
+Only the encoder is saved: decoders, MLM heads and projection heads are training-only (a multi-vector model's
+token projection is part of it). Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
+Output: `model/` (loads with `SentenceTransformer(path)`, a multi-vector model with `MultiVectorEncoder(path)`;
+with `train.lora`, the adapter alone, which the merge stage adds into the start model: tasks/merge.py) and
+`training.parquet` (the per-step loss, learning rate, gradient norm and probe cosine, and with `eval_every` the kNN
+accuracy from step 0 on: the learning curve); the manifest's `health` is the model's health summary
+(tasks/methods/health.py).
 A rung (the job's `until`: a short run of a search over recipes) stops after that step of the full schedule and
 also keeps its training state (`state.pt`: weights, optimiser, schedule, RNG, the steps so far), from which a later
 train job (a later rung, or the whole budget) continues: no step is trained twice, and the weights are those of one
@@ -35,7 +36,7 @@ import torch.distributed as dist
 import transformers
 from prefect.runtime import deployment
 from pydantic import Field
-from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.model import BaseModel
 
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
@@ -43,10 +44,10 @@ from storage.stores import store_at
 from tasks.config.base import InputError, Section
 from tasks.config.model import Prompts
 from tasks.config.splits import KnnConfig
-from tasks.config.training import MethodConfig, TrainConfig, bidirectional_for, pooling_for
+from tasks.config.training import MethodConfig, MultiVectorSettings, TrainConfig, bidirectional_for, pooling_for
 from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
-from tasks.encoders import lora, models, packed
+from tasks.encoders import families, lora, models, packed
 from tasks.encoders.inputs import model_tokenizer_digest
 from tasks.encoders.models import base_model_identity, model_path, pick_device, sentence_model
 from tasks.methods import distributed, health, objectives, training
@@ -66,13 +67,15 @@ class TrainJob(Section):
                              "with them: tasks/tokens.py); the learning curve's documents are encoded with them.")
     until: int | None = Field(None, ge=1, description="Stop after this step of the schedule, keeping the training "
                               "state (a rung); None: train the whole schedule.")
+    multi_vector: MultiVectorSettings | None = Field(None, description="Train the multi_vector family with these "
+                                                     "settings; None: a dense model.")
 
     @classmethod
     def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
                    knn: KnnConfig | None, prompts: Prompts | None = None) -> TrainJob:
         return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.resolved_mask_ratio,
                    decoder_visible=method.resolved_decoder_visible, train=train, knn=knn if train.eval_every else None,
-                   prompts=prompts or Prompts())
+                   prompts=prompts or Prompts(), multi_vector=method.multi_vector_settings)
 
 
 def boundary_signals() -> tuple[int, ...]:
@@ -83,13 +86,17 @@ def boundary_signals() -> tuple[int, ...]:
     return (signal.SIGINT,) if deployment.id else stopping.SIGNALS
 
 
-def training_model(path: str, job: TrainJob, device: str) -> SentenceTransformer:
-    """The model at `path` as the job trains it: its pooling, layer, packing, compiling, attention, dropout and
-    prompts (its `encode` reads texts as documents), with a LoRA adapter (`train.lora`) and gradient checkpointing
-    where the config asks."""
+def training_model(path: str, job: TrainJob, device: str) -> BaseModel:
+    """The model at `path` as the job trains it: its family, pooling, layer, packing, compiling, attention, dropout
+    and prompts (its `encode` reads texts as documents), with a LoRA adapter (`train.lora`) and gradient
+    checkpointing where the config asks. A multi-vector model is not packed (the config refuses `padding_free: true`
+    for it, and `auto` stays padded)."""
     cfg = job.train
-    model = sentence_model(path, cfg.max_length, device, pooling_for(job.recipe, cfg), cfg.layer, cfg.padding_free,
-                           cfg.compile, bidirectional_for(job.recipe, cfg), cfg.dropout)
+    model = sentence_model(path, cfg.max_length, device, pooling_for(job.recipe, cfg), cfg.layer,
+                           cfg.padding_free and not job.multi_vector, cfg.compile, bidirectional_for(job.recipe, cfg),
+                           cfg.dropout)
+    if job.multi_vector:
+        model = families.multi_vector_model(model, job.multi_vector, cfg.seed)
     for name, value in job.prompts.sentence_transformers().items():
         setattr(model, name, value)
     if cfg.lora:
@@ -99,22 +106,24 @@ def training_model(path: str, job: TrainJob, device: str) -> SentenceTransformer
     return model
 
 
-def frozen_objective(model: SentenceTransformer, job: TrainJob) -> objectives.Objective:
+def frozen_objective(model: BaseModel, job: TrainJob) -> objectives.Objective:
     """The recipe's loss around `model`, with the configured layers frozen."""
     cfg = job.train
     # Training-only parts (heads, decoders) start from the seed, not from whatever the process drew before.
     torch.manual_seed(cfg.seed)
-    objective = objectives.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible)
+    objective = objectives.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible,
+                                           multi_vector=job.multi_vector)
     # Freeze after building the loss: TSDAE's tied decoder replaces the encoder's parameters with
     # its own, and CT's second copy must be frozen too.
     for encoder in objective.loss.modules():
-        if isinstance(encoder, SentenceTransformer):
+        if isinstance(encoder, BaseModel):
             models.freeze(encoder, cfg.freeze_embeddings, cfg.freeze_layers)
     return objective
 
 
-def knn_curve(model: SentenceTransformer, docs: pa.Table, cfg: KnnConfig, batch_size: int) -> Callable[[], float]:
-    """kNN accuracy of the model as it is now (its own pooling, training max length)."""
+def knn_curve(model: BaseModel, docs: pa.Table, cfg: KnnConfig, batch_size: int) -> Callable[[], float]:
+    """kNN accuracy of the model as it is now (its own pooling, or a multi-vector model's mean token vector; the
+    training max length)."""
     docs = docs.filter(pc.is_valid(docs["label"]))
     texts, labels = docs["text"].to_pylist(), docs["label"].to_pylist()
     if reason := knn.knn_skipped(labels, cfg.k):  # a curve of nothing, or of 1.000 at every step
@@ -122,19 +131,17 @@ def knn_curve(model: SentenceTransformer, docs: pa.Table, cfg: KnnConfig, batch_
                          "documents of two labels or more")
 
     def measure() -> float:
-        emb = model.encode(texts, batch_size=batch_size, show_progress_bar=False)  # eval mode: no RNG draws
+        emb = families.sentence_vectors(model, texts, batch_size).cpu().numpy()  # eval mode: no RNG draws
         model.train()
         return knn.knn_accuracy(emb, labels, cfg.k, cfg.test_size, cfg.seed)[0]
 
     return measure
 
 
-def probe_cosine(model: SentenceTransformer, texts: list[str]) -> Callable[[], float]:
+def probe_cosine(model: BaseModel, texts: list[str]) -> Callable[[], float]:
     """The mean cosine of the probe texts' embeddings by the model as it is now (health.py)."""
     def probe() -> float:
-        cosine = health.probe_mean_cosine(
-            lambda batch: model.encode(batch, batch_size=len(batch), convert_to_tensor=True, show_progress_bar=False),
-            texts)
+        cosine = health.probe_mean_cosine(lambda batch: families.sentence_vectors(model, batch, len(batch)), texts)
         model.train()  # encode left it in eval mode (no RNG draws)
         return cosine
 

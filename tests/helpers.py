@@ -121,6 +121,21 @@ def wait_until_answering(url: str, proc: subprocess.Popen, log: Path, name: str,
             time.sleep(0.2)
 
 
+def straight_and_resumed(train, straight: Path, killed: Path, step: int = 7) -> tuple:
+    """`train(folder, on_step)` (a training that checkpoints in `folder`, returning (model, history)) run whole in
+    `straight`, and in `killed` stopped by a KeyboardInterrupt after `step`, then run again: (whole, resumed)."""
+    import pytest
+
+    def crash(entry):
+        if entry.step == step:
+            raise KeyboardInterrupt("killed")
+
+    whole = train(straight, None)
+    with pytest.raises(KeyboardInterrupt):
+        train(killed, crash)
+    return whole, train(killed, None)
+
+
 def demo_documents(store, limit: int):
     """The first `limit` demo documents, ingested into `store` (their `ingest` artifact's ref)."""
     from tasks.core.stage import NoInputs

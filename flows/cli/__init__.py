@@ -1,5 +1,5 @@
-"""The `embforge` command: run a config, select a recipe, show reports, list runs, models and artifacts, query the
-catalog, and run the Prefect server with embforge's deployments.
+"""The `embforge` command: run a config or only train its models, select a recipe, show reports, list runs, models
+and artifacts, query the catalog, and run the Prefect server with embforge's deployments.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from tasks.core import stopping
 
 # Each command adds its own arguments (its group's module); this is the order `embforge --help` lists them in.
 COMMANDS = {**running.COMMANDS, **catalog.COMMANDS, **service.COMMANDS}
-ORDER = ("run", "select", "report", "runs", "artifacts", "models", "verify", "server", "serve", "deploy", "export",
-         "mteb-results", "sql")
+ORDER = ("run", "train", "select", "report", "runs", "artifacts", "models", "verify", "server", "serve", "deploy",
+         "export", "mteb-results", "sql")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""`embforge run` and `embforge select`: a config through the pipeline flow, a corpus through the select flow."""
+"""`embforge run`, `embforge train` and `embforge select`: a config through the pipeline or the train flow, a corpus
+through the select flow."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from flows.cli.common import add_command, console, overrides, print_table, run_entries, run_flow
-from flows.params import SELECT_CONFIG, RunParams, SelectParams
+from flows.params import SELECT_CONFIG, RunParams, SelectParams, TrainParams
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from storage.stores import open_store
@@ -20,12 +21,19 @@ from tasks.reporting.tables import comparison_table
 DEFAULT_SELECT = Path(__file__).resolve().parents[2] / SELECT_CONFIG
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def config_params(args: argparse.Namespace, kind: type[RunParams], **more) -> tuple[RunParams, PipelineConfig,
+                                                                                   ArtifactStore]:
+    """`run`'s and `train`'s flow parameters, the config they make (loaded now: a bad config fails before Prefect
+    starts; the flow reuses it) and its store."""
     changes = overrides(args.set)
-    cfg = load_config(args.config, changes)  # fail on a bad config before Prefect starts; the flow reuses it
+    cfg = load_config(args.config, changes)
     store = open_store(args.store, cfg.store)
-    params = RunParams(config=args.config, overrides=changes, store=store.url,
-                       rebuild_stale_versions=args.rebuild_stale_versions)
+    return kind(config=args.config, overrides=changes, store=store.url,
+                rebuild_stale_versions=args.rebuild_stale_versions, **more), cfg, store
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    params, cfg, store = config_params(args, RunParams)
     run_id, catalog = run_flow("run", "flows.pipeline", "pipeline", params, store)[0], Catalog(store)
     print_table(f"{cfg.name} (run {run_id})",
                 comparison_table(catalog, run_entries(catalog, run_id)).to_dict("records"))
@@ -40,6 +48,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         print_table("cached artifacts built with other library versions (--rebuild-stale-versions rebuilds them)",
                     stale)
     console.print(f"artifacts in {store.url}; query them with `embforge sql` or DuckDB")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    params, cfg, store = config_params(args, TrainParams, methods=args.methods or [])
+    run_id, models = run_flow("train", "flows.pipeline", "train", params, store)
+    print_table(f"{cfg.name} (run {run_id}): trained, not scored",
+                [dict(label=m["label"], method=m["method"], model=m["artifact"] or m["external"]) for m in models])
+    console.print(f"a model is its train artifact's model/ folder in {store.url} (`embforge models` lists them)")
     return 0
 
 
@@ -67,13 +84,24 @@ def cmd_select(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_run(sub: argparse._SubParsersAction) -> None:
-    run = add_command(sub, "run", cmd_run, "run an experiment config through the pipeline flow", config="positional")
+def add_config_run(sub: argparse._SubParsersAction, name: str, command, help: str) -> argparse.ArgumentParser:
+    run = add_command(sub, name, command, help, config="positional")
     run.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                      help="change a config field for this run, e.g. --set train.epochs=2 --set "
                      "methods.0.train.lr=1e-4 (YAML values, checked like the file; repeatable)")
     run.add_argument("--rebuild-stale-versions", action="store_true",
                      help=RunParams.model_fields["rebuild_stale_versions"].description)
+    return run
+
+
+def add_run(sub: argparse._SubParsersAction) -> None:
+    add_config_run(sub, "run", cmd_run, "run an experiment config through the pipeline flow")
+
+
+def add_train(sub: argparse._SubParsersAction) -> None:
+    train = add_config_run(sub, "train", cmd_train, "train a config's methods (the train flow) without scoring them; "
+                           "the models are registered for `export` and the evaluate deployment")
+    train.add_argument("--methods", nargs="+", metavar="NAME", help=TrainParams.model_fields["methods"].description)
 
 
 def add_select(sub: argparse._SubParsersAction) -> None:
@@ -93,4 +121,4 @@ def add_select(sub: argparse._SubParsersAction) -> None:
                         help="change a config field, e.g. --set select.lrs=[3e-5]")
 
 
-COMMANDS = {"run": add_run, "select": add_select}
+COMMANDS = {"run": add_run, "train": add_train, "select": add_select}

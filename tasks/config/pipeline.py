@@ -15,7 +15,14 @@ from tasks.config.run import RetryConfig, RunConfig, TrackingConfig
 from tasks.config.select import SelectConfig, rung_steps
 from tasks.config.static import StaticConfig
 from tasks.config.summaries import SummaryConfig
-from tasks.config.training import MethodConfig, TrainConfig, expand_chains, expand_sweeps, merged_train
+from tasks.config.training import (
+    MethodConfig,
+    TrainConfig,
+    expand_chains,
+    expand_sweeps,
+    merged_train,
+    multi_vector_conflicts,
+)
 
 
 class PipelineConfig(Section):
@@ -71,8 +78,12 @@ class PipelineConfig(Section):
             if method.start_from is not None and method.start_from not in names[:i]:
                 raise ValueError(f"methods.{i}.start_from: {method.start_from!r} is not a method before it; "
                                  f"those are {names[:i]}")
+            if method.family != "dense":
+                self._valid_family(i, method, names)
             if method.knn_holdout and not self.evaluate.knn:
                 raise ValueError(f"methods.{i}.knn_holdout: holds out kNN's test split, set `evaluate.knn`")
+        if self.model.pretrain and self.model.pretrain.method.family != "dense":
+            raise ValueError("model.pretrain.method.family: stage 1 trains the dense model every method starts from")
         unknown = sorted(set(self.static.of) - {BASE, *names}) if self.static else []
         if unknown:
             raise ValueError(f"static.of: {unknown} are not methods of this config; it has {[BASE, *names]}")
@@ -87,6 +98,22 @@ class PipelineConfig(Section):
                 raise ValueError("model.pretrain.method: stage 1 runs on a generic corpus without summaries or "
                                  f"queries, {recipe.name} cannot be its recipe")
         return self
+
+    def _valid_family(self, i: int, method: MethodConfig, names: list[str]) -> None:
+        """A method of a family other than dense: its train settings, and no model of another family before or
+        after it (the family's head is trained from its own start)."""
+        if conflicts := multi_vector_conflicts(self.train_for(method, where=f"methods.{i}.train")):
+            raise ValueError(f"methods.{i}: the {method.family} family does not train with train."
+                             f"{'; train.'.join(conflicts)}; leave them unset for this method")
+        if method.start_from is not None:
+            raise ValueError(f"methods.{i}.start_from: a {method.family} model starts from the base model, not "
+                             "from another method's model")
+        if self.static and method.name in self.static.of:
+            raise ValueError(f"static.of: {method.name!r} is a {method.family} model; a static model is distilled "
+                             "from a dense one")
+        if later := [m.name for m in self.methods if m.start_from == method.name]:
+            raise ValueError(f"methods {later} start from {method.name!r}, a {method.family} model; start them from "
+                             "a dense one")
 
     def _valid_select(self) -> None:
         if self.evaluate.yardstick is None:

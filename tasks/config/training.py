@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
+from tasks.config.families import FAMILIES, family_help
 from tasks.config.recipes import CHAINS, RECIPES, pooling_help, recipe_help
 
 GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (the HF Trainer's megabatch)
@@ -35,9 +36,23 @@ COMPILE_ROW_TOKENS = 8
 PER_ROW = tuple(r.name for r in RECIPES.values() if not r.in_batch_negatives)
 
 
+class MultiVectorSettings(Section):
+    """The multi_vector family's head and loss (ColBERT's and PyLate's defaults)."""
+
+    dim: int = Field(128, ge=8, description="Width of each token's vector: a linear projection (no bias) of the "
+                     "token states, trained from a random start (ColBERT: 128).")
+    scale: float = Field(1.0, gt=0, description="The InfoNCE's 1 / temperature on MaxSim scores (a sum over the "
+                         "query's tokens, not a cosine: PyLate's 1.0).")
+    skip_punctuation: bool = Field(True, description="Leave documents' punctuation tokens out of MaxSim, as ColBERT "
+                                   "and PyLate do.")
+
+
 class MethodConfig(Section):
     name: str = Field(description="Name shown in reports, e.g. `crops`.")
     recipe: Literal[tuple(RECIPES)] = Field(description=recipe_help())
+    family: Literal[tuple(FAMILIES)] = Field("dense", description=family_help())
+    multi_vector: MultiVectorSettings = Field(default_factory=MultiVectorSettings,
+                                              description="With `family: multi_vector`: its projection and loss.")
     n_sentences: int = Field(2, ge=1, description="Consecutive kept sentences per training text "
                              "(1 = single sentences, as SimCSE, TSDAE and CT were trained).")
     seed: int = Field(0, description="Seed for drawing views and shuffling them.")
@@ -90,10 +105,24 @@ class MethodConfig(Section):
         """`decoder_visible` for recipes with RetroMAE's enhanced decoder, else None."""
         return self.decoder_visible if RECIPES[self.recipe].enhanced_decoder else None
 
+    @property
+    def multi_vector_settings(self) -> MultiVectorSettings | None:
+        """The multi_vector settings where the method trains that family, else None."""
+        return self.multi_vector if self.family == "multi_vector" else None
+
     @model_validator(mode="after")
     def _replacement_rates(self) -> MethodConfig:
         if self.title_rate + self.sentence_rate > 1:
             raise ValueError("title_rate + sentence_rate must not exceed 1")
+        return self
+
+    @model_validator(mode="after")
+    def _family_recipe(self) -> MethodConfig:
+        family = FAMILIES[self.family]
+        if family.recipes is not None and self.recipe not in family.recipes:
+            raise ValueError(f"recipe {self.recipe} cannot train the {self.family} family: its loss is not an "
+                             f"InfoNCE over (query, document) rows; {self.family} trains "
+                             f"{', '.join(sorted(family.recipes))}")
         return self
 
 
@@ -221,6 +250,20 @@ class TrainConfig(Section):
                              f"so max_length must be one, not {self.max_length} "
                              f"(e.g. {-(-self.max_length // COMPILE_PAD) * COMPILE_PAD})")
         return self
+
+
+def multi_vector_conflicts(train: TrainConfig) -> list[str]:
+    """The `train` settings the multi_vector family does not train with (yet), each as `field (why)`."""
+    conflicts = {
+        "head": (train.head == "mlp", "a projection head on one sentence vector"),
+        "matryoshka_dims": (bool(train.matryoshka_dims), "nested sentence-vector widths"),
+        "mini_batch_size": (train.cached_rows is not None, "embforge's GradCache caches sentence vectors"),
+        "padding_free": (train.padding_free is True, "its packed forward pools sentence vectors"),
+        "compile": (bool(train.compile), "not built for token vectors yet"),
+        "devices": (train.devices != 1, "its loss is not gathered across processes yet"),
+        "lora": (train.lora is not None, "the merge stage rebuilds a dense model"),
+    }
+    return [f"{name} ({why})" for name, (found, why) in conflicts.items() if found]
 
 
 def expand_sweeps(methods: list) -> list:

@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoModel
 
 from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
-from tasks.encoders import backends, decoders, precision
+from tasks.encoders import backends, decoders, families, precision
 from tasks.encoders.inputs import Tokens, encoder_tokenize, padded_ids
 from tasks.encoders.models import load_model, load_tokenizer, pick_device, resolve_model, to_device, token_arrays
 
@@ -125,6 +125,7 @@ class PooledEncoder(Encoder):
 
     def __init__(self, model: str, device: str = "auto", pooling: str = "mean", dtype: str = "fp32",
                  backend: str = "torch", quantized: bool = False):
+        families.dense_only(model, "a pooled encoder (embedding, evaluation, distillation)")
         self.pooling, self.backend = pooling, backend
         self.tokenizer = load_tokenizer(model)
         self.config = load_model(model, AutoConfig.from_pretrained)

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from sentence_transformers import SentenceTransformer
+from sentence_transformers import MultiVectorEncoder, SentenceTransformer
+from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.losses import MarginMSELoss, MatryoshkaLoss
 from torch import nn
 
 from tasks.config.recipes import RECIPES, Pair, Recipe
-from tasks.config.training import TrainConfig
+from tasks.config.training import MultiVectorSettings, TrainConfig
 from tasks.encoders.inputs import Tokens, features
 from tasks.encoders.models import to_device
 from tasks.methods.cached import CachedLoss
@@ -127,12 +128,27 @@ if set(OBJECTIVES) != set(RECIPES):
     raise RuntimeError(f"objectives and recipe registry disagree: {sorted(set(OBJECTIVES) ^ set(RECIPES))}")
 
 
-def build_objective(model: SentenceTransformer, recipe: str, cfg: TrainConfig, mask_ratio: float | None,
-                    decoder_visible: float | None, gather: Gather | None = None) -> Objective:
+def multi_vector_info_nce(recipe: Recipe, model: MultiVectorEncoder, settings: MultiVectorSettings) -> Objective:
+    """The multi_vector family's loss for a recipe whose view is (query, document[, hard negative]) rows: InfoNCE
+    over MaxSim scores, every other row's documents the negatives (sentence-transformers' own loss: the first
+    column is read as queries, the others as documents). Its chance level is the dense one's: a model with one
+    vector for every token scores every document alike."""
+    columns = 2 if recipe.hard_negatives else 1
+    return Objective(MultiVectorMultipleNegativesRankingLoss(model, scale=settings.scale), anchors_and_positives(model),
+                     lambda rows: math.log(columns * rows))
+
+
+def build_objective(model: SentenceTransformer | MultiVectorEncoder, recipe: str, cfg: TrainConfig,
+                    mask_ratio: float | None, decoder_visible: float | None, gather: Gather | None = None,
+                    multi_vector: MultiVectorSettings | None = None) -> Objective:
     """The recipe's loss around `model`; `mask_ratio` and `decoder_visible` as the method config
     resolves them. Recipes whose loss compares rows of the batch (the registry's `in_batch_negatives`)
-    gather them from every process; `gather` replaces that (a test trains without it)."""
+    gather them from every process; `gather` replaces that (a test trains without it). `multi_vector`: the
+    model is a multi-vector one (tasks/encoders/families.py), trained by MaxSim InfoNCE (the config allows it for
+    the family's recipes, in one process, without GradCache)."""
     spec = RECIPES[recipe]
+    if multi_vector:
+        return multi_vector_info_nce(spec, model, multi_vector)
     gather = gather or (gather_rows if spec.in_batch_negatives else no_gather)
     objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
     if cfg.cached_rows:  # the config allows it for spec.mini_batches

@@ -52,7 +52,7 @@ from tasks.config.evaluation import MAX_TRIAL_CORPUS, LocalTaskConfig, MtebSetti
 from tasks.config.model import Prompts
 from tasks.core.eval_sets import read_pairs, read_table, rows_of_split
 from tasks.core.rng import global_rng_kept
-from tasks.encoders import decoders
+from tasks.encoders import decoders, families
 from tasks.encoders.budget import char_budget, cut_texts, over_budget
 from tasks.encoders.encode import is_static
 from tasks.encoders.models import POOLING_MODES, load_model, pick_device
@@ -262,6 +262,7 @@ def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name:
     if is_static(model):
         encoder = load_model(model, lambda p: SentenceTransformer(p, device=pick_device(device)))
     else:
+        families.dense_only(model, "mteb's evaluation here")
         transformer = load_model(model, lambda p: BoundedTransformer(p, max_seq_length=cfg.max_length))
         decoders.ready_transformer(transformer)
         pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])

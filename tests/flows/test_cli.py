@@ -62,6 +62,28 @@ def test_missing_input_file_exits_non_zero(tmp_path, env):
 
 
 @pytest.mark.slow
+def test_train_trains_a_dense_and_a_multi_vector_model_without_scoring_them(tmp_path, env):
+    from sentence_transformers import MultiVectorEncoder, SentenceTransformer
+
+    config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"},
+                                            {"name": "crops-mv", "recipe": "crops", "family": "multi_vector",
+                                             "multi_vector": {"dim": 16}}])
+    result = embforge("train", str(config), "--set", "data.limit=60", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = " ".join(result.stdout.split())
+    assert "trained, not scored" in said and "crops-mv" in said
+    store = ArtifactStore(tmp_path / "store")
+    models = {m["label"]: m for m in Catalog(store).query("SELECT label, artifact FROM models")}
+    folder = {label: str(store.path(ArtifactRef.parse(models[label]["artifact"])) / "model") for label in models
+              if label.startswith("crops")}
+    texts = ["heart attack in adults", "asthma in children"]
+    assert SentenceTransformer(folder["crops"], device="cpu").encode(texts).shape == (2, 32)
+    multi = MultiVectorEncoder(folder["crops-mv"], device="cpu")
+    assert [t.shape[1] for t in multi.encode_document(texts)] == [16, 16]
+    assert not list(store.root.glob("artifacts/embed/*"))  # trained, nothing scored
+
+
+@pytest.mark.slow
 def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
     # Big enough that training takes a while, so the kill lands mid-way.
     # The file says one epoch; both runs ask for two with --set, so the resume only finds the

@@ -20,7 +20,7 @@ from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, train_model
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import STATE, TRAIN, TrainInputs, TrainJob, frozen_objective, knn_curve
-from tests.helpers import model_tokens_file
+from tests.helpers import model_tokens_file, straight_and_resumed
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
 PAIRS = [[(f"doc {i} first part about topic {i % 3}", f"doc {i} second part, topic {i % 3}")
@@ -279,14 +279,7 @@ def test_mntp_on_a_decoder_resumes_after_a_kill_bit_identically(tiny_decoder_dir
                                  on_step=on_step)
         return model, history
 
-    def crash(entry):
-        if entry.step == 7:
-            raise KeyboardInterrupt("killed")
-
-    straight, full = mntp(tmp_path / "a")
-    with pytest.raises(KeyboardInterrupt):
-        mntp(tmp_path / "b", crash)
-    resumed, rest = mntp(tmp_path / "b")
+    (straight, full), (resumed, rest) = straight_and_resumed(mntp, tmp_path / "a", tmp_path / "b")
     assert [h.loss for h in rest] == [h.loss for h in full]
     a, b = weights(straight), weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -100,6 +100,19 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "methods.0.stages: Extra inputs are not permitted"),
     ("name: x\ndata: {path: a.csv}\nmodel: {pretrain: {data: {path: b.csv}, method: {name: m, recipe: mlm, "
      "start_from: m}}}\n", "model.pretrain.method.start_from: stage 1 starts from the base model"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: t, recipe: tsdae, family: multi_vector}]\n",
+     "methods.0: Value error, recipe tsdae cannot train the multi_vector family"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector, "
+     "train: {matryoshka_dims: [8]}}]\n", "methods.0: the multi_vector family does not train with "
+     "train.matryoshka_dims"),
+    ("name: x\ndata: {path: a.csv}\ntrain: {mini_batch_size: 8, lora: {}}\nmethods: [{name: c, recipe: crops, "
+     "family: multi_vector}]\n", "train.mini_batch_size (embforge's GradCache caches sentence vectors); train.lora"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector}, "
+     "{name: d, recipe: dropout, start_from: c}]\n", "methods ['d'] start from 'c', a multi_vector model"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector}]\nstatic: {of: [c]}\n",
+     "static.of: 'c' is a multi_vector model"),
+    ("name: x\ndata: {path: a.csv}\nmodel: {pretrain: {data: {path: b.csv}, method: {name: m, recipe: crops, "
+     "family: multi_vector}}}\n", "model.pretrain.method.family: stage 1 trains the dense model"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, body, expected):
     path = tmp_path / "bad.yaml"

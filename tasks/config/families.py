@@ -1,0 +1,34 @@
+"""The model family registry: what a trained model is made of and how it scores a query against a document.
+
+One record per family, the only place its facts are kept: the config's `methods[].family` choices and help text,
+and which recipes train it, are read from `FAMILIES`. Data only, importing nothing of embforge (like
+tasks/config/recipes.py). docs/families.md gives the papers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    description: str  # the help text of `methods[].family`
+    # The recipes that train it (None: every recipe). A family other than dense scores pairs of texts its own way,
+    # so it trains on the recipes whose loss is an InfoNCE over (query, document) rows with in-batch negatives.
+    recipes: frozenset[str] | None = None
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in [
+    Family("dense", "one vector per text (pooled token states), scored by cosine"),
+    Family("multi_vector", "late interaction, ColBERT's: a projected, normalised vector per token, a query scored "
+           "against a document by MaxSim (each query token's best match, summed); saved as sentence-transformers' "
+           "MultiVectorEncoder",
+           frozenset({"crops", "dropout", "gpl", "inpars", "semcse_infonce"})),
+]}
+
+
+def family_help() -> str:
+    return "The kind of model trained: " + "; ".join(
+        f"`{f.name}`: {f.description}" + (f" (recipes {', '.join(sorted(f.recipes))})" if f.recipes else "")
+        for f in FAMILIES.values()) + "."
