@@ -345,9 +345,6 @@ def pipeline(params: RunParams) -> str:
     run = open_run(params, "pipeline")
 
     def body() -> str:
-        if unscored := [f"{m.name} ({m.family})" for m in run.cfg.methods if m.family != "dense"]:
-            raise ConfigError(f"{params.config}: methods {unscored}: scoring these families (MaxSim retrieval) is not "
-                              "built yet; `embforge train` trains and saves them (docs/families.md)")
         models, corpus = train_models(run, run.cfg.methods)
         references = [ReportedModel(name, "reference", None, name) for name in run.cfg.evaluate.reference_models]
         run.register(references)

@@ -91,7 +91,8 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
     schema = embeddings_schema(encoder.dim, job.store_dtype)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
-    out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed)
+    out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed,
+                     token_mean=encoder.token_mean)
 
 
 def stored_ids(store: ArtifactStore, tokens: ArtifactRef | None, digest: str,

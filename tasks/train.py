@@ -92,9 +92,9 @@ def training_model(path: str, job: TrainJob, device: str) -> BaseModel:
     checkpointing where the config asks. A multi-vector model is not packed (the config refuses `padding_free: true`
     for it, and `auto` stays padded)."""
     cfg = job.train
-    model = sentence_model(path, cfg.max_length, device, pooling_for(job.recipe, cfg), cfg.layer,
-                           cfg.padding_free and not job.multi_vector, cfg.compile, bidirectional_for(job.recipe, cfg),
-                           cfg.dropout)
+    packing = False if job.multi_vector else cfg.padding_free
+    model = sentence_model(path, cfg.max_length, device, pooling_for(job.recipe, cfg), cfg.layer, packing, cfg.compile,
+                           bidirectional_for(job.recipe, cfg), cfg.dropout)
     if job.multi_vector:
         model = families.multi_vector_model(model, job.multi_vector, cfg.seed)
     for name, value in job.prompts.sentence_transformers().items():

@@ -7,7 +7,8 @@ or the token a recipe trained: CLS (first) or SEP (the last real one: a decoder'
 `encode_layers` gives every hidden layer and every pooling from one forward pass, which is what
 the embeddings cache stores (layer 0 = the embedding layer); `encode_chunks` gives the same a
 chunk of texts at a time, so a corpus of any size is encoded in bounded memory. A static model
-(tasks/static.py) is encoded through model2vec instead (`StaticEncoder`; `encoder_at` picks).
+(tasks/static.py) is encoded through model2vec instead (`StaticEncoder`), a multi-vector model
+(tasks/encoders/families.py) through sentence-transformers (`TokenMeanEncoder`); `encoder_at` picks.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel
 
+from tasks.config.base import InputError
 from tasks.core.prefetch import prefetched
 from tasks.core.progress import StageProgress
 from tasks.encoders import backends, decoders, families, precision
-from tasks.encoders.inputs import Tokens, encoder_tokenize, padded_ids
+from tasks.encoders.inputs import Tokens, encoder_tokenize, features, padded_ids
 from tasks.encoders.models import load_model, load_tokenizer, pick_device, resolve_model, to_device, token_arrays
 
 POOLINGS = ("mean", "cls", "sep")
@@ -55,6 +57,7 @@ class Encoder:
     pooling: str
     tokenizer = None
     dtype: torch.dtype | None = None  # what it computes in, where embforge chooses it (not a static model's)
+    token_mean = False  # its one vector is a multi-vector model's mean token vector, not what it retrieves by
     n_layers: int
     dim: int
 
@@ -77,6 +80,20 @@ class Encoder:
         return self.encode_layers(texts, max_length, batch_size)[0, POOLINGS.index(self.pooling)]
 
 
+def one_vector_chunks(texts: list, chunk: int | None, vectors_of: Callable[[list], np.ndarray],
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """encode_chunks of an encoder with one layer and one vector a text: `vectors_of` a chunk's texts, (texts, dim),
+    under every POOLINGS column."""
+    chunk = chunk or max(1, len(texts))
+    with StageProgress(len(texts), "texts") as progress:
+        for start in range(0, len(texts), chunk):
+            part = texts[start : start + chunk]
+            vectors = vectors_of(part)
+            progress.advance(len(part))
+            # (1 layer, POOLINGS, texts, dim)
+            yield np.arange(start, start + len(part)), np.broadcast_to(vectors, (1, len(POOLINGS), *vectors.shape))
+
+
 def is_static(model: str) -> bool:
     """Whether a model folder holds a static embedding model (model2vec's format: tasks/static.py)."""
     config = Path(resolve_model(model)) / "config.json"
@@ -85,8 +102,14 @@ def is_static(model: str) -> bool:
 
 def encoder_at(model: str, device: str = "auto", pooling: str = "mean", dtype: str = "fp32",
                backend: str = "torch") -> Encoder:
-    """The encoder of a model folder or name: a static model's, or a transformer's."""
-    return StaticEncoder(model) if is_static(model) else PooledEncoder(model, device, pooling, dtype, backend)
+    """The encoder of a model folder or name: a static model's, a multi-vector model's, or a transformer's."""
+    if is_static(model):
+        return StaticEncoder(model)
+    if families.is_multi_vector(model):
+        if backend != "torch":
+            raise InputError(f"{model}: a multi-vector model runs on torch here, not on {backend} (evaluate.backend)")
+        return TokenMeanEncoder(model, device, dtype)
+    return PooledEncoder(model, device, pooling, dtype, backend)
 
 
 class StaticEncoder(Encoder):
@@ -107,15 +130,41 @@ class StaticEncoder(Encoder):
                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         if (layers or [0]) != [0]:
             raise ValueError(f"a static model has one layer (0), not layers {layers}")
-        chunk = chunk or max(1, len(texts))
-        with StageProgress(len(texts), "texts") as progress:
-            for start in range(0, len(texts), chunk):
-                part = texts[start : start + chunk]
-                # a batch of table lookups costs next to nothing: at least model2vec's own default of 1,024
-                vectors = self.model.encode(part, max_length=max_length, batch_size=max(batch_size, 1024))
-                progress.advance(len(part))
-                # (1 layer, POOLINGS, texts, dim): the one vector under every pooling
-                yield np.arange(start, start + len(part)), np.broadcast_to(vectors, (1, len(POOLINGS), *vectors.shape))
+        # a batch of table lookups costs next to nothing: at least model2vec's own default of 1,024
+        return one_vector_chunks(texts, chunk, lambda part: self.model.encode(part, max_length=max_length,
+                                                                              batch_size=max(batch_size, 1024)))
+
+
+class TokenMeanEncoder(Encoder):
+    """A multi-vector model read as one vector a text, for what compares texts by one vector (kNN, clustering, STS,
+    geometry): the mean of its scoring token vectors as a document (punctuation left out), under every POOLINGS
+    column. Its last layer only. Its own retrieval is MaxSim (mteb's retrieval tasks), not this vector's cosine."""
+
+    pooling, token_mean = "mean", True
+
+    def __init__(self, model: str, device: str = "auto", dtype: str = "fp32"):
+        from sentence_transformers import MultiVectorEncoder
+
+        self.model = load_model(model, lambda p: MultiVectorEncoder(p, device=pick_device(device))).eval()
+        self.tokenizer = self.model.tokenizer
+        self.dtype = precision.autocast_dtype(dtype, self.model.device)
+        self.n_layers = self.model[0].auto_model.config.num_hidden_layers
+        self.dim = self.model.get_embedding_dimension()
+
+    def encode_chunks(self, texts: list[str] | list[Tokens], max_length: int = 256, batch_size: int = 32,
+                      layers: list[int] | None = None, chunk: int | None = None,
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        if (layers or [self.n_layers]) != [self.n_layers]:
+            raise ValueError(f"a multi-vector model gives its last layer ({self.n_layers}) only, not layers {layers}")
+        self.model.max_seq_length = max_length
+        return one_vector_chunks(texts, chunk, lambda part: np.concatenate(
+            [self._mean(part[i : i + batch_size]) for i in range(0, len(part), batch_size)]))
+
+    def _mean(self, texts: list[str] | list[Tokens]) -> np.ndarray:
+        """(texts, dim): stored ids padded, or texts tokenized, as the model's documents."""
+        with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
+            out = self.model(to_device(features(self.model, texts), self.model.device), task="document")
+        return pool(out["token_embeddings"].float(), out["attention_mask"], "mean").cpu().numpy()
 
 
 class PooledEncoder(Encoder):

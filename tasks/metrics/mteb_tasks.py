@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 from datasets import Dataset
 from huggingface_hub import constants as hub_constants
-from sentence_transformers import SentenceTransformer, models
+from sentence_transformers import MultiVectorEncoder, SentenceTransformer, models
 
 from storage.base import file_digest, stable_hash
 from tasks.config.base import InputError
@@ -68,7 +68,7 @@ with global_rng_kept():  # importing mteb seeds the process-wide generators with
         AbsTaskSTS,
     )
     from mteb.abstasks.task_metadata import TaskMetadata
-    from mteb.models import SentenceTransformerEncoderWrapper
+    from mteb.models import MultiVectorWrapper, SentenceTransformerEncoderWrapper
 
 HUB_PROBE_TIMEOUT_S = 3.0
 
@@ -255,21 +255,35 @@ class BoundedTransformer(models.Transformer):
 
 
 def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name: str,
-                 revision: str | None, prompts: Prompts | None = None) -> SentenceTransformerEncoderWrapper:
+                 revision: str | None, prompts: Prompts | None = None, search: bool = False,
+                 ) -> SentenceTransformerEncoderWrapper | MultiVectorWrapper:
     """The model as mteb evaluates it, under `name` and `revision` (what mteb files its results by), with `prompts`
     (mteb reads queries with the query one, documents and symmetric tasks' texts with the document one). A static
-    model (tasks/static.py) as sentence-transformers loads it: its StaticEmbedding, which pools itself."""
+    model (tasks/static.py) as sentence-transformers loads it: its StaticEmbedding, which pools itself. A multi-vector
+    model (tasks/encoders/families.py) as it was saved: for a task that takes a search model (`search`: retrieval),
+    through mteb's own late-interaction wrapper, by exact MaxSim over the whole corpus; for the others, as one
+    vector a text, its mean token vector (as the embed stage reads it)."""
+    prompted = (prompts or Prompts()).sentence_transformers()
     if is_static(model):
         encoder = load_model(model, lambda p: SentenceTransformer(p, device=pick_device(device)))
+    elif families.is_multi_vector(model):
+        encoder = load_model(model, lambda p: MultiVectorEncoder(p, device=pick_device(device), **prompted))
+        encoder[0].__class__ = BoundedTransformer  # the same module, cutting texts as every other path does
+        encoder.max_seq_length = cfg.max_length
+        if not search:  # its modules, then the mean over the scoring mask (a document's: punctuation left out)
+            pool = models.Pooling(encoder.get_embedding_dimension(), pooling_mode="mean")
+            encoder = SentenceTransformer(modules=[*encoder, pool, models.Normalize()], device=pick_device(device),
+                                          **prompted)
+        encoder.to(getattr(torch, cfg.dtype))
     else:
-        families.dense_only(model, "mteb's evaluation here")
         transformer = load_model(model, lambda p: BoundedTransformer(p, max_seq_length=cfg.max_length))
         decoders.ready_transformer(transformer)
         pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
         encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device),
-                                      **(prompts or Prompts()).sentence_transformers())
+                                      **prompted)
         encoder.to(getattr(torch, cfg.dtype))
-    wrapped = SentenceTransformerEncoderWrapper(encoder)
+    wrapped = (MultiVectorWrapper if isinstance(encoder, MultiVectorEncoder) else SentenceTransformerEncoderWrapper)(
+        encoder)
     wrapped.mteb_model_meta = wrapped.mteb_model_meta.model_copy(update={"name": name, "revision": revision})
     return wrapped
 
@@ -348,7 +362,8 @@ def _scores(model: str, pooling: str, cfg: MtebSettings, task: str | LocalTaskCo
             task_type=task_type(mteb_task), main_score=mteb_task.metadata.main_score,
             revision=mteb_task.metadata.revision, split=",".join(mteb_task.eval_splits))
         return Scored([row(cfg, name, status="skipped", note=str(e), **known)], 0)
-    encoder = mteb_encoder(model, pooling, cfg, device, *meta, prompts)
+    # mteb's own flag for the tasks that a search model (a multi-vector one's MaxSim) may score
+    encoder = mteb_encoder(model, pooling, cfg, device, *meta, prompts, mteb_task._support_search)
     result = mteb.evaluate(encoder, mteb_task, cache=mteb.ResultCache(results), overwrite_strategy="always",
                            encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": False},
                            co2_tracker=False, show_progress_bar=False).task_results[0]

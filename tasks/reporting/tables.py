@@ -295,14 +295,23 @@ FROM entries e JOIN artifacts a ON a.key = e.key
 WHERE (a.extra->>'cut')::BIGINT > 0 ORDER BY e.ord, scored"""
 
 
+# Evaluate artifacts of multi-vector models (tasks/evaluate.py: their one vector is the mean token vector).
+TOKEN_MEAN_SQL = """
+SELECT DISTINCT e.ord, e.label FROM entries e JOIN artifacts a ON a.key = e.key
+WHERE a.stage = 'evaluate' AND (a.extra->>'token_mean')::BOOLEAN ORDER BY e.ord"""
+
+
 def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
-    """What a reader of the table must know: the tasks skipped (and why) and the texts cut."""
+    """What a reader of the table must know: the tasks skipped (and why), the texts cut, and which models' one
+    vector is a multi-vector model's mean token vector."""
     tasks = _query(_load(catalog, entries), TASK_SQL)
     skipped = tasks[~tasks["ok"].astype(bool)].drop_duplicates("task")
     return ([f"skipped: {r.task}: {r.note}" for r in skipped.itertuples()]
             + [f"cut: {r.label}: {r.cut} text(s) of {r.scored} ({r.stage}) were longer than max_length × "
                f"{CHARS_PER_TOKEN} characters and were cut to that before tokenizing"
-               for r in _query(catalog, CUT_SQL).itertuples()])
+               for r in _query(catalog, CUT_SQL).itertuples()]
+            + [f"multi-vector: {r.label}: kNN, STS, clustering and geometry read its mean token vector; MTEB's "
+               "retrieval tasks score it by MaxSim" for r in _query(catalog, TOKEN_MEAN_SQL).itertuples()])
 
 
 def beside_teacher(long: pd.DataFrame, static: str, teacher: str) -> pd.DataFrame:

@@ -101,8 +101,6 @@ def test_runs_skips_a_damaged_record_with_a_warning_naming_it(tmp_path):
     ("static-pca-dims", "error: static.pca_dims: 64 is more than the 32 dimensions of the run's models"),
     # a config mistake found where the adapter is attached (a random init's layers): one line, never retried
     ("lora-targets", "error: train.lora.target_modules: ['q_proj'] match no linear layer of"),
-    # a family whose scoring is not built: before any stage, not after its training
-    ("multi-vector", "methods ['crops (multi_vector)']: scoring these families (MaxSim retrieval) is not built yet"),
 ])
 def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_in_the_log(tmp_path, case, message,
                                                                                           prefect_api):
@@ -121,7 +119,6 @@ def test_bad_input_inside_a_stage_is_one_line_not_retried_and_the_traceback_is_i
               "static-pca-dims": {"static": {"of": ["base"], "pca_dims": 64}},  # the tiny encoder has 32
               "lora-targets": {"train": {"lora": {"target_modules": ["q_proj"]}},
                                "methods": [{"name": "crops", "recipe": "crops"}]},
-              "multi-vector": {"methods": [{"name": "crops", "recipe": "crops", "family": "multi_vector"}]},
               }.get(case, {"data": {"path": str(tmp_path / "bad.csv")}})
     config = tiny_config(tmp_path, **change)
     result = processes.run([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, capture_output=True,

@@ -201,6 +201,36 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     assert {label for label, cfg in trained.items() if cfg["group_by_length"]} == {"tsdae", "mlm", "retromae"}
 
 
+@pytest.mark.slow  # the whole pipeline, two trainings and an MTEB retrieval and clustering task each
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_multi_vector_model_is_scored_beside_a_dense_one_on_the_same_view(tmp_path):
+    scifact = REPO / "configs" / "data"
+    mteb = {"max_length": 64, "local": [
+        {"name": "SciFact-tiny", "type": "retrieval", "path": str(scifact / "scifact_test.parquet"),
+         "queries": str(scifact / "scifact_test_queries.parquet"), "limit": 20, "corpus_limit": 100},
+        {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS), "limit": 80}]}
+    methods = [{"name": "crops", "recipe": "crops"},
+               {"name": "crops-mv", "recipe": "crops", "family": "multi_vector", "multi_vector": {"dim": 16}}]
+    config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, evaluate={"mteb": mteb})
+    first, state = run(config)
+    assert state.is_completed()
+    catalog = Catalog(ArtifactStore(tmp_path / "store"))
+    scores = {(r["label"], r["metric"]): r["value"] for r in catalog.query(
+        "SELECT label, metric, value FROM run_metrics WHERE run_id = ? AND status = 'ok'", [first])}
+    for label in ("crops", "crops-mv"):  # one vector a text (the mean token vector), and retrieval by MaxSim
+        for metric in ("knn_accuracy", "sts_spearman", "mean_cosine", "SciFact-tiny", "ohsumed-clusters"):
+            assert scores[label, metric] == scores[label, metric]  # scored, not NaN
+    report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
+    markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
+    assert ("multi-vector: crops-mv: kNN, STS, clustering and geometry read its mean token vector; MTEB's retrieval "
+            "tasks score it by MaxSim") in markdown and "multi-vector: crops:" not in markdown
+    assert "mteb: SciFact-tiny: crops-mv − crops: " in markdown and " over 20 queries, " in markdown  # paired
+    mteb = catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'mteb'", [first])
+    multi = next(r["key"] for r in mteb if r["label"] == "crops-mv")
+    results = list((tmp_path / "store" / "artifacts" / "mteb" / multi / "mteb").rglob("SciFact-tiny.json"))
+    assert len(results) == 1  # mteb's own result file, as for any model
+
+
 @pytest.mark.slow  # the whole pipeline on a decoder: three trainings
 @pytest.mark.usefixtures("prefect_harness")
 def test_llm2vec_with_lora_and_a_contrastive_recipe_train_a_decoder_from_config_alone(tmp_path, tiny_decoder_dir):

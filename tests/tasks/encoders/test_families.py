@@ -88,8 +88,13 @@ def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_l
     curve = store.read_table(trained, "training")
     assert curve.num_rows == 6 and pc.all(pc.is_valid(curve["loss"])).as_py()
     assert pc.is_valid(curve["probe_cosine"]).to_pylist().count(True) >= 1  # the health probe reads it too
-    with pytest.raises(InputError, match="a multi-vector model .*not built yet"):
-        encode.encoder_at(folder)
+    # read as one vector a text (kNN, STS, geometry): the mean of its document token vectors, as loaded above
+    vectors = encode.encoder_at(folder, "cpu", dtype="fp32").encode(texts, max_length=cfg.max_length)
+    assert torch.allclose(torch.from_numpy(vectors), torch.stack([d.mean(0) for d in documents]), atol=1e-5)
+    with pytest.raises(InputError, match="a multi-vector model runs on torch here, not on onnx"):
+        encode.encoder_at(folder, backend="onnx")
+    with pytest.raises(InputError, match="a multi-vector model .*reads one vector per text"):
+        encode.PooledEncoder(folder)  # its backbone's token states alone are not the model
 
 
 def test_a_recipe_that_cannot_train_the_family_is_one_error_naming_both():
