@@ -1,12 +1,12 @@
 """Export: a model embforge trained, as a sentence-transformers folder with a model card written
 from the store, optionally with ONNX and OpenVINO files, and pushed to the Hugging Face Hub.
 
-The card is sentence-transformers' own (`SentenceTransformerModelCardData`, its template, the
-Hub's `model-index` metadata), filled from the catalog: the recipe and its hyper-parameters, the
-corpus it trained on (name, documents, digest of its bytes), the start model, training time and
-hardware, and every score the store holds for the model. A section of embforge's own follows with
-what the template has no place for: the spread of kNN accuracy, MTEB task revisions, and each
-exported backend's measured STS-B change.
+The card is sentence-transformers' own (`SentenceTransformerModelCardData`, a multi-vector model's
+`MultiVectorEncoderModelCardData`, their templates, the Hub's `model-index` metadata), filled from the
+catalog: the recipe and its hyper-parameters, the corpus it trained on (name, documents, digest of its
+bytes), the start model, training time and hardware, and every score the store holds for the model. A
+section of embforge's own follows with what the template has no place for: the spread of kNN accuracy,
+MTEB task revisions, and each exported backend's measured STS-B change.
 """
 
 from __future__ import annotations
@@ -20,8 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sentence_transformers import SentenceTransformer, SentenceTransformerModelCardData
+from sentence_transformers import (
+    MultiVectorEncoder,
+    MultiVectorEncoderModelCardData,
+    SentenceTransformer,
+    SentenceTransformerModelCardData,
+)
 from sentence_transformers.base.evaluation import BaseEvaluator
+from sentence_transformers.base.model_card import BaseModelCardData
 
 from storage.base import ArtifactRef, DamagedArtifactError
 from storage.catalog import FINAL_SCORE, Catalog
@@ -171,10 +177,12 @@ def hyperparameters(train: dict) -> tuple[dict, dict]:
     return every, {k: v for k, v in every.items() if defaults.get(k) != v}
 
 
-def card_data(model: ExportedModel, repo: str | None) -> SentenceTransformerModelCardData:
+def card_data(model: ExportedModel, repo: str | None,
+              kind: type[BaseModelCardData] = SentenceTransformerModelCardData) -> BaseModelCardData:
+    """The card's facts, as `kind` (the model class's own card data) keeps them."""
     corpus = model.corpus
     every, changed = hyperparameters(model.train)
-    data = SentenceTransformerModelCardData(
+    data = kind(
         model_name=f"{model.label}: {model.recipe} on {corpus.get('name', 'a domain corpus')} (embforge)",
         model_id=repo, local_files_only=True, generate_widget_examples=False,
         train_datasets=[dict(name=corpus["name"], size=corpus["documents"], columns=["text"],
@@ -304,7 +312,9 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
     to = to.resolve()  # `.` has no name or parent to build next to
     model = describe(catalog, name)
     catalog.store.check(model.ref)  # on an object store: brought into the working copy
-    families.dense_only(model_path(catalog.store, model.ref), "export (its card, its backends' check)")
+    multi_vector = families.is_multi_vector(model_path(catalog.store, model.ref))
+    if multi_vector and variants:
+        raise InputError(f"{model.label}: a multi-vector model is exported for torch only, not {', '.join(variants)}")
     # What leaves the store is what was published: every file's SHA-256, not only its size (a same-size
     # corruption would ship with the original scores in the card).
     if found := catalog.store.problems(model.ref, digests=True):
@@ -321,7 +331,9 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
         elif variants:
             log.warning("no STS pairs to score the backends on (the run had no evaluate.sts, and %s is not here)",
                         DEMO_STSB)
-        st = SentenceTransformer(str(work), device="cpu", model_card_data=card_data(model, repo))
+        loader, card = ((MultiVectorEncoder, MultiVectorEncoderModelCardData) if multi_vector
+                        else (SentenceTransformer, SentenceTransformerModelCardData))
+        st = loader(str(work), device="cpu", model_card_data=card_data(model, repo, card))
         for evaluator in evaluators(model):
             st.model_card_data.set_evaluation_metrics(evaluator, evaluator.metrics)
         if encode.is_static(str(work)):  # sentence-transformers would write its own weight names, which model2vec

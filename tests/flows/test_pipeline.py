@@ -229,6 +229,19 @@ def test_a_multi_vector_model_is_scored_beside_a_dense_one_on_the_same_view(tmp_
     multi = next(r["key"] for r in mteb if r["label"] == "crops-mv")
     results = list((tmp_path / "store" / "artifacts" / "mteb" / multi / "mteb").rglob("SciFact-tiny.json"))
     assert len(results) == 1  # mteb's own result file, as for any model
+    # exported with its card, for torch (no ONNX or OpenVINO variant of a multi-vector model)
+    from sentence_transformers import MultiVectorEncoder
+
+    from flows.cli import main
+
+    store_arg = ["--store", str(tmp_path / "store")]
+    assert main(["export", "crops-mv", "--to", str(tmp_path / "onnx"), "--onnx", *store_arg]) == 2
+    assert not (tmp_path / "onnx").exists()
+    assert main(["export", "crops-mv", "--to", str(tmp_path / "mv"), *store_arg]) == 0
+    card = (tmp_path / "mv" / "README.md").read_text()
+    assert "MultiVectorEncoder" in card and "SciFact-tiny" in card
+    exported = MultiVectorEncoder(str(tmp_path / "mv"), device="cpu")
+    assert [t.shape[1] for t in exported.encode_query(["heart attack", "asthma in children"])] == [16, 16]
 
 
 @pytest.mark.slow  # the whole pipeline on a decoder: three trainings
