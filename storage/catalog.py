@@ -42,12 +42,12 @@ SCORE_STAGES = ("evaluate", "semantic", "mteb", "speed")
 STS_PAIRS = "sts_pairs"  # the evaluate stage's table of each STS pair's cosine (its own file in the artifact)
 QUERY_SCORES = "query_scores"  # each query's nDCG@10: the held-out generated ones (evaluate), local retrieval (mteb)
 YARDSTICK_SCORES = "yardstick_scores"  # the same table (one schema) for the evaluate stage's yardstick queries
-YARDSTICK_TOP = "yardstick_top"  # a consensus yardstick's queries' best documents, for the select stage to fuse
+YARDSTICK_TOP = "yardstick_top"  # a consensus's best documents, the neighbours' rankings: what select fuses
 PAIRED = "paired"  # the report stage's paired differences of two models, with their 95% intervals
 
 # Every metrics.parquet has these columns, so any query over the `metrics` view works on any store.
 METRICS_SCHEMA = pa.schema([
-    ("key", pa.string()),  # the score stage's artifact that holds it (evaluate, semantic, mteb)
+    ("key", pa.string()),  # the score stage's artifact that holds it (one of SCORE_STAGES)
     ("model", pa.string()),  # train/<key>, init/<key> or the external model's name
     ("dataset", pa.string()),
     ("metric", pa.string()),  # knn_accuracy, sts_spearman, ... or the MTEB task's name
