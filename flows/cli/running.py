@@ -56,7 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_id, models = run_flow("train", "flows.pipeline", "train", params, store)
     print_table(f"{cfg.name} (run {run_id}): trained, not scored",
                 [dict(label=m["label"], method=m["method"], model=m["artifact"] or m["external"]) for m in models])
-    console.print(f"a model is its train artifact's model/ folder in {store.url} (`embforge models` lists them)")
+    console.print(f"a model is its artifact's model/ folder in {store.url} (`embforge models` lists them)")
     return 0
 
 

@@ -105,6 +105,9 @@ class PipelineConfig(Section):
         if conflicts := multi_vector_conflicts(self.train_for(method, where=f"methods.{i}.train")):
             raise ValueError(f"methods.{i}: the {method.family} family does not train with train."
                              f"{'; train.'.join(conflicts)}; leave them unset for this method")
+        if self.evaluate.layerwise or self.evaluate.backend != "torch":
+            raise ValueError(f"methods.{i}: a {method.family} model is scored on torch at its last layer: "
+                             "evaluate.layerwise and evaluate.backend (onnx, openvino) do not apply to it")
         if method.start_from is not None:
             raise ValueError(f"methods.{i}.start_from: a {method.family} model starts from the base model, not "
                              "from another method's model")

@@ -118,6 +118,9 @@ class MethodConfig(Section):
 
     @model_validator(mode="after")
     def _family_recipe(self) -> MethodConfig:
+        if "multi_vector" in self.model_fields_set and self.family != "multi_vector":
+            raise ValueError(f"multi_vector: settings of the multi_vector family on a {self.family} method; set "
+                             "`family: multi_vector` or leave them out")
         family = FAMILIES[self.family]
         if family.recipes is not None and self.recipe not in family.recipes:
             raise ValueError(f"recipe {self.recipe} cannot train the {self.family} family: its loss is not an "
@@ -256,11 +259,12 @@ def multi_vector_conflicts(train: TrainConfig) -> list[str]:
     """The `train` settings the multi_vector family does not train with (yet), each as `field (why)`."""
     conflicts = {
         "head": (train.head == "mlp", "a projection head on one sentence vector"),
+        "pooling": (train.pooling is not None, "a multi-vector model keeps every token; its one vector is their mean"),
         "matryoshka_dims": (bool(train.matryoshka_dims), "nested sentence-vector widths"),
         "mini_batch_size": (train.cached_rows is not None, "embforge's GradCache caches sentence vectors"),
         "padding_free": (train.padding_free is True, "its packed forward pools sentence vectors"),
         "compile": (bool(train.compile), "not built for token vectors yet"),
-        "devices": (train.devices != 1, "its loss is not gathered across processes yet"),
+        "devices": (train.devices != 1, "its loss is not gathered across processes yet: 1, not auto"),
         "lora": (train.lora is not None, "the merge stage rebuilds a dense model"),
     }
     return [f"{name} ({why})" for name, (found, why) in conflicts.items() if found]

@@ -143,9 +143,7 @@ class TokenMeanEncoder(Encoder):
     pooling, token_mean = "mean", True
 
     def __init__(self, model: str, device: str = "auto", dtype: str = "fp32"):
-        from sentence_transformers import MultiVectorEncoder
-
-        self.model = load_model(model, lambda p: MultiVectorEncoder(p, device=pick_device(device))).eval()
+        self.model = families.load_multi_vector(model, pick_device(device)).eval()
         self.tokenizer = self.model.tokenizer
         self.dtype = precision.autocast_dtype(dtype, self.model.device)
         self.n_layers = self.model[0].auto_model.config.num_hidden_layers
@@ -155,7 +153,8 @@ class TokenMeanEncoder(Encoder):
                       layers: list[int] | None = None, chunk: int | None = None,
                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         if (layers or [self.n_layers]) != [self.n_layers]:
-            raise ValueError(f"a multi-vector model gives its last layer ({self.n_layers}) only, not layers {layers}")
+            raise InputError(f"a multi-vector model gives its last layer ({self.n_layers}) only, not layers {layers} "
+                             "(evaluate.layerwise)")
         self.model.max_seq_length = max_length
         return one_vector_chunks(texts, chunk, lambda part: np.concatenate(
             [self._mean(part[i : i + batch_size]) for i in range(0, len(part), batch_size)]))
@@ -174,7 +173,7 @@ class PooledEncoder(Encoder):
 
     def __init__(self, model: str, device: str = "auto", pooling: str = "mean", dtype: str = "fp32",
                  backend: str = "torch", quantized: bool = False):
-        families.dense_only(model, "a pooled encoder (embedding, evaluation, distillation)")
+        families.dense_only(model, "a pooled encoder (its backbone's token states, pooled)")
         self.pooling, self.backend = pooling, backend
         self.tokenizer = load_tokenizer(model)
         self.config = load_model(model, AutoConfig.from_pretrained)

@@ -4,7 +4,8 @@ A dense model is sentence-transformers' SentenceTransformer (tasks/encoders/mode
 multi-vector model keeps the same transformer, projects each token state to `dim` with a linear layer, drops
 documents' punctuation from scoring (ColBERT's skiplist) and normalises every token vector: sentence-transformers'
 MultiVectorEncoder with the modules its own fresh models get, so the saved folder loads there as it is. Its loss
-(tasks/methods/objectives.py) is the library's MaxSim InfoNCE.
+(tasks/methods/objectives.py) is the library's MaxSim InfoNCE; scoring reads it by MaxSim (mteb's retrieval tasks)
+or as its mean token vector (tasks/encoders/encode.py's TokenMeanEncoder).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 from torch import nn
 
 from tasks.config.base import InputError
-from tasks.encoders.models import resolve_model
+from tasks.encoders import decoders
+from tasks.encoders.models import load_model, resolve_model
 
 if TYPE_CHECKING:  # the settings' module is the trainer's: what only embeds does not depend on it
     from tasks.config.training import MultiVectorSettings
@@ -60,10 +62,16 @@ def is_multi_vector(name_or_path: str) -> bool:
     return config.is_file() and json.loads(config.read_text()).get("model_type") == MultiVectorEncoder.model_type
 
 
+def load_multi_vector(name_or_path: str, device: str, **kwargs) -> MultiVectorEncoder:
+    """A saved multi-vector model as scoring reads it: a decoder's attention as it trained (bidirectional or not)."""
+    model = load_model(name_or_path, lambda p: MultiVectorEncoder(p, device=device, **kwargs))
+    decoders.ready_transformer(model[0])
+    return model
+
+
 def dense_only(name_or_path: str, what: str) -> None:
-    """An InputError where `what` (a pooled encoder, mteb's) would read a multi-vector model as a dense one: its
-    backbone's token states pooled, without the projection it trained."""
+    """An InputError where `what` would read a multi-vector model as a dense one: its backbone's token states pooled,
+    without the projection it trained."""
     if is_multi_vector(name_or_path):
-        raise InputError(f"{name_or_path}: a multi-vector model (MultiVectorEncoder): {what} reads one vector per "
-                         "text, and scoring by MaxSim is not built yet; load it with "
-                         "sentence_transformers.MultiVectorEncoder")
+        raise InputError(f"{name_or_path}: a multi-vector model (MultiVectorEncoder), which {what} cannot read; "
+                         "encode.encoder_at reads it as its mean token vector")

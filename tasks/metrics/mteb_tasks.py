@@ -267,7 +267,7 @@ def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name:
     if is_static(model):
         encoder = load_model(model, lambda p: SentenceTransformer(p, device=pick_device(device)))
     elif families.is_multi_vector(model):
-        encoder = load_model(model, lambda p: MultiVectorEncoder(p, device=pick_device(device), **prompted))
+        encoder = families.load_multi_vector(model, pick_device(device), **prompted)
         encoder[0].__class__ = BoundedTransformer  # the same module, cutting texts as every other path does
         encoder.max_seq_length = cfg.max_length
         if not search:  # its modules, then the mean over the scoring mask (a document's: punctuation left out)

@@ -222,13 +222,16 @@ def test_a_multi_vector_model_is_scored_beside_a_dense_one_on_the_same_view(tmp_
             assert scores[label, metric] == scores[label, metric]  # scored, not NaN
     report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
     markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
-    assert ("multi-vector: crops-mv: kNN, STS, clustering and geometry read its mean token vector; MTEB's retrieval "
-            "tasks score it by MaxSim") in markdown and "multi-vector: crops:" not in markdown
+    assert ("multi-vector: crops-mv: its one-vector scores (kNN, STS, clustering, the semantic benchmark, geometry) "
+            "read its mean token vector; MTEB's retrieval tasks score it by MaxSim") in markdown
+    assert "multi-vector: crops:" not in markdown
     assert "mteb: SciFact-tiny: crops-mv − crops: " in markdown and " over 20 queries, " in markdown  # paired
     mteb = catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'mteb'", [first])
     multi = next(r["key"] for r in mteb if r["label"] == "crops-mv")
     results = list((tmp_path / "store" / "artifacts" / "mteb" / multi / "mteb").rglob("SciFact-tiny.json"))
-    assert len(results) == 1  # mteb's own result file, as for any model
+    assert len(results) == 1  # mteb's own result file, as for any model, scored through its late-interaction wrapper
+    meta = json.loads((results[0].parent / "model_meta.json").read_text())
+    assert (meta["similarity_fn_name"], meta["loader"]) == ("MaxSim", "MultiVectorWrapper")
     # exported with its card, for torch (no ONNX or OpenVINO variant of a multi-vector model)
     from sentence_transformers import MultiVectorEncoder
 

@@ -111,6 +111,15 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "{name: d, recipe: dropout, start_from: c}]\n", "methods ['d'] start from 'c', a multi_vector model"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector}]\nstatic: {of: [c]}\n",
      "static.of: 'c' is a multi_vector model"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector}]\n"
+     "evaluate: {layerwise: true}\n", "methods.0: a multi_vector model is scored on torch at its last layer"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector, "
+     "train: {pooling: cls, padding_free: true, compile: true, devices: 2, head: mlp}}]\n",
+     "train.head (a projection head on one sentence vector); train.pooling (a multi-vector model keeps every token; "
+     "its one vector is their mean); train.padding_free (its packed forward pools sentence vectors); train.compile "
+     "(not built for token vectors yet); train.devices"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, multi_vector: {dim: 64}}]\n",
+     "methods.0: Value error, multi_vector: settings of the multi_vector family on a dense method"),
     ("name: x\ndata: {path: a.csv}\nmodel: {pretrain: {data: {path: b.csv}, method: {name: m, recipe: crops, "
      "family: multi_vector}}}\n", "model.pretrain.method.family: stage 1 trains the dense model"),
 ])

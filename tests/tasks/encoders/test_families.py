@@ -1,3 +1,6 @@
+import re
+
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import torch
@@ -7,6 +10,8 @@ from sentence_transformers.base.modules.dense import Dense
 from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 
 from tasks.config.base import InputError
+from tasks.config.families import FAMILIES
+from tasks.config.splits import KnnConfig
 from tasks.config.training import MethodConfig, MultiVectorSettings, TrainConfig
 from tasks.encoders import encode, families
 from tasks.encoders.models import sentence_model
@@ -14,8 +19,8 @@ from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, train_model
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
-from tasks.train import TRAIN, TrainInputs, TrainJob
-from tests.helpers import model_tokens_file, straight_and_resumed
+from tasks.train import TRAIN, TrainInputs, TrainJob, frozen_objective, knn_curve, training_model
+from tests.helpers import REPO, model_tokens_file, straight_and_resumed
 
 CFG = TrainConfig(batch_size=4, lr=1e-3, max_length=32, checkpoint_every=2, warmup_ratio=0.1)
 SETTINGS = MultiVectorSettings(dim=16)
@@ -70,9 +75,13 @@ def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_l
     cfg = CFG.model_copy(update={"checkpoint_every": 100, "max_steps": 6})
     tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, METHOD, cfg), TokensInputs(pairs=ref))
     job = TrainJob.for_method(tiny_dir, METHOD, cfg, None)
-    trained = TRAIN.run(store, job, TrainInputs(pairs=ref, tokens=tokens))
-    assert TRAIN.run(store, TrainJob.for_method(tiny_dir, METHOD.model_copy(update={"family": "dense"}), cfg, None),
-                     TrainInputs(pairs=ref, tokens=tokens)) != trained  # the family is in the key
+    inputs = TrainInputs(pairs=ref, tokens=tokens)
+    trained = TRAIN.run(store, job, inputs)
+    changed = [METHOD.model_copy(update={"family": "dense"}),
+               *(METHOD.model_copy(update={"multi_vector": SETTINGS.model_copy(update=change)})
+                 for change in ({"dim": 8}, {"scale": 2.0}, {"skip_punctuation": False}))]
+    keyed = [TRAIN.ref(TrainJob.for_method(tiny_dir, m, cfg, None), inputs).key for m in changed]
+    assert len({trained.key, *keyed}) == 5  # the family and each of its settings are in the key
     folder = str(store.path(trained) / "model")
     model = MultiVectorEncoder(folder, device="cpu")
     assert [type(m) for m in model] == [type(model[0]), Dense, MultiVectorMask, Normalize]
@@ -81,8 +90,6 @@ def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_l
     assert [q.shape[1] for q in queries] == [SETTINGS.dim] * 2
     assert documents[0].shape[0] == queries[0].shape[0] - 2  # a document's punctuation ("," and ".") is not scored
     assert torch.allclose(documents[0].norm(dim=-1), torch.ones(len(documents[0])))
-    scores = model.similarity(queries, documents)
-    assert scores.shape == (2, 2) and bool((scores.diagonal() > 0).all())
     start = multi_vector(tiny_dir).state_dict()["1.linear.weight"]  # the job's seed draws the same start
     assert not torch.equal(model.state_dict()["1.linear.weight"], start)
     curve = store.read_table(trained, "training")
@@ -93,10 +100,31 @@ def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_l
     assert torch.allclose(torch.from_numpy(vectors), torch.stack([d.mean(0) for d in documents]), atol=1e-5)
     with pytest.raises(InputError, match="a multi-vector model runs on torch here, not on onnx"):
         encode.encoder_at(folder, backend="onnx")
-    with pytest.raises(InputError, match="a multi-vector model .*reads one vector per text"):
+    with pytest.raises(InputError, match="a multi-vector model .*cannot read; encode.encoder_at reads it as"):
         encode.PooledEncoder(folder)  # its backbone's token states alone are not the model
+
+
+def test_freezing_checkpointing_a_layer_and_the_learning_curve_train_a_multi_vector_model(tiny_dir, tmp_path):
+    cfg = CFG.model_copy(update={"freeze_embeddings": True, "gradient_checkpointing": True, "layer": 1})
+    job = TrainJob.for_method(tiny_dir, METHOD, cfg, None)
+    model = training_model(tiny_dir, job, "cpu")
+    assert isinstance(model, MultiVectorEncoder) and model.transformers_model.is_gradient_checkpointing
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    curve = knn_curve(model, pa.table({"text": [t for t, _ in PAIRS[0]], "label": [str(i % 3) for i in range(20)]}),
+                      KnnConfig(k=3, repeats=1), 4)
+    train_model(frozen_objective(model, job), PairBatches(model_tokens_file(model, PAIRS), CFG.batch_size), cfg,
+                Checkpoints(tmp_path), measure=curve)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if ".embeddings." in k)
+    assert not torch.equal(before["1.linear.weight"], after["1.linear.weight"])
+    assert 0 <= curve() <= 1
 
 
 def test_a_recipe_that_cannot_train_the_family_is_one_error_naming_both():
     with pytest.raises(ValueError, match="recipe tsdae cannot train the multi_vector family.*crops, dropout"):
         MethodConfig(name="t", recipe="tsdae", family="multi_vector")
+
+
+def test_the_docs_name_the_recipes_the_family_trains():
+    bullet = next(b for b in (REPO / "docs" / "families.md").read_text().split("\n- ") if b.startswith("Recipes:"))
+    assert set(re.findall(r"`(\w+)`", bullet.split("The others")[0])) == FAMILIES["multi_vector"].recipes
