@@ -74,7 +74,7 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
                             MergeInputs(adapter=trained, start=start), method.name, method.recipe)
     pooling = "mean" if method.multi_vector_settings else pooling_for(method.recipe, train)  # its mean token vector
     return ReportedModel(method.name, method.recipe, trained, pooling=pooling,
-                         knn_holdout=method.knn_holdout, swept=method.swept)
+                         knn_holdout=method.knn_holdout, swept=method.swept, family=method.family)
 
 
 def method_pairs(run: Run, method: MethodConfig, epochs: int, batch_size: int, docs: ArtifactRef,
@@ -105,12 +105,15 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
         return stage(EMBED, EmbedJob(store_dtype=ev.store_dtype, **text_set, **embed, **job),
                      EmbedInputs(model=model.artifact, tokens=tokens, **inputs))
 
-    docs_emb = embedded({}, dict(documents=docs), layers="all" if ev.layerwise else "last")
-    sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None
     held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
-    query_emb = embedded({}, dict(held_out_queries=held_out), prompts.query) if held_out else None
-    asked = (embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query)  # titles, the user's or an LLM's
-             if corpus.yardstick and YARDSTICKS[yardstick_source(run.settled(corpus.yardstick))].queried else None)
+    queried = corpus.yardstick and YARDSTICKS[yardstick_source(run.settled(corpus.yardstick))].queried
+    tokens = model.family == "multi_vector"  # retrieval by MaxSim reads the texts' token vectors
+    docs_emb = embedded({}, dict(documents=docs), layers="all" if ev.layerwise else "last",
+                        token_vectors=tokens and bool(held_out or queried))
+    sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None
+    query_emb = embedded({}, dict(held_out_queries=held_out), prompts.query, token_vectors=tokens) if held_out else None
+    asked = (embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query, token_vectors=tokens)
+             if queried else None)  # titles, the user's or an LLM's
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
                   knn_holdout=model.knn_holdout,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))

@@ -48,19 +48,20 @@ class ReportedModel:
     # every later evaluation of them, embed a text set from the same stored token ids (tasks/text_tokens.py).
     tokenizer: str | None = None
     teacher: str | None = None  # a static model's: the label of the model it was distilled from
+    family: str = "dense"  # tasks/config/families.py: a multi-vector model's retrieval is scored by MaxSim
 
     def registration(self) -> dict:
         """The model's entry in the run record: the catalog's `models` view reads these."""
         return dict(label=self.label, method=self.method, artifact=self.artifact.address if self.artifact else None,
                     external=self.external, pooling=self.pooling, knn_holdout=self.knn_holdout,
-                    tokenizer=self.tokenizer, teacher=self.teacher)
+                    tokenizer=self.tokenizer, teacher=self.teacher, family=self.family)
 
     @classmethod
     def registered(cls, label: str, row: dict) -> ReportedModel:
         """A model as a catalog `models` row registered it (`registration`), under `label`."""
         artifact = ArtifactRef.parse(row["artifact"]) if row["artifact"] else None
         return cls(label, row["method"], artifact, row["external"], row["pooling"], knn_holdout=row["knn_holdout"],
-                   tokenizer=row["tokenizer"], teacher=row["teacher"])
+                   tokenizer=row["tokenizer"], teacher=row["teacher"], family=row["family"])
 
 
 @dataclass

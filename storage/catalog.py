@@ -234,7 +234,7 @@ class Catalog:
             SELECT m->>'label' AS label, m->>'method' AS method, m->>'artifact' AS artifact,
                    m->>'external' AS external, m->>'pooling' AS pooling,
                    (m->>'knn_holdout')::BOOLEAN AS knn_holdout, m->>'tokenizer' AS tokenizer, m->>'teacher' AS teacher,
-                   r.name AS experiment, r.run_id,
+                   coalesce(m->>'family', 'dense') AS family, r.name AS experiment, r.run_id,
                    r.started_at AS registered_at
             FROM runs r, range(coalesce(json_array_length(r.models), 0)::BIGINT) AS t(i),
                  LATERAL (SELECT r.models->(t.i::INTEGER) AS m)""")

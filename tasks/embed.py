@@ -9,9 +9,10 @@ Inputs: the text set's (tasks/encoders/text_sets.py: `documents`, or none with `
 `held_out_queries`); `model`, the train or init artifact holding the model, if any; `tokens`, the text
 set's ids as the text_tokens stage stored them, if any: they are padded, not tokenized again, when the
 encoder's tokenizer is the one that made them (else the texts are tokenized, with a warning).
-Output `embeddings.parquet`: row, layer, mean, cls, sep, vectors stored as `store_dtype`. It is encoded
-and written CHUNK_TEXTS texts at a time, one row group per chunk and layer, so neither encoding nor a
-reader of one layer holds more than it needs.
+Output `embeddings.parquet`: row, layer, mean, cls, sep, vectors stored as `store_dtype`, and with
+`token_vectors` (a multi-vector model's, for MaxSim retrieval) each text's scoring token vectors, `tokens`, read as
+a query for held-out queries and as a document otherwise. It is encoded and written CHUNK_TEXTS texts at a time,
+one row group per chunk and layer, so neither encoding nor a reader of one layer holds more than it needs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import Field
 
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
-from tasks.config.base import Precision
+from tasks.config.base import InputError, Precision
 from tasks.config.evaluation import Backend, EvaluateConfig, StoreDtype
 from tasks.core.stage import Stage
 from tasks.encoders import encode, precision
@@ -47,22 +48,34 @@ class EmbedJob(TextSet):
     backend: Backend = EvaluateConfig.model_fields["backend"].default
     store_dtype: StoreDtype = Field("float32", description="Vectors stored as float32 or float16 (read back "
                                     "as float32).")
+    token_vectors: bool = Field(False, description="Also keep each text's token vectors (a multi-vector model's: "
+                                "what MaxSim retrieval reads).")
 
 
-def embeddings_schema(dim: int, dtype: StoreDtype) -> pa.Schema:
+TOKENS = "tokens"  # the column of a text's token vectors
+
+
+def embeddings_schema(dim: int, dtype: StoreDtype, tokens: bool = False) -> pa.Schema:
     vector = pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), dim)
-    return pa.schema([("row", pa.int32()), ("layer", pa.int16()), *((p, vector) for p in encode.POOLINGS)])
+    return pa.schema([("row", pa.int32()), ("layer", pa.int16()), *((p, vector) for p in encode.POOLINGS),
+                      *([(TOKENS, pa.list_(vector))] if tokens else [])])
 
 
-def embedding_tables(chunks: Iterator[tuple[np.ndarray, np.ndarray]], layers: list[int],
+def embedding_tables(chunks: Iterator[tuple[np.ndarray, ...]], layers: list[int],
                      schema: pa.Schema) -> Iterator[pa.Table]:
-    """One table per chunk and layer: a reader of one layer skips the other row groups."""
+    """One table per chunk and layer: a reader of one layer skips the other row groups. A chunk's third item, where
+    there is one, is each text's token vectors (one layer)."""
     dtype = schema.field("mean").type.value_type.to_pandas_dtype()
-    for positions, emb in chunks:
+    for positions, emb, *tokens in chunks:
         for i, layer in enumerate(layers):
             columns = {p: pa.FixedSizeListArray.from_arrays(pa.array(emb[i, j].astype(dtype).reshape(-1)),
                                                              emb.shape[-1])
                        for j, p in enumerate(encode.POOLINGS)}
+            if tokens:  # (tokens_i, dim) each: one list of vectors a text
+                flat = np.concatenate(tokens[0]).astype(dtype)
+                vectors = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), emb.shape[-1])
+                offsets = np.concatenate([[0], np.cumsum([len(t) for t in tokens[0]])]).astype(np.int32)
+                columns[TOKENS] = pa.ListArray.from_arrays(pa.array(offsets), vectors)
             yield pa.table({"row": positions.astype(np.int32), "layer": np.full(len(positions), layer, np.int16),
                             **columns}, schema=schema)
 
@@ -88,8 +101,15 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
              len(layers), job.max_length, f", in {computed}" if computed else "")
     if cut:
         log.info("%d text(s) over %s characters cut to that before tokenizing", cut, f"{char_budget(job.max_length):,}")
-    chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
-    schema = embeddings_schema(encoder.dim, job.store_dtype)
+    if job.token_vectors:
+        if not encoder.token_mean:
+            raise InputError(f"{inputs.model_name(job.model)}: token vectors are a multi-vector model's; this one has "
+                             "one vector a text")
+        task = "query" if inputs.held_out_queries else "document"
+        chunks = encoder.token_chunks(texts, job.max_length, job.batch_size, CHUNK_TEXTS, task)
+    else:
+        chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
+    schema = embeddings_schema(encoder.dim, job.store_dtype, job.token_vectors)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
     out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed,
                      token_mean=encoder.token_mean)
@@ -124,6 +144,20 @@ def read_embeddings(store: ArtifactStore, ref: ArtifactRef, pooling: str, layer:
     out = np.empty((table.num_rows, table.schema.field(pooling).type.list_size), dtype=np.float32)
     for batch in table.to_batches():  # rows are stored in encoding order (longest text first)
         out[batch["row"].to_numpy()] = batch[pooling].flatten().to_numpy().reshape(batch.num_rows, -1)
+    return out
+
+
+def read_token_vectors(store: ArtifactStore, ref: ArtifactRef) -> list[np.ndarray]:
+    """Each text's float32 (tokens × dim) token vectors, in text order (an artifact made with `token_vectors`)."""
+    table = store.read_table(ref, "embeddings", columns=["row", TOKENS])
+    out: list[np.ndarray] = [np.empty(0)] * table.num_rows
+    for batch in table.to_batches():
+        column = batch[TOKENS]
+        dim = column.type.value_type.list_size
+        flat = column.flatten().flatten().to_numpy().astype(np.float32).reshape(-1, dim)
+        offsets = column.offsets.to_numpy() - column.offsets[0].as_py()
+        for row, start, end in zip(batch["row"].to_numpy(), offsets[:-1], offsets[1:]):
+            out[row] = flat[start:end]
     return out
 
 

@@ -12,6 +12,7 @@ cosine, when `sts` is set) and PNG pictures next to it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -115,44 +116,62 @@ class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     yardstick_embeddings: ArtifactRef | None = None  # its titles' vectors (the titles kind)
 
 
-def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: ArtifactRef, x: np.ndarray,
-                        doc_ids: list[str], pooling: str, out: ArtifactWriter, prefix: str, table: str) -> list[dict]:
+# (the queries' embed artifact, each query's own document's position) -> each query's rank of it among the documents
+Ranker = Callable[[ArtifactRef, np.ndarray], np.ndarray]
+
+
+def ranker(store: ArtifactStore, docs_emb: ArtifactRef, x: np.ndarray, pooling: str, token_mean: bool) -> Ranker | None:
+    """How a model ranks the documents for a query: by cosine of its vectors, or a multi-vector model by MaxSim over
+    the token vectors its embed artifacts keep (None where they were not kept: its retrieval is not scored)."""
+    if not token_mean:
+        return lambda queries, own: retrieval.relevant_ranks(embed.read_embeddings(store, queries, pooling), x, own)
+    if not store.manifest(docs_emb)["config"].get("token_vectors"):
+        return None
+    docs = embed.read_token_vectors(store, docs_emb)
+    return lambda queries, own: retrieval.maxsim_relevant_ranks(embed.read_token_vectors(store, queries), docs, own)
+
+
+def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: ArtifactRef, ranks: Ranker,
+                        doc_ids: list[str], out: ArtifactWriter, prefix: str, table: str) -> list[dict]:
     """Retrieval of held-out queries (the generated ones: prefix `query_`; the yardstick's titles: `title_`): each
-    one's own document among all the corpus's, by cosine. Each query's rank and nDCG@10 are kept too, in `table`:
-    the report pairs two models over the queries."""
+    one's own document among all the corpus's, by cosine (a multi-vector model: MaxSim). Each query's rank and nDCG@10
+    are kept too, in `table`: the report pairs two models over the queries."""
     held = held_out_queries(store, queries)
     if held.num_rows == 0:  # a small corpus can draw no held-out document: nothing to score
         return []
     position = {d: i for i, d in enumerate(doc_ids)}
-    vectors = embed.read_embeddings(store, embeddings, pooling)
-    ranks = retrieval.relevant_ranks(vectors, x, np.array([position[d] for d in held["doc_id"].to_pylist()]))
+    ranks = ranks(embeddings, np.array([position[d] for d in held["doc_id"].to_pylist()]))
     out.write_table(table, pa.table({"query_id": held["query_id"], "rank": ranks, "ndcg": retrieval.ndcg_at(ranks)}))
     return [dict(row, split=HELD_OUT) for row in retrieval.retrieval_rows(ranks, prefix=prefix)]
 
 
 def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, docs: pd.DataFrame, pooling: str,
-                   out: ArtifactWriter) -> list[dict]:
+                   out: ArtifactWriter, ranks: Ranker, token_mean: bool, log: logging.Logger) -> list[dict]:
     """The yardstick (tasks/yardstick.py) by its kind: each held-out title or LLM query finds its text among the corpus
     (`title_`, `generated_`); each of the user's queries finds its relevant documents among the corpus (`qrels_`); or
     each labelled held-out document, by its vector, finds its label's among the labelled documents not held out
     (`label_`). Each query's scores go in YARDSTICK_SCORES, which the select stage pairs; for a consensus, each
     query's best documents too (YARDSTICK_TOP), which the select stage (and a report) fuses across the models; for the
-    neighbours, each held-out document's nearest others, and nothing else (no score of one model)."""
+    neighbours, each held-out document's nearest others, and nothing else (no score of one model). A multi-vector
+    model (`token_mean`) is scored on titles or LLM queries alone (by MaxSim), without a consensus's best documents."""
     manifest = store.manifest(inputs.yardstick)
     kind, source = yardstick_kind(manifest), yardstick_source(manifest)
     if YARDSTICKS[source].queried != (inputs.yardstick_embeddings is not None):
         raise ValueError(f"a {kind} yardstick is scored {'with' if YARDSTICKS[source].queried else 'without'} its "
                          "queries' embeddings")
+    if token_mean and source not in TEXT_QUERIES:
+        log.warning("a multi-vector model: the %s yardstick reads one vector a text, not scored by MaxSim yet", kind)
+        return []
     if source in TEXT_QUERIES:
-        if kind == "consensus":
+        if kind == "consensus" and not token_mean:
             held = held_out_queries(store, inputs.yardstick)
             top = pool.top_documents(embed.read_embeddings(store, inputs.yardstick_embeddings, pooling), x)
             top = pa.array(list(top.astype(np.int32)), pa.list_(pa.int32()))  # row numbers of `docs`
             own = docs.reset_index(drop=True).reset_index().set_index("doc_id")["index"][held["doc_id"].to_pylist()]
             out.write_table(YARDSTICK_TOP, pa.table({"query_id": held["query_id"], "top": top,
                                                      "own": pa.array(own.to_numpy(), pa.int32())}))
-        return held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, x, docs["doc_id"].tolist(),
-                                   pooling, out, YARDSTICKS[source].prefix, YARDSTICK_SCORES)
+        return held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, ranks,
+                                   docs["doc_id"].tolist(), out, YARDSTICKS[source].prefix, YARDSTICK_SCORES)
     asked = held_out_queries(store, inputs.yardstick).to_pandas()
     row_of = pd.Series(np.arange(len(docs)), index=docs["doc_id"])
     if source == "neighbours":  # no score of one model: select (and a report) fuses the models' rankings
@@ -209,16 +228,17 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     if job.geometry:
         rows += geometry.geometry_rows(x, pos_a, pos_b)
     # A multi-vector model's one vector is its mean token vector (tasks/encoders/encode.py's TokenMeanEncoder): what
-    # kNN, STS and geometry read, but not what it retrieves by (MaxSim, in mteb's retrieval tasks).
+    # kNN, STS and geometry read, but not what it retrieves by: MaxSim over its token vectors.
     token_mean = out.extra["token_mean"] = bool(store.manifest(docs_emb)["extra"].get("token_mean"))
-    if token_mean and (inputs.query_embeddings or inputs.yardstick):
-        log.warning("a multi-vector model: its held-out query and yardstick retrieval by MaxSim is not built yet, so "
-                    "neither is scored from its mean token vector")
-    if inputs.query_embeddings and not token_mean:
-        rows += held_out_query_rows(store, inputs.queries, inputs.query_embeddings, x, docs["doc_id"].tolist(),
-                                    job.pooling, out, "query_", QUERY_SCORES)
-    if inputs.yardstick and not token_mean:
-        rows += yardstick_rows(store, inputs, x, docs, job.pooling, out)
+    ranks = ranker(store, docs_emb, x, job.pooling, token_mean)
+    if ranks is None and (inputs.query_embeddings or inputs.yardstick):
+        log.warning("a multi-vector model embedded without its token vectors: its held-out query and yardstick "
+                    "retrieval is not scored (not from its mean token vector either)")
+    if inputs.query_embeddings and ranks:
+        rows += held_out_query_rows(store, inputs.queries, inputs.query_embeddings, ranks, docs["doc_id"].tolist(),
+                                    out, "query_", QUERY_SCORES)
+    if inputs.yardstick and ranks:
+        rows += yardstick_rows(store, inputs, x, docs, job.pooling, out, ranks, token_mean, log)
     rows += learning_curve_rows(store, inputs.model) + training_health_rows(store, inputs.model, x)
     for row in rows:  # the headline rows are the model's own pooling on its last layer
         row.setdefault("layer", last)

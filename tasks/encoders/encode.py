@@ -80,20 +80,6 @@ class Encoder:
         return self.encode_layers(texts, max_length, batch_size)[0, POOLINGS.index(self.pooling)]
 
 
-def one_vector_chunks(texts: list, chunk: int | None, vectors_of: Callable[[list], np.ndarray],
-                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """encode_chunks of an encoder with one layer and one vector a text: `vectors_of` a chunk's texts, (texts, dim),
-    under every POOLINGS column."""
-    chunk = chunk or max(1, len(texts))
-    with StageProgress(len(texts), "texts") as progress:
-        for start in range(0, len(texts), chunk):
-            part = texts[start : start + chunk]
-            vectors = vectors_of(part)
-            progress.advance(len(part))
-            # (1 layer, POOLINGS, texts, dim)
-            yield np.arange(start, start + len(part)), np.broadcast_to(vectors, (1, len(POOLINGS), *vectors.shape))
-
-
 def is_static(model: str) -> bool:
     """Whether a model folder holds a static embedding model (model2vec's format: tasks/static.py)."""
     config = Path(resolve_model(model)) / "config.json"
@@ -130,15 +116,22 @@ class StaticEncoder(Encoder):
                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         if (layers or [0]) != [0]:
             raise ValueError(f"a static model has one layer (0), not layers {layers}")
-        # a batch of table lookups costs next to nothing: at least model2vec's own default of 1,024
-        return one_vector_chunks(texts, chunk, lambda part: self.model.encode(part, max_length=max_length,
-                                                                              batch_size=max(batch_size, 1024)))
+        chunk = chunk or max(1, len(texts))
+        with StageProgress(len(texts), "texts") as progress:
+            for start in range(0, len(texts), chunk):
+                part = texts[start : start + chunk]
+                # a batch of table lookups costs next to nothing: at least model2vec's own default of 1,024
+                vectors = self.model.encode(part, max_length=max_length, batch_size=max(batch_size, 1024))
+                progress.advance(len(part))
+                # (1 layer, POOLINGS, texts, dim): the one vector under every pooling
+                yield np.arange(start, start + len(part)), np.broadcast_to(vectors, (1, len(POOLINGS), *vectors.shape))
 
 
 class TokenMeanEncoder(Encoder):
     """A multi-vector model read as one vector a text, for what compares texts by one vector (kNN, clustering, STS,
     geometry): the mean of its scoring token vectors as a document (punctuation left out), under every POOLINGS
-    column. Its last layer only. Its own retrieval is MaxSim (mteb's retrieval tasks), not this vector's cosine."""
+    column. Its last layer only. Its own retrieval is MaxSim over the token vectors themselves (`token_chunks`; mteb's
+    retrieval tasks), not this vector's cosine."""
 
     pooling, token_mean = "mean", True
 
@@ -155,15 +148,34 @@ class TokenMeanEncoder(Encoder):
         if (layers or [self.n_layers]) != [self.n_layers]:
             raise InputError(f"a multi-vector model gives its last layer ({self.n_layers}) only, not layers {layers} "
                              "(evaluate.layerwise)")
-        self.model.max_seq_length = max_length
-        return one_vector_chunks(texts, chunk, lambda part: np.concatenate(
-            [self._mean(part[i : i + batch_size]) for i in range(0, len(part), batch_size)]))
+        chunks = self.token_chunks(texts, max_length, batch_size, chunk)
+        return ((positions, vectors) for positions, vectors, _ in chunks)
 
-    def _mean(self, texts: list[str] | list[Tokens]) -> np.ndarray:
-        """(texts, dim): stored ids padded, or texts tokenized, as the model's documents."""
+    def token_chunks(self, texts: list[str] | list[Tokens], max_length: int = 256, batch_size: int = 32,
+                     chunk: int | None = None, task: str = "document",
+                     ) -> Iterator[tuple[np.ndarray, np.ndarray, list[np.ndarray]]]:
+        """encode_chunks' (positions, vectors), the texts read as `task` (`query`: every token scores; `document`:
+        punctuation left out), and each text's scoring token vectors, (tokens_i, dim)."""
+        self.model.max_seq_length = max_length
+        chunk = chunk or max(1, len(texts))
+        with StageProgress(len(texts), "texts") as progress:
+            for start in range(0, len(texts), chunk):
+                part = texts[start : start + chunk]
+                done = [self._vectors(part[i : i + batch_size], task) for i in range(0, len(part), batch_size)]
+                means = np.concatenate([m for m, _ in done])
+                progress.advance(len(part))
+                yield (np.arange(start, start + len(part)), np.broadcast_to(means, (1, len(POOLINGS), *means.shape)),
+                       [t for _, tokens in done for t in tokens])
+
+    def _vectors(self, texts: list[str] | list[Tokens], task: str) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(texts, dim) mean token vectors and each text's scoring token vectors, the texts (stored ids padded, or
+        texts tokenized) read as `task`."""
         with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
-            out = self.model(to_device(features(self.model, texts), self.model.device), task="document")
-        return pool(out["token_embeddings"].float(), out["attention_mask"], "mean").cpu().numpy()
+            out = self.model(to_device(features(self.model, texts), self.model.device), task=task)
+        tokens, mask = out["token_embeddings"].float(), out["attention_mask"]  # (texts, width, dim), (texts, width)
+        kept = mask.bool().cpu()
+        vectors = tokens.cpu().numpy()
+        return pool(tokens, mask, "mean").cpu().numpy(), [v[k.numpy()] for v, k in zip(vectors, kept)]
 
 
 class PooledEncoder(Encoder):

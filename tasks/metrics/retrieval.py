@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import torch
 from scipy import sparse
+from sentence_transformers.util import maxsim
 
 from tasks.metrics import BLOCK_BYTES, block_rows, ranks_of_own, unit_rows
 
@@ -30,6 +32,23 @@ def relevant_ranks(queries: np.ndarray, docs: np.ndarray, relevant: np.ndarray,
     for start in range(0, len(q), step):
         scores = cosines(q[start : start + step], d)  # (block, docs)
         own = scores[np.arange(len(scores)), relevant[start : start + step]]  # (block,)
+        ranks[start : start + step] = ranks_of_own(scores, own)
+    return ranks
+
+
+def maxsim_relevant_ranks(queries: list[np.ndarray], docs: list[np.ndarray], relevant: np.ndarray,
+                          block_bytes: int = BLOCK_BYTES) -> np.ndarray:
+    """relevant_ranks by MaxSim (a multi-vector model's score: each query token's best document token, summed) over
+    each text's (tokens, dim) token vectors; queries scored in blocks, each block's token products in
+    sentence-transformers' bounded chunks."""
+    docs_t = [torch.from_numpy(d) for d in docs]
+    ranks = np.empty(len(queries), dtype=np.int64)
+    step = block_rows(len(docs), 5, block_bytes)  # float32 scores + the bool comparison
+    for start in range(0, len(queries), step):
+        block = [torch.from_numpy(q) for q in queries[start : start + step]]
+        scores = maxsim(block, docs_t).numpy()  # (block, docs)
+        scores = np.where(np.isnan(scores), -np.inf, scores)
+        own = scores[np.arange(len(scores)), relevant[start : start + step]]
         ranks[start : start + step] = ranks_of_own(scores, own)
     return ranks
 

@@ -311,8 +311,8 @@ def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
                f"{CHARS_PER_TOKEN} characters and were cut to that before tokenizing"
                for r in _query(catalog, CUT_SQL).itertuples()]
             + [f"multi-vector: {r.label}: its one-vector scores (kNN, STS, clustering, the semantic benchmark, "
-               "geometry) read its mean token vector; MTEB's retrieval tasks score it by MaxSim; its held-out query "
-               "and yardstick retrieval is not scored yet"
+               "geometry) read its mean token vector; its retrieval (MTEB's retrieval tasks, held-out queries, titles) "
+               "is by MaxSim"
                for r in _query(catalog, TOKEN_MEAN_SQL).itertuples()])
 
 

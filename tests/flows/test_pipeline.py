@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 from sentence_transformers import SentenceTransformer
 
@@ -17,7 +18,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.data import DEMO_DATA
 from tasks.config.recipes import RECIPES as REGISTRY
-from tasks.embed import read_embeddings
+from tasks.embed import read_embeddings, read_token_vectors
 from tasks.methods.health import HEALTH_METRICS
 from tests import processes
 from tests.helpers import DEMO_DOCS, REPO, STSB, cli_env, tiny_config, tiny_sts
@@ -211,19 +212,45 @@ def test_a_multi_vector_model_is_scored_beside_a_dense_one_on_the_same_view(tmp_
         {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS), "limit": 80}]}
     methods = [{"name": "crops", "recipe": "crops"},
                {"name": "crops-mv", "recipe": "crops", "family": "multi_vector", "multi_vector": {"dim": 16}}]
-    config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, evaluate={"mteb": mteb})
+    # held-out documents found by their titles: retrieval in the evaluate stage, by MaxSim for the multi-vector model
+    yardstick = {"kind": "titles", "held_out": 0.2}
+    config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, evaluate={"mteb": mteb,
+                                                                                   "yardstick": yardstick})
     first, state = run(config)
     assert state.is_completed()
-    catalog = Catalog(ArtifactStore(tmp_path / "store"))
+    store = ArtifactStore(tmp_path / "store")
+    catalog = Catalog(store)
     scores = {(r["label"], r["metric"]): r["value"] for r in catalog.query(
         "SELECT label, metric, value FROM run_metrics WHERE run_id = ? AND status = 'ok'", [first])}
     for label in ("crops", "crops-mv"):  # one vector a text (the mean token vector), and retrieval by MaxSim
-        for metric in ("knn_accuracy", "sts_spearman", "mean_cosine", "SciFact-tiny", "ohsumed-clusters"):
+        for metric in ("knn_accuracy", "sts_spearman", "mean_cosine", "SciFact-tiny", "ohsumed-clusters",
+                       "title_ndcg_at_10"):
             assert scores[label, metric] == scores[label, metric]  # scored, not NaN
+    # the titles' ranks are MaxSim's over the token vectors the embed stage kept (the multi-vector model's alone)
+    from sentence_transformers.util import maxsim
+
+    from tasks.core.held_out import held_out_queries
+
+    embeds = catalog.query("SELECT key, label FROM run_stages WHERE run_id = ? AND stage = 'embed'", [first])
+    assert {r["label"] for r in embeds if store.manifest(ArtifactRef("embed", r["key"]))["config"]["token_vectors"]
+            } == {"crops-mv"}
+    evaluated = ArtifactRef("evaluate", catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = "
+                                                      "'evaluate' AND label = 'crops-mv'", [first])[0]["key"])
+    roles = store.manifest(evaluated)["input_roles"]  # role -> key
+    doc_ids = store.read_table(ArtifactRef("ingest", roles["documents"]), "documents", columns=["doc_id"])
+    own = np.array([doc_ids["doc_id"].to_pylist().index(d) for d in held_out_queries(
+        store, ArtifactRef("yardstick", roles["yardstick"]))["doc_id"].to_pylist()])
+    titles, documents = ([torch.from_numpy(t) for t in read_token_vectors(store, ArtifactRef("embed", roles[role]))]
+                         for role in ("yardstick_embeddings", "embeddings"))
+    assert len(documents) == 100 and len(titles) == len(own) > 0 and titles[0].shape[1] == 16
+    by_maxsim = maxsim(titles, documents).numpy()
+    ranks = (by_maxsim >= by_maxsim[np.arange(len(own)), own][:, None]).sum(1)
+    assert store.read_table(evaluated, "yardstick_scores")["rank"].to_pylist() == ranks.tolist()
     report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
     markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
     assert ("multi-vector: crops-mv: its one-vector scores (kNN, STS, clustering, the semantic benchmark, geometry) "
-            "read its mean token vector; MTEB's retrieval tasks score it by MaxSim") in markdown
+            "read its mean token vector; its retrieval (MTEB's retrieval tasks, held-out queries, titles) is by "
+            "MaxSim") in markdown
     assert "multi-vector: crops:" not in markdown
     assert "mteb: SciFact-tiny: crops-mv − crops: " in markdown and " over 20 queries, " in markdown  # paired
     mteb = catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'mteb'", [first])
