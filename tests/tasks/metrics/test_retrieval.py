@@ -3,7 +3,15 @@ import math
 import numpy as np
 import pytest
 
-from tasks.metrics.retrieval import ndcg_at, qrels_ranks, relevant_ranks, retrieval_rows, same_label_ranks, set_rows
+from tasks.metrics.retrieval import (
+    maxsim_relevant_ranks,
+    ndcg_at,
+    qrels_ranks,
+    relevant_ranks,
+    retrieval_rows,
+    same_label_ranks,
+    set_rows,
+)
 
 
 def test_ranks_count_ties_against_the_query_and_do_not_depend_on_the_block_size():
@@ -14,6 +22,19 @@ def test_ranks_count_ties_against_the_query_and_do_not_depend_on_the_block_size(
     assert ranks.tolist() == [2, 2, 2]
     assert relevant_ranks(queries, docs, np.array([0, 2, 3]), block_bytes=1).tolist() == [2, 2, 2]
     assert relevant_ranks(np.ones((2, 2)), np.ones((5, 2)), np.array([0, 4])).tolist() == [5, 5]  # one vector
+
+
+def test_maxsim_ranks_sum_each_query_tokens_best_match_and_count_ties_against_the_query():
+    query = np.array([[1, 0], [0, 1]], np.float32)  # 2 tokens
+    docs = [np.array([[0.6, 0.8], [1, 0]], np.float32),  # MaxSim: max(1, 0.6) + max(0, 0.8) = 1.8
+            np.array([[0, 1]], np.float32),  # 0 + 1 = 1.0
+            np.array([[1, 0], [0, 1], [0.6, 0.8]], np.float32),  # 1 + 1 = 2.0
+            np.array([[0.8, 0.6], [0.6, 0.8]], np.float32)]  # 0.8 + 0.8 = 1.6
+    assert maxsim_relevant_ranks([query] * 4, docs, np.arange(4)).tolist() == [2, 4, 1, 3]
+    tie = [np.array([[1, 0]], np.float32), np.array([[1, 0]], np.float32)]  # the same score: ranked against it
+    assert maxsim_relevant_ranks([np.array([[1, 0]], np.float32)], tie, np.array([0])).tolist() == [2]
+    # queries in blocks of one document's bytes: the same ranks
+    assert maxsim_relevant_ranks([query] * 4, docs, np.arange(4), block_bytes=1).tolist() == [2, 4, 1, 3]
 
 
 def test_ndcg_recall_and_mrr_at_10_from_ranks():
