@@ -48,11 +48,11 @@ LEGEND = {
     "papers that have summaries are candidates)",
     "semantic_same_label_5nn": "share of a labelled document's 5 nearest other documents (cosine) with its label",
     "query_ndcg_at_10": "retrieval of the held-out LLM-written queries (never trained on): nDCG@10 of each "
-    "query's own document among all documents, by cosine (docs/gpl.md)",
+    "query's own document among all documents, by cosine (a multi-vector model's: MaxSim) (docs/gpl.md)",
     "query_recall_at_10": "the same: share of those queries whose document is in the top 10",
     "query_mrr_at_10": "the same: mean reciprocal rank of the document, 0 beyond the top 10",
     "title_ndcg_at_10": "the yardstick by titles: nDCG@10 of each held-out document (never trained on) among all "
-    "documents for its title, by cosine (docs/evaluation.md)",
+    "documents for its title, by cosine (a multi-vector model's: MaxSim) (docs/evaluation.md)",
     "title_recall_at_10": "the same: share of those titles whose document is in the top 10",
     "title_mrr_at_10": "the same: mean reciprocal rank of the document, 0 beyond the top 10",
     "qrels_ndcg_at_10": "the yardstick by your queries: nDCG@10 (binary gains) of the documents you judged relevant "
