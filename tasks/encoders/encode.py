@@ -148,34 +148,39 @@ class TokenMeanEncoder(Encoder):
         if (layers or [self.n_layers]) != [self.n_layers]:
             raise InputError(f"a multi-vector model gives its last layer ({self.n_layers}) only, not layers {layers} "
                              "(evaluate.layerwise)")
-        chunks = self.token_chunks(texts, max_length, batch_size, chunk)
+        chunks = self.token_chunks(texts, max_length, batch_size, chunk, keep_tokens=False)
         return ((positions, vectors) for positions, vectors, _ in chunks)
 
     def token_chunks(self, texts: list[str] | list[Tokens], max_length: int = 256, batch_size: int = 32,
-                     chunk: int | None = None, task: str = "document",
+                     chunk: int | None = None, task: str = "document", keep_tokens: bool = True,
                      ) -> Iterator[tuple[np.ndarray, np.ndarray, list[np.ndarray]]]:
         """encode_chunks' (positions, vectors), the texts read as `task` (`query`: every token scores; `document`:
-        punctuation left out), and each text's scoring token vectors, (tokens_i, dim)."""
+        punctuation left out), and each text's scoring token vectors, (tokens_i, dim) (none without
+        `keep_tokens`: they are not copied from the device)."""
         self.model.max_seq_length = max_length
         chunk = chunk or max(1, len(texts))
         with StageProgress(len(texts), "texts") as progress:
             for start in range(0, len(texts), chunk):
                 part = texts[start : start + chunk]
-                done = [self._vectors(part[i : i + batch_size], task) for i in range(0, len(part), batch_size)]
+                done = [self._vectors(part[i : i + batch_size], task, keep_tokens)
+                        for i in range(0, len(part), batch_size)]
                 means = np.concatenate([m for m, _ in done])
                 progress.advance(len(part))
                 yield (np.arange(start, start + len(part)), np.broadcast_to(means, (1, len(POOLINGS), *means.shape)),
                        [t for _, tokens in done for t in tokens])
 
-    def _vectors(self, texts: list[str] | list[Tokens], task: str) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(texts, dim) mean token vectors and each text's scoring token vectors, the texts (stored ids padded, or
-        texts tokenized) read as `task`."""
+    def _vectors(self, texts: list[str] | list[Tokens], task: str, keep_tokens: bool,
+                 ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(texts, dim) mean token vectors and (with `keep_tokens`) each text's scoring token vectors, the texts
+        (stored ids padded, or texts tokenized) read as `task`."""
         with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
             out = self.model(to_device(features(self.model, texts), self.model.device), task=task)
         tokens, mask = out["token_embeddings"].float(), out["attention_mask"]  # (texts, width, dim), (texts, width)
-        kept = mask.bool().cpu()
-        vectors = tokens.cpu().numpy()
-        return pool(tokens, mask, "mean").cpu().numpy(), [v[k.numpy()] for v, k in zip(vectors, kept)]
+        means = pool(tokens, mask, "mean").cpu().numpy()
+        if not keep_tokens:
+            return means, []
+        kept = mask.bool().cpu().numpy()
+        return means, [v[k] for v, k in zip(tokens.cpu().numpy(), kept)]
 
 
 class PooledEncoder(Encoder):
