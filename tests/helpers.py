@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from tasks.config.data import DEMO_DOCS, DEMO_STSB, DataConfig
+from tasks.config.data import DEMO_DATA, DEMO_DOCS, DEMO_STSB, DataConfig
 
 REPO = Path(__file__).resolve().parents[1]
 STSB = DEMO_STSB
@@ -49,6 +49,13 @@ def tiny_sts() -> Path:
     pairs = pd.read_parquet(STSB).query("split == 'test'").iloc[::5]
     pairs.to_parquet(folder / "stsb_test_every_5th.parquet", index=False)
     return folder / "stsb_test_every_5th.parquet"
+
+
+def scifact_task(name: str, limit: int, corpus_limit: int | None = 100) -> dict:
+    """The local SciFact retrieval task of configs/data (evaluate.mteb.local's fields): its first `limit` claims,
+    against about `corpus_limit` of its 2,000 abstracts (every relevant one kept)."""
+    return {"name": name, "type": "retrieval", "path": str(DEMO_DATA / "scifact_test.parquet"),
+            "queries": str(DEMO_DATA / "scifact_test_queries.parquet"), "limit": limit, "corpus_limit": corpus_limit}
 
 
 def tiny_config(tmp_path: Path, **overrides) -> Path:

