@@ -72,7 +72,7 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
     if train.lora:  # the adapter added into the model it trained on: what is evaluated, chained on and exported
         trained = run.stage(MERGE, MergeJob(base_model=base_model, save_dtype=train.save_dtype),
                             MergeInputs(adapter=trained, start=start), method.name, method.recipe)
-    pooling = "mean" if method.multi_vector_settings else pooling_for(method.recipe, train)  # its mean token vector
+    pooling = "mean" if method.family == "multi_vector" else pooling_for(method.recipe, train)  # its mean token vector
     return ReportedModel(method.name, method.recipe, trained, pooling=pooling,
                          knn_holdout=method.knn_holdout, swept=method.swept, family=method.family)
 

@@ -112,7 +112,7 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     schema = embeddings_schema(encoder.dim, job.store_dtype, job.token_vectors)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
     out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed,
-                     token_mean=encoder.token_mean)
+                     token_mean=encoder.token_mean, similarity=encoder.similarity)
 
 
 def stored_ids(store: ArtifactStore, tokens: ArtifactRef | None, digest: str,

@@ -121,14 +121,25 @@ Ranker = Callable[[ArtifactRef, np.ndarray], np.ndarray]
 
 
 def ranker(store: ArtifactStore, docs_emb: ArtifactRef, x: np.ndarray, pooling: str, token_mean: bool) -> Ranker | None:
-    """How a model ranks the documents for a query: by cosine of its vectors, or a multi-vector model by MaxSim over
-    the token vectors its embed artifacts keep (None where they were not kept: its retrieval is not scored)."""
+    """How a model ranks the documents for a query: by cosine of its vectors (a sparse model's: the dot product of its
+    codes), or a multi-vector model by MaxSim over the token vectors its embed artifacts keep (None where they were
+    not kept: its retrieval is not scored)."""
     if not token_mean:
-        return lambda queries, own: retrieval.relevant_ranks(embed.read_embeddings(store, queries, pooling), x, own)
+        similarity = store.manifest(docs_emb)["extra"].get("similarity", "cosine")
+        return lambda queries, own: retrieval.relevant_ranks(embed.read_embeddings(store, queries, pooling), x, own,
+                                                             similarity=similarity)
     if not store.manifest(docs_emb)["config"].get("token_vectors"):
         return None
     docs = embed.read_token_vectors(store, docs_emb)
     return lambda queries, own: retrieval.maxsim_relevant_ranks(embed.read_token_vectors(store, queries), docs, own)
+
+
+def active_dims(store: ArtifactStore, x: np.ndarray, queries: list[ArtifactRef | None], pooling: str) -> dict:
+    """A sparse model's mean count of non-zero codes in a document (`x`) and in a query (every embedded query set's:
+    the held-out generated queries, the yardstick's), of its `width`: what an inverted index stores and visits."""
+    asked = [embed.read_embeddings(store, ref, pooling) for ref in queries if ref]
+    return dict(documents=float((x != 0).sum(1).mean()), width=x.shape[1],
+                queries=float(np.concatenate([(q != 0).sum(1) for q in asked]).mean()) if asked else None)
 
 
 def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: ArtifactRef, ranks: Ranker,
@@ -234,6 +245,9 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     if ranks is None and (inputs.query_embeddings or inputs.yardstick):
         log.warning("a multi-vector model embedded without its token vectors: its held-out query and yardstick "
                     "retrieval is not scored (not from its mean token vector either)")
+    if store.manifest(docs_emb)["extra"].get("similarity") == "dot":  # a sparse model: how sparse its codes are
+        out.extra["active_dims"] = active_dims(store, x, [inputs.query_embeddings, inputs.yardstick_embeddings],
+                                               job.pooling)
     if inputs.query_embeddings and ranks:
         rows += held_out_query_rows(store, inputs.queries, inputs.query_embeddings, ranks, docs["doc_id"].tolist(),
                                     out, "query_", QUERY_SCORES)

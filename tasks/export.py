@@ -2,11 +2,11 @@
 from the store, optionally with ONNX and OpenVINO files, and pushed to the Hugging Face Hub.
 
 The card is sentence-transformers' own (`SentenceTransformerModelCardData`, a multi-vector model's
-`MultiVectorEncoderModelCardData`, their templates, the Hub's `model-index` metadata), filled from the
-catalog: the recipe and its hyper-parameters, the corpus it trained on (name, documents, digest of its
-bytes), the start model, training time and hardware, and every score the store holds for the model. A
-section of embforge's own follows with what the template has no place for: the spread of kNN accuracy,
-MTEB task revisions, and each exported backend's measured STS-B change.
+`MultiVectorEncoderModelCardData`, a sparse one's `SparseEncoderModelCardData`, their templates, the Hub's
+`model-index` metadata), filled from the catalog: the recipe and its hyper-parameters, the corpus it trained on
+(name, documents, digest of its bytes), the start model, training time and hardware, and every score the store
+holds for the model. A section of embforge's own follows with what the template has no place for: the spread of kNN
+accuracy, MTEB task revisions, and each exported backend's measured STS-B change.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from sentence_transformers import (
-    MultiVectorEncoder,
     MultiVectorEncoderModelCardData,
-    SentenceTransformer,
     SentenceTransformerModelCardData,
+    SparseEncoderModelCardData,
 )
 from sentence_transformers.base.evaluation import BaseEvaluator
 from sentence_transformers.base.model_card import BaseModelCardData
@@ -46,6 +45,10 @@ from tasks.static import STATIC
 log = logging.getLogger("embforge.export")
 
 MODEL_STAGES = ("train", "init", MERGED)
+# Each family's card (tasks/encoders/families.py's MODEL_CLASSES loads its folder).
+CARDS: dict[str, type[BaseModelCardData]] = {"dense": SentenceTransformerModelCardData,
+                                             "multi_vector": MultiVectorEncoderModelCardData,
+                                             "sparse": SparseEncoderModelCardData}
 
 
 @dataclass
@@ -312,9 +315,9 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
     to = to.resolve()  # `.` has no name or parent to build next to
     model = describe(catalog, name)
     catalog.store.check(model.ref)  # on an object store: brought into the working copy
-    multi_vector = families.is_multi_vector(model_path(catalog.store, model.ref))
-    if multi_vector and variants:
-        raise InputError(f"{model.label}: a multi-vector model is exported for torch only, not {', '.join(variants)}")
+    family = families.family_of(str(model_path(catalog.store, model.ref)))
+    if family != "dense" and variants:
+        raise InputError(f"{model.label}: a {family} model is exported for torch only, not {', '.join(variants)}")
     # What leaves the store is what was published: every file's SHA-256, not only its size (a same-size
     # corruption would ship with the original scores in the card).
     if found := catalog.store.problems(model.ref, digests=True):
@@ -331,9 +334,8 @@ def export_model(catalog: Catalog, name: str, to: Path, variants: list[str], rep
         elif variants:
             log.warning("no STS pairs to score the backends on (the run had no evaluate.sts, and %s is not here)",
                         DEMO_STSB)
-        loader, card = ((MultiVectorEncoder, MultiVectorEncoderModelCardData) if multi_vector
-                        else (SentenceTransformer, SentenceTransformerModelCardData))
-        st = loader(str(work), device="cpu", model_card_data=card_data(model, repo, card))
+        st = families.MODEL_CLASSES[family](str(work), device="cpu",
+                                            model_card_data=card_data(model, repo, CARDS[family]))
         for evaluator in evaluators(model):
             st.model_card_data.set_evaluation_metrics(evaluator, evaluator.metrics)
         if encode.is_static(str(work)):  # sentence-transformers would write its own weight names, which model2vec

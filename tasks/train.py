@@ -4,8 +4,10 @@ Inputs: `pairs` and their `tokens` (the rows trained on, as token ids: tasks/tok
 init or stage-1 artifact the encoder starts from, if any), `documents` when a learning curve is asked
 for (`train.eval_every`), and `resume`: a rung, the train artifact of the same job stopped at an earlier step.
 Only the encoder is saved: decoders, MLM heads and projection heads are training-only (a multi-vector model's
-token projection is part of it). Checkpoints go to the store's scratch area, so a killed run resumes mid-training.
-Output: `model/` (loads with `SentenceTransformer(path)`, a multi-vector model with `MultiVectorEncoder(path)`;
+token projection and a sparse model's autoencoder are part of it). Checkpoints go to the store's scratch area, so a
+killed run resumes mid-training.
+Output: `model/` (loads with `SentenceTransformer(path)`, a multi-vector model with `MultiVectorEncoder(path)`, a
+sparse one with `SparseEncoder(path)`;
 with `train.lora`, the adapter alone, which the merge stage adds into the start model: tasks/merge.py) and
 `training.parquet` (the per-step loss, learning rate, gradient norm and probe cosine, and with `eval_every` the kNN
 accuracy from step 0 on: the learning curve); the manifest's `health` is the model's health summary
@@ -44,7 +46,15 @@ from storage.stores import store_at
 from tasks.config.base import InputError, Section
 from tasks.config.model import Prompts
 from tasks.config.splits import KnnConfig
-from tasks.config.training import MethodConfig, MultiVectorSettings, TrainConfig, bidirectional_for, pooling_for
+from tasks.config.training import (
+    FamilySettings,
+    MethodConfig,
+    MultiVectorSettings,
+    SparseSettings,
+    TrainConfig,
+    bidirectional_for,
+    pooling_for,
+)
 from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
 from tasks.encoders import families, lora, models, packed
@@ -68,14 +78,22 @@ class TrainJob(Section):
     until: int | None = Field(None, ge=1, description="Stop after this step of the schedule, keeping the training "
                               "state (a rung); None: train the whole schedule.")
     multi_vector: MultiVectorSettings | None = Field(None, description="Train the multi_vector family with these "
-                                                     "settings; None: a dense model.")
+                                                     "settings; None: another family.")
+    sparse: SparseSettings | None = Field(None, description="Train the sparse family with these settings; None: "
+                                          "another family.")
+
+    @property
+    def family_settings(self) -> FamilySettings | None:
+        """The settings of the family other than dense that the job trains, None for a dense model."""
+        return self.multi_vector or self.sparse
 
     @classmethod
     def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
                    knn: KnnConfig | None, prompts: Prompts | None = None) -> TrainJob:
         return cls(base_model=base_model, recipe=method.recipe, mask_ratio=method.resolved_mask_ratio,
                    decoder_visible=method.resolved_decoder_visible, train=train, knn=knn if train.eval_every else None,
-                   prompts=prompts or Prompts(), multi_vector=method.multi_vector_settings)
+                   prompts=prompts or Prompts(),
+                   **({method.family: method.family_settings} if method.family_settings else {}))
 
 
 def boundary_signals() -> tuple[int, ...]:
@@ -89,14 +107,16 @@ def boundary_signals() -> tuple[int, ...]:
 def training_model(path: str, job: TrainJob, device: str) -> BaseModel:
     """The model at `path` as the job trains it: its family, pooling, layer, packing, compiling, attention, dropout
     and prompts (its `encode` reads texts as documents), with a LoRA adapter (`train.lora`) and gradient
-    checkpointing where the config asks. A multi-vector model is not packed (the config refuses `padding_free: true`
-    for it, and `auto` stays padded)."""
+    checkpointing where the config asks. A model of another family is not packed (the config refuses
+    `padding_free: true` for it, and `auto` stays padded)."""
     cfg = job.train
-    packing = False if job.multi_vector else cfg.padding_free
+    packing = False if job.family_settings else cfg.padding_free
     model = sentence_model(path, cfg.max_length, device, pooling_for(job.recipe, cfg), cfg.layer, packing, cfg.compile,
                            bidirectional_for(job.recipe, cfg), cfg.dropout)
     if job.multi_vector:
         model = families.multi_vector_model(model, job.multi_vector, cfg.seed)
+    if job.sparse:
+        model = families.sparse_model(model, job.sparse, cfg.seed)
     for name, value in job.prompts.sentence_transformers().items():
         setattr(model, name, value)
     if cfg.lora:
@@ -112,7 +132,7 @@ def frozen_objective(model: BaseModel, job: TrainJob) -> objectives.Objective:
     # Training-only parts (heads, decoders) start from the seed, not from whatever the process drew before.
     torch.manual_seed(cfg.seed)
     objective = objectives.build_objective(model, job.recipe, cfg, job.mask_ratio, job.decoder_visible,
-                                           multi_vector=job.multi_vector)
+                                           family=job.family_settings)
     # Freeze after building the loss: TSDAE's tied decoder replaces the encoder's parameters with
     # its own, and CT's second copy must be frozen too.
     for encoder in objective.loss.modules():

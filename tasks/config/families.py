@@ -19,12 +19,19 @@ class Family:
     recipes: frozenset[str] | None = None
 
 
+# The recipes whose loss is an InfoNCE over (query, document) rows with in-batch negatives: what every family trains.
+PAIR_RECIPES = frozenset({"crops", "dropout", "gpl", "inpars", "semcse_infonce"})
+
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("dense", "one vector per text (pooled token states), scored by cosine"),
     Family("multi_vector", "late interaction, ColBERT's: a projected, normalised vector per token, a query scored "
            "against a document by MaxSim (each query token's best match, summed); saved as sentence-transformers' "
            "MultiVectorEncoder",
-           frozenset({"crops", "dropout", "gpl", "inpars", "semcse_infonce"})),
+           PAIR_RECIPES),
+    Family("sparse", "learned sparse codes, CSR's: a sparse autoencoder on the dense vector keeps each text's top "
+           "`sparse.active_dims` of `sparse.width` codes, a query scored against a document by their dot product; "
+           "saved as sentence-transformers' SparseEncoder",
+           PAIR_RECIPES),
 ]}
 
 

@@ -20,8 +20,8 @@ from tasks.config.training import (
     TrainConfig,
     expand_chains,
     expand_sweeps,
+    family_conflicts,
     merged_train,
-    multi_vector_conflicts,
 )
 
 
@@ -102,7 +102,7 @@ class PipelineConfig(Section):
     def _valid_family(self, i: int, method: MethodConfig, names: list[str]) -> None:
         """A method of a family other than dense: its train settings, and no model of another family before or
         after it (the family's head is trained from its own start)."""
-        if conflicts := multi_vector_conflicts(self.train_for(method, where=f"methods.{i}.train")):
+        if conflicts := family_conflicts(method.family, self.train_for(method, where=f"methods.{i}.train")):
             raise ValueError(f"methods.{i}: the {method.family} family does not train with train."
                              f"{'; train.'.join(conflicts)}; leave them unset for this method")
         if self.evaluate.layerwise or self.evaluate.backend != "torch":

@@ -47,12 +47,42 @@ class MultiVectorSettings(Section):
                                    "and PyLate do.")
 
 
+class SparseSettings(Section):
+    """The sparse family's head and loss: CSR's sparse autoencoder on the dense vector (its paper's and
+    sentence-transformers' defaults)."""
+
+    active_dims: int = Field(256, ge=1, description="The codes each text keeps: the autoencoder's top k latents "
+                             "(the rest are zero), so at most this many are active in any document or query.")
+    width: int | None = Field(None, ge=2, description="The autoencoder's number of codes (its hidden width); None: 4 "
+                              "times the base's vector width (CSR's).")
+    aux_dims: int = Field(512, ge=0, description="CSR's auxiliary top k over codes not active for a while (dead "
+                          "latents), whose reconstruction of the residual revives them; 0: none.")
+    aux_weight: float = Field(0.1, ge=0, description="Weight of that auxiliary reconstruction (CSR's beta).")
+    scale: float = Field(1.0, gt=0, description="The InfoNCE's 1 / temperature on the codes' dot products "
+                         "(sentence-transformers' sparse default: 1.0).")
+
+    def resolved_width(self, dim: int) -> int:
+        return self.width or 4 * dim
+
+    @model_validator(mode="after")
+    def _fits(self) -> SparseSettings:
+        if self.width is not None and self.active_dims >= self.width:
+            raise ValueError(f"active_dims ({self.active_dims}) must be below width ({self.width}): every code active "
+                             "is not sparse")
+        return self
+
+
+FamilySettings = MultiVectorSettings | SparseSettings
+
+
 class MethodConfig(Section):
     name: str = Field(description="Name shown in reports, e.g. `crops`.")
     recipe: Literal[tuple(RECIPES)] = Field(description=recipe_help())
     family: Literal[tuple(FAMILIES)] = Field("dense", description=family_help())
     multi_vector: MultiVectorSettings = Field(default_factory=MultiVectorSettings,
                                               description="With `family: multi_vector`: its projection and loss.")
+    sparse: SparseSettings = Field(default_factory=SparseSettings,
+                                   description="With `family: sparse`: its autoencoder and loss.")
     n_sentences: int = Field(2, ge=1, description="Consecutive kept sentences per training text "
                              "(1 = single sentences, as SimCSE, TSDAE and CT were trained).")
     seed: int = Field(0, description="Seed for drawing views and shuffling them.")
@@ -106,9 +136,9 @@ class MethodConfig(Section):
         return self.decoder_visible if RECIPES[self.recipe].enhanced_decoder else None
 
     @property
-    def multi_vector_settings(self) -> MultiVectorSettings | None:
-        """The multi_vector settings where the method trains that family, else None."""
-        return self.multi_vector if self.family == "multi_vector" else None
+    def family_settings(self) -> FamilySettings | None:
+        """The settings of the family the method trains (its own section, named as the family), None for dense."""
+        return None if self.family == "dense" else getattr(self, self.family)
 
     @model_validator(mode="after")
     def _replacement_rates(self) -> MethodConfig:
@@ -118,9 +148,10 @@ class MethodConfig(Section):
 
     @model_validator(mode="after")
     def _family_recipe(self) -> MethodConfig:
-        if "multi_vector" in self.model_fields_set and self.family != "multi_vector":
-            raise ValueError(f"multi_vector: settings of the multi_vector family on a {self.family} method; set "
-                             "`family: multi_vector` or leave them out")
+        for other in set(FAMILIES) - {"dense", self.family}:
+            if other in self.model_fields_set:
+                raise ValueError(f"{other}: settings of the {other} family on a {self.family} method; set "
+                                 f"`family: {other}` or leave them out")
         family = FAMILIES[self.family]
         if family.recipes is not None and self.recipe not in family.recipes:
             raise ValueError(f"recipe {self.recipe} cannot train the {self.family} family: its loss is not an "
@@ -255,15 +286,16 @@ class TrainConfig(Section):
         return self
 
 
-def multi_vector_conflicts(train: TrainConfig) -> list[str]:
-    """The `train` settings the multi_vector family does not train with (yet), each as `field (why)`."""
+def family_conflicts(family: str, train: TrainConfig) -> list[str]:
+    """The `train` settings a family other than dense does not train with (yet), each as `field (why)`."""
     conflicts = {
-        "head": (train.head == "mlp", "a projection head on one sentence vector"),
-        "pooling": (train.pooling is not None, "a multi-vector model keeps every token; its one vector is their mean"),
-        "matryoshka_dims": (bool(train.matryoshka_dims), "nested sentence-vector widths"),
-        "mini_batch_size": (train.cached_rows is not None, "embforge's GradCache caches sentence vectors"),
-        "padding_free": (train.padding_free is True, "its packed forward pools sentence vectors"),
-        "compile": (bool(train.compile), "not built for token vectors yet"),
+        "head": (train.head == "mlp", "a projection head on the dense vector; the family has a head of its own"),
+        "pooling": (family == "multi_vector" and train.pooling is not None,
+                    "a multi-vector model keeps every token; its one vector is their mean"),
+        "matryoshka_dims": (bool(train.matryoshka_dims), "nested dense-vector widths"),
+        "mini_batch_size": (train.cached_rows is not None, "embforge's GradCache caches dense vectors"),
+        "padding_free": (train.padding_free is True, "its packed forward is built for the dense model"),
+        "compile": (bool(train.compile), "not built for the family's head yet"),
         "devices": (train.devices != 1, "its loss is not gathered across processes yet: 1, not auto"),
         "lora": (train.lora is not None, "the merge stage rebuilds a dense model"),
     }

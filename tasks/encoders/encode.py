@@ -7,8 +7,9 @@ or the token a recipe trained: CLS (first) or SEP (the last real one: a decoder'
 `encode_layers` gives every hidden layer and every pooling from one forward pass, which is what
 the embeddings cache stores (layer 0 = the embedding layer); `encode_chunks` gives the same a
 chunk of texts at a time, so a corpus of any size is encoded in bounded memory. A static model
-(tasks/static.py) is encoded through model2vec instead (`StaticEncoder`), a multi-vector model
-(tasks/encoders/families.py) through sentence-transformers (`TokenMeanEncoder`); `encoder_at` picks.
+(tasks/static.py) is encoded through model2vec instead (`StaticEncoder`), a multi-vector or sparse model
+(tasks/encoders/families.py) through sentence-transformers (`TokenMeanEncoder`, `SparseCodeEncoder`); `encoder_at`
+picks.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Encoder:
     tokenizer = None
     dtype: torch.dtype | None = None  # what it computes in, where embforge chooses it (not a static model's)
     token_mean = False  # its one vector is a multi-vector model's mean token vector, not what it retrieves by
+    similarity = "cosine"  # how a query's vector meets a document's in retrieval (a sparse model's: "dot")
     n_layers: int
     dim: int
 
@@ -88,13 +90,14 @@ def is_static(model: str) -> bool:
 
 def encoder_at(model: str, device: str = "auto", pooling: str = "mean", dtype: str = "fp32",
                backend: str = "torch") -> Encoder:
-    """The encoder of a model folder or name: a static model's, a multi-vector model's, or a transformer's."""
+    """The encoder of a model folder or name: a static model's, a multi-vector or sparse model's, or a
+    transformer's."""
     if is_static(model):
         return StaticEncoder(model)
-    if families.is_multi_vector(model):
+    if (family := families.family_of(model)) != "dense":
         if backend != "torch":
-            raise InputError(f"{model}: a multi-vector model runs on torch here, not on {backend} (evaluate.backend)")
-        return TokenMeanEncoder(model, device, dtype)
+            raise InputError(f"{model}: a {family} model runs on torch here, not on {backend} (evaluate.backend)")
+        return (TokenMeanEncoder if family == "multi_vector" else SparseCodeEncoder)(model, device, dtype)
     return PooledEncoder(model, device, pooling, dtype, backend)
 
 
@@ -136,7 +139,7 @@ class TokenMeanEncoder(Encoder):
     pooling, token_mean = "mean", True
 
     def __init__(self, model: str, device: str = "auto", dtype: str = "fp32"):
-        self.model = families.load_multi_vector(model, pick_device(device)).eval()
+        self.model = families.load_saved(model, pick_device(device)).eval()
         self.tokenizer = self.model.tokenizer
         self.dtype = precision.autocast_dtype(dtype, self.model.device)
         self.n_layers = self.model[0].auto_model.config.num_hidden_layers
@@ -181,6 +184,42 @@ class TokenMeanEncoder(Encoder):
             return means, []
         kept = mask.bool().cpu().numpy()
         return means, [v[k] for v, k in zip(tokens.cpu().numpy(), kept)]
+
+
+class SparseCodeEncoder(Encoder):
+    """A sparse model (CSR's codes over a dense model's vector: tasks/encoders/families.py) read as one vector a text:
+    its `dim` codes, zeros included, under every POOLINGS column; its last layer only. It retrieves by their dot
+    product (`similarity`); what compares texts by cosine (kNN, clustering, STS, geometry) reads the same codes."""
+
+    pooling, similarity = "mean", "dot"
+
+    def __init__(self, model: str, device: str = "auto", dtype: str = "fp32"):
+        self.model = families.load_saved(model, pick_device(device)).eval()
+        self.tokenizer = self.model.tokenizer
+        self.dtype = precision.autocast_dtype(dtype, self.model.device)
+        self.n_layers = self.model[0].auto_model.config.num_hidden_layers
+        self.dim = self.model.get_embedding_dimension()
+
+    def encode_chunks(self, texts: list[str] | list[Tokens], max_length: int = 256, batch_size: int = 32,
+                      layers: list[int] | None = None, chunk: int | None = None,
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        if (layers or [self.n_layers]) != [self.n_layers]:
+            raise InputError(f"a sparse model gives its last layer ({self.n_layers}) only, not layers {layers} "
+                             "(evaluate.layerwise)")
+        self.model.max_seq_length = max_length
+        chunk = chunk or max(1, len(texts))
+        with StageProgress(len(texts), "texts") as progress:
+            for start in range(0, len(texts), chunk):
+                part = texts[start : start + chunk]
+                codes = np.concatenate([self._codes(part[i : i + batch_size]) for i in range(0, len(part), batch_size)])
+                progress.advance(len(part))
+                yield np.arange(start, start + len(part)), np.broadcast_to(codes, (1, len(POOLINGS), *codes.shape))
+
+    def _codes(self, texts: list[str] | list[Tokens]) -> np.ndarray:
+        """(texts, dim) codes of the texts (stored ids padded, or texts tokenized)."""
+        with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
+            out = self.model(to_device(features(self.model, texts), self.model.device))
+        return out["sentence_embedding"].float().cpu().numpy()
 
 
 class PooledEncoder(Encoder):

@@ -5,7 +5,10 @@ multi-vector model keeps the same transformer, projects each token state to `dim
 documents' punctuation from scoring (ColBERT's skiplist) and normalises every token vector: sentence-transformers'
 MultiVectorEncoder with the modules its own fresh models get, so the saved folder loads there as it is. Its loss
 (tasks/methods/objectives.py) is the library's MaxSim InfoNCE; scoring reads it by MaxSim (mteb's retrieval tasks)
-or as its mean token vector (tasks/encoders/encode.py's TokenMeanEncoder).
+or as its mean token vector (tasks/encoders/encode.py's TokenMeanEncoder). A sparse model keeps the dense model whole
+and adds CSR's sparse autoencoder on its vector (sentence-transformers' SparseEncoder of SparseAutoEncoder): a text
+is its top `active_dims` codes; its loss is the library's CSR loss; scoring reads the codes as one vector a text, a
+query meeting a document by their dot product (encode.py's SparseCodeEncoder).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from sentence_transformers.base.model import BaseModel
 from sentence_transformers.base.modules import Normalize
 from sentence_transformers.base.modules.dense import Dense
 from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+from sentence_transformers.sparse_encoder import SparseEncoder
+from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder
 from torch import nn
 
 from tasks.config.base import InputError
@@ -29,7 +34,11 @@ from tasks.encoders import decoders
 from tasks.encoders.models import load_model, resolve_model
 
 if TYPE_CHECKING:  # the settings' module is the trainer's: what only embeds does not depend on it
-    from tasks.config.training import MultiVectorSettings
+    from tasks.config.training import MultiVectorSettings, SparseSettings
+
+# The class each family's folder loads with (sentence-transformers' own: its `model_type` names the family).
+MODEL_CLASSES: dict[str, type[BaseModel]] = {"dense": SentenceTransformer, "multi_vector": MultiVectorEncoder,
+                                             "sparse": SparseEncoder}
 
 
 def multi_vector_model(model: SentenceTransformer, settings: MultiVectorSettings, seed: int) -> MultiVectorEncoder:
@@ -47,31 +56,56 @@ def multi_vector_model(model: SentenceTransformer, settings: MultiVectorSettings
                                        Normalize(module_input_name="token_embeddings")], device=str(model.device))
 
 
+def sparse_model(model: SentenceTransformer, settings: SparseSettings, seed: int) -> SparseEncoder:
+    """`model` whole (transformer and pooling) with CSR's sparse autoencoder on its vector: `settings.width` codes,
+    the top `settings.active_dims` kept, its weights drawn from `seed` (the same whatever the process drew before)."""
+    dim = model.get_embedding_dimension()
+    width = settings.resolved_width(dim)
+    if 4 * settings.active_dims > width:  # CSR's loss also reconstructs the vector from the top 4k codes
+        raise InputError(f"sparse.active_dims: {settings.active_dims}, but CSR's loss reconstructs from the top "
+                         f"4 x {settings.active_dims} of {width} codes (sparse.width, default 4 x the base's {dim}); "
+                         f"set sparse.width to at least {4 * settings.active_dims} or active_dims to at most "
+                         f"{width // 4}")
+    with torch.random.fork_rng(devices=[]):  # drawn on the CPU from the seed, the process's generator left as it was
+        torch.manual_seed(seed)
+        autoencoder = SparseAutoEncoder(input_dim=dim, hidden_dim=width, k=settings.active_dims,
+                                        k_aux=min(settings.aux_dims, width))
+    return SparseEncoder(modules=[*model, autoencoder.to(model.device)], device=str(model.device))
+
+
 def sentence_vectors(model: BaseModel, texts: list[str], batch_size: int) -> torch.Tensor:
     """One vector per text, (texts, dim), for what compares texts by one vector (the health probe, the learning
-    curve's kNN): a dense model's own, or the mean of a multi-vector model's scoring token vectors (as documents)."""
+    curve's kNN): a dense model's own, the mean of a multi-vector model's scoring token vectors (as documents), or a
+    sparse model's codes (zeros included)."""
     if isinstance(model, MultiVectorEncoder):
         tokens = model.encode_document(texts, batch_size=batch_size, show_progress_bar=False)  # (tokens_i, dim) each
         return torch.stack([t.float().mean(0) for t in tokens])
+    if isinstance(model, SparseEncoder):
+        return model.encode(texts, batch_size=batch_size, convert_to_sparse_tensor=False, show_progress_bar=False)
     return model.encode(texts, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
 
 
-def is_multi_vector(name_or_path: str) -> bool:
-    """Whether a model folder holds a multi-vector model (sentence-transformers' MultiVectorEncoder)."""
+def family_of(name_or_path: str) -> str:
+    """The family of the model a folder holds, by the class its sentence-transformers config names (dense where it
+    names none, or is no such folder)."""
     config = Path(resolve_model(name_or_path)) / "config_sentence_transformers.json"
-    return config.is_file() and json.loads(config.read_text()).get("model_type") == MultiVectorEncoder.model_type
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    return next((family for family, cls in MODEL_CLASSES.items() if family != "dense" and cls.model_type == model_type),
+                "dense")
 
 
-def load_multi_vector(name_or_path: str, device: str, **kwargs) -> MultiVectorEncoder:
-    """A saved multi-vector model as scoring reads it: a decoder's attention as it trained (bidirectional or not)."""
-    model = load_model(name_or_path, lambda p: MultiVectorEncoder(p, device=device, **kwargs))
+def load_saved(name_or_path: str, device: str, **kwargs) -> BaseModel:
+    """A saved model as scoring reads it, in the class of its family (a decoder's attention as it trained,
+    bidirectional or not)."""
+    cls = MODEL_CLASSES[family_of(name_or_path)]
+    model = load_model(name_or_path, lambda p: cls(p, device=device, **kwargs))
     decoders.ready_transformer(model[0])
     return model
 
 
 def dense_only(name_or_path: str, what: str) -> None:
-    """An InputError where `what` would read a multi-vector model as a dense one: its backbone's token states pooled,
-    without the projection it trained."""
-    if is_multi_vector(name_or_path):
-        raise InputError(f"{name_or_path}: a multi-vector model (MultiVectorEncoder), which {what} cannot read; "
-                         "encode.encoder_at reads it as its mean token vector")
+    """An InputError where `what` would read a model of another family as a dense one: its backbone's token states
+    pooled, without the head it trained."""
+    if (family := family_of(name_or_path)) != "dense":
+        raise InputError(f"{name_or_path}: a {family} model ({MODEL_CLASSES[family].__name__}), which {what} cannot "
+                         "read; encode.encoder_at reads it as one vector a text")

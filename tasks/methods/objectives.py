@@ -15,10 +15,12 @@ import torch
 from sentence_transformers import MultiVectorEncoder, SentenceTransformer
 from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.losses import MarginMSELoss, MatryoshkaLoss
+from sentence_transformers.sparse_encoder import SparseEncoder
+from sentence_transformers.sparse_encoder.losses import CSRLoss, SparseMultipleNegativesRankingLoss
 from torch import nn
 
 from tasks.config.recipes import RECIPES, Pair, Recipe
-from tasks.config.training import MultiVectorSettings, TrainConfig
+from tasks.config.training import FamilySettings, MultiVectorSettings, SparseSettings, TrainConfig
 from tasks.encoders.inputs import Tokens, features
 from tasks.encoders.models import to_device
 from tasks.methods.cached import CachedLoss
@@ -28,6 +30,7 @@ from tasks.methods.infonce import InfoNCELoss
 from tasks.methods.mlm import MaskedLMLoss
 from tasks.methods.mntp import MaskedNextTokenLoss
 from tasks.methods.retromae import RetroMAELoss, retromae_features
+from tasks.methods.summed import SummedLoss
 from tasks.methods.triplet import TripletInBatchLoss
 from tasks.methods.tsdae import tsdae_loss
 
@@ -138,17 +141,28 @@ def multi_vector_info_nce(recipe: Recipe, model: MultiVectorEncoder, settings: M
                      lambda rows: math.log(columns * rows))
 
 
-def build_objective(model: SentenceTransformer | MultiVectorEncoder, recipe: str, cfg: TrainConfig,
+def sparse_info_nce(model: SparseEncoder, settings: SparseSettings) -> Objective:
+    """The sparse family's loss (CSR's, sentence-transformers' own): InfoNCE over the codes' dot products, every other
+    row's documents the negatives, plus the autoencoder's reconstructions of the dense vector from its top k and top
+    4k codes and the auxiliary one that revives dead codes. No chance level: the reconstruction terms add to the
+    InfoNCE's, so the total has none to sit at (the health checks read the probe)."""
+    loss = CSRLoss(model, SparseMultipleNegativesRankingLoss(model, scale=settings.scale), beta=settings.aux_weight)
+    return Objective(SummedLoss(loss), anchors_and_positives(model))
+
+
+def build_objective(model: SentenceTransformer | MultiVectorEncoder | SparseEncoder, recipe: str, cfg: TrainConfig,
                     mask_ratio: float | None, decoder_visible: float | None, gather: Gather | None = None,
-                    multi_vector: MultiVectorSettings | None = None) -> Objective:
+                    family: FamilySettings | None = None) -> Objective:
     """The recipe's loss around `model`; `mask_ratio` and `decoder_visible` as the method config
     resolves them. Recipes whose loss compares rows of the batch (the registry's `in_batch_negatives`)
-    gather them from every process; `gather` replaces that (a test trains without it). `multi_vector`: the
-    model is a multi-vector one (tasks/encoders/families.py), trained by MaxSim InfoNCE (the config allows it for
-    the family's recipes, in one process, without GradCache)."""
+    gather them from every process; `gather` replaces that (a test trains without it). `family`: the settings of a
+    family other than dense (tasks/encoders/families.py), whose model trains by its own InfoNCE (the config allows
+    it for the family's recipes, in one process, without GradCache)."""
     spec = RECIPES[recipe]
-    if multi_vector:
-        return multi_vector_info_nce(spec, model, multi_vector)
+    if isinstance(family, MultiVectorSettings):
+        return multi_vector_info_nce(spec, model, family)
+    if isinstance(family, SparseSettings):
+        return sparse_info_nce(model, family)
     gather = gather or (gather_rows if spec.in_batch_negatives else no_gather)
     objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
     if cfg.cached_rows:  # the config allows it for spec.mini_batches

@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 from datasets import Dataset
 from huggingface_hub import constants as hub_constants
-from sentence_transformers import MultiVectorEncoder, SentenceTransformer, models
+from sentence_transformers import MultiVectorEncoder, SentenceTransformer, SparseEncoder, models
 
 from storage.base import file_digest, stable_hash
 from tasks.config.base import InputError
@@ -68,7 +68,7 @@ with global_rng_kept():  # importing mteb seeds the process-wide generators with
         AbsTaskSTS,
     )
     from mteb.abstasks.task_metadata import TaskMetadata
-    from mteb.models import MultiVectorWrapper, SentenceTransformerEncoderWrapper
+    from mteb.models import MultiVectorWrapper, SentenceTransformerEncoderWrapper, SparseEncoderWrapper
 
 HUB_PROBE_TIMEOUT_S = 3.0
 
@@ -256,21 +256,25 @@ class BoundedTransformer(models.Transformer):
 
 def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name: str,
                  revision: str | None, prompts: Prompts | None = None, search: bool = False,
-                 ) -> SentenceTransformerEncoderWrapper | MultiVectorWrapper:
+                 ) -> SentenceTransformerEncoderWrapper | MultiVectorWrapper | SparseEncoderWrapper:
     """The model as mteb evaluates it, under `name` and `revision` (what mteb files its results by), with `prompts`
     (mteb reads queries with the query one, documents and symmetric tasks' texts with the document one). A static
     model (tasks/static.py) as sentence-transformers loads it: its StaticEmbedding, which pools itself. A multi-vector
     model (tasks/encoders/families.py) as it was saved: for a task that takes a search model (`search`: retrieval),
     through mteb's own late-interaction wrapper, by exact MaxSim over the whole corpus; for the others, as one
-    vector a text, its mean token vector (as the embed stage reads it)."""
+    vector a text, its mean token vector (as the embed stage reads it). A sparse model as it was saved, through mteb's
+    sparse wrapper: retrieval by the codes' dot product, the other tasks on the codes as they are."""
     prompted = (prompts or Prompts()).sentence_transformers()
+    family = families.family_of(model)
     if is_static(model):
         encoder = load_model(model, lambda p: SentenceTransformer(p, device=pick_device(device)))
-    elif families.is_multi_vector(model):
-        encoder = families.load_multi_vector(model, pick_device(device), **prompted)
+    elif family != "dense":
+        encoder = families.load_saved(model, pick_device(device), **prompted)
         encoder[0].__class__ = BoundedTransformer  # the same module, cutting texts as every other path does
         encoder.max_seq_length = cfg.max_length
-        if not search:  # its modules, then the mean over the scoring mask (a document's: punctuation left out)
+        # a multi-vector model outside search: its modules, then the mean over the scoring mask (a document's:
+        # punctuation left out)
+        if family == "multi_vector" and not search:
             pool = models.Pooling(encoder.get_embedding_dimension(), pooling_mode="mean")
             encoder = SentenceTransformer(modules=[*encoder, pool, models.Normalize()], device=pick_device(device),
                                           **prompted)
@@ -282,8 +286,9 @@ def mteb_encoder(model: str, pooling: str, cfg: MtebSettings, device: str, name:
         encoder = SentenceTransformer(modules=[transformer, pool, models.Normalize()], device=pick_device(device),
                                       **prompted)
         encoder.to(getattr(torch, cfg.dtype))
-    wrapped = (MultiVectorWrapper if isinstance(encoder, MultiVectorEncoder) else SentenceTransformerEncoderWrapper)(
-        encoder)
+    wrapper = {MultiVectorEncoder: MultiVectorWrapper, SparseEncoder: SparseEncoderWrapper}.get(
+        type(encoder), SentenceTransformerEncoderWrapper)
+    wrapped = wrapper(encoder)
     wrapped.mteb_model_meta = wrapped.mteb_model_meta.model_copy(update={"name": name, "revision": revision})
     return wrapped
 

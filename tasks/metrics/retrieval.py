@@ -23,10 +23,11 @@ def cosines(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
 
 
 def relevant_ranks(queries: np.ndarray, docs: np.ndarray, relevant: np.ndarray,
-                   block_bytes: int = BLOCK_BYTES) -> np.ndarray:
-    """The rank (cosine, ties against it) of each query's relevant document among all `docs`,
-    queries scored in blocks so the scores and their comparison stay under `block_bytes`."""
-    q, d = unit_rows(queries, np.float32), unit_rows(docs, np.float32)
+                   block_bytes: int = BLOCK_BYTES, similarity: str = "cosine") -> np.ndarray:
+    """The rank (by cosine, or a sparse model's `dot` product; ties against it) of each query's relevant document
+    among all `docs`, queries scored in blocks so the scores and their comparison stay under `block_bytes`."""
+    rows = unit_rows if similarity == "cosine" else lambda v, dtype: np.asarray(v, dtype=dtype)
+    q, d = rows(queries, np.float32), rows(docs, np.float32)
     ranks = np.empty(len(q), dtype=np.int64)
     step = block_rows(len(d), 5, block_bytes)  # float32 scores + the bool comparison
     for start in range(0, len(q), step):

@@ -48,11 +48,13 @@ LEGEND = {
     "papers that have summaries are candidates)",
     "semantic_same_label_5nn": "share of a labelled document's 5 nearest other documents (cosine) with its label",
     "query_ndcg_at_10": "retrieval of the held-out LLM-written queries (never trained on): nDCG@10 of each "
-    "query's own document among all documents, by cosine (a multi-vector model's: MaxSim) (docs/gpl.md)",
+    "query's own document among all documents, by cosine (a multi-vector model's: MaxSim; a sparse one's: dot "
+    "product) (docs/gpl.md)",
     "query_recall_at_10": "the same: share of those queries whose document is in the top 10",
     "query_mrr_at_10": "the same: mean reciprocal rank of the document, 0 beyond the top 10",
     "title_ndcg_at_10": "the yardstick by titles: nDCG@10 of each held-out document (never trained on) among all "
-    "documents for its title, by cosine (a multi-vector model's: MaxSim) (docs/evaluation.md)",
+    "documents for its title, by cosine (a multi-vector model's: MaxSim; a sparse one's: dot product) "
+    "(docs/evaluation.md)",
     "title_recall_at_10": "the same: share of those titles whose document is in the top 10",
     "title_mrr_at_10": "the same: mean reciprocal rank of the document, 0 beyond the top 10",
     "qrels_ndcg_at_10": "the yardstick by your queries: nDCG@10 (binary gains) of the documents you judged relevant "
@@ -301,9 +303,28 @@ SELECT DISTINCT e.ord, e.label FROM entries e JOIN artifacts a ON a.key = e.key
 WHERE a.stage = 'evaluate' AND (a.extra->>'token_mean')::BOOLEAN ORDER BY e.ord"""
 
 
+# Evaluate artifacts of sparse models, with how sparse their codes are (tasks/evaluate.py's active_dims).
+ACTIVE_DIMS_SQL = """
+SELECT DISTINCT e.ord, e.label, (a.extra->'active_dims'->>'documents')::DOUBLE AS documents,
+       (a.extra->'active_dims'->>'queries')::DOUBLE AS queries, (a.extra->'active_dims'->>'width')::BIGINT AS width
+FROM entries e JOIN artifacts a ON a.key = e.key
+WHERE a.stage = 'evaluate' AND a.extra->'active_dims' IS NOT NULL ORDER BY e.ord"""
+
+# A sparse code in an inverted index: its dimension (int32) and its weight (float32).
+SPARSE_CODE_BYTES = 8
+
+
+def sparse_note(r) -> str:
+    queries = "" if pd.isna(r.queries) else f", a query {r.queries:.0f}"
+    return (f"sparse: {r.label}: a document has {r.documents:.0f} active dimensions of {r.width:,} on average{queries} "
+            f"(about {r.documents * SPARSE_CODE_BYTES:,.0f} bytes a document in an inverted index); its retrieval "
+            "(MTEB's retrieval tasks, held-out queries, titles) is by the dot product of the codes, its other scores "
+            "by their cosine")
+
+
 def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
-    """What a reader of the table must know: the tasks skipped (and why), the texts cut, and which models' one
-    vector is a multi-vector model's mean token vector."""
+    """What a reader of the table must know: the tasks skipped (and why), the texts cut, which models' one vector is
+    a multi-vector model's mean token vector, and how sparse each sparse model's codes are."""
     tasks = _query(_load(catalog, entries), TASK_SQL)
     skipped = tasks[~tasks["ok"].astype(bool)].drop_duplicates("task")
     return ([f"skipped: {r.task}: {r.note}" for r in skipped.itertuples()]
@@ -313,7 +334,8 @@ def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
             + [f"multi-vector: {r.label}: its one-vector scores (kNN, STS, clustering, the semantic benchmark, "
                "geometry) read its mean token vector; its retrieval (MTEB's retrieval tasks, held-out queries, titles) "
                "is by MaxSim"
-               for r in _query(catalog, TOKEN_MEAN_SQL).itertuples()])
+               for r in _query(catalog, TOKEN_MEAN_SQL).itertuples()]
+            + [sparse_note(r) for r in _query(catalog, ACTIVE_DIMS_SQL).itertuples()])
 
 
 def beside_teacher(long: pd.DataFrame, static: str, teacher: str) -> pd.DataFrame:

@@ -106,7 +106,7 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "train: {matryoshka_dims: [8]}}]\n", "methods.0: the multi_vector family does not train with "
      "train.matryoshka_dims"),
     ("name: x\ndata: {path: a.csv}\ntrain: {mini_batch_size: 8, lora: {}}\nmethods: [{name: c, recipe: crops, "
-     "family: multi_vector}]\n", "train.mini_batch_size (embforge's GradCache caches sentence vectors); train.lora"),
+     "family: multi_vector}]\n", "train.mini_batch_size (embforge's GradCache caches dense vectors); train.lora"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector}, "
      "{name: d, recipe: dropout, start_from: c}]\n", "methods ['d'] start from 'c', a multi_vector model"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector}]\nstatic: {of: [c]}\n",
@@ -115,9 +115,19 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "evaluate: {layerwise: true}\n", "methods.0: a multi_vector model is scored on torch at its last layer"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector, "
      "train: {pooling: cls, padding_free: true, compile: true, devices: 2, head: mlp}}]\n",
-     "train.head (a projection head on one sentence vector); train.pooling (a multi-vector model keeps every token; "
-     "its one vector is their mean); train.padding_free (its packed forward pools sentence vectors); train.compile "
-     "(not built for token vectors yet); train.devices"),
+     "train.head (a projection head on the dense vector; the family has a head of its own); train.pooling (a "
+     "multi-vector model keeps every token; its one vector is their mean); train.padding_free (its packed forward is "
+     "built for the dense model); train.compile (not built for the family's head yet); train.devices"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: sparse, "
+     "train: {pooling: cls, head: mlp, lora: {}}}]\n",
+     "methods.0: the sparse family does not train with train.head (a projection head on the dense vector; the family "
+     "has a head of its own); train.lora (the merge stage rebuilds a dense model); leave them unset"),  # pooling: kept
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector, sparse: {width: 1024}}]\n",
+     "methods.0: Value error, sparse: settings of the sparse family on a multi_vector method"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: gpl_margin, family: sparse}]\n",
+     "methods.0: Value error, recipe gpl_margin cannot train the sparse family"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: sparse, "
+     "sparse: {active_dims: 64, width: 64}}]\n", "methods.0.sparse: Value error, active_dims (64) must be below width"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, multi_vector: {dim: 64}}]\n",
      "methods.0: Value error, multi_vector: settings of the multi_vector family on a dense method"),
     ("name: x\ndata: {path: a.csv}\nmodel: {pretrain: {data: {path: b.csv}, method: {name: m, recipe: crops, "

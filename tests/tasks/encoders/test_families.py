@@ -34,13 +34,11 @@ def multi_vector(tiny_dir, seed=0):
 
 
 def test_maxsim_of_the_loss_is_each_query_tokens_best_match_summed(tiny_dir):
-    objective = build_objective(multi_vector(tiny_dir), "crops", CFG, None, None, multi_vector=SETTINGS)
-    query = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])  # (1 query, 2 tokens, dim 2)
-    documents = torch.tensor([[[[0.6, 0.8], [1.0, 0.0], [0.0, -1.0]], [[0.0, 1.0], [0.0, 1.0], [0.0, 0.0]]]])
-    # (1 query, 2 documents, 3 tokens, dim 2); the second document's last token is padding (masked)
-    mask = torch.tensor([[[True, True, True], [True, True, False]]])
-    scores = objective.loss.similarity_fct(query, documents, queries_mask=torch.ones(1, 2, dtype=torch.bool),
-                                           documents_mask=mask)
+    objective = build_objective(multi_vector(tiny_dir), "crops", CFG, None, None, family=SETTINGS)
+    assert objective.loss.similarity_fct is None  # the loss scores by the model's own similarity: MaxSim
+    query = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # (2 tokens, dim 2)
+    documents = [torch.tensor([[0.6, 0.8], [1.0, 0.0], [0.0, -1.0]]), torch.tensor([[0.0, 1.0], [0.0, 1.0]])]
+    scores = objective.loss.model.similarity([query], documents)
     # document 1: token 1 best matches [1, 0] (1.0), token 2 best matches [0.6, 0.8] (0.8); document 2: 0 + 1
     assert scores.tolist() == [[pytest.approx(1.8), pytest.approx(1.0)]]
 
@@ -57,7 +55,7 @@ def test_the_projection_is_drawn_from_the_seed_alone(tiny_dir):
 def test_a_multi_vector_model_resumes_after_a_kill_to_the_same_weights(tiny_dir, tmp_path):
     def run(folder, on_step=None):
         model = multi_vector(tiny_dir)
-        objective = build_objective(model, "crops", CFG, None, None, multi_vector=SETTINGS)
+        objective = build_objective(model, "crops", CFG, None, None, family=SETTINGS)
         history = train_model(objective, PairBatches(model_tokens_file(model, PAIRS), CFG.batch_size), CFG,
                               Checkpoints(folder), on_step=on_step)
         return model, history
@@ -98,9 +96,10 @@ def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_l
     # read as one vector a text (kNN, STS, geometry): the mean of its document token vectors, as loaded above
     vectors = encode.encoder_at(folder, "cpu", dtype="fp32").encode(texts, max_length=cfg.max_length)
     assert torch.allclose(torch.from_numpy(vectors), torch.stack([d.mean(0) for d in documents]), atol=1e-5)
-    with pytest.raises(InputError, match="a multi-vector model runs on torch here, not on onnx"):
+    with pytest.raises(InputError, match="a multi_vector model runs on torch here, not on onnx"):
         encode.encoder_at(folder, backend="onnx")
-    with pytest.raises(InputError, match="a multi-vector model .*cannot read; encode.encoder_at reads it as"):
+    with pytest.raises(InputError, match=r"a multi_vector model \(MultiVectorEncoder\), which .*cannot read; "
+                                         "encode.encoder_at reads it as"):
         encode.PooledEncoder(folder)  # its backbone's token states alone are not the model
 
 
