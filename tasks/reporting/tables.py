@@ -308,7 +308,7 @@ ACTIVE_DIMS_SQL = """
 SELECT DISTINCT e.ord, e.label, (a.extra->'active_dims'->>'documents')::DOUBLE AS documents,
        (a.extra->'active_dims'->>'queries')::DOUBLE AS queries, (a.extra->'active_dims'->>'width')::BIGINT AS width
 FROM entries e JOIN artifacts a ON a.key = e.key
-WHERE a.stage = 'evaluate' AND a.extra->'active_dims' IS NOT NULL ORDER BY e.ord"""
+WHERE a.stage = 'evaluate' AND (a.extra->'active_dims') IS NOT NULL ORDER BY e.ord"""
 
 # A sparse code in an inverted index: its dimension (int32) and its weight (float32).
 SPARSE_CODE_BYTES = 8

@@ -4,6 +4,7 @@ import json
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -201,17 +202,19 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     assert {label for label, cfg in trained.items() if cfg["group_by_length"]} == {"tsdae", "mlm", "retromae"}
 
 
-@pytest.mark.slow  # the whole pipeline, two trainings and an MTEB retrieval and clustering task each
+@pytest.mark.slow  # the whole pipeline, three trainings and an MTEB retrieval and clustering task each
 @pytest.mark.usefixtures("prefect_harness")
-def test_a_multi_vector_model_is_scored_beside_a_dense_one_on_the_same_view(tmp_path):
+def test_a_multi_vector_and_a_sparse_model_are_scored_beside_a_dense_one_on_the_same_view(tmp_path):
     mteb = {"max_length": 64, "local": [
         scifact_task("SciFact-tiny", 20), {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS),
                                            "limit": 80}]}
     methods = [{"name": "crops", "recipe": "crops"},
-               {"name": "crops-mv", "recipe": "crops", "family": "multi_vector", "multi_vector": {"dim": 16}}]
-    # held-out documents found by their titles: retrieval in the evaluate stage, by MaxSim for the multi-vector model
+               {"name": "crops-mv", "recipe": "crops", "family": "multi_vector", "multi_vector": {"dim": 16}},
+               {"name": "crops-sparse", "recipe": "crops", "family": "sparse", "sparse": {"active_dims": 8}}]
+    # held-out documents found by their titles: retrieval in the evaluate stage, by MaxSim for the multi-vector model,
+    # by the codes' dot product for the sparse one (fp32: compared below with the exported model's own encoding)
     yardstick = {"kind": "titles", "held_out": 0.2}
-    config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, evaluate={"mteb": mteb,
+    config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, evaluate={"mteb": mteb, "dtype": "fp32",
                                                                                    "yardstick": yardstick})
     first, state = run(config)
     assert state.is_completed()
@@ -219,7 +222,7 @@ def test_a_multi_vector_model_is_scored_beside_a_dense_one_on_the_same_view(tmp_
     catalog = Catalog(store)
     scores = {(r["label"], r["metric"]): r["value"] for r in catalog.query(
         "SELECT label, metric, value FROM run_metrics WHERE run_id = ? AND status = 'ok'", [first])}
-    for label in ("crops", "crops-mv"):  # one vector a text (the mean token vector), and retrieval by MaxSim
+    for label in ("crops", "crops-mv", "crops-sparse"):  # one vector a text, and each family's own retrieval
         for metric in ("knn_accuracy", "sts_spearman", "mean_cosine", "SciFact-tiny", "ohsumed-clusters",
                        "title_ndcg_at_10"):
             assert scores[label, metric] == scores[label, metric]  # scored, not NaN
@@ -269,6 +272,49 @@ def test_a_multi_vector_model_is_scored_beside_a_dense_one_on_the_same_view(tmp_
     assert "MultiVectorEncoder" in card and "SciFact-tiny" in card
     exported = MultiVectorEncoder(str(tmp_path / "mv"), device="cpu")
     assert [t.shape[1] for t in exported.encode_query(["heart attack", "asthma in children"])] == [16, 16]
+    sparse_model_is_scored_by_its_codes(tmp_path, catalog, first, own)
+
+
+def sparse_model_is_scored_by_its_codes(tmp_path: Path, catalog: Catalog, run_id: str, own: np.ndarray) -> None:
+    """The sparse model of the run above: its titles ranked by the dot product of the codes its embed artifacts keep,
+    its sparsity in the report, its mteb results through mteb's sparse wrapper, and exported, the same codes."""
+    store = catalog.store
+    evaluated = ArtifactRef("evaluate", catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = "
+                                                      "'evaluate' AND label = 'crops-sparse'", [run_id])[0]["key"])
+    roles = store.manifest(evaluated)["input_roles"]
+    titles, documents = (read_embeddings(store, ArtifactRef("embed", roles[role]), "mean")
+                         for role in ("yardstick_embeddings", "embeddings"))
+    assert documents.shape == (100, 128) and ((documents != 0).sum(1) <= 8).all()
+    dots = titles @ documents.T  # not their cosine: a sparse model retrieves by the dot product
+    ranks = (dots >= dots[np.arange(len(own)), own][:, None]).sum(1)
+    assert store.read_table(evaluated, "yardstick_scores")["rank"].to_pylist() == ranks.tolist()
+    active = store.manifest(evaluated)["extra"]["active_dims"]
+    assert active == {"documents": pytest.approx((documents != 0).sum(1).mean()), "width": 128,
+                      "queries": pytest.approx((titles != 0).sum(1).mean())}
+    report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [run_id])[0]["key"]
+    markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
+    assert (f"sparse: crops-sparse: a document has {active['documents']:.0f} active dimensions of 128 on average, a "
+            f"query {active['queries']:.0f} (about {active['documents'] * 8:,.0f} bytes a document") in markdown
+    assert "mteb: SciFact-tiny: crops-sparse − crops: " in markdown  # paired over the same queries
+    mteb = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'mteb' AND label = 'crops-sparse'",
+                         [run_id])
+    results = [p for r in mteb for p in (tmp_path / "store" / "artifacts" / "mteb" / r["key"]).rglob("*.json")
+               if p.name == "SciFact-tiny.json"]
+    meta = json.loads((results[0].parent / "model_meta.json").read_text())
+    assert (meta["similarity_fn_name"], meta["loader"]) == ("dot", "SparseEncoderWrapper")
+    from sentence_transformers import SparseEncoder
+
+    from flows.cli import main
+
+    store_arg = ["--store", str(tmp_path / "store")]
+    assert main(["export", "crops-sparse", "--to", str(tmp_path / "sparse-onnx"), "--onnx", *store_arg]) == 2
+    assert main(["export", "crops-sparse", "--to", str(tmp_path / "sparse"), *store_arg]) == 0
+    assert "SparseEncoder" in (tmp_path / "sparse" / "README.md").read_text()
+    exported = SparseEncoder(str(tmp_path / "sparse"), device="cpu")
+    exported.max_seq_length = 64  # evaluate.max_length
+    texts = store.read_table(ArtifactRef("ingest", roles["documents"]), "documents", columns=["text"])["text"]
+    codes = exported.encode_document(texts.to_pylist()[:5], convert_to_sparse_tensor=False).numpy()
+    assert np.allclose(codes, documents[:5], atol=1e-4)  # the same codes as the store scored
 
 
 @pytest.mark.slow  # the whole pipeline on a decoder: three trainings
