@@ -130,13 +130,11 @@ class StaticEncoder(Encoder):
                 yield np.arange(start, start + len(part)), np.broadcast_to(vectors, (1, len(POOLINGS), *vectors.shape))
 
 
-class TokenMeanEncoder(Encoder):
-    """A multi-vector model read as one vector a text, for what compares texts by one vector (kNN, clustering, STS,
-    geometry): the mean of its scoring token vectors as a document (punctuation left out), under every POOLINGS
-    column. Its last layer only. Its own retrieval is MaxSim over the token vectors themselves (`token_chunks`; mteb's
-    retrieval tasks), not this vector's cosine."""
+class FamilyEncoder(Encoder):
+    """A saved model of a family other than dense (tasks/encoders/families.py) as sentence-transformers loads it, its
+    modules run as they are: it gives its last layer only."""
 
-    pooling, token_mean = "mean", True
+    family: str
 
     def __init__(self, model: str, device: str = "auto", dtype: str = "fp32"):
         self.model = families.load_saved(model, pick_device(device)).eval()
@@ -145,12 +143,24 @@ class TokenMeanEncoder(Encoder):
         self.n_layers = self.model[0].auto_model.config.num_hidden_layers
         self.dim = self.model.get_embedding_dimension()
 
+    def last_layer_only(self, layers: list[int] | None) -> None:
+        if (layers or [self.n_layers]) != [self.n_layers]:
+            raise InputError(f"a {self.family} model gives its last layer ({self.n_layers}) only, not layers {layers} "
+                             "(evaluate.layerwise)")
+
+
+class TokenMeanEncoder(FamilyEncoder):
+    """A multi-vector model read as one vector a text, for what compares texts by one vector (kNN, clustering, STS,
+    geometry): the mean of its scoring token vectors as a document (punctuation left out), under every POOLINGS
+    column. Its last layer only. Its own retrieval is MaxSim over the token vectors themselves (`token_chunks`; mteb's
+    retrieval tasks), not this vector's cosine."""
+
+    pooling, token_mean, family = "mean", True, "multi_vector"
+
     def encode_chunks(self, texts: list[str] | list[Tokens], max_length: int = 256, batch_size: int = 32,
                       layers: list[int] | None = None, chunk: int | None = None,
                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        if (layers or [self.n_layers]) != [self.n_layers]:
-            raise InputError(f"a multi-vector model gives its last layer ({self.n_layers}) only, not layers {layers} "
-                             "(evaluate.layerwise)")
+        self.last_layer_only(layers)
         chunks = self.token_chunks(texts, max_length, batch_size, chunk, keep_tokens=False)
         return ((positions, vectors) for positions, vectors, _ in chunks)
 
@@ -186,26 +196,17 @@ class TokenMeanEncoder(Encoder):
         return means, [v[k] for v, k in zip(tokens.cpu().numpy(), kept)]
 
 
-class SparseCodeEncoder(Encoder):
+class SparseCodeEncoder(FamilyEncoder):
     """A sparse model (CSR's codes over a dense model's vector: tasks/encoders/families.py) read as one vector a text:
     its `dim` codes, zeros included, under every POOLINGS column; its last layer only. It retrieves by their dot
     product (`similarity`); what compares texts by cosine (kNN, clustering, STS, geometry) reads the same codes."""
 
-    pooling, similarity = "mean", "dot"
-
-    def __init__(self, model: str, device: str = "auto", dtype: str = "fp32"):
-        self.model = families.load_saved(model, pick_device(device)).eval()
-        self.tokenizer = self.model.tokenizer
-        self.dtype = precision.autocast_dtype(dtype, self.model.device)
-        self.n_layers = self.model[0].auto_model.config.num_hidden_layers
-        self.dim = self.model.get_embedding_dimension()
+    pooling, similarity, family = "mean", "dot", "sparse"
 
     def encode_chunks(self, texts: list[str] | list[Tokens], max_length: int = 256, batch_size: int = 32,
                       layers: list[int] | None = None, chunk: int | None = None,
                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        if (layers or [self.n_layers]) != [self.n_layers]:
-            raise InputError(f"a sparse model gives its last layer ({self.n_layers}) only, not layers {layers} "
-                             "(evaluate.layerwise)")
+        self.last_layer_only(layers)
         self.model.max_seq_length = max_length
         chunk = chunk or max(1, len(texts))
         with StageProgress(len(texts), "texts") as progress:

@@ -4,15 +4,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import torch
-from sentence_transformers import MultiVectorEncoder
+from sentence_transformers import MultiVectorEncoder, SparseEncoder
 from sentence_transformers.base.modules import Normalize
 from sentence_transformers.base.modules.dense import Dense
 from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder
 
 from tasks.config.base import InputError
 from tasks.config.families import FAMILIES
 from tasks.config.splits import KnnConfig
-from tasks.config.training import MethodConfig, MultiVectorSettings, TrainConfig
+from tasks.config.training import MethodConfig, MultiVectorSettings, SparseSettings, TrainConfig
 from tasks.encoders import encode, families
 from tasks.encoders.models import sentence_model
 from tasks.methods.batches import PairBatches
@@ -27,10 +28,16 @@ SETTINGS = MultiVectorSettings(dim=16)
 PAIRS = [[(f"what is topic {i % 3}, case {i}?", f"doc {i}: the second part, topic {i % 3}.") for i in range(e, e + 20)]
          for e in range(2)]  # 2 epochs x 5 batches
 METHOD = MethodConfig(name="crops-mv", recipe="crops", family="multi_vector", multi_vector=SETTINGS)
+SPARSE = SparseSettings(active_dims=8)  # of 4 x 32 = 128 codes (the tiny encoder is 32 wide)
+SPARSE_METHOD = MethodConfig(name="crops-sparse", recipe="crops", family="sparse", sparse=SPARSE)
 
 
 def multi_vector(tiny_dir, seed=0):
     return families.multi_vector_model(sentence_model(tiny_dir, CFG.max_length), SETTINGS, seed)
+
+
+def sparse(tiny_dir, seed=0, settings=SPARSE):
+    return families.sparse_model(sentence_model(tiny_dir, CFG.max_length), settings, seed)
 
 
 def test_maxsim_of_the_loss_is_each_query_tokens_best_match_summed(tiny_dir):
@@ -52,34 +59,47 @@ def test_the_projection_is_drawn_from_the_seed_alone(tiny_dir):
     assert not torch.equal(a, multi_vector(tiny_dir, seed=1)[1].linear.weight)
 
 
-def test_a_multi_vector_model_resumes_after_a_kill_to_the_same_weights(tiny_dir, tmp_path):
+@pytest.mark.parametrize("family", ["multi_vector", "sparse"])
+def test_a_model_of_each_family_resumes_after_a_kill_to_the_same_weights(tiny_dir, tmp_path, family):
+    build, settings, head = {"multi_vector": (multi_vector, SETTINGS, "1.linear.weight"),
+                             "sparse": (sparse, SPARSE, "2.encoder.weight")}[family]
+
     def run(folder, on_step=None):
-        model = multi_vector(tiny_dir)
-        objective = build_objective(model, "crops", CFG, None, None, family=SETTINGS)
+        model = build(tiny_dir)
+        objective = build_objective(model, "crops", CFG, None, None, family=settings)
         history = train_model(objective, PairBatches(model_tokens_file(model, PAIRS), CFG.batch_size), CFG,
                               Checkpoints(folder), on_step=on_step)
         return model, history
 
     (straight, full), (resumed, rest) = straight_and_resumed(run, tmp_path / "a", tmp_path / "b")
     assert [h.loss for h in rest] == [h.loss for h in full] and len(full) == 10
-    a, b, untrained = straight.state_dict(), resumed.state_dict(), multi_vector(tiny_dir).state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not torch.equal(a["1.linear.weight"], untrained["1.linear.weight"])  # the projection trained too
+    a, b, untrained = straight.state_dict(), resumed.state_dict(), build(tiny_dir).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # a sparse model's dead-code counters too
+    assert not torch.equal(a[head], untrained[head])  # the family's head trained
+    word = "0.model.embeddings.word_embeddings.weight"
+    assert not torch.equal(a[word], untrained[word])  # and the encoder under it
 
 
-def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_loads(demo, tiny_dir):
+def trained_in_store(demo, tiny_dir, method: MethodConfig, *changes: dict):
+    """`method` trained for 6 steps by the train stage on the demo's crops: (its store, its artifact, the config).
+    Each of `changes` to the family's settings, and the method as a dense one, are other keys."""
     store, pairs = demo
     ref = pairs("crops")
     cfg = CFG.model_copy(update={"checkpoint_every": 100, "max_steps": 6})
-    tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, METHOD, cfg), TokensInputs(pairs=ref))
-    job = TrainJob.for_method(tiny_dir, METHOD, cfg, None)
+    tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, method, cfg), TokensInputs(pairs=ref))
     inputs = TrainInputs(pairs=ref, tokens=tokens)
-    trained = TRAIN.run(store, job, inputs)
-    changed = [METHOD.model_copy(update={"family": "dense"}),
-               *(METHOD.model_copy(update={"multi_vector": SETTINGS.model_copy(update=change)})
-                 for change in ({"dim": 8}, {"scale": 2.0}, {"skip_punctuation": False}))]
-    keyed = [TRAIN.ref(TrainJob.for_method(tiny_dir, m, cfg, None), inputs).key for m in changed]
-    assert len({trained.key, *keyed}) == 5  # the family and each of its settings are in the key
+    trained = TRAIN.run(store, TrainJob.for_method(tiny_dir, method, cfg, None), inputs)
+    settings = method.family_settings
+    changed = [method.model_copy(update={"family": "dense"}),
+               *(method.model_copy(update={method.family: settings.model_copy(update=c)}) for c in changes)]
+    keyed = {TRAIN.ref(TrainJob.for_method(tiny_dir, m, cfg, None), inputs).key for m in changed}
+    assert len({trained.key, *keyed}) == len(changes) + 2  # the family and each of its settings are in the key
+    return store, trained, cfg
+
+
+def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_loads(demo, tiny_dir):
+    store, trained, cfg = trained_in_store(demo, tiny_dir, METHOD, {"dim": 8}, {"scale": 2.0},
+                                           {"skip_punctuation": False})
     folder = str(store.path(trained) / "model")
     model = MultiVectorEncoder(folder, device="cpu")
     assert [type(m) for m in model] == [type(model[0]), Dense, MultiVectorMask, Normalize]
@@ -127,3 +147,50 @@ def test_a_recipe_that_cannot_train_the_family_is_one_error_naming_both():
 def test_the_docs_name_the_recipes_the_family_trains():
     bullet = next(b for b in (REPO / "docs" / "families.md").read_text().split("\n- ") if b.startswith("Recipes:"))
     assert set(re.findall(r"`(\w+)`", bullet.split("The others")[0])) == FAMILIES["multi_vector"].recipes
+
+
+def test_the_autoencoder_is_drawn_from_the_seed_alone_and_keeps_the_top_codes(tiny_dir):
+    torch.manual_seed(1)
+    a = sparse(tiny_dir)
+    torch.manual_seed(2)
+    b = sparse(tiny_dir)
+    weight = a[2].encoder.weight
+    assert weight.shape == (128, 32) and torch.equal(weight, b[2].encoder.weight)
+    assert not torch.equal(weight, sparse(tiny_dir, seed=1)[2].encoder.weight)
+    codes = a.encode(["Heart attack risk in adults", "Asthma in children"], convert_to_sparse_tensor=False)
+    assert codes.shape == (2, 128) and ((codes != 0).sum(1) <= SPARSE.active_dims).all()
+    with pytest.raises(InputError, match="sparse.active_dims: 64, but CSR's loss reconstructs from the top 4 x 64 of "
+                                         "128 codes.*at most 32"):
+        sparse(tiny_dir, settings=SparseSettings(active_dims=64))
+
+
+def test_the_loss_is_csr_infonce_plus_its_reconstructions(tiny_dir):
+    model = sparse(tiny_dir)
+    objective = build_objective(model, "crops", CFG, None, None, family=SPARSE)
+    features = objective.collate(PAIRS[0][:4])
+    terms = objective.loss.loss(features)
+    assert set(terms) == {"reconstruction_loss_k", "reconstruction_loss_4k", "reconstruction_loss_aux", "base_loss"}
+    assert objective.loss(features).item() == pytest.approx(sum(t.item() for t in terms.values()), rel=1e-5)
+    assert objective.chance is None  # the reconstructions add to the InfoNCE: no chance level to sit at
+
+
+def test_the_train_stage_saves_a_sparse_model_that_sentence_transformers_loads(demo, tiny_dir):
+    store, trained, cfg = trained_in_store(demo, tiny_dir, SPARSE_METHOD, {"active_dims": 4}, {"width": 64},
+                                           {"aux_weight": 0.2}, {"scale": 2.0})
+    folder = str(store.path(trained) / "model")
+    model = SparseEncoder(folder, device="cpu")
+    assert isinstance(model[2], SparseAutoEncoder) and model[2].k == SPARSE.active_dims
+    texts = ["Heart attack risk, in adults.", "Asthma in children"]
+    codes = model.encode(texts, convert_to_sparse_tensor=False)
+    # what scoring reads: the same codes, zeros included, and a query meets a document by their dot product
+    encoder = encode.encoder_at(folder, "cpu", dtype="fp32")
+    assert encoder.similarity == "dot" and encoder.dim == 128
+    vectors = encoder.encode(texts, max_length=cfg.max_length)
+    assert torch.allclose(torch.from_numpy(vectors), codes, atol=1e-5)
+    assert torch.allclose(model.similarity(codes, codes), torch.from_numpy(vectors @ vectors.T), atol=1e-4)
+    curve = store.read_table(trained, "training")
+    assert curve.num_rows == 6 and curve["probe_cosine"].is_valid().to_pylist().count(True) >= 1
+    with pytest.raises(InputError, match="a sparse model runs on torch here, not on onnx"):
+        encode.encoder_at(folder, backend="onnx")
+    with pytest.raises(InputError, match=r"a sparse model \(SparseEncoder\), which .*cannot read"):
+        encode.PooledEncoder(folder)
