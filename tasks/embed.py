@@ -61,6 +61,13 @@ def embeddings_schema(dim: int, dtype: StoreDtype, tokens: bool = False) -> pa.S
                       *([(TOKENS, pa.list_(vector))] if tokens else [])])
 
 
+def counted(chunks: Iterator[tuple], counts: list[int]) -> Iterator[tuple]:
+    """`chunks` as they come, each text's count of token vectors (a chunk's third item) added to `counts`."""
+    for chunk in chunks:
+        counts.extend(len(t) for t in chunk[2])
+        yield chunk
+
+
 def embedding_tables(chunks: Iterator[tuple[np.ndarray, ...]], layers: list[int],
                      schema: pa.Schema) -> Iterator[pa.Table]:
     """One table per chunk and layer: a reader of one layer skips the other row groups. A chunk's third item, where
@@ -106,13 +113,15 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
             raise InputError(f"{inputs.model_name(job.model)}: token vectors are a multi-vector model's; this one has "
                              "one vector a text")
         task = "query" if inputs.held_out_queries else "document"
-        chunks = encoder.token_chunks(texts, job.max_length, job.batch_size, CHUNK_TEXTS, task)
+        chunks = counted(encoder.token_chunks(texts, job.max_length, job.batch_size, CHUNK_TEXTS, task), kept := [])
     else:
         chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
     schema = embeddings_schema(encoder.dim, job.store_dtype, job.token_vectors)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
     out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed,
                      token_mean=encoder.token_mean, similarity=encoder.similarity)
+    if job.token_vectors:  # what an index of them holds a text (tasks/evaluate.py's serving costs)
+        out.extra["tokens_per_text"] = float(np.mean(kept)) if kept else 0.0
 
 
 def stored_ids(store: ArtifactStore, tokens: ArtifactRef | None, digest: str,

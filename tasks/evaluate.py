@@ -142,6 +142,25 @@ def active_dims(store: ArtifactStore, x: np.ndarray, queries: list[ArtifactRef |
                 queries=float(np.concatenate([(q != 0).sum(1) for q in asked]).mean()) if asked else None)
 
 
+FLOAT_BYTES = 4  # a vector's number in an index: float32
+SPARSE_CODE_BYTES = 8  # a sparse code in an inverted index: its dimension (int32) and its weight (float32)
+
+
+def serving_costs(store: ArtifactStore, docs_emb: ArtifactRef, active: dict | None) -> dict:
+    """What serving the model costs, for comparing the families: its family, the bytes a document takes in an
+    uncompressed index (a dense model's vector in float32; a multi-vector model's scoring token vectors in float32,
+    where the embed stage kept them; a sparse model's active codes, 8 bytes each) and the documents its embed artifact
+    encoded a second (its whole run: loading the model included, on the machine that made it)."""
+    made = store.manifest(docs_emb)
+    extra = made["extra"]
+    family = "multi_vector" if extra.get("token_mean") else "sparse" if active else "dense"
+    per_token = extra["dim"] * FLOAT_BYTES
+    tokens = extra.get("tokens_per_text")  # None: the token vectors were not kept
+    bytes_per_document = {"dense": per_token, "sparse": active and active["documents"] * SPARSE_CODE_BYTES,
+                          "multi_vector": tokens and tokens * per_token}[family]
+    return dict(family=family, bytes_per_document=bytes_per_document, documents_per_s=extra["texts"] / made["wall_s"])
+
+
 def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: ArtifactRef, ranks: Ranker,
                         doc_ids: list[str], out: ArtifactWriter, prefix: str, table: str) -> list[dict]:
     """Retrieval of held-out queries (the generated ones: prefix `query_`; the yardstick's titles: `title_`): each
@@ -248,6 +267,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     if store.manifest(docs_emb)["extra"].get("similarity") == "dot":  # a sparse model: how sparse its codes are
         out.extra["active_dims"] = active_dims(store, x, [inputs.query_embeddings, inputs.yardstick_embeddings],
                                                job.pooling)
+    out.extra["serving"] = serving_costs(store, docs_emb, out.extra.get("active_dims"))
     if inputs.query_embeddings and ranks:
         rows += held_out_query_rows(store, inputs.queries, inputs.query_embeddings, ranks, docs["doc_id"].tolist(),
                                     out, "query_", QUERY_SCORES)

@@ -38,6 +38,7 @@ from tasks.reporting.tables import (
     long_rows,
     notes,
     paired_differences,
+    serving_table,
     to_markdown,
 )
 
@@ -127,7 +128,7 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
     labels = {e.label for e in job.entries}
     beside = [beside_teacher(long, e.label, e.teacher) for e in job.entries if e.teacher in labels]
     markdown = to_markdown(job.title, comparison_table(catalog, entries), notes(catalog, entries), pictures,
-                           paired, beside)
+                           paired, beside, serving_table(catalog, entries))
     out.write_text("report.md", markdown)
     log.info("\n%s", markdown)
 

@@ -145,6 +145,10 @@ def _cell(value: float, std: float | None = None) -> str:
     return f"{value:.3f}" if std is None or std != std else f"{value:.3f} ± {std:.3f}"
 
 
+def _number(value: float | None, spec: str) -> str:
+    return "" if value is None or value != value else format(value, spec)
+
+
 def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     """Tasks as rows, models as columns (a pooled yardstick's among the in-domain rows); MTEB block means and their
     average at the bottom."""
@@ -303,28 +307,40 @@ SELECT DISTINCT e.ord, e.label FROM entries e JOIN artifacts a ON a.key = e.key
 WHERE a.stage = 'evaluate' AND (a.extra->>'token_mean')::BOOLEAN ORDER BY e.ord"""
 
 
-# Evaluate artifacts of sparse models, with how sparse their codes are (tasks/evaluate.py's active_dims).
-ACTIVE_DIMS_SQL = """
-SELECT DISTINCT e.ord, e.label, (a.extra->'active_dims'->>'documents')::DOUBLE AS documents,
-       (a.extra->'active_dims'->>'queries')::DOUBLE AS queries, (a.extra->'active_dims'->>'width')::BIGINT AS width
+# Evaluate artifacts of sparse models (tasks/evaluate.py: their retrieval is by the codes' dot product).
+SPARSE_SQL = """
+SELECT DISTINCT e.ord, e.label FROM entries e JOIN artifacts a ON a.key = e.key
+WHERE a.stage = 'evaluate' AND a.extra->'serving'->>'family' = 'sparse' ORDER BY e.ord"""
+
+# What serving each model costs (tasks/evaluate.py's serving_costs), and a sparse model's active codes.
+SERVING_SQL = """
+SELECT DISTINCT e.ord, e.label AS model, a.extra->'serving'->>'family' AS family,
+       (a.extra->'serving'->>'bytes_per_document')::DOUBLE AS bytes,
+       (a.extra->'serving'->>'documents_per_s')::DOUBLE AS per_s,
+       (a.extra->'active_dims'->>'documents')::DOUBLE AS active_documents,
+       (a.extra->'active_dims'->>'queries')::DOUBLE AS active_queries,
+       (a.extra->'active_dims'->>'width')::BIGINT AS width
 FROM entries e JOIN artifacts a ON a.key = e.key
-WHERE a.stage = 'evaluate' AND (a.extra->'active_dims') IS NOT NULL ORDER BY e.ord"""
-
-# A sparse code in an inverted index: its dimension (int32) and its weight (float32).
-SPARSE_CODE_BYTES = 8
+WHERE a.stage = 'evaluate' AND (a.extra->'serving') IS NOT NULL ORDER BY e.ord"""
 
 
-def sparse_note(r) -> str:
-    queries = "" if pd.isna(r.queries) else f", a query {r.queries:.0f}"
-    return (f"sparse: {r.label}: a document has {r.documents:.0f} active dimensions of {r.width:,} on average{queries} "
-            f"(about {r.documents * SPARSE_CODE_BYTES:,.0f} bytes a document in an inverted index); its retrieval "
-            "(MTEB's retrieval tasks, held-out queries, titles) is by the dot product of the codes, its other scores "
-            "by their cosine")
+def serving_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
+    """Beside the scores, what a deployer weighs between the families: the index's bytes a document (uncompressed),
+    the documents encoded a second, and a sparse model's active codes. Empty where every model is dense."""
+    found = _query(_load(catalog, entries), SERVING_SQL)
+    if (found["family"] == "dense").all():
+        return pd.DataFrame()
+    active = [f"{r.active_documents:.0f} / {'' if pd.isna(r.active_queries) else f'{r.active_queries:.0f}'} of "
+              f"{r.width:,}" if r.family == "sparse" else "" for r in found.itertuples()]
+    return pd.DataFrame({"model": found["model"], "family": found["family"],
+                         "index bytes a document": [_number(b, ",.0f") for b in found["bytes"]],
+                         "documents/s": [_number(v, ",.1f") for v in found["per_s"]],
+                         "active codes (document / query)": active})
 
 
 def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
     """What a reader of the table must know: the tasks skipped (and why), the texts cut, which models' one vector is
-    a multi-vector model's mean token vector, and how sparse each sparse model's codes are."""
+    a multi-vector model's mean token vector, and which models are sparse."""
     tasks = _query(_load(catalog, entries), TASK_SQL)
     skipped = tasks[~tasks["ok"].astype(bool)].drop_duplicates("task")
     return ([f"skipped: {r.task}: {r.note}" for r in skipped.itertuples()]
@@ -335,7 +351,9 @@ def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
                "geometry) read its mean token vector; its retrieval (MTEB's retrieval tasks, held-out queries, titles) "
                "is by MaxSim"
                for r in _query(catalog, TOKEN_MEAN_SQL).itertuples()]
-            + [sparse_note(r) for r in _query(catalog, ACTIVE_DIMS_SQL).itertuples()])
+            + [f"sparse: {r.label}: its retrieval (MTEB's retrieval tasks, held-out queries, titles) is by the dot "
+               "product of its codes, its other scores by their cosine"
+               for r in _query(catalog, SPARSE_SQL).itertuples()])
 
 
 def beside_teacher(long: pd.DataFrame, static: str, teacher: str) -> pd.DataFrame:
@@ -369,7 +387,8 @@ def markdown_rows(table: pd.DataFrame) -> list[str]:
 
 
 def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures: list[tuple[str, str]] = (),
-                paired: pd.DataFrame | None = None, beside: list[pd.DataFrame] = ()) -> str:
+                paired: pd.DataFrame | None = None, beside: list[pd.DataFrame] = (),
+                serving: pd.DataFrame | None = None) -> str:
     lines = [f"# {title}", "", *markdown_rows(table)]
     shown = " ".join(table["task"])
     lines += ["", *[f"- **{m}**: {text}" for m, text in LEGEND.items() if m in shown]]
@@ -380,6 +399,13 @@ def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures
                   "nDCG@10 over the same queries (held-out generated queries, local retrieval tasks; t interval):",
                   "",
                   *[f"- {line}" for line in paired_lines(paired)]]
+    if serving is not None and len(serving):
+        lines += ["", "## Serving the families", "",
+                  "Index bytes a document: uncompressed (a dense vector and a multi-vector model's token vectors in "
+                  "float32, a sparse model's active codes at 8 bytes each); documents/s: the documents' embedding "
+                  "run, loading the model included, on the machine that made it; active codes: the mean count of "
+                  "non-zero codes in a document and in a query, of the model's width.", "",
+                  *markdown_rows(serving)]
     for frame in beside:  # columns: score, the teacher, the static model, kept
         lines += ["", f"## {frame.columns[2]} beside its teacher {frame.columns[1]}", "",
                   "kept: the static model's score as a share of its teacher's; CPU documents/s: both encoders "

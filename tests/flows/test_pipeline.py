@@ -293,8 +293,19 @@ def sparse_model_is_scored_by_its_codes(tmp_path: Path, catalog: Catalog, run_id
                       "queries": pytest.approx((titles != 0).sum(1).mean())}
     report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [run_id])[0]["key"]
     markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
-    assert (f"sparse: crops-sparse: a document has {active['documents']:.0f} active dimensions of 128 on average, a "
-            f"query {active['queries']:.0f} (about {active['documents'] * 8:,.0f} bytes a document") in markdown
+    assert ("sparse: crops-sparse: its retrieval (MTEB's retrieval tasks, held-out queries, titles) is by the dot "
+            "product of its codes") in markdown
+    serving = markdown.split("## Serving the families")[1]  # model | family | bytes | documents/s | active codes
+    rows = {r.split(" | ")[0].strip("| "): r.split(" | ")[1:] for r in serving.splitlines() if r.startswith("| crops")}
+    assert rows["crops"][:2] == ["dense", f"{32 * 4:,}"]  # the 32-wide tiny encoder's float32 vector
+    assert rows["crops-sparse"][0] == "sparse" and rows["crops-sparse"][1] == f"{active['documents'] * 8:,.0f}"
+    assert rows["crops-sparse"][3] == f"{active['documents']:.0f} / {active['queries']:.0f} of 128 |"
+    multi = ArtifactRef("evaluate", catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'evaluate' "
+                                                  "AND label = 'crops-mv'", [run_id])[0]["key"])
+    documents_emb = ArtifactRef("embed", store.manifest(multi)["input_roles"]["embeddings"])
+    per_text = store.manifest(documents_emb)["extra"]["tokens_per_text"]  # its documents' kept token vectors
+    assert per_text == pytest.approx(np.mean([len(t) for t in read_token_vectors(store, documents_emb)]))
+    assert rows["crops-mv"][:2] == ["multi_vector", f"{per_text * 16 * 4:,.0f}"]
     assert "mteb: SciFact-tiny: crops-sparse − crops: " in markdown  # paired over the same queries
     mteb = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'mteb' AND label = 'crops-sparse'",
                          [run_id])
