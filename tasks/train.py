@@ -177,6 +177,7 @@ class TrainInputs(Inputs):
 
 
 STATE = "state.pt"  # a rung's training state, in its artifact
+CENTER_ROWS = 256  # the training texts (the first row group's anchors) whose mean vector a sparse model starts from
 
 
 def resumed_state(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, checkpoints: training.Checkpoints) -> None:
@@ -229,7 +230,10 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
         with training.eager():
             start = [vars(training.StepLog(0, 0, None, None, knn_accuracy=measure()))] if measure else []
         with store.open_table(inputs.pairs, "pairs") as pairs:
-            probe_texts = pairs.read_row_group(0, columns=["anchor"])["anchor"].to_pylist()[:health.PROBE_ROWS]
+            first = pairs.read_row_group(0, columns=["anchor"])["anchor"].to_pylist()
+        probe_texts = first[: health.PROBE_ROWS]
+        if job.sparse:  # a resumed run loads its own bias with the rest of its checkpoint
+            families.center_codes(model, first[:CENTER_ROWS], cfg.batch_size)
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
         if inputs.resume:
             resumed_state(store, job, inputs, checkpoints)

@@ -73,6 +73,19 @@ def sparse_model(model: SentenceTransformer, settings: SparseSettings, seed: int
     return SparseEncoder(modules=[*model, autoencoder.to(model.device)], device=str(model.device))
 
 
+def center_codes(model: SparseEncoder, texts: list[str], batch_size: int) -> None:
+    """Start the autoencoder's input bias at the mean of `texts`' dense vectors (top-k sparse autoencoders start it at
+    the data's centre: Gao et al. 2024, the geometric median). Its codes then describe where a text lies relative to
+    the corpus, instead of spending the top k on the direction every vector of an anisotropic encoder shares; from
+    zero, a learning rate for the encoder under it would take thousands of steps to move it there."""
+    dense = SentenceTransformer(modules=list(model)[:-1], device=str(model.device))  # the same modules, shared
+    vectors = dense.encode(texts, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
+    autoencoder = model[-1]
+    with torch.no_grad():
+        autoencoder.pre_bias.copy_(vectors.float().mean(0))
+    model.train()
+
+
 def sentence_vectors(model: BaseModel, texts: list[str], batch_size: int) -> torch.Tensor:
     """One vector per text, (texts, dim), for what compares texts by one vector (the health probe, the learning
     curve's kNN): a dense model's own, the mean of a multi-vector model's scoring token vectors (as documents), or a
