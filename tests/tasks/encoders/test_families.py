@@ -164,6 +164,15 @@ def test_the_autoencoder_is_drawn_from_the_seed_alone_and_keeps_the_top_codes(ti
         sparse(tiny_dir, settings=SparseSettings(active_dims=64))
 
 
+def test_a_sparse_model_starts_its_autoencoder_at_the_mean_of_its_training_texts(tiny_dir):
+    model = sparse(tiny_dir)
+    texts = [a for a, _ in PAIRS[0][:6]]
+    families.center_codes(model, texts, 4)
+    dense = sentence_model(tiny_dir, CFG.max_length).encode(texts, convert_to_tensor=True)
+    assert torch.allclose(model[2].pre_bias, dense.mean(0), atol=1e-5)
+    assert model.training  # left to train (dropout on)
+
+
 def test_the_loss_is_csr_infonce_plus_its_reconstructions(tiny_dir):
     model = sparse(tiny_dir)
     objective = build_objective(model, "crops", CFG, None, None, family=SPARSE)
