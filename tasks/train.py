@@ -177,7 +177,7 @@ class TrainInputs(Inputs):
 
 
 STATE = "state.pt"  # a rung's training state, in its artifact
-CENTER_ROWS = 256  # the training texts (the first row group's anchors) whose mean vector a sparse model starts from
+START_ROWS = 1024  # the training texts (the first row group's) a sparse model's codes start from (start_codes)
 
 
 def resumed_state(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, checkpoints: training.Checkpoints) -> None:
@@ -230,10 +230,11 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
         with training.eager():
             start = [vars(training.StepLog(0, 0, None, None, knn_accuracy=measure()))] if measure else []
         with store.open_table(inputs.pairs, "pairs") as pairs:
-            first = pairs.read_row_group(0, columns=["anchor"])["anchor"].to_pylist()
-        probe_texts = first[: health.PROBE_ROWS]
-        if job.sparse:  # a resumed run loads its own bias with the rest of its checkpoint
-            families.center_codes(model, first[:CENTER_ROWS], cfg.batch_size)
+            first = pairs.read_row_group(0, columns=["anchor", "positive"])
+        probe_texts = first["anchor"].to_pylist()[: health.PROBE_ROWS]
+        if job.sparse:  # a resumed run loads its own weights with the rest of its checkpoint
+            texts = first["anchor"].to_pylist() + first["positive"].to_pylist()
+            families.start_codes(model, texts[:START_ROWS], cfg.batch_size, cfg.seed)
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))
         if inputs.resume:
             resumed_state(store, job, inputs, checkpoints)

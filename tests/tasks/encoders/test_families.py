@@ -62,7 +62,7 @@ def test_the_projection_is_drawn_from_the_seed_alone(tiny_dir):
 @pytest.mark.parametrize("family", ["multi_vector", "sparse"])
 def test_a_model_of_each_family_resumes_after_a_kill_to_the_same_weights(tiny_dir, tmp_path, family):
     build, settings, head = {"multi_vector": (multi_vector, SETTINGS, "1.linear.weight"),
-                             "sparse": (sparse, SPARSE, "2.encoder.weight")}[family]
+                             "sparse": (sparse, SPARSE, "3.encoder.weight")}[family]
 
     def run(folder, on_step=None):
         model = build(tiny_dir)
@@ -154,9 +154,9 @@ def test_the_autoencoder_is_drawn_from_the_seed_alone_and_keeps_the_top_codes(ti
     a = sparse(tiny_dir)
     torch.manual_seed(2)
     b = sparse(tiny_dir)
-    weight = a[2].encoder.weight
-    assert weight.shape == (128, 32) and torch.equal(weight, b[2].encoder.weight)
-    assert not torch.equal(weight, sparse(tiny_dir, seed=1)[2].encoder.weight)
+    weight = a[3].encoder.weight
+    assert weight.shape == (128, 32) and torch.equal(weight, b[3].encoder.weight)
+    assert not torch.equal(weight, sparse(tiny_dir, seed=1)[3].encoder.weight)
     codes = a.encode(["Heart attack risk in adults", "Asthma in children"], convert_to_sparse_tensor=False)
     assert codes.shape == (2, 128) and ((codes != 0).sum(1) <= SPARSE.active_dims).all()
     with pytest.raises(InputError, match="sparse.active_dims: 64, but CSR's loss reconstructs from the top 4 x 64 of "
@@ -164,13 +164,22 @@ def test_the_autoencoder_is_drawn_from_the_seed_alone_and_keeps_the_top_codes(ti
         sparse(tiny_dir, settings=SparseSettings(active_dims=64))
 
 
-def test_a_sparse_model_starts_its_autoencoder_at_the_mean_of_its_training_texts(tiny_dir):
+def test_a_sparse_model_starts_its_codes_from_the_principal_directions_of_its_training_texts(tiny_dir):
     model = sparse(tiny_dir)
-    texts = [a for a, _ in PAIRS[0][:6]]
-    families.center_codes(model, texts, 4)
-    dense = sentence_model(tiny_dir, CFG.max_length).encode(texts, convert_to_tensor=True)
-    assert torch.allclose(model[2].pre_bias, dense.mean(0), atol=1e-5)
+    texts = [t for pair in PAIRS[0] for t in pair]  # 40 texts, 32 wide
+    families.start_codes(model, texts, 4, seed=0)
     assert model.training  # left to train (dropout on)
+    rows = model[3].encoder.weight.detach()  # (128 codes, 32): Normalize comes before the autoencoder
+    assert torch.equal(rows[32:64], -rows[:32]) and torch.equal(rows[96:], -rows[64:96])  # both signs
+    assert torch.allclose(rows[:32] @ rows[:32].T, torch.eye(32), atol=1e-5)  # an orthonormal basis
+    dense = sentence_model(tiny_dir, CFG.max_length).encode(texts, convert_to_tensor=True, normalize_embeddings=True)
+    assert torch.linalg.norm(dense @ rows[0]) == pytest.approx(torch.linalg.svdvals(dense)[0].item(), rel=1e-4)
+    assert not model[3].pre_bias.any()
+    # its codes: the top 8 coordinates of the text's unit vector in that basis (positive part, each sign a code)
+    coordinates = dense[:6] @ rows.T  # (6, 128)
+    top = coordinates.topk(SPARSE.active_dims).indices
+    expected = torch.zeros_like(coordinates).scatter(1, top, coordinates.gather(1, top)).clamp(min=0)
+    assert torch.allclose(model.encode(texts[:6], convert_to_sparse_tensor=False), expected, atol=1e-5)
 
 
 def test_the_loss_is_csr_infonce_plus_its_reconstructions(tiny_dir):
@@ -188,7 +197,7 @@ def test_the_train_stage_saves_a_sparse_model_that_sentence_transformers_loads(d
                                            {"aux_weight": 0.2}, {"scale": 2.0})
     folder = str(store.path(trained) / "model")
     model = SparseEncoder(folder, device="cpu")
-    assert isinstance(model[2], SparseAutoEncoder) and model[2].k == SPARSE.active_dims
+    assert isinstance(model[3], SparseAutoEncoder) and model[3].k == SPARSE.active_dims
     texts = ["Heart attack risk, in adults.", "Asthma in children"]
     codes = model.encode(texts, convert_to_sparse_tensor=False)
     # what scoring reads: the same codes, zeros included, and a query meets a document by their dot product
