@@ -30,6 +30,7 @@ from tasks.config.base import Section
 from tasks.core.stage import Inputs, Stage
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
+from tasks.reporting.serving import serving_table
 from tasks.reporting.tables import (
     POINTS,
     beside_teacher,
@@ -38,7 +39,6 @@ from tasks.reporting.tables import (
     long_rows,
     notes,
     paired_differences,
-    serving_table,
     to_markdown,
 )
 

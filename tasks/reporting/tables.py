@@ -113,7 +113,7 @@ FROM ({BLOCK_SQL}) GROUP BY ALL"""
 CURVE_SQL = f"SELECT model, metric, layer, pooling, step, value FROM scores WHERE metric IN {CURVES}"
 
 
-def _load(catalog: Catalog, entries: list[dict]) -> Catalog:
+def entries_loaded(catalog: Catalog, entries: list[dict]) -> Catalog:
     """Materialise the entries' scores as table `scores`: the metrics view reads every metrics
     file in the store, so it is scanned once per table, not once per query."""
     models = pd.DataFrame(entries, columns=["label", "method", "key"])
@@ -123,20 +123,20 @@ def _load(catalog: Catalog, entries: list[dict]) -> Catalog:
     return catalog
 
 
-def _query(catalog: Catalog, sql: str) -> pd.DataFrame:
+def query(catalog: Catalog, sql: str) -> pd.DataFrame:
     return catalog.con.execute(sql).df()
 
 
 def long_rows(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     """Every score of the entries, a pooled yardstick's included (pooled_rows)."""
     pooled = pooled_rows(catalog, entries)
-    long = _query(_load(catalog, entries), "SELECT * FROM scores")
+    long = query(entries_loaded(catalog, entries), "SELECT * FROM scores")
     return pd.concat([long, pooled], ignore_index=True) if len(pooled) else long
 
 
 def curve_rows(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     """The points of the entries' curves (layer-wise and learning curves), for the report's pictures."""
-    return _query(_load(catalog, entries), CURVE_SQL)
+    return query(entries_loaded(catalog, entries), CURVE_SQL)
 
 
 def _cell(value: float, std: float | None = None) -> str:
@@ -145,18 +145,14 @@ def _cell(value: float, std: float | None = None) -> str:
     return f"{value:.3f}" if std is None or std != std else f"{value:.3f} ± {std:.3f}"
 
 
-def _number(value: float | None, spec: str) -> str:
-    return "" if value is None or value != value else format(value, spec)
-
-
 def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     """Tasks as rows, models as columns (a pooled yardstick's among the in-domain rows); MTEB block means and their
     average at the bottom."""
     models = list(dict.fromkeys(e["label"] for e in entries))
     rows: list[dict] = []
     pooled = pooled_rows(catalog, entries)
-    catalog = _load(catalog, entries)
-    scores = _query(catalog, IN_DOMAIN_SQL)
+    catalog = entries_loaded(catalog, entries)
+    scores = query(catalog, IN_DOMAIN_SQL)
     if len(pooled):
         scores = pd.concat([scores, pooled])
     metric_order = {m: i for i, m in enumerate(LEGEND)}
@@ -167,16 +163,16 @@ def comparison_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
                                                          for r in group.itertuples()}))
         if metric == "knn_accuracy":
             rows.append(dict(task=f"{dataset}: knn_n", **{r.model: str(r.n) for r in group.itertuples()}))
-    tasks = _query(catalog, TASK_SQL).sort_values(["task_type", "task"], na_position="last")
+    tasks = query(catalog, TASK_SQL).sort_values(["task_type", "task"], na_position="last")
     for (task_type, mteb_task), group in tasks.groupby(["task_type", "task"], sort=False, dropna=False):
         main = group["main_score"].dropna()
         name = f"{task_type or 'mteb'}: {mteb_task}" + (f" ({main.iloc[0]})" if len(main) else "")
         rows.append(dict(task=name, **{r.model: _cell(r.value) if r.ok else "skipped" for r in group.itertuples()}))
-    for block, group in _query(catalog, BLOCK_SQL).groupby("block"):
+    for block, group in query(catalog, BLOCK_SQL).groupby("block"):
         n = int(group["tasks"].max())
         rows.append(dict(task=f"block mean: {block} ({n} task{'' if n == 1 else 's'})",
                          **{r.model: _cell(r.value) for r in group.itertuples()}))
-    for blocks, group in _query(catalog, AVERAGE_SQL).groupby("blocks"):
+    for blocks, group in query(catalog, AVERAGE_SQL).groupby("blocks"):
         rows.append(dict(task=f"average of block means ({blocks})",
                          **{r.model: _cell(r.value) for r in group.itertuples()}))
     return pd.DataFrame(rows, columns=["task", *models]).fillna("")
@@ -229,17 +225,17 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     pairs both scored (bootstrap of the pairs), then nDCG@10 over the queries both were scored on (t
     interval): the held-out generated queries, each local retrieval task (its metric: the task), and the
     yardstick's held-out documents (a pooled yardstick's: pooled_paired)."""
-    catalog, rows = _load(catalog, entries), []
-    for r in _query(catalog, PAIRED_SQL).itertuples():
+    catalog, rows = entries_loaded(catalog, entries), []
+    for r in query(catalog, PAIRED_SQL).itertuples():
         if len(r.scores) >= 2:
             d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
             rows.append(_paired_row(r, "knn_accuracy", "t", d))
-    for r in _query(catalog, STS_PAIRED_SQL).itertuples():
+    for r in query(catalog, STS_PAIRED_SQL).itertuples():
         if len(r.gold) >= 3:
             d = bootstrap_spearman_difference(np.array(r.scores), np.array(r.versus_scores), np.array(r.gold))
             rows.append(_paired_row(r, "sts_spearman", "bootstrap", d))
     for table, scored in QUERY_SETS.items():
-        for r in _query(catalog, QUERY_PAIRED_SQL.format(table=table, scored=scored)).itertuples():
+        for r in query(catalog, QUERY_PAIRED_SQL.format(table=table, scored=scored)).itertuples():
             if len(r.scores) >= 2:
                 d = paired_difference(np.array(r.scores), np.array(r.versus_scores))
                 rows.append(_paired_row(r, r.metric, "t", d))
@@ -312,48 +308,22 @@ SPARSE_SQL = """
 SELECT DISTINCT e.ord, e.label FROM entries e JOIN artifacts a ON a.key = e.key
 WHERE a.stage = 'evaluate' AND a.extra->'serving'->>'family' = 'sparse' ORDER BY e.ord"""
 
-# What serving each model costs (tasks/evaluate.py's serving_costs), and a sparse model's active codes.
-SERVING_SQL = """
-SELECT DISTINCT e.ord, e.label AS model, a.extra->'serving'->>'family' AS family,
-       (a.extra->'serving'->>'bytes_per_document')::DOUBLE AS bytes,
-       (a.extra->'serving'->>'documents_per_s')::DOUBLE AS per_s,
-       (a.extra->'active_dims'->>'documents')::DOUBLE AS active_documents,
-       (a.extra->'active_dims'->>'queries')::DOUBLE AS active_queries,
-       (a.extra->'active_dims'->>'width')::BIGINT AS width
-FROM entries e JOIN artifacts a ON a.key = e.key
-WHERE a.stage = 'evaluate' AND (a.extra->'serving') IS NOT NULL ORDER BY e.ord"""
-
-
-def serving_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
-    """Beside the scores, what a deployer weighs between the families: the index's bytes a document (uncompressed),
-    the documents encoded a second, and a sparse model's active codes. Empty where every model is dense."""
-    found = _query(_load(catalog, entries), SERVING_SQL)
-    if (found["family"] == "dense").all():
-        return pd.DataFrame()
-    active = [f"{r.active_documents:.0f} / {'' if pd.isna(r.active_queries) else f'{r.active_queries:.0f}'} of "
-              f"{r.width:,}" if r.family == "sparse" else "" for r in found.itertuples()]
-    return pd.DataFrame({"model": found["model"], "family": found["family"],
-                         "index bytes a document": [_number(b, ",.0f") for b in found["bytes"]],
-                         "documents/s": [_number(v, ",.1f") for v in found["per_s"]],
-                         "active codes (document / query)": active})
-
-
 def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
     """What a reader of the table must know: the tasks skipped (and why), the texts cut, which models' one vector is
     a multi-vector model's mean token vector, and which models are sparse."""
-    tasks = _query(_load(catalog, entries), TASK_SQL)
+    tasks = query(entries_loaded(catalog, entries), TASK_SQL)
     skipped = tasks[~tasks["ok"].astype(bool)].drop_duplicates("task")
     return ([f"skipped: {r.task}: {r.note}" for r in skipped.itertuples()]
             + [f"cut: {r.label}: {r.cut} text(s) of {r.scored} ({r.stage}) were longer than max_length × "
                f"{CHARS_PER_TOKEN} characters and were cut to that before tokenizing"
-               for r in _query(catalog, CUT_SQL).itertuples()]
+               for r in query(catalog, CUT_SQL).itertuples()]
             + [f"multi-vector: {r.label}: its one-vector scores (kNN, STS, clustering, the semantic benchmark, "
                "geometry) read its mean token vector; its retrieval (MTEB's retrieval tasks, held-out queries, titles) "
                "is by MaxSim"
-               for r in _query(catalog, TOKEN_MEAN_SQL).itertuples()]
+               for r in query(catalog, TOKEN_MEAN_SQL).itertuples()]
             + [f"sparse: {r.label}: its retrieval (MTEB's retrieval tasks, held-out queries, titles) is by the dot "
                "product of its codes, its other scores by their cosine"
-               for r in _query(catalog, SPARSE_SQL).itertuples()])
+               for r in query(catalog, SPARSE_SQL).itertuples()])
 
 
 def beside_teacher(long: pd.DataFrame, static: str, teacher: str) -> pd.DataFrame:
