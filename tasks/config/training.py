@@ -58,8 +58,10 @@ class SparseSettings(Section):
     aux_dims: int = Field(512, ge=0, description="CSR's auxiliary top k over codes not active for a while (dead "
                           "latents), whose reconstruction of the residual revives them; 0: none.")
     aux_weight: float = Field(0.1, ge=0, description="Weight of that auxiliary reconstruction (CSR's beta).")
-    scale: float = Field(1.0, gt=0, description="The InfoNCE's 1 / temperature on the codes' dot products "
-                         "(sentence-transformers' sparse default: 1.0).")
+    scale: float = Field(20.0, gt=0, description="The InfoNCE's 1 / temperature on the codes' dot products. The "
+                         "codes are of the unit vector, so their dot products lie within about [0, 1.4], as narrow as "
+                         "cosines: the dense default's 20, not the 1.0 sentence-transformers gives SPLADE's unbounded "
+                         "term weights (at 1.0 the loss stays near ln(batch) and hardly trains).")
 
     def resolved_width(self, dim: int) -> int:
         return self.width or 4 * dim
