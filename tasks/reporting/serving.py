@@ -31,8 +31,8 @@ def serving_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     found = query(entries_loaded(catalog, entries), SERVING_SQL)
     if (found["family"] == "dense").all():
         return pd.DataFrame()
-    active = [f"{r.active_documents:.0f} / {'' if pd.isna(r.active_queries) else f'{r.active_queries:.0f}'} of "
-              f"{r.width:,}" if r.family == "sparse" else "" for r in found.itertuples()]
+    active = [f"{r.active_documents:.0f} / {_number(r.active_queries, '.0f') or '–'} of {r.width:,}"
+              if r.family == "sparse" else "" for r in found.itertuples()]
     return pd.DataFrame({"model": found["model"], "family": found["family"],
                          "index bytes a document": [_number(b, ",.0f") for b in found["bytes"]],
                          "documents/s": [_number(v, ",.1f") for v in found["per_s"]],
