@@ -68,9 +68,9 @@ class SparseSettings(Section):
 
     @model_validator(mode="after")
     def _fits(self) -> SparseSettings:
-        if self.width is not None and self.active_dims >= self.width:
-            raise ValueError(f"active_dims ({self.active_dims}) must be below width ({self.width}): every code active "
-                             "is not sparse")
+        if self.width is not None and 4 * self.active_dims > self.width:  # a base's own width is known at training
+            raise ValueError(f"active_dims ({self.active_dims}) must be at most width / 4 ({self.width // 4}): CSR's "
+                             "loss also rebuilds the vector from the top 4 x active_dims codes")
         return self
 
 

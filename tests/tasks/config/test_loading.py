@@ -127,7 +127,8 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: gpl_margin, family: sparse}]\n",
      "methods.0: Value error, recipe gpl_margin cannot train the sparse family"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: sparse, "
-     "sparse: {active_dims: 64, width: 64}}]\n", "methods.0.sparse: Value error, active_dims (64) must be below width"),
+     "sparse: {active_dims: 64, width: 200}}]\n",
+     "methods.0.sparse: Value error, active_dims (64) must be at most width / 4 (50): CSR's loss also rebuilds"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, multi_vector: {dim: 64}}]\n",
      "methods.0: Value error, multi_vector: settings of the multi_vector family on a dense method"),
     ("name: x\ndata: {path: a.csv}\nmodel: {pretrain: {data: {path: b.csv}, method: {name: m, recipe: crops, "
