@@ -119,7 +119,7 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
     schema = embeddings_schema(encoder.dim, job.store_dtype, job.token_vectors)
     out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
     out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed,
-                     token_mean=encoder.token_mean, similarity=encoder.similarity)
+                     token_mean=encoder.token_mean, similarity=encoder.similarity, family=encoder.family)
     if job.token_vectors:  # what an index of them holds a text (tasks/evaluate.py's serving costs)
         out.extra["tokens_per_text"] = float(np.mean(kept)) if kept else 0.0
 

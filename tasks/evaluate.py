@@ -153,7 +153,7 @@ def serving_costs(store: ArtifactStore, docs_emb: ArtifactRef, active: dict | No
     encoded a second (its whole run: loading the model included, on the machine that made it)."""
     made = store.manifest(docs_emb)
     extra = made["extra"]
-    family = "multi_vector" if extra.get("token_mean") else "sparse" if active else "dense"
+    family = extra.get("family", "dense")  # the embed stage's encoder's
     per_token = extra["dim"] * FLOAT_BYTES
     tokens = extra.get("tokens_per_text")  # None: the token vectors were not kept
     bytes_per_document = {"dense": per_token, "sparse": active and active["documents"] * SPARSE_CODE_BYTES,
@@ -264,7 +264,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     if ranks is None and (inputs.query_embeddings or inputs.yardstick):
         log.warning("a multi-vector model embedded without its token vectors: its held-out query and yardstick "
                     "retrieval is not scored (not from its mean token vector either)")
-    if store.manifest(docs_emb)["extra"].get("similarity") == "dot":  # a sparse model: how sparse its codes are
+    if store.manifest(docs_emb)["extra"].get("family") == "sparse":  # how sparse its codes are
         out.extra["active_dims"] = active_dims(store, x, [inputs.query_embeddings, inputs.yardstick_embeddings],
                                                job.pooling)
     out.extra["serving"] = serving_costs(store, docs_emb, out.extra.get("active_dims"))

@@ -44,17 +44,10 @@ from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from storage.stores import store_at
 from tasks.config.base import InputError, Section
+from tasks.config.family_settings import FamilySettings, MultiVectorSettings, SparseSettings
 from tasks.config.model import Prompts
 from tasks.config.splits import KnnConfig
-from tasks.config.training import (
-    FamilySettings,
-    MethodConfig,
-    MultiVectorSettings,
-    SparseSettings,
-    TrainConfig,
-    bidirectional_for,
-    pooling_for,
-)
+from tasks.config.training import MethodConfig, TrainConfig, bidirectional_for, pooling_for
 from tasks.core import stopping
 from tasks.core.stage import Inputs, Stage
 from tasks.encoders import families, lora, models, packed

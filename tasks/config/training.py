@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
 from tasks.config.families import FAMILIES, family_help
+from tasks.config.family_settings import FamilySettings, MultiVectorSettings, SparseSettings
 from tasks.config.recipes import CHAINS, RECIPES, pooling_help, recipe_help
 
 GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (the HF Trainer's megabatch)
@@ -34,47 +35,6 @@ COMPILE_PAD = 32
 COMPILE_ROW_TOKENS = 8
 # The recipes whose loss is a mean over rows, each on its own: no other row is a negative (group_by_length's).
 PER_ROW = tuple(r.name for r in RECIPES.values() if not r.in_batch_negatives)
-
-
-class MultiVectorSettings(Section):
-    """The multi_vector family's head and loss (ColBERT's and PyLate's defaults)."""
-
-    dim: int = Field(128, ge=8, description="Width of each token's vector: a linear projection (no bias) of the "
-                     "token states, trained from a random start (ColBERT: 128).")
-    scale: float = Field(1.0, gt=0, description="The InfoNCE's 1 / temperature on MaxSim scores (a sum over the "
-                         "query's tokens, not a cosine: PyLate's 1.0).")
-    skip_punctuation: bool = Field(True, description="Leave documents' punctuation tokens out of MaxSim, as ColBERT "
-                                   "and PyLate do.")
-
-
-class SparseSettings(Section):
-    """The sparse family's head and loss: CSR's sparse autoencoder on the dense vector (its paper's and
-    sentence-transformers' defaults)."""
-
-    active_dims: int = Field(256, ge=1, description="The codes each text keeps: the autoencoder's top k latents "
-                             "(the rest are zero), so at most this many are active in any document or query.")
-    width: int | None = Field(None, ge=2, description="The autoencoder's number of codes (its hidden width); None: 4 "
-                              "times the base's vector width (CSR's).")
-    aux_dims: int = Field(512, ge=0, description="CSR's auxiliary top k over codes not active for a while (dead "
-                          "latents), whose reconstruction of the residual revives them; 0: none.")
-    aux_weight: float = Field(0.1, ge=0, description="Weight of that auxiliary reconstruction (CSR's beta).")
-    scale: float = Field(20.0, gt=0, description="The InfoNCE's 1 / temperature on the codes' dot products. The "
-                         "codes are of the unit vector, so their dot products lie within about [0, 1.4], as narrow as "
-                         "cosines: the dense default's 20, not the 1.0 sentence-transformers gives SPLADE's unbounded "
-                         "term weights (at 1.0 the loss stays near ln(batch) and hardly trains).")
-
-    def resolved_width(self, dim: int) -> int:
-        return self.width or 4 * dim
-
-    @model_validator(mode="after")
-    def _fits(self) -> SparseSettings:
-        if self.width is not None and 4 * self.active_dims > self.width:  # a base's own width is known at training
-            raise ValueError(f"active_dims ({self.active_dims}) must be at most width / 4 ({self.width // 4}): CSR's "
-                             "loss also rebuilds the vector from the top 4 x active_dims codes")
-        return self
-
-
-FamilySettings = MultiVectorSettings | SparseSettings
 
 
 class MethodConfig(Section):

@@ -60,6 +60,7 @@ class Encoder:
     dtype: torch.dtype | None = None  # what it computes in, where embforge chooses it (not a static model's)
     token_mean = False  # its one vector is a multi-vector model's mean token vector, not what it retrieves by
     similarity = "cosine"  # how a query's vector meets a document's in retrieval (a sparse model's: "dot")
+    family = "dense"  # the model's family (tasks/config/families.py)
     n_layers: int
     dim: int
 
@@ -133,8 +134,6 @@ class StaticEncoder(Encoder):
 class FamilyEncoder(Encoder):
     """A saved model of a family other than dense (tasks/encoders/families.py) as sentence-transformers loads it, its
     modules run as they are: it gives its last layer only."""
-
-    family: str
 
     def __init__(self, model: str, device: str = "auto", dtype: str = "fp32"):
         self.model = families.load_saved(model, pick_device(device)).eval()

@@ -35,7 +35,7 @@ from tasks.encoders import decoders
 from tasks.encoders.models import load_model, resolve_model
 
 if TYPE_CHECKING:  # the settings' module is the trainer's: what only embeds does not depend on it
-    from tasks.config.training import MultiVectorSettings, SparseSettings
+    from tasks.config.family_settings import MultiVectorSettings, SparseSettings
 
 # The class each family's folder loads with (sentence-transformers' own: its `model_type` names the family).
 MODEL_CLASSES: dict[str, type[BaseModel]] = {"dense": SentenceTransformer, "multi_vector": MultiVectorEncoder,
@@ -63,11 +63,12 @@ def sparse_model(model: SentenceTransformer, settings: SparseSettings, seed: int
     before; training starts them from its texts: `start_codes`)."""
     dim = model.get_embedding_dimension()
     width = settings.resolved_width(dim)
-    if 4 * settings.active_dims > width:  # CSR's loss also reconstructs the vector from the top 4k codes
+    if settings.min_width > width:  # CSR's loss also reconstructs the vector from its top 4k codes
+        top = settings.min_width // settings.active_dims
         raise InputError(f"sparse.active_dims: {settings.active_dims}, but CSR's loss reconstructs from the top "
-                         f"4 x {settings.active_dims} of {width} codes (sparse.width, default 4 x the base's {dim}); "
-                         f"set sparse.width to at least {4 * settings.active_dims} or active_dims to at most "
-                         f"{width // 4}")
+                         f"{top} x {settings.active_dims} of {width} codes (sparse.width, default 4 x the base's "
+                         f"{dim}); set sparse.width to at least {settings.min_width} or active_dims to at most "
+                         f"{width // top}")
     with torch.random.fork_rng(devices=[]):  # drawn on the CPU from the seed, the process's generator left as it was
         torch.manual_seed(seed)
         autoencoder = SparseAutoEncoder(input_dim=dim, hidden_dim=width, k=settings.active_dims,

@@ -19,8 +19,9 @@ from sentence_transformers.sparse_encoder import SparseEncoder
 from sentence_transformers.sparse_encoder.losses import CSRLoss, SparseMultipleNegativesRankingLoss
 from torch import nn
 
+from tasks.config.family_settings import FamilySettings, MultiVectorSettings, SparseSettings
 from tasks.config.recipes import RECIPES, Pair, Recipe
-from tasks.config.training import FamilySettings, MultiVectorSettings, SparseSettings, TrainConfig
+from tasks.config.training import TrainConfig
 from tasks.encoders.inputs import Tokens, features
 from tasks.encoders.models import to_device
 from tasks.methods.cached import CachedLoss

@@ -12,8 +12,9 @@ from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder
 
 from tasks.config.base import InputError
 from tasks.config.families import FAMILIES
+from tasks.config.family_settings import MultiVectorSettings, SparseSettings
 from tasks.config.splits import KnnConfig
-from tasks.config.training import MethodConfig, MultiVectorSettings, SparseSettings, TrainConfig
+from tasks.config.training import MethodConfig, TrainConfig
 from tasks.encoders import encode, families
 from tasks.encoders.models import sentence_model
 from tasks.methods.batches import PairBatches
