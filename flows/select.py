@@ -36,10 +36,12 @@ from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tasks.config.base import BASE
+from tasks.config.base import BASE, InputError
+from tasks.config.families import FAMILIES
 from tasks.config.pipeline import PipelineConfig
+from tasks.config.select import SelectConfig
 from tasks.config.training import MethodConfig, expand_chains
-from tasks.config.yardsticks import yardstick_pooled
+from tasks.config.yardsticks import ranks_per_token, yardstick_kind, yardstick_pooled, yardstick_source
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
@@ -119,11 +121,24 @@ def sample_of(run: Run, corpus: Corpus) -> Corpus:
     return replace(corpus, docs=sample, dataset=f"{run.cfg.data.display_name} (yardstick sample)")
 
 
-def stages_of(candidate: Candidate) -> list[MethodConfig]:
-    """What a candidate trains: its recipe at its learning rate, or a chained recipe's stages (CHAINS: llm2vec), the
-    last keeping the candidate's name. `warn`: a stage the health check finds collapsed or diverged trains to its end
-    and is dropped from its artifact's health, so a rerun finds that cached too (a stopped stage trains again)."""
-    own = dict(name=candidate.name, recipe=candidate.recipe, train={"lr": candidate.lr, "on_unhealthy": "warn"})
+def ranked_by(yardstick: dict, families: list[str]) -> None:
+    """Refuse, before any candidate trains, a family the yardstick (`auto` resolved: its artifact's manifest) cannot
+    rank: a multi-vector model is ranked by MaxSim on titles or an LLM's queries alone."""
+    kind, source = yardstick_kind(yardstick), yardstick_source(yardstick)
+    if unranked := [f for f in families if FAMILIES[f].per_token and not ranks_per_token(kind, source)]:
+        raise InputError(f"select.families: a {unranked[0]} model is ranked by MaxSim on titles or an LLM's "
+                         f"queries, and this corpus's yardstick is {kind} (evaluate.yardstick.kind: auto chose it); "
+                         "set evaluate.yardstick.kind to titles or queries")
+
+
+def stages_of(candidate: Candidate, sel: SelectConfig) -> list[MethodConfig]:
+    """What a candidate trains: its recipe at its learning rate as its family (with `sel`'s settings of it), or a
+    chained recipe's stages (CHAINS: llm2vec), the last keeping the candidate's name. `warn`: a stage the health check
+    finds collapsed or diverged trains to its end and is dropped from its artifact's health, so a rerun finds that
+    cached too (a stopped stage trains again)."""
+    family = {} if candidate.family == "dense" else {candidate.family: getattr(sel, candidate.family)}
+    own = dict(name=candidate.name, recipe=candidate.recipe, family=candidate.family, **family,
+               train={"lr": candidate.lr, "on_unhealthy": "warn"})
     return [MethodConfig.model_validate(m) for m in expand_chains([own])]
 
 
@@ -153,7 +168,7 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
 
     def start(live: list[Candidate], steps: int) -> None:
         for candidate in live:
-            *earlier, method = stages_of(candidate)
+            *earlier, method = stages_of(candidate, run.cfg.select)
             if candidate not in before:  # a chain's earlier stages (CHAINS): once, to the budget, before its rungs
                 chain, after = [], None
                 for stage in earlier:
@@ -201,12 +216,12 @@ def select_model(run: Run) -> Selection:
     decoder = sel.recipes is None and (begun.converted or (init.architecture == "llama" if init else
                                                            is_decoder_model(cfg.model.name_or_path)))
     recipes = sel.candidate_recipes(bool(cfg.summaries), bool(cfg.queries), decoder)
-    if sel.recipes is None:
-        get_run_logger().info("candidates: %s at learning rates %s (the defaults from %s)", ", ".join(recipes),
-                              ", ".join(f"{lr:g}" for lr in sel.lrs), "a decoder LLM" if decoder else "an encoder")
-    candidates = [Candidate(recipe, lr) for recipe in recipes for lr in sel.lrs]
-    queries, negatives = mine_queries(run, [m for c in candidates for m in stages_of(c)], begun.docs, begun.base)
+    candidates = [Candidate(*spec) for spec in sel.candidates(recipes)]
+    get_run_logger().info("%d candidates: %s%s", len(candidates), ", ".join(c.name for c in candidates),
+                          "" if sel.recipes else f" (the defaults from {'a decoder LLM' if decoder else 'an encoder'})")
+    queries, negatives = mine_queries(run, [m for c in candidates for m in stages_of(c, sel)], begun.docs, begun.base)
     corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs)))
+    ranked_by(run.settled(corpus.yardstick), sel.families)
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
     ladder, models, scored, earlier = search(run, begun, corpus, negatives, candidates, base_scores)

@@ -56,10 +56,13 @@ Score = Callable[["Candidate", int], "float | str"]
 class Candidate:
     recipe: str
     lr: float
+    family: str = "dense"  # tasks/config/families.py
 
     @property
     def name(self) -> str:
-        return f"{self.recipe}@{self.lr:g}"
+        """`crops@2e-05`; another family than dense is named too: `crops-multi-vector@2e-05`."""
+        family = "" if self.family == "dense" else "-" + self.family.replace("_", "-")
+        return f"{self.recipe}{family}@{self.lr:g}"
 
 
 @dataclass
@@ -98,7 +101,7 @@ class Ladder:
     @classmethod
     def from_rows(cls, rows: list[dict], total: int, eta: int) -> Ladder:
         """The ladder `rows` made (a select artifact's)."""
-        steps = [Step(Candidate(r["recipe"], r["lr"]), r["steps"], r["score"], r["dropped"]) for r in rows]
+        steps = [Step(Candidate(r["recipe"], r["lr"], r["family"]), r["steps"], r["score"], r["dropped"]) for r in rows]
         winner = next((s.candidate for s, r in zip(steps, rows) if r["winner"]), None)
         return cls(total, eta, steps, winner)
 
@@ -115,7 +118,8 @@ class Ladder:
         return None
 
     def rows(self) -> list[dict]:
-        return [dict(candidate=s.candidate.name, recipe=s.candidate.recipe, lr=s.candidate.lr, steps=s.steps,
+        return [dict(candidate=s.candidate.name, recipe=s.candidate.recipe, lr=s.candidate.lr,
+                     family=s.candidate.family, steps=s.steps,
                      score=s.score, dropped=s.dropped, winner=s.candidate == self.winner) for s in self.steps]
 
 

@@ -17,6 +17,7 @@ class Family:
     # The recipes that train it (None: every recipe). A family other than dense scores pairs of texts its own way,
     # so it trains on the recipes whose loss is an InfoNCE over (query, document) rows with in-batch negatives.
     recipes: frozenset[str] | None = None
+    per_token: bool = False  # a vector per token, scored by MaxSim (not one vector a text)
 
 
 # The recipes whose loss is an InfoNCE over (query, document) rows with in-batch negatives: what every family trains.
@@ -27,7 +28,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("multi_vector", "late interaction, ColBERT's: a projected, normalised vector per token, a query scored "
            "against a document by MaxSim (each query token's best match, summed); saved as sentence-transformers' "
            "MultiVectorEncoder",
-           PAIR_RECIPES),
+           PAIR_RECIPES, per_token=True),
     Family("sparse", "learned sparse codes, CSR's: a sparse autoencoder on the dense vector keeps each text's top "
            "`sparse.active_dims` of `sparse.width` codes, a query scored against a document by their dot product; "
            "saved as sentence-transformers' SparseEncoder",

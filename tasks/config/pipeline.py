@@ -8,6 +8,7 @@ from storage.base import DEFAULT_STORE
 from tasks.config.base import BASE, Section
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import EvaluateConfig
+from tasks.config.families import FAMILIES
 from tasks.config.model import ModelConfig
 from tasks.config.queries import NegativesConfig, QueriesConfig
 from tasks.config.recipes import RECIPES, recipes_of
@@ -23,6 +24,7 @@ from tasks.config.training import (
     family_conflicts,
     merged_train,
 )
+from tasks.config.yardsticks import ranks_per_token
 
 
 class PipelineConfig(Section):
@@ -133,13 +135,37 @@ class PipelineConfig(Section):
             if recipe.margins and not self.negatives.cross_encoder:
                 raise ValueError(f"select.recipes: {recipe.name} learns a cross-encoder's margins, set "
                                  "`negatives.cross_encoder`")
+        for family in self.select.families:
+            self._valid_select_family(family, kinds)
         try:
-            rung_steps(self.select.budget, max(map(len, kinds)) * len(self.select.lrs), self.select.eta)
+            rung_steps(self.select.budget, max(len(self.select.candidates(k)) for k in kinds), self.select.eta)
         except ValueError as e:
             raise ValueError(f"select.budget: {e}") from None
         if self.model.pretrain:
             raise ValueError("select: the search starts every candidate from the model itself; "
                              "`model.pretrain` is for `embforge run`")
+
+    def _valid_select_family(self, family: str, kinds: list[list[str]]) -> None:
+        """A family other than dense among select's: some candidate recipe trains it, the train settings allow it, the
+        yardstick (unless `auto`, checked once it is built) ranks it, and the answer is not distilled."""
+        if family == "dense":
+            return
+        if not all(any(f == family for *_, f in self.select.candidates(recipes)) for recipes in kinds):
+            raise ValueError(f"select.families: no candidate recipe trains the {family} family; it trains "
+                             f"{', '.join(sorted(FAMILIES[family].recipes))} (not a chained recipe)")
+        if conflicts := family_conflicts(family, self.train):
+            raise ValueError(f"select.families: the {family} family does not train with train."
+                             f"{'; train.'.join(conflicts)}")
+        if self.evaluate.layerwise or self.evaluate.backend != "torch":
+            raise ValueError(f"select.families: a {family} model is scored on torch at its last layer: "
+                             "evaluate.layerwise and evaluate.backend (onnx, openvino) do not apply to it")
+        kind = self.evaluate.yardstick.kind
+        if FAMILIES[family].per_token and kind != "auto" and not ranks_per_token(kind, kind):
+            raise ValueError(f"select.families: a {family} model is ranked by MaxSim on titles or an LLM's queries, "
+                             f"not on the {kind} yardstick (evaluate.yardstick.kind)")
+        if self.select.static:
+            raise ValueError(f"select.static: a static model is distilled from a dense one; with the {family} family "
+                             "among select.families the answer may not be")
 
     def train_for(self, method: MethodConfig, where: str = "train") -> TrainConfig:
         """The `train` section with the method's own overrides applied and checked."""

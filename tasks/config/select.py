@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import Field, field_validator
 
 from tasks.config.base import Section
+from tasks.config.families import FAMILIES
+from tasks.config.family_settings import MultiVectorSettings, SparseSettings
 from tasks.config.recipes import CHAINS, RECIPES, recipes_of
 
 # Tried when the config names none: those of them whose view the config can build (an LLM's summaries or queries
@@ -34,6 +37,15 @@ class SelectConfig(Section):
                                       f"climbs the rungs). Unset: {_defaults_help()}.")
     lrs: list[float] = Field([2e-5, 1e-4], min_length=1, description="Learning rates each recipe is tried at: "
                              "candidates = recipes x learning rates.")
+    families: list[Literal[tuple(FAMILIES)]] = Field(
+        ["dense"], min_length=1, description="Model families each recipe is tried as (docs/families.md): candidates = "
+        "recipes x learning rates x families, a family other than dense only with the recipes that train it (not a "
+        "chained one) and on a yardstick that ranks it (a multi-vector model: titles or an LLM's queries, by MaxSim).")
+    multi_vector: MultiVectorSettings = Field(default_factory=MultiVectorSettings,
+                                              description="With `multi_vector` among `families`: its candidates' "
+                                              "projection and loss (as `methods[].multi_vector`).")
+    sparse: SparseSettings = Field(default_factory=SparseSettings, description="With `sparse` among `families`: its "
+                                   "candidates' autoencoder and loss (as `methods[].sparse`).")
     budget: int = Field(120, ge=2, description="Training steps of the winner: every candidate is on this "
                         "schedule (`train.max_steps`) and the search stops the others at its rungs.")
     eta: int = Field(3, ge=2, description="Successive halving's factor: 1/eta of a rung's candidates go on, to "
@@ -69,6 +81,13 @@ class SelectConfig(Section):
             raise ValueError(f"learning rates must be positive and differ, got {lrs}")
         return lrs
 
+    @field_validator("families")
+    @classmethod
+    def _distinct(cls, families: list[str]) -> list[str]:
+        if len(set(families)) != len(families):
+            raise ValueError(f"families must differ, got {families}")
+        return families
+
     def candidate_recipes(self, summaries: bool, queries: bool, decoder: bool = False) -> list[str]:
         """The recipes named, else the defaults the config can build views for (`decoder`: training starts from a
         decoder LLM)."""
@@ -77,6 +96,13 @@ class SelectConfig(Section):
         can = {None: True, "summaries": summaries, "queries": queries}  # whether the config can build each view
         return [name for name in (DECODER_CANDIDATES if decoder else DEFAULT_CANDIDATES)
                 if all(can[RECIPES[r].needs] for r in recipes_of(name))]
+
+
+    def candidates(self, recipes: list[str]) -> list[tuple[str, float, str]]:
+        """The search's candidates as (recipe, learning rate, family): each of `recipes` at each learning rate as each
+        family that trains it (a chained recipe: dense alone, the family's head starting from the base model)."""
+        return [(recipe, lr, family) for family in self.families for recipe in recipes for lr in self.lrs
+                if family == "dense" or recipe in (FAMILIES[family].recipes or RECIPES)]
 
 
 def rung_steps(total: int, candidates: int, eta: int) -> list[int]:

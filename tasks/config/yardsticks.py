@@ -95,6 +95,12 @@ def yardstick_pooled(manifest: dict) -> bool:
     return YARDSTICKS[yardstick_kind(manifest)].pooled
 
 
+def ranks_per_token(kind: str, source: str) -> bool:
+    """Whether a model of a vector per token (multi-vector) is ranked on a yardstick of this kind and source: by
+    MaxSim, where its queries are texts (titles, an LLM's) and no pool fuses the candidates' one vector a text."""
+    return not YARDSTICKS[kind].pooled and source in TEXT_QUERIES
+
+
 def yardstick_source(manifest: dict) -> str:
     """What its queries are (a consensus's: titles or the LLM's queries; every other kind's: the kind itself)."""
     return manifest["extra"].get("source", yardstick_kind(manifest))

@@ -17,6 +17,7 @@ from storage.store import ArtifactStore
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.select import rung_steps
 from tasks.core.held_out import held_out_documents, held_out_queries
+from tasks.encoders import families
 from tasks.methods.batches import plan_batches
 from tests.helpers import DEMO_DOCS, tiny_config
 
@@ -224,6 +225,59 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert not np.allclose(from_other, exported.encode(texts), atol=1e-4)
 
 
+@pytest.mark.slow  # crops as a dense and as a multi-vector candidate: one rung and the winner's last leg; then one
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_multi_vector_candidate_climbs_beside_a_dense_one_and_is_exported_as_what_it_is(tmp_path, capsys):
+    """`select.families`: each recipe that trains a family is tried as it too, on the same schedule and yardstick
+    (the titles, ranked by MaxSim for the multi-vector candidate); the answer is exported as its family's model."""
+    config = select_config(tmp_path, recipes=["crops", "tsdae"], lrs=[3e-3], budget=24,
+                           families=["dense", "multi_vector"], multi_vector={"dim": 16})
+    run_id, chosen = run_select(config)
+    store = ArtifactStore(tmp_path / "store")
+    catalog = Catalog(store)
+    stages = catalog.query("SELECT stage, key FROM run_stages WHERE run_id = ?", [run_id])
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    ladder = store.read_table(decided, "ladder").to_pandas()
+    [rung] = rung_steps(24, 3, 2)[:1]
+    first = ladder[ladder["steps"] == rung]
+    # TSDAE trains no multi-vector model: three candidates, every one scored on the first rung
+    assert dict(zip(first["candidate"], first["family"])) == {
+        "crops@0.003": "dense", "tsdae@0.003": "dense", "crops-multi-vector@0.003": "multi_vector"}
+    assert first["score"].notna().all() and first["score"].between(0, 1).all()
+    trained = [store.manifest(ArtifactRef("train", r["key"]))["config"] for r in stages if r["stage"] == "train"]
+    assert {bool(cfg["multi_vector"]) for cfg in trained} == {False, True}
+    assert all(cfg["multi_vector"]["dim"] == 16 for cfg in trained if cfg["multi_vector"])  # select's settings
+    # the multi-vector candidate's titles ranked by MaxSim over its kept token vectors
+    mv = next(store.manifest(ArtifactRef("evaluate", r["key"])) for r in stages if r["stage"] == "evaluate"
+              and store.manifest(ArtifactRef("evaluate", r["key"]))["extra"].get("serving", {}).get("family")
+              == "multi_vector")
+    assert mv["extra"]["serving"]["bytes_per_document"] > 16 * 4
+    decision = store.manifest(decided)["extra"]["decision"]
+    assert chosen["chosen"] == decision["chosen"]
+    # MaxSim finds a title's words in its text where the tiny random encoder's one vector blurs them: the
+    # multi-vector candidate beat the dense one by +0.19 [+0.10, +0.28] nDCG@10 on the 12-step rung, and the
+    # untrained model by +0.34 [+0.25, +0.42] at 24 steps. It is exported as sentence-transformers'
+    # MultiVectorEncoder, giving the token vectors the search scored.
+    assert chosen["chosen"] == "crops-multi-vector@0.003" and decision["versus_base"]["low"] > 0
+    assert families.family_of(chosen["exported"]) == "multi_vector"
+    [model] = catalog.query("SELECT artifact FROM models WHERE run_id = ? AND label = ?", [run_id, chosen["chosen"]])
+    texts = ["a short text", "another one, longer than the first"]
+    exported = families.load_saved(chosen["exported"], "cpu").encode(texts)
+    stored = families.load_saved(str(store.path(ArtifactRef.parse(model["artifact"])) / "model"), "cpu").encode(texts)
+    for mine, theirs in zip(exported, stored, strict=True):
+        assert mine.shape[-1] == 16
+        np.testing.assert_allclose(mine, theirs, atol=1e-6)
+
+    # Only multi-vector candidates, on a yardstick that ranks them: the labels (`auto`'s choice on this labelled
+    # corpus) read one vector a text: one clear error once the yardstick is built, before any training.
+    labelled = select_config(tmp_path, yardstick={"held_out": 0.25, "seed": 0}, recipes=["crops"], lrs=[3e-3],
+                             budget=24, families=["multi_vector"], out=str(tmp_path / "labelled"))
+    assert main(["select", "--config", str(labelled)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "select.families: a multi_vector model is ranked by MaxSim on titles or an LLM's queries" in out
+    assert "yardstick is labels" in out and out.count("error:") == 1
+
+
 @pytest.mark.slow  # a search of one candidate, twice; the offline LLM (converted once per session) writes 12 queries
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_text_only_corpus_is_judged_by_its_held_out_documents_neighbours_or_an_llm_s_queries(tmp_path, llm_dir):
@@ -324,7 +378,11 @@ def test_a_chained_recipe_on_a_decoder_trains_its_earlier_stage_once_and_climbs_
 def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_path, capsys):
     cases = {"budget": ({"budget": 2}, "select.budget: a budget of 2 steps is too small for 4 candidates at eta 2"),
              "unknown": ({"recipes": ["crops", "magic"]}, "select.recipes: Value error, unknown recipes ['magic']"),
-             "queries": ({"recipes": ["gpl"]}, "select.recipes: gpl trains on LLM queries, add a `queries` section")}
+             "queries": ({"recipes": ["gpl"]}, "select.recipes: gpl trains on LLM queries, add a `queries` section"),
+             "family": ({"recipes": ["tsdae"], "families": ["dense", "sparse"]},
+                        "select.families: no candidate recipe trains the sparse family; it trains crops, dropout"),
+             "static": ({"families": ["dense", "multi_vector"], "static": True},
+                        "select.static: a static model is distilled from a dense one; with the multi_vector family")}
     for name, (select, said) in cases.items():
         (tmp_path / name).mkdir()
         config = select_config(tmp_path / name, **select)
@@ -332,6 +390,13 @@ def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_pa
         out = capsys.readouterr().out
         assert said in " ".join(out.split()) and out.count("error:") == 1, out
         assert not (tmp_path / name / "store").exists()
+    # A multi-vector candidate on a pooled yardstick, which fuses one vector a text.
+    (tmp_path / "pooled").mkdir()
+    config = select_config(tmp_path / "pooled", families=["multi_vector"],
+                           yardstick={**YARDSTICK, "kind": "neighbours"})
+    assert main(["select", "--config", str(config)]) == 2
+    assert ("select.families: a multi_vector model is ranked by MaxSim on titles or an LLM's queries, not on the "
+            "neighbours yardstick") in " ".join(capsys.readouterr().out.split())
     # The export folder inside the store is refused before the search, whatever its answer would be.
     (tmp_path / "inside").mkdir()
     config = select_config(tmp_path / "inside", out=str(tmp_path / "inside" / "store" / "chosen"))
