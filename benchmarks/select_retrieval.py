@@ -93,8 +93,8 @@ def main() -> None:
         mean = sum(per_query.values()) / len(per_query)
         versus = paired_difference([per_query[c] for c in claims], [judged[BASE][c] for c in claims])
         figures[name] = dict(ndcg_at_10=mean, versus_base=dict(mean=versus.mean, low=versus.low, high=versus.high))
-        print(f"{name}: nDCG@10 {mean:.3f} over {len(claims)} claims; against the untrained model "
-              f"{versus.mean:+.3f} [{versus.low:+.3f}, {versus.high:+.3f}]")
+        print(f"{name}: nDCG@10 {mean:.3f} over {len(claims)} claims" + ("" if name == BASE else
+              f"; against the untrained model {versus.mean:+.3f} [{versus.low:+.3f}, {versus.high:+.3f}]"))
     print(json.dumps(dict(chosen=decision.chosen, said=decision.said, search_s=round(wall, 1),
                           cost=store.manifest(decided)["extra"]["cost"], ladder=ladder.to_dict("records"),
                           judged=figures, date=time.strftime("%Y-%m-%d"))))

@@ -78,6 +78,8 @@ class SelectParams(RunParams):
                                "`select.budget`.")
     recipes: list[str] = Field(default_factory=list, description="Candidate recipes. Empty: the config's "
                                "`select.recipes`.")
+    families: list[str] = Field(default_factory=list, description="Model families each recipe is tried as (dense, "
+                                "multi_vector, sparse; docs/families.md). Empty: the config's `select.families`.")
     out: str | None = Field(None, description="Folder to export the chosen model to (new or empty). Empty: the "
                             "config's `select.out`, else selected/<the corpus's name>.")
     static: bool = Field(False, description="Also distil the chosen model into a static embedding model (CPU speed), "
@@ -88,6 +90,7 @@ class SelectParams(RunParams):
                "evaluate.yardstick.qrels": str(Path(self.qrels).resolve()) if self.qrels else None,
                "evaluate.yardstick.kind": "qrels" if self.qrels else None,  # they decide, or say why they cannot
                "select.budget": self.budget,
-               "select.recipes": self.recipes or None, "select.out": self.out,
+               "select.recipes": self.recipes or None, "select.families": self.families or None,
+               "select.out": self.out,
                "select.static": True if self.static else None}
         return {**self.overrides, **{k: v for k, v in own.items() if v is not None}}

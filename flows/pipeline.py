@@ -19,6 +19,7 @@ from storage.base import ArtifactRef
 from tasks.config.base import BASE, ConfigError
 from tasks.config.data import SentenceConfig
 from tasks.config.evaluation import YardstickConfig
+from tasks.config.families import FAMILIES
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.queries import AskedQueries, AskingDocuments, QueriesConfig
 from tasks.config.recipes import RECIPES
@@ -72,7 +73,8 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
     if train.lora:  # the adapter added into the model it trained on: what is evaluated, chained on and exported
         trained = run.stage(MERGE, MergeJob(base_model=base_model, save_dtype=train.save_dtype),
                             MergeInputs(adapter=trained, start=start), method.name, method.recipe)
-    pooling = "mean" if method.family == "multi_vector" else pooling_for(method.recipe, train)  # its mean token vector
+    per_token = FAMILIES[method.family].per_token
+    pooling = "mean" if per_token else pooling_for(method.recipe, train)  # a multi-vector model: its mean token vector
     return ReportedModel(method.name, method.recipe, trained, pooling=pooling,
                          knn_holdout=method.knn_holdout, swept=method.swept, family=method.family)
 
@@ -107,7 +109,7 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
 
     held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
     queried = corpus.yardstick and YARDSTICKS[yardstick_source(run.settled(corpus.yardstick))].queried
-    tokens = model.family == "multi_vector"  # retrieval by MaxSim reads the texts' token vectors
+    tokens = FAMILIES[model.family].per_token  # retrieval by MaxSim reads the texts' token vectors
     docs_emb = embedded({}, dict(documents=docs), layers="all" if ev.layerwise else "last",
                         token_vectors=tokens and bool(held_out or queried))
     sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None

@@ -65,7 +65,8 @@ def select_params(args: argparse.Namespace) -> tuple[SelectParams, PipelineConfi
     exit 2 before Prefect) and its store: `--store`, else EMBFORGE_STORE, else the config's with `--set` applied."""
     try:
         params = SelectParams(config=args.config, corpus=args.corpus, qrels=args.qrels, budget=args.budget,
-                              recipes=args.recipes or [], out=args.out, static=args.static,
+                              recipes=args.recipes or [], families=args.families or [], out=args.out,
+                              static=args.static,
                               overrides=overrides(args.set))
     except ValidationError as e:  # as the UI's form would refuse it
         said = "; ".join(f"--{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
@@ -114,6 +115,8 @@ def add_select(sub: argparse._SubParsersAction) -> None:
     select.add_argument("--budget", type=int, help="training steps of the winner (default: the config's "
                         "select.budget)")
     select.add_argument("--recipes", nargs="+", metavar="RECIPE", help="candidate recipes (default: the config's)")
+    select.add_argument("--families", nargs="+", metavar="FAMILY", help="model families each recipe is tried as: "
+                        "dense, multi_vector, sparse (default: the config's, dense)")
     select.add_argument("--out", help="folder to export the chosen model to (default: selected/<the corpus's name>)")
     select.add_argument("--static", action="store_true", help="also distil the chosen model into a static embedding "
                         "model (CPU speed), scored and exported beside it to <out>-static")
