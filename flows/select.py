@@ -123,12 +123,12 @@ def sample_of(run: Run, corpus: Corpus) -> Corpus:
 
 def ranked_by(yardstick: dict, families: list[str]) -> None:
     """Refuse, before any candidate trains, a family the yardstick (`auto` resolved: its artifact's manifest) cannot
-    rank: a multi-vector model is ranked by MaxSim on titles or an LLM's queries alone."""
+    rank: a multi-vector model is ranked by MaxSim on titles, an LLM's queries or your qrels alone."""
     kind, source = yardstick_kind(yardstick), yardstick_source(yardstick)
     if unranked := [f for f in families if FAMILIES[f].per_token and not ranks_per_token(kind, source)]:
-        raise InputError(f"select.families: a {unranked[0]} model is ranked by MaxSim on titles or an LLM's "
-                         f"queries, and this corpus's yardstick is {kind} (evaluate.yardstick.kind: auto chose it); "
-                         "set evaluate.yardstick.kind to titles or queries")
+        raise InputError(f"select.families: a {unranked[0]} model is ranked by MaxSim on titles, an LLM's "
+                         f"queries or your qrels, and this corpus's yardstick is {kind} (evaluate.yardstick.kind: "
+                         "auto chose it); set evaluate.yardstick.kind to titles or queries, or give --qrels")
 
 
 def stages_of(candidate: Candidate, sel: SelectConfig) -> list[MethodConfig]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -116,22 +117,33 @@ class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     yardstick_embeddings: ArtifactRef | None = None  # its titles' vectors (the titles kind)
 
 
-# (the queries' embed artifact, each query's own document's position) -> each query's rank of it among the documents
-Ranker = Callable[[ArtifactRef, np.ndarray], np.ndarray]
+@dataclass(frozen=True)
+class Searcher:
+    """How a model's queries find its documents: the documents as it scores them (one vector a text, or each text's
+    token vectors), by its similarity (retrieval.SIMILARITIES), and how a query set's embed artifact is read."""
+
+    docs: retrieval.Texts
+    similarity: str
+    read: Callable[[ArtifactRef], retrieval.Texts]
+
+    def ranks(self, queries: ArtifactRef, own: np.ndarray) -> np.ndarray:
+        """Each query's rank of its own document (its row in the documents)."""
+        return retrieval.relevant_ranks(self.read(queries), self.docs, own, similarity=self.similarity)
 
 
-def ranker(store: ArtifactStore, docs_emb: ArtifactRef, x: np.ndarray, pooling: str, token_mean: bool) -> Ranker | None:
-    """How a model ranks the documents for a query: by cosine of its vectors (a sparse model's: the dot product of its
-    codes), or a multi-vector model by MaxSim over the token vectors its embed artifacts keep (None where they were
-    not kept: its retrieval is not scored)."""
+def searcher(store: ArtifactStore, docs_emb: ArtifactRef, x: np.ndarray, pooling: str,
+             token_mean: bool) -> Searcher | None:
+    """How the model retrieves: by cosine of its vectors (a sparse model's: the dot product of its codes), or a
+    multi-vector model by MaxSim over the token vectors its embed artifacts keep (None where they were not kept: its
+    retrieval is not scored)."""
+    made = store.manifest(docs_emb)
     if not token_mean:
-        similarity = store.manifest(docs_emb)["extra"].get("similarity", "cosine")
-        return lambda queries, own: retrieval.relevant_ranks(embed.read_embeddings(store, queries, pooling), x, own,
-                                                             similarity=similarity)
-    if not store.manifest(docs_emb)["config"].get("token_vectors"):
+        return Searcher(x, made["extra"].get("similarity", "cosine"),
+                        lambda queries: embed.read_embeddings(store, queries, pooling))
+    if not made["config"].get("token_vectors"):
         return None
-    docs = embed.read_token_vectors(store, docs_emb)
-    return lambda queries, own: retrieval.maxsim_relevant_ranks(embed.read_token_vectors(store, queries), docs, own)
+    return Searcher(embed.read_token_vectors(store, docs_emb), "maxsim",
+                    lambda queries: embed.read_token_vectors(store, queries))
 
 
 def active_dims(store: ArtifactStore, x: np.ndarray, queries: list[ArtifactRef | None], pooling: str) -> dict:
@@ -161,7 +173,7 @@ def serving_costs(store: ArtifactStore, docs_emb: ArtifactRef, active: dict | No
     return dict(family=family, bytes_per_document=bytes_per_document, documents_per_s=extra["texts"] / made["wall_s"])
 
 
-def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: ArtifactRef, ranks: Ranker,
+def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: ArtifactRef, search: Searcher,
                         doc_ids: list[str], out: ArtifactWriter, prefix: str, table: str) -> list[dict]:
     """Retrieval of held-out queries (the generated ones: prefix `query_`; the yardstick's titles: `title_`): each
     one's own document among all the corpus's, by cosine (a multi-vector model: MaxSim). Each query's rank and nDCG@10
@@ -170,26 +182,27 @@ def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: 
     if held.num_rows == 0:  # a small corpus can draw no held-out document: nothing to score
         return []
     position = {d: i for i, d in enumerate(doc_ids)}
-    ranks = ranks(embeddings, np.array([position[d] for d in held["doc_id"].to_pylist()]))
+    ranks = search.ranks(embeddings, np.array([position[d] for d in held["doc_id"].to_pylist()]))
     out.write_table(table, pa.table({"query_id": held["query_id"], "rank": ranks, "ndcg": retrieval.ndcg_at(ranks)}))
     return [dict(row, split=HELD_OUT) for row in retrieval.retrieval_rows(ranks, prefix=prefix)]
 
 
 def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, docs: pd.DataFrame, pooling: str,
-                   out: ArtifactWriter, ranks: Ranker, token_mean: bool, log: logging.Logger) -> list[dict]:
+                   out: ArtifactWriter, search: Searcher, token_mean: bool, log: logging.Logger) -> list[dict]:
     """The yardstick (tasks/yardstick.py) by its kind: each held-out title or LLM query finds its text among the corpus
     (`title_`, `generated_`); each of the user's queries finds its relevant documents among the corpus (`qrels_`); or
     each labelled held-out document, by its vector, finds its label's among the labelled documents not held out
     (`label_`). Each query's scores go in YARDSTICK_SCORES, which the select stage pairs; for a consensus, each
     query's best documents too (YARDSTICK_TOP), which the select stage (and a report) fuses across the models; for the
-    neighbours, each held-out document's nearest others, and nothing else (no score of one model). A multi-vector
-    model (`token_mean`) is scored on titles or LLM queries alone (by MaxSim), without a consensus's best documents."""
+    neighbours, each held-out document's nearest others, and nothing else (no score of one model). Each by the model's
+    similarity (`search`); a multi-vector model (`token_mean`) on the kinds whose queries are texts alone (titles, LLM
+    queries, the user's: by MaxSim), without a consensus's best documents."""
     manifest = store.manifest(inputs.yardstick)
     kind, source = yardstick_kind(manifest), yardstick_source(manifest)
     if YARDSTICKS[source].queried != (inputs.yardstick_embeddings is not None):
         raise ValueError(f"a {kind} yardstick is scored {'with' if YARDSTICKS[source].queried else 'without'} its "
                          "queries' embeddings")
-    if token_mean and source not in TEXT_QUERIES:
+    if token_mean and not YARDSTICKS[source].maxsim:
         log.warning("a multi-vector model: the %s yardstick reads one vector a text, not scored by MaxSim yet", kind)
         return []
     if source in TEXT_QUERIES:
@@ -200,7 +213,7 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
             own = docs.reset_index(drop=True).reset_index().set_index("doc_id")["index"][held["doc_id"].to_pylist()]
             out.write_table(YARDSTICK_TOP, pa.table({"query_id": held["query_id"], "top": top,
                                                      "own": pa.array(own.to_numpy(), pa.int32())}))
-        return held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, ranks,
+        return held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, search,
                                    docs["doc_id"].tolist(), out, YARDSTICKS[source].prefix, YARDSTICK_SCORES)
     asked = held_out_queries(store, inputs.yardstick).to_pandas()
     row_of = pd.Series(np.arange(len(docs)), index=docs["doc_id"])
@@ -212,15 +225,16 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
     if source == "qrels":
         relevant = store.read_table(inputs.yardstick, "relevant").to_pandas()
         query_row = pd.Series(np.arange(len(asked)), index=asked["query_id"])
-        vectors = embed.read_embeddings(store, inputs.yardstick_embeddings, pooling)
-        ranks, ndcg = retrieval.qrels_ranks(vectors, x, query_row[relevant["query_id"]].to_numpy(),
-                                            row_of[relevant["doc_id"]].to_numpy())
+        ranks, ndcg = retrieval.qrels_ranks(search.read(inputs.yardstick_embeddings), search.docs,
+                                            query_row[relevant["query_id"]].to_numpy(),
+                                            row_of[relevant["doc_id"]].to_numpy(), similarity=search.similarity)
     else:
         held = store.read_table(inputs.yardstick, "queries", columns=["doc_id"])["doc_id"].to_pylist()
         labels = docs["label"].to_numpy()
         index = np.flatnonzero(docs["label"].notna().to_numpy() & ~docs["doc_id"].isin(held).to_numpy())
         queries = row_of[asked["doc_id"]].to_numpy()
-        ranks, ndcg = retrieval.same_label_ranks(x[queries], x[index], labels[queries], labels[index])
+        ranks, ndcg = retrieval.same_label_ranks(x[queries], x[index], labels[queries], labels[index],
+                                                 similarity=search.similarity)
     out.write_table(YARDSTICK_SCORES, pa.table({"query_id": asked["query_id"], "rank": ranks, "ndcg": ndcg}))
     rows = retrieval.set_rows(ranks, ndcg, prefix=YARDSTICKS[source].prefix)
     return [dict(row, split=HELD_OUT) for row in rows]
@@ -260,19 +274,19 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     # A multi-vector model's one vector is its mean token vector (tasks/encoders/encode.py's TokenMeanEncoder): what
     # kNN, STS and geometry read, but not what it retrieves by: MaxSim over its token vectors.
     token_mean = out.extra["token_mean"] = bool(store.manifest(docs_emb)["extra"].get("token_mean"))
-    ranks = ranker(store, docs_emb, x, job.pooling, token_mean)
-    if ranks is None and (inputs.query_embeddings or inputs.yardstick):
+    search = searcher(store, docs_emb, x, job.pooling, token_mean)
+    if search is None and (inputs.query_embeddings or inputs.yardstick):
         log.warning("a multi-vector model embedded without its token vectors: its held-out query and yardstick "
                     "retrieval is not scored (not from its mean token vector either)")
     if store.manifest(docs_emb)["extra"].get("family") == "sparse":  # how sparse its codes are
         out.extra["active_dims"] = active_dims(store, x, [inputs.query_embeddings, inputs.yardstick_embeddings],
                                                job.pooling)
     out.extra["serving"] = serving_costs(store, docs_emb, out.extra.get("active_dims"))
-    if inputs.query_embeddings and ranks:
-        rows += held_out_query_rows(store, inputs.queries, inputs.query_embeddings, ranks, docs["doc_id"].tolist(),
+    if inputs.query_embeddings and search:
+        rows += held_out_query_rows(store, inputs.queries, inputs.query_embeddings, search, docs["doc_id"].tolist(),
                                     out, "query_", QUERY_SCORES)
-    if inputs.yardstick and ranks:
-        rows += yardstick_rows(store, inputs, x, docs, job.pooling, out, ranks, token_mean, log)
+    if inputs.yardstick and search:
+        rows += yardstick_rows(store, inputs, x, docs, job.pooling, out, search, token_mean, log)
     rows += learning_curve_rows(store, inputs.model) + training_health_rows(store, inputs.model, x)
     for row in rows:  # the headline rows are the model's own pooling on its last layer
         row.setdefault("layer", last)

@@ -19,6 +19,7 @@ class Yardstick:
     prefix: str  # its metric rows' prefix: `<prefix>ndcg_at_10` is the score select ranks by
     queried: bool  # its queries are texts, embedded as queries (the others ask by a held-out document's vector)
     pooled: bool = False  # scored only across a pool of models, each judged by the others (no score of one model)
+    maxsim: bool = False  # its queries are texts, so a multi-vector model is ranked on them by MaxSim
     agreement: str | None = None  # its Kendall tau against labels as measured (benchmarks/yardsticks.py), or None
 
     @property
@@ -37,7 +38,7 @@ YARDSTICKS = {
         bias="it rewards what your queries ask, and no more: with few of them its intervals are wide, and only the "
              "queries whose every relevant document fell in the held-out share ask (a larger `held_out` asks more, and "
              "trains on fewer documents)",
-        prefix="qrels_", queried=True),
+        prefix="qrels_", queried=True, maxsim=True),
     "labels": Yardstick(
         needs="a label column",
         asks="each labelled held-out document finding the documents of its label among those not held out (your "
@@ -50,14 +51,14 @@ YARDSTICKS = {
         asks="each held-out document's title finding its own text among the corpus",
         bias="a title names its document's topic in a few words, so the yardstick favours models that match short "
              "texts to long ones by topic (the query-trained recipes, SemCSE with titles as positives)",
-        prefix="title_", queried=True, agreement=f"Kendall tau +0.41 (p < 0.05 on 4 of 5) {MEASURED}"),
+        prefix="title_", queried=True, maxsim=True, agreement=f"Kendall tau +0.41 (p < 0.05 on 4 of 5) {MEASURED}"),
     "queries": Yardstick(
         needs="nothing but the text: an LLM (the queries stage's, offline by default) writes the queries",
         asks="each query an LLM wrote for a held-out document finding that document among the corpus",
         bias="the queries are a small LLM's: short, often lifted from the document's own words, so it favours models "
              "that match a document's salient terms; and GPL/InPars candidates train on queries from the same LLM "
              "(for other documents)",
-        prefix="generated_", queried=True,
+        prefix="generated_", queried=True, maxsim=True,
         agreement=f"Kendall tau +0.48 (p < 0.05 on 3 of 5, at chance on two) {MEASURED}"),
     "consensus": Yardstick(
         needs="titles, or the LLM's queries where the corpus has none",
@@ -97,8 +98,9 @@ def yardstick_pooled(manifest: dict) -> bool:
 
 def ranks_per_token(kind: str, source: str) -> bool:
     """Whether a model of a vector per token (multi-vector) is ranked on a yardstick of this kind and source: by
-    MaxSim, where its queries are texts (titles, an LLM's) and no pool fuses the candidates' one vector a text."""
-    return not YARDSTICKS[kind].pooled and source in TEXT_QUERIES
+    MaxSim, where its queries are texts (titles, an LLM's, yours) and no pool fuses the candidates' one vector a
+    text."""
+    return not YARDSTICKS[kind].pooled and YARDSTICKS[source].maxsim
 
 
 def yardstick_source(manifest: dict) -> str:

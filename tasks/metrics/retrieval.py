@@ -18,38 +18,40 @@ from tasks.metrics import BLOCK_BYTES, block_rows, ranks_of_own, unit_rows
 def cosines(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
     """(queries, docs) scores of unit rows; NaN (a model that gives NaN vectors) as -inf, which ties with every
     document and so ranks last: such a model finds nothing (a NaN would compare false and rank first)."""
-    scores = queries @ docs.T
+    return nan_last(queries @ docs.T)
+
+
+# How a model scores a query against a document: the cosine of one vector a text, the dot product of a sparse
+# model's codes, or a multi-vector model's MaxSim over each text's (tokens, dim) token vectors.
+SIMILARITIES = ("cosine", "dot", "maxsim")
+Texts = np.ndarray | list[np.ndarray]  # (texts, dim) vectors, or for maxsim each text's (tokens, dim) token vectors
+
+
+def block_scores(queries: Texts, docs: Texts, similarity: str = "cosine") -> Callable[[slice], np.ndarray]:
+    """A block of queries' (block, docs) scores by `similarity` (SIMILARITIES), NaN as -inf as in `cosines`; MaxSim
+    is each query token's best document token, summed, in sentence-transformers' bounded chunks."""
+    if similarity == "maxsim":
+        d = [torch.from_numpy(x) for x in docs]
+        return lambda block: nan_last(maxsim([torch.from_numpy(q) for q in queries[block]], d).numpy())
+    rows = unit_rows if similarity == "cosine" else lambda v, dtype: np.asarray(v, dtype=dtype)
+    q, d = rows(queries, np.float32), rows(docs, np.float32)
+    return lambda block: cosines(q[block], d)
+
+
+def nan_last(scores: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(scores), -np.inf, scores)
 
 
-def relevant_ranks(queries: np.ndarray, docs: np.ndarray, relevant: np.ndarray,
-                   block_bytes: int = BLOCK_BYTES, similarity: str = "cosine") -> np.ndarray:
-    """The rank (by cosine, or a sparse model's `dot` product; ties against it) of each query's relevant document
-    among all `docs`, queries scored in blocks so the scores and their comparison stay under `block_bytes`."""
-    rows = unit_rows if similarity == "cosine" else lambda v, dtype: np.asarray(v, dtype=dtype)
-    q, d = rows(queries, np.float32), rows(docs, np.float32)
-    ranks = np.empty(len(q), dtype=np.int64)
-    step = block_rows(len(d), 5, block_bytes)  # float32 scores + the bool comparison
-    for start in range(0, len(q), step):
-        scores = cosines(q[start : start + step], d)  # (block, docs)
-        own = scores[np.arange(len(scores)), relevant[start : start + step]]  # (block,)
-        ranks[start : start + step] = ranks_of_own(scores, own)
-    return ranks
-
-
-def maxsim_relevant_ranks(queries: list[np.ndarray], docs: list[np.ndarray], relevant: np.ndarray,
-                          block_bytes: int = BLOCK_BYTES) -> np.ndarray:
-    """relevant_ranks by MaxSim (a multi-vector model's score: each query token's best document token, summed) over
-    each text's (tokens, dim) token vectors; queries scored in blocks, each block's token products in
-    sentence-transformers' bounded chunks."""
-    docs_t = [torch.from_numpy(d) for d in docs]
+def relevant_ranks(queries: Texts, docs: Texts, relevant: np.ndarray, block_bytes: int = BLOCK_BYTES,
+                   similarity: str = "cosine") -> np.ndarray:
+    """The rank (by `similarity`; ties against it) of each query's relevant document among all `docs`, queries
+    scored in blocks so the scores and their comparison stay under `block_bytes`."""
+    scores_of = block_scores(queries, docs, similarity)
     ranks = np.empty(len(queries), dtype=np.int64)
     step = block_rows(len(docs), 5, block_bytes)  # float32 scores + the bool comparison
     for start in range(0, len(queries), step):
-        block = [torch.from_numpy(q) for q in queries[start : start + step]]
-        scores = maxsim(block, docs_t).numpy()  # (block, docs)
-        scores = np.where(np.isnan(scores), -np.inf, scores)
-        own = scores[np.arange(len(scores)), relevant[start : start + step]]
+        scores = scores_of(slice(start, start + step))  # (block, docs)
+        own = scores[np.arange(len(scores)), relevant[start : start + step]]  # (block,)
         ranks[start : start + step] = ranks_of_own(scores, own)
     return ranks
 
@@ -68,7 +70,8 @@ def retrieval_rows(ranks: np.ndarray, k: int = 10, prefix: str = "") -> list[dic
 
 
 def same_label_ranks(queries: np.ndarray, docs: np.ndarray, query_labels: np.ndarray, doc_labels: np.ndarray,
-                     k: int = 10, block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
+                     k: int = 10, block_bytes: int = BLOCK_BYTES, similarity: str = "cosine",
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """set_ranks with every document of the query's label relevant. Every query's label must be among
     `doc_labels`."""
     names, codes = np.unique(np.concatenate([doc_labels, query_labels]), return_inverse=True)
@@ -76,12 +79,12 @@ def same_label_ranks(queries: np.ndarray, docs: np.ndarray, query_labels: np.nda
     counts = np.bincount(doc_codes, minlength=len(names))[query_codes]
     if (counts == 0).any():
         raise ValueError("a query's label has no document")
-    return set_ranks(queries, docs, lambda block: query_codes[block, None] == doc_codes[None, :], counts, k,
-                     block_bytes)
+    return set_ranks(block_scores(queries, docs, similarity), len(docs),
+                     lambda block: query_codes[block, None] == doc_codes[None, :], counts, k, block_bytes)
 
 
-def qrels_ranks(queries: np.ndarray, docs: np.ndarray, query_rows: np.ndarray, doc_rows: np.ndarray, k: int = 10,
-                block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
+def qrels_ranks(queries: Texts, docs: Texts, query_rows: np.ndarray, doc_rows: np.ndarray, k: int = 10,
+                block_bytes: int = BLOCK_BYTES, similarity: str = "cosine") -> tuple[np.ndarray, np.ndarray]:
     """set_ranks with the relevant documents given as pairs: query `query_rows[i]` finds document `doc_rows[i]`
     (row numbers). Every query needs at least one."""
     relevant = sparse.csr_matrix((np.ones(len(query_rows), dtype=bool), (query_rows, doc_rows)),
@@ -90,24 +93,25 @@ def qrels_ranks(queries: np.ndarray, docs: np.ndarray, query_rows: np.ndarray, d
     counts = np.diff(relevant.indptr)  # (queries,)
     if (counts == 0).any():
         raise ValueError("a query has no relevant document")
-    return set_ranks(queries, docs, lambda block: relevant[block].toarray(), counts, k, block_bytes)
+    return set_ranks(block_scores(queries, docs, similarity), len(docs), lambda block: relevant[block].toarray(),
+                     counts, k, block_bytes)
 
 
-def set_ranks(queries: np.ndarray, docs: np.ndarray, relevant_in: Callable[[slice], np.ndarray], counts: np.ndarray,
-              k: int = 10, block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
-    """Each query's rank (cosine, ties against it) of the first relevant one of `docs`, and its nDCG@k with binary
-    gains (the ideal ranks min(k, its relevant documents) first). `relevant_in(block)` is the (block, docs) mask of a
-    block of queries; `counts` each query's relevant documents. Ties in the top k count against the query too: a
-    collapsed model scores ~0, not its documents' order."""
-    q, d = unit_rows(queries, np.float32), unit_rows(docs, np.float32)
-    k = min(k, len(d))
+def set_ranks(scores_of: Callable[[slice], np.ndarray], documents: int, relevant_in: Callable[[slice], np.ndarray],
+              counts: np.ndarray, k: int = 10, block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's rank (by `scores_of(block)`, a block of queries' (block, documents) scores: block_scores; ties
+    against it) of the first relevant document, and its nDCG@k with binary gains (the ideal ranks min(k, its relevant
+    documents) first). `relevant_in(block)` is the (block, documents) mask of a block of queries; `counts` each
+    query's relevant documents. Ties in the top k count against the query too: a collapsed model scores ~0, not its
+    documents' order."""
+    k = min(k, documents)
     discounts = 1 / np.log2(np.arange(2, k + 2))  # (k,)
     before = np.concatenate([[0.0], np.cumsum(discounts)])  # (k + 1,): the sum of the first j discounts
-    ranks, ndcg = np.empty(len(q), dtype=np.int64), np.empty(len(q))
-    step = block_rows(len(d), 14, block_bytes)  # float32 scores, the relevance mask, the tie masks, argpartition's
-    for start in range(0, len(q), step):
+    ranks, ndcg = np.empty(len(counts), dtype=np.int64), np.empty(len(counts))
+    step = block_rows(documents, 14, block_bytes)  # float32 scores, the relevance mask, the tie masks, argpartition's
+    for start in range(0, len(counts), step):
         block = slice(start, start + step)
-        scores = cosines(q[block], d)  # (block, docs)
+        scores = scores_of(block)  # (block, docs)
         relevant = relevant_in(block)  # (block, docs)
         ranks[block] = ranks_of_own(scores, np.where(relevant, scores, -np.inf).max(1))
         # The top k without sorting whole rows: the k best in any order, then only those sorted.

@@ -268,13 +268,31 @@ def test_a_multi_vector_candidate_climbs_beside_a_dense_one_and_is_exported_as_w
         assert mine.shape[-1] == 16
         np.testing.assert_allclose(mine, theirs, atol=1e-6)
 
+    # Your queries rank a multi-vector candidate by MaxSim too: here the held-out titles as a qrels file, so the same
+    # ranks as the titles' and the same ladder, every training Cached.
+    docs = pd.read_parquet(DEMO_DOCS).head(400)
+    held = held_out_documents(docs["doc_id"].tolist(), YardstickConfig(**YARDSTICK))
+    titled = docs[docs["doc_id"].isin(held)]
+    pd.DataFrame({"query_id": "q-" + titled["doc_id"], "query": titled["title"], "doc_id": titled["doc_id"],
+                  "score": 1}).to_parquet(tmp_path / "qrels.parquet")
+    queried_id, queried = run_select(config, qrels=str(tmp_path / "qrels.parquet"),
+                                     overrides={"select.out": str(tmp_path / "queried")})
+    stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [queried_id])
+    assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"}
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    assert store.manifest(next(ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick")
+                          )["extra"]["kind"] == "qrels"
+    by_qrels = store.read_table(decided, "ladder").to_pandas()
+    assert by_qrels["score"].tolist() == pytest.approx(ladder["score"].tolist())
+    assert queried["chosen"] == chosen["chosen"]
+
     # Only multi-vector candidates, on a yardstick that ranks them: the labels (`auto`'s choice on this labelled
     # corpus) read one vector a text: one clear error once the yardstick is built, before any training.
     labelled = select_config(tmp_path, yardstick={"held_out": 0.25, "seed": 0}, recipes=["crops"], lrs=[3e-3],
                              budget=24, families=["multi_vector"], out=str(tmp_path / "labelled"))
     assert main(["select", "--config", str(labelled)]) == 2
     out = " ".join(capsys.readouterr().out.split())
-    assert "select.families: a multi_vector model is ranked by MaxSim on titles or an LLM's queries" in out
+    assert "select.families: a multi_vector model is ranked by MaxSim on titles, an LLM's queries or your qrels" in out
     assert "yardstick is labels" in out and out.count("error:") == 1
 
 
@@ -395,8 +413,8 @@ def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_pa
     config = select_config(tmp_path / "pooled", families=["multi_vector"],
                            yardstick={**YARDSTICK, "kind": "neighbours"})
     assert main(["select", "--config", str(config)]) == 2
-    assert ("select.families: a multi_vector model is ranked by MaxSim on titles or an LLM's queries, not on the "
-            "neighbours yardstick") in " ".join(capsys.readouterr().out.split())
+    assert ("select.families: a multi_vector model is ranked by MaxSim on titles, an LLM's queries or your qrels, "
+            "not on the neighbours yardstick") in " ".join(capsys.readouterr().out.split())
     # The export folder inside the store is refused before the search, whatever its answer would be.
     (tmp_path / "inside").mkdir()
     config = select_config(tmp_path / "inside", out=str(tmp_path / "inside" / "store" / "chosen"))

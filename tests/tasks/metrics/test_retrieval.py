@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from tasks.metrics.retrieval import (
-    maxsim_relevant_ranks,
     ndcg_at,
     qrels_ranks,
     relevant_ranks,
@@ -30,11 +29,26 @@ def test_maxsim_ranks_sum_each_query_tokens_best_match_and_count_ties_against_th
             np.array([[0, 1]], np.float32),  # 0 + 1 = 1.0
             np.array([[1, 0], [0, 1], [0.6, 0.8]], np.float32),  # 1 + 1 = 2.0
             np.array([[0.8, 0.6], [0.6, 0.8]], np.float32)]  # 0.8 + 0.8 = 1.6
-    assert maxsim_relevant_ranks([query] * 4, docs, np.arange(4)).tolist() == [2, 4, 1, 3]
+    assert relevant_ranks([query] * 4, docs, np.arange(4), similarity="maxsim").tolist() == [2, 4, 1, 3]
     tie = [np.array([[1, 0]], np.float32), np.array([[1, 0]], np.float32)]  # the same score: ranked against it
-    assert maxsim_relevant_ranks([np.array([[1, 0]], np.float32)], tie, np.array([0])).tolist() == [2]
+    assert relevant_ranks([np.array([[1, 0]], np.float32)], tie, np.array([0]), similarity="maxsim").tolist() == [2]
     # queries in blocks of one document's bytes: the same ranks
-    assert maxsim_relevant_ranks([query] * 4, docs, np.arange(4), block_bytes=1).tolist() == [2, 4, 1, 3]
+    assert relevant_ranks([query] * 4, docs, np.arange(4), block_bytes=1, similarity="maxsim").tolist() == [2, 4, 1, 3]
+    # by relevance judgements (your qrels): the same MaxSim order; documents 2 and 0 (2.0 and 1.8) relevant to the
+    # first query: the best of them first, nDCG@10 1; document 1 (1.0, last) relevant to the second
+    ranks, ndcg = qrels_ranks([query, query], docs, np.array([0, 0, 1]), np.array([2, 0, 1]), similarity="maxsim")
+    assert ranks.tolist() == [1, 4] and ndcg.tolist() == pytest.approx([1.0, 1 / math.log2(5)])
+
+
+def test_a_sparse_model_ranks_by_the_dot_product_of_its_codes_not_their_cosine():
+    docs = np.array([[2.0, 0.0], [0.6, 0.8]])  # the same direction as the query, twice as long; or nearer in angle
+    query = np.array([[0.6, 0.8]])
+    assert relevant_ranks(query, docs, np.array([0]), similarity="dot").tolist() == [1]  # 1.2 against 1.0
+    assert relevant_ranks(query, docs, np.array([0])).tolist() == [2]  # cosine: 0.6 against 1.0
+    for rank, similarity in ((1, "dot"), (2, "cosine")):
+        assert qrels_ranks(query, docs, np.array([0]), np.array([0]), similarity=similarity)[0].tolist() == [rank]
+        assert same_label_ranks(query, docs, np.array(["a"]), np.array(["a", "b"]),
+                                similarity=similarity)[0].tolist() == [rank]
 
 
 def test_ndcg_recall_and_mrr_at_10_from_ranks():
