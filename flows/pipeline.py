@@ -9,6 +9,7 @@ Prefect found it cached, so the catalog can answer "what ran, on what, with what
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from prefect import flow
@@ -49,7 +50,7 @@ from tasks.summarize import SUMMARIZE, SummarizeInputs
 from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
-from tasks.yardstick import YARDSTICK, YardstickInputs, llm_queries_needed
+from tasks.yardstick import YARDSTICK, YardstickInputs, YardstickJob, llm_queries_needed
 
 
 def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef, sentences: ArtifactRef,
@@ -147,12 +148,14 @@ class Corpus:
     dataset: str | None = None  # what its scores are filed under; None: the config's data name
 
 
-def yardstick_of(run: Run, docs: ArtifactRef) -> ArtifactRef | None:
-    """The yardstick's queries, if the config asks (its documents are then left out of training); an LLM writes
-    them for the held-out documents where the kind asks for an LLM's queries (tasks/yardstick.py)."""
-    cfg = run.cfg.evaluate.yardstick
-    if not cfg:
+def yardstick_of(run: Run, docs: ArtifactRef, families: Iterable[str]) -> ArtifactRef | None:
+    """The yardstick's queries, if the config asks (its documents are then left out of training), for models of
+    `families`; an LLM writes them for the held-out documents where the kind asks for an LLM's queries
+    (tasks/yardstick.py)."""
+    if not run.cfg.evaluate.yardstick:
         return None
+    cfg = YardstickJob(**run.cfg.evaluate.yardstick.model_dump(),
+                       per_token=any(FAMILIES[family].per_token for family in families))
     counts = run.settled(docs)["extra"]
     generated = None
     if llm_queries_needed(cfg, counts.get("titled", 0)):
@@ -290,7 +293,7 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         named = [m for m in models if (BASE if m.method == "none" else m.label) in cfg.static.of]
         models += [static_model(run, m, sentences) for m in named]
     run.register(models)
-    return models, Corpus(docs, summaries, queries, yardstick_of(run, docs))
+    return models, Corpus(docs, summaries, queries, yardstick_of(run, docs, (m.family for m in models)))
 
 
 def static_model(run: Run, teacher: ReportedModel, sentences: ArtifactRef,

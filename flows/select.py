@@ -36,12 +36,11 @@ from flows.runs import ReportedModel, Run, open_run, recorded
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
-from tasks.config.base import BASE, InputError
-from tasks.config.families import FAMILIES
+from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.select import SelectConfig
 from tasks.config.training import MethodConfig, expand_chains
-from tasks.config.yardsticks import ranks_per_token, yardstick_kind, yardstick_pooled, yardstick_source
+from tasks.config.yardsticks import yardstick_pooled
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
@@ -119,16 +118,6 @@ def sample_of(run: Run, corpus: Corpus) -> Corpus:
     sample = run.stage(SAMPLE, SampleConfig(size=size, seed=ev.yardstick.seed),
                        SampleInputs(documents=docs, yardstick=corpus.yardstick))
     return replace(corpus, docs=sample, dataset=f"{run.cfg.data.display_name} (yardstick sample)")
-
-
-def ranked_by(yardstick: dict, families: list[str]) -> None:
-    """Refuse, before any candidate trains, a family the yardstick (`auto` resolved: its artifact's manifest) cannot
-    rank: a multi-vector model is ranked by MaxSim on titles, an LLM's queries or your qrels alone."""
-    kind, source = yardstick_kind(yardstick), yardstick_source(yardstick)
-    if unranked := [f for f in families if FAMILIES[f].per_token and not ranks_per_token(kind, source)]:
-        raise InputError(f"select.families: a {unranked[0]} model is ranked by MaxSim on titles, an LLM's "
-                         f"queries or your qrels, and this corpus's yardstick is {kind} (evaluate.yardstick.kind: "
-                         "auto chose it); set evaluate.yardstick.kind to titles or queries, or give --qrels")
 
 
 def stages_of(candidate: Candidate, sel: SelectConfig) -> list[MethodConfig]:
@@ -220,8 +209,8 @@ def select_model(run: Run) -> Selection:
     get_run_logger().info("%d candidates: %s%s", len(candidates), ", ".join(c.name for c in candidates),
                           "" if sel.recipes else f" (the defaults from {'a decoder LLM' if decoder else 'an encoder'})")
     queries, negatives = mine_queries(run, [m for c in candidates for m in stages_of(c, sel)], begun.docs, begun.base)
-    corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries, yardstick_of(run, begun.docs)))
-    ranked_by(run.settled(corpus.yardstick), sel.families)
+    corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries,
+                                   yardstick_of(run, begun.docs, sel.families)))
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
     ladder, models, scored, earlier = search(run, begun, corpus, negatives, candidates, base_scores)

@@ -3,8 +3,9 @@
 The held-out documents are drawn by a hash of (seed, doc_id) (tasks/core/held_out.py: the same documents whatever
 else the corpus holds) and are left out of every training view (tasks/pairs.py, `PairsConfig.yardstick`),
 so no candidate trained on them. The kinds, by what the user has (`auto`: qrels where given, else labels if they ask
-at least half as many queries as titles (else the neighbours) would, else titles, else the neighbours; the log says
-why):
+at least half as many queries as titles (else the neighbours) would, else titles, else the neighbours; where a
+multi-vector model is among those ranked (`YardstickJob.per_token`), which MaxSim ranks by queries that are texts:
+qrels, else titles, else an LLM's queries; the log says why):
 
 - `qrels`, the user's own queries and relevance judgements (a file): each query whose relevant documents (score > 0)
   are all held out asks for them among all the corpus's (nDCG@10, binary gains); one with a relevant document that
@@ -41,6 +42,7 @@ import logging
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field
 
 from storage.base import ArtifactRef, file_digest, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
@@ -58,6 +60,15 @@ NO_RELEVANT = "no_relevant"  # a held-out document whose label no trained-on doc
 TRAINED_ON = "trained_on"  # a user's query with a relevant document that is not held out
 NOT_DRAWN = "not_drawn"  # a query past `max_queries` (still held out of training)
 QRELS_COLUMNS = ["query_id", "query", "doc_id", "score"]
+
+
+class YardstickJob(YardstickConfig):
+    """The yardstick stage's job: the config's yardstick, and whether the models it ranks include one of a vector per
+    token (multi-vector: the run's methods, or select's families)."""
+
+    per_token: bool = Field(False, description="A multi-vector model is among those it ranks: `auto` takes only the "
+                            "kinds whose queries are texts, which MaxSim ranks: your qrels, else titles, else queries "
+                            "an LLM writes for the held-out documents.")
 
 
 class YardstickInputs(Inputs):
@@ -135,13 +146,14 @@ def generated_queries(store: ArtifactStore, generated: ArtifactRef, held: set[st
     return _queries(table["query_id"], table["doc_id"], table["query"], table["status"])
 
 
-def llm_queries_needed(cfg: YardstickConfig, titled: int) -> bool:
+def llm_queries_needed(cfg: YardstickJob, titled: int) -> bool:
     """Whether the yardstick asks by an LLM's queries (the flow then has them written first), from the ingest stage's
-    counts: `queries`, or `consensus` on a corpus without titles (`auto` never: it falls back on the neighbours)."""
-    return cfg.kind == "queries" or (cfg.kind == "consensus" and not titled)
+    counts: `queries`, or `consensus` or a multi-vector model's `auto` on a corpus without titles (a one-vector
+    model's `auto` never: it falls back on the neighbours)."""
+    return cfg.kind == "queries" or (not titled and (cfg.kind == "consensus" or (cfg.kind == "auto" and cfg.per_token)))
 
 
-def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: YardstickInputs,
+def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     docs = store.read_table(inputs.documents, "documents", columns=["doc_id", "title", "label"])
     ids = held_out_documents(docs["doc_id"].to_pylist(), cfg)
@@ -150,8 +162,13 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickConfig, inputs: Yardstic
     among = f"of the {len(ids)} held-out documents ({fraction:.0%} of the corpus)"
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
-    wants = {cfg.kind} | ({"labels", "titles", "neighbours"} if cfg.kind == "auto" else set()) | (
+    by_text = cfg.kind == "auto" and cfg.per_token  # MaxSim ranks queries that are texts
+    automatic = set(TEXT_QUERIES) if by_text else {"labels", "titles", "neighbours"}
+    wants = {cfg.kind} | (automatic if cfg.kind == "auto" else set()) | (
         set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
+    if by_text:
+        log.info("a multi-vector model is among those ranked: your qrels, titles or an LLM's queries decide (MaxSim "
+                 "ranks queries that are texts), not labels or the neighbours")
     if cfg.qrels:
         queries, relevant = qrels_queries(cfg.qrels, docs, held)
         asking = pc.count_distinct(relevant["query_id"]).as_py()

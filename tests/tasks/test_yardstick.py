@@ -21,11 +21,11 @@ from tasks.ingest import INGEST
 from tasks.metrics import retrieval, unit_rows
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
-from tasks.yardstick import NO_RELEVANT, TRAINED_ON, YARDSTICK, YardstickInputs
+from tasks.yardstick import NO_RELEVANT, TRAINED_ON, YARDSTICK, YardstickInputs, YardstickJob, llm_queries_needed
 from tests.helpers import DEMO_DOCS
 
-CFG = YardstickConfig(kind="titles", held_out=0.2)
-AUTO = YardstickConfig(held_out=0.2)
+CFG = YardstickJob(kind="titles", held_out=0.2)
+AUTO = YardstickJob(held_out=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +131,9 @@ def test_auto_takes_the_labels_where_the_held_out_documents_have_them(corpus):
     assert asking >= 2 and store.manifest(ref)["extra"] == {"kind": "labels", "held_out": len(held), "share": 0.2,
                                                           "queries": asking}
     assert len(held_out_queries(store, ref)) == asking  # what the report pairs over
+    # Where a multi-vector model is among those ranked, `auto` takes the titles: MaxSim ranks queries that are texts
+    by_text = YARDSTICK.run(store, AUTO.model_copy(update={"per_token": True}), YardstickInputs(documents=documents))
+    assert store.manifest(by_text)["extra"]["kind"] == "titles"
 
 
 def test_a_label_no_other_document_has_asks_nothing_and_unlabelled_documents_are_not_asked(tmp_path):
@@ -190,6 +193,13 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
                          for name in ("titled", "bare", "two"))
     for documents, kind in ((titled, "titles"), (bare, "neighbours")):  # text alone: no LLM needed
         assert store.manifest(YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents)))["extra"]["kind"] == kind
+    # ... unless a multi-vector model is among those ranked: then an LLM writes queries for the held-out documents
+    by_text = AUTO.model_copy(update={"per_token": True})
+    assert not llm_queries_needed(AUTO, 0) and llm_queries_needed(by_text, 0) and not llm_queries_needed(by_text, 30)
+    with pytest.raises(InputError, match=r"^yardstick titles: 0 of the \d+ held-out documents \(20% of the corpus\) "
+                                         "have a title; it needs at least 2: a larger corpus or a larger held-out "
+                                         "share$"):  # not the neighbours, and here no LLM's queries
+        YARDSTICK.run(store, by_text, YardstickInputs(documents=bare))
     with pytest.raises(InputError, match=r"yardstick labels: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a label that a document not held out shares, among 0 labels; it needs "
                                          "at least 2 and 2 labels: a larger corpus, a larger held-out share, or "
@@ -284,7 +294,7 @@ def test_your_queries_ask_only_where_every_relevant_document_is_held_out_and_aut
 def test_your_queries_file_is_keyed_by_its_bytes_and_its_mistakes_are_one_clear_error(corpus, qrels, tmp_path, caplog):
     store, documents, _, docs, _ = corpus
     path, held = qrels
-    cfg = YardstickConfig(kind="qrels", qrels=path, held_out=0.2)
+    cfg = YardstickJob(kind="qrels", qrels=path, held_out=0.2)
     before = YARDSTICK.ref(cfg, YardstickInputs(documents=documents))
     write_qrels(path, [("q1", "a question", held[0], 1), ("q2", "another", held[1], 1)])
     assert YARDSTICK.ref(cfg, YardstickInputs(documents=documents)) != before  # edited in place: built again
