@@ -147,7 +147,7 @@ class PipelineConfig(Section):
 
     def _valid_select_family(self, family: str, kinds: list[list[str]]) -> None:
         """A family other than dense among select's: some candidate recipe trains it, the train settings allow it, the
-        yardstick (unless `auto`, checked once it is built) ranks it, and the answer is not distilled."""
+        yardstick named ranks it (`auto` takes one that does: tasks/yardstick.py), and the answer is not distilled."""
         if family == "dense":
             return
         if not all(any(f == family for *_, f in self.select.candidates(recipes)) for recipes in kinds):

@@ -98,7 +98,6 @@ class SelectConfig(Section):
         return [name for name in (DECODER_CANDIDATES if decoder else DEFAULT_CANDIDATES)
                 if all(can[RECIPES[r].needs] for r in recipes_of(name))]
 
-
     def candidates(self, recipes: list[str]) -> list[tuple[str, float, str]]:
         """The search's candidates as (recipe, learning rate, family): each of `recipes` at each learning rate as each
         family that trains it (a chained recipe: dense alone, the family's head starting from the base model)."""
