@@ -2,8 +2,12 @@ import math
 
 import numpy as np
 import pytest
+import torch
+from sentence_transformers.util import maxsim
 
+from tasks.metrics import BLOCK_BYTES
 from tasks.metrics.retrieval import (
+    maxsim_scores,
     ndcg_at,
     qrels_ranks,
     relevant_ranks,
@@ -38,6 +42,22 @@ def test_maxsim_ranks_sum_each_query_tokens_best_match_and_count_ties_against_th
     # first query: the best of them first, nDCG@10 1; document 1 (1.0, last) relevant to the second
     ranks, ndcg = qrels_ranks([query, query], docs, np.array([0, 0, 1]), np.array([2, 0, 1]), similarity="maxsim")
     assert ranks.tolist() == [1, 4] and ndcg.tolist() == pytest.approx([1.0, 1 / math.log2(5)])
+
+
+def test_maxsim_in_padded_chunks_sums_what_sentence_transformers_sums_whatever_the_chunk_size():
+    rng = np.random.default_rng(0)
+
+    def unit(n: int) -> np.ndarray:  # n token vectors of length 1
+        v = rng.normal(size=(n, 8)).astype(np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    docs = [unit(n) for n in rng.integers(1, 30, size=40)]  # ragged: each chunk padded to its longest
+    queries = [unit(n) for n in rng.integers(1, 12, size=70)]  # more than a slice of 32
+    expected = maxsim([torch.from_numpy(q) for q in queries], [torch.from_numpy(d) for d in docs]).numpy()
+    for block_bytes in (1, 4096, BLOCK_BYTES):  # one document a chunk, a few, all of them
+        got = maxsim_scores(queries, docs, block_bytes)(slice(0, 70))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(maxsim_scores(queries, docs)(slice(3, 5)), expected[3:5], rtol=1e-5, atol=1e-5)
 
 
 def test_a_sparse_model_ranks_by_the_dot_product_of_its_codes_not_their_cosine():
