@@ -7,7 +7,6 @@ import pytest
 from storage.store import ArtifactStore
 from tasks.config.base import DEFAULT_MODEL
 from tasks.config.data import DataConfig
-from tasks.config.evaluation import YardstickConfig
 from tasks.config.queries import AskedQueries, AskingDocuments, QueriesConfig, query_sampling
 from tasks.core.held_out import held_out_documents, held_out_queries, split_of
 from tasks.core.stage import NoInputs
@@ -17,7 +16,7 @@ from tasks.generation.generate import Completion
 from tasks.generation.pool import STATUSES
 from tasks.ingest import INGEST
 from tasks.queries import QUERIES, QueriesInputs, first_line, pool_key, query_status
-from tasks.yardstick import YARDSTICK, YardstickInputs, llm_queries_needed
+from tasks.yardstick import YARDSTICK, YardstickInputs, YardstickJob, llm_queries_needed
 from tests.helpers import DEMO_DOCS, demo_documents
 from tests.tasks.test_summarize import SOURCE  # the same abstract the summaries' guard is tested on
 
@@ -145,7 +144,7 @@ def test_the_yardstick_s_queries_are_written_for_its_held_out_documents_only(tmp
     store = ArtifactStore(tmp_path / "store")
     docs = demo_documents(store, 40)
     ids = store.read_table(docs, "documents", ["doc_id"])["doc_id"].to_pylist()
-    share = YardstickConfig(kind="queries", held_out=0.3, seed=1)
+    share = YardstickJob(kind="queries", held_out=0.3, seed=1)
     held = held_out_documents(ids, share)
     asking = AskingDocuments(held_out=0.3, seed=1, most=len(held) - 2)
     job = AskedQueries(llm=resolve_model(DEFAULT_MODEL), backend="transformers", asking=asking,
@@ -165,9 +164,11 @@ def test_the_yardstick_s_queries_are_written_for_its_held_out_documents_only(tmp
     assert len(ScriptedGenerator.asked) == len(held) - 2  # the second run came from the cache
 
 
-@pytest.mark.parametrize("kind, titled, needed", [
-    ("auto", 0, False), ("neighbours", 0, False), ("queries", 5, True), ("consensus", 0, True),
-    ("consensus", 5, False), ("titles", 0, False)])
-def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, needed):
-    assert llm_queries_needed(YardstickConfig(kind=kind), titled) is needed  # auto: the neighbours need no LLM
-    assert llm_queries_needed(YardstickConfig(qrels="q.parquet"), 0) is False  # the user's queries ask
+@pytest.mark.parametrize("kind, titled, per_token, needed", [
+    ("auto", 0, False, False), ("neighbours", 0, False, False), ("queries", 5, False, True),
+    ("consensus", 0, False, True), ("consensus", 5, False, False), ("titles", 0, False, False),
+    ("auto", 0, True, True), ("auto", 5, True, False), ("neighbours", 0, True, False)])
+def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, needed):
+    # auto: the neighbours need no LLM; where a multi-vector model is ranked, MaxSim needs queries that are texts
+    assert llm_queries_needed(YardstickJob(kind=kind, per_token=per_token), titled) is needed
+    assert llm_queries_needed(YardstickJob(qrels="q.parquet"), 0) is False  # the user's queries ask

@@ -12,11 +12,11 @@ from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.sample import SAMPLE, SampleConfig, SampleInputs
-from tasks.yardstick import NOT_DRAWN, YARDSTICK, YardstickInputs
+from tasks.yardstick import NOT_DRAWN, YARDSTICK, YardstickInputs, YardstickJob
 from tests.helpers import DEMO_DOCS
 
-TITLES = YardstickConfig(kind="titles", held_out=0.2)
-LABELS = YardstickConfig(kind="labels", held_out=0.2)
+TITLES = YardstickJob(kind="titles", held_out=0.2)
+LABELS = YardstickJob(kind="labels", held_out=0.2)
 
 
 @pytest.fixture(scope="module")
