@@ -49,7 +49,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
-from tasks.config.yardsticks import TEXT_QUERIES
+from tasks.config.yardsticks import KINDS, TEXT_QUERIES, ranks_per_token
 from tasks.core.eval_sets import read_table
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
@@ -163,7 +163,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
     by_text = cfg.kind == "auto" and cfg.per_token  # MaxSim ranks queries that are texts
-    automatic = set(TEXT_QUERIES) if by_text else {"labels", "titles", "neighbours"}
+    automatic = {k for k in KINDS if ranks_per_token(k, k)} if by_text else {"labels", "titles", "neighbours"}
     wants = {cfg.kind} | (automatic if cfg.kind == "auto" else set()) | (
         set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
     if by_text:

@@ -104,12 +104,9 @@ class PipelineConfig(Section):
     def _valid_family(self, i: int, method: MethodConfig, names: list[str]) -> None:
         """A method of a family other than dense: its train settings, and no model of another family before or
         after it (the family's head is trained from its own start)."""
-        if conflicts := family_conflicts(method.family, self.train_for(method, where=f"methods.{i}.train")):
-            raise ValueError(f"methods.{i}: the {method.family} family does not train with train."
-                             f"{'; train.'.join(conflicts)}; leave them unset for this method")
-        if self.evaluate.layerwise or self.evaluate.backend != "torch":
-            raise ValueError(f"methods.{i}: a {method.family} model is scored on torch at its last layer: "
-                             "evaluate.layerwise and evaluate.backend (onnx, openvino) do not apply to it")
+        self._family_trained_and_scored(f"methods.{i}", method.family,
+                                        self.train_for(method, where=f"methods.{i}.train"),
+                                        "; leave them unset for this method")
         if method.start_from is not None:
             raise ValueError(f"methods.{i}.start_from: a {method.family} model starts from the base model, not "
                              "from another method's model")
@@ -119,6 +116,16 @@ class PipelineConfig(Section):
         if later := [m.name for m in self.methods if m.start_from == method.name]:
             raise ValueError(f"methods {later} start from {method.name!r}, a {method.family} model; start them from "
                              "a dense one")
+
+    def _family_trained_and_scored(self, where: str, family: str, train: TrainConfig, advice: str = "") -> None:
+        """A family other than dense (a method's, or among select's) trains with `train` and is scored on torch at its
+        last layer."""
+        if conflicts := family_conflicts(family, train):
+            raise ValueError(f"{where}: the {family} family does not train with train.{'; train.'.join(conflicts)}"
+                             f"{advice}")
+        if self.evaluate.layerwise or self.evaluate.backend != "torch":
+            raise ValueError(f"{where}: a {family} model is scored on torch at its last layer: evaluate.layerwise and "
+                             "evaluate.backend (onnx, openvino) do not apply to it")
 
     def _valid_select(self) -> None:
         if self.evaluate.yardstick is None:
@@ -153,12 +160,7 @@ class PipelineConfig(Section):
         if not all(any(f == family for *_, f in self.select.candidates(recipes)) for recipes in kinds):
             raise ValueError(f"select.families: no candidate recipe trains the {family} family; it trains "
                              f"{', '.join(sorted(FAMILIES[family].recipes))} (not a chained recipe)")
-        if conflicts := family_conflicts(family, self.train):
-            raise ValueError(f"select.families: the {family} family does not train with train."
-                             f"{'; train.'.join(conflicts)}")
-        if self.evaluate.layerwise or self.evaluate.backend != "torch":
-            raise ValueError(f"select.families: a {family} model is scored on torch at its last layer: "
-                             "evaluate.layerwise and evaluate.backend (onnx, openvino) do not apply to it")
+        self._family_trained_and_scored("select.families", family, self.train)
         kind = self.evaluate.yardstick.kind
         if FAMILIES[family].per_token and kind != "auto" and not ranks_per_token(kind, kind):
             raise ValueError(f"select.families: a {family} model is ranked by MaxSim on titles, an LLM's queries or "
