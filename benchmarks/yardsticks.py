@@ -3,10 +3,11 @@
 For each corpus (--corpora: the demo's OHSUMED abstracts, arXiv 2007, medical abstracts and 20 Newsgroups, with labels;
 SciFact, with the test claims' relevance judgements), the first --docs documents are made into a pool of candidates:
 every --recipes x --lrs x --budgets (`train.max_steps`) from all-MiniLM-L6-v2, and the untrained model, all trained
-and embedded by `embforge run` (configs/select.yaml's fields) into one --store, with `evaluate.yardstick` holding a
-10% share of the documents (seed 0) out of every candidate's training. Two runs per corpus share every train and embed
-artifact: one with the `titles` yardstick (and labelled kNN), one with the LLM-`queries` yardstick (offline
-SmolLM2, at most --queries queries). Each candidate's score on each yardstick:
+and embedded by `embforge run` (configs/select.yaml's fields) into one --store, with `evaluate.yardstick` holding
+--held-out of the documents (seed 0; default select's `auto`: 500 of them, 10-25% of the corpus) out of every
+candidate's training. Two runs per corpus share every train and embed artifact: one with the `titles` yardstick (and
+labelled kNN), one with the LLM-`queries` yardstick (offline SmolLM2, at most --queries queries; --no-llm skips it and
+its two columns). Each candidate's score on each yardstick:
     titles, queries         mean nDCG@10 of held-out titles / generated queries finding their own document
                             (title_ndcg_at_10, generated_ndcg_at_10 of the evaluate stage)
     consensus_titles,       tasks/metrics/pool.py's consensus_ndcg: each model's top documents for the same queries
@@ -30,7 +31,8 @@ yardstick's half against the truth's: where a yardstick's halves agree well and 
 the same size, it is measuring something else, which more queries will not mend.
 Usage:
     python benchmarks/yardsticks.py [--corpora demo arxiv medical newsgroups scifact] [--docs 2000] [--data DIR]
-        [--recipes crops dropout tsdae] [--lrs 2e-5 1e-4] [--budgets 40 120] [--queries 300] [--perms 10000]
+        [--recipes crops dropout tsdae] [--lrs 2e-5 1e-4] [--budgets 40 120] [--queries 300] [--no-llm]
+        [--held-out auto] [--perms 10000]
         [--store DIR] [--from-store] [--config FILE] [--set FIELD=VALUE ...]
 Prints a table per corpus and a summary (median tau over corpora, corpora with p < 0.05), then ONE final line of JSON
 with every figure (each candidate's truth and yardstick scores too).
@@ -53,6 +55,7 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks import embed
+from tasks.config.splits import HeldOutShare
 from tasks.core.held_out import held_out_queries
 from tasks.encoders.encode import encoder_at
 from tasks.encoders.models import model_path
@@ -63,8 +66,8 @@ from tasks.select import yardstick_scores
 CORPORA = [*LABELLED, "scifact"]
 YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "neighbours", "clusters",
                    "clusters_all", "information", "effective_rank"]
+LLM_NAMES = {"queries", "consensus_queries"}  # the LLM-queries run's (--no-llm leaves them out)
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
-HELD_OUT = {"held_out": 0.1, "seed": 0}
 ROWS_PER_DOC = 0.5  # a lower bound on a view's training rows per document, to give every budget epochs enough
 
 
@@ -116,17 +119,22 @@ def corpus_file(name: str, args: argparse.Namespace) -> tuple[Path, pd.DataFrame
 def candidates(args: argparse.Namespace) -> list[dict]:
     """One method per recipe x learning rate x budget, each trained `budget` steps (train.max_steps) over epochs
     enough for any view."""
-    per_epoch = max(1, int(ROWS_PER_DOC * (1 - HELD_OUT["held_out"]) * args.docs) // 32)
+    per_epoch = max(1, int(ROWS_PER_DOC * (1 - held_out(args).share(args.docs)) * args.docs) // 32)
     return [dict(name=f"{recipe}@{lr:g}x{steps}", recipe=recipe,
                  train=dict(lr=lr, max_steps=steps, epochs=math.ceil(steps / per_epoch), on_unhealthy="warn"))
             for recipe in args.recipes for lr in args.lrs for steps in args.budgets]
+
+
+def held_out(args: argparse.Namespace) -> HeldOutShare:
+    """The yardstick's held-out share (--held-out: a share, or select's `auto`), seed 0 in every run."""
+    return HeldOutShare(held_out=args.held_out if args.held_out == "auto" else float(args.held_out), seed=0)
 
 
 def run(name: str, path: Path, kind: str, args: argparse.Namespace, labelled: bool) -> tuple[str, float]:
     """`embforge run` of every candidate with the `kind` yardstick: (its run id, wall seconds)."""
     if args.from_store:
         return stored_run(Catalog(ArtifactStore(args.store)), name, kind, args.docs), 0.0
-    yardstick = dict(kind=kind, **HELD_OUT, max_queries=args.queries if kind == "queries" else 1000)
+    yardstick = dict(kind=kind, **held_out(args).model_dump(), max_queries=args.queries if kind == "queries" else 1000)
     sets = [f"name=yardsticks-{name}", f"data.path={path}", f"data.name={name}-{args.docs}",
             f"methods={json.dumps(candidates(args))}", f"evaluate.yardstick={json.dumps(yardstick)}",
             f"evaluate.knn={json.dumps(KNN if labelled and kind == 'titles' else None)}", *args.sets]
@@ -197,11 +205,14 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     labelled = qrels is None
     titled, titles_s = run(name, path, "titles", args, labelled)
     print(f"{name}: titles run {titles_s / 60:.1f} min", flush=True)
-    asked, queries_s = run(name, path, "queries", args, labelled)
-    print(f"{name}: queries run {queries_s / 60:.1f} min", flush=True)
     store = ArtifactStore(args.store)
     catalog = Catalog(store)
-    by_titles, by_queries = pooled(store, catalog, titled), pooled(store, catalog, asked)
+    by_titles = pooled(store, catalog, titled)
+    by_queries, queries_s = by_titles, 0.0  # --no-llm: the LLM's columns are left out below
+    if args.llm:
+        asked, queries_s = run(name, path, "queries", args, labelled)
+        print(f"{name}: queries run {queries_s / 60:.1f} min", flush=True)
+        by_queries = pooled(store, catalog, asked)
     labels = sorted(by_titles)
     assert sorted(by_queries) == labels, (labels, sorted(by_queries))
     documents = store.read_table(ArtifactRef("ingest", by_titles[labels[0]]["manifest"]["input_roles"]["documents"]),
@@ -221,14 +232,16 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     # (models, queries): each held-out query's nDCG@10; their means are the evaluate stage's title_/generated_ndcg_at_10
     per_query = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
                                  .to_numpy() for m in labels])
-                 for kind, models in (("titles", by_titles), ("queries", by_queries))}
-    table = dict(titles=per_query["titles"].mean(axis=1).tolist(), queries=per_query["queries"].mean(axis=1).tolist(),
+                 for kind, models in [("titles", by_titles), ("queries", by_queries)][:1 + args.llm]}
+    table = dict(titles=per_query["titles"].mean(axis=1).tolist(),
                  consensus_titles=consensus(by_titles, labels, documents).tolist(),
-                 consensus_queries=consensus(by_queries, labels, documents).tolist(),
                  neighbours=neighbours(by_titles, labels, held.to_numpy()).tolist(),
                  clusters=purity[:, held].mean(axis=1).tolist(), clusters_all=purity.mean(axis=1).tolist(),
                  information=pool.information([x[held] for x in vectors]).tolist(),
                  effective_rank=[pool.effective_rank(x[held]) for x in vectors])
+    if args.llm:
+        table.update(queries=per_query["queries"].mean(axis=1).tolist(),
+                     consensus_queries=consensus(by_queries, labels, documents).tolist())
     if labelled:  # (models, kNN's splits)
         units = np.array([scores(catalog, titled, PER_SPLIT)[m] for m in labels])
     else:  # (models, SciFact's test claims)
@@ -238,22 +251,24 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
                   **{f"{kind}_truth": split_half_tau(q, units) for kind, q in per_query.items()})
     pool_s = time.perf_counter() - start
     results = {y: dict(zip(("tau", "p"), permutation_tau(np.array(truth), np.array(table[y]), args.perms)))
-               for y in YARDSTICK_NAMES}
+               for y in YARDSTICK_NAMES if y in table}
     print(f"\n{name}: {len(labels)} models, {len(documents)} documents, {len(held)} held out, "
-          f"{len(by_titles[labels[0]]['held'])} titles, {len(by_queries[labels[0]]['held'])} generated queries; "
+          f"{len(by_titles[labels[0]]['held'])} titles, {len(by_queries[labels[0]]['held']) if args.llm else 'no'} "
+          "generated queries; "
           f"truth {'kNN accuracy' if labelled else 'SciFact test claims nDCG@10'}")
     print(f"  {'yardstick':<18} {'tau':>6} {'p':>7}")
-    for y in YARDSTICK_NAMES:
+    for y in results:
         print(f"  {y:<18} {results[y]['tau']:>+6.2f} {results[y]['p']:>7.4f}")
     print(f"  split halves: the truth's agree at {halves['truth']:+.2f}; " + "; ".join(
         f"the {kind}' at {halves[kind]:+.2f}, with the truth's at {halves[kind + '_truth']:+.2f}"
         for kind in per_query))
-    print(f"  {'model':<22} {'truth':>6} " + " ".join(f"{y[:10]:>10}" for y in YARDSTICK_NAMES))
+    print(f"  {'model':<22} {'truth':>6} " + " ".join(f"{y[:10]:>10}" for y in results))
     for i, m in enumerate(labels):
-        print(f"  {m:<22} {truth[i]:>6.3f} " + " ".join(f"{table[y][i]:>10.4f}" for y in YARDSTICK_NAMES))
+        print(f"  {m:<22} {truth[i]:>6.3f} " + " ".join(f"{table[y][i]:>10.4f}" for y in results))
     print(flush=True)
     return dict(corpus=name, documents=len(documents), held_out=len(held),
-                titles_asked=len(by_titles[labels[0]]["held"]), queries_asked=len(by_queries[labels[0]]["held"]),
+                titles_asked=len(by_titles[labels[0]]["held"]),
+                queries_asked=len(by_queries[labels[0]]["held"]) if args.llm else None,
                 truth_kind="knn_accuracy_splits" if labelled else "scifact_test_ndcg_at_10",
                 models=labels, truth=dict(zip(labels, truth)), scores={y: dict(zip(labels, table[y])) for y in table},
                 tau={y: r["tau"] for y, r in results.items()}, p={y: r["p"] for y, r in results.items()}, halves=halves,
@@ -269,6 +284,10 @@ def main() -> None:
     p.add_argument("--lrs", nargs="+", type=float, default=[2e-5, 1e-4])
     p.add_argument("--budgets", nargs="+", type=int, default=[40, 120], help="training steps (train.max_steps)")
     p.add_argument("--queries", type=int, default=300, help="at most this many generated held-out queries ask")
+    p.add_argument("--no-llm", dest="llm", action="store_false", help="only the titles run: no LLM queries (their "
+                   "two columns left out)")
+    p.add_argument("--held-out", default="auto", help="the yardstick's held-out share, or auto (select's: 500 "
+                   "documents, 10-25%% of the corpus)")
     p.add_argument("--perms", type=int, default=10_000)
     p.add_argument("--config", default=str(REPO / "configs" / "select.yaml"))
     p.add_argument("--store", default=str(REPO.parent / "embforge-store"))
@@ -279,12 +298,13 @@ def main() -> None:
     start = time.perf_counter()
     rows = [one_corpus(name, args) for name in args.corpora]
     summary = {y: dict(median_tau=float(np.median([r["tau"][y] for r in rows])),
-                       significant=sum(r["p"][y] < 0.05 for r in rows), corpora=len(rows)) for y in YARDSTICK_NAMES}
+                       significant=sum(r["p"][y] < 0.05 for r in rows), corpora=len(rows)) for y in rows[0]["tau"]}
     print(f"summary over {len(rows)} corpora: yardstick, median tau, corpora with p < 0.05")
     for y, s in summary.items():
         print(f"  {y:<18} {s['median_tau']:>+6.2f} {s['significant']:>3}/{s['corpora']}")
     print(json.dumps(dict(corpora=rows, summary=summary, docs=args.docs, recipes=args.recipes, lrs=args.lrs,
-                          budgets=args.budgets, perms=args.perms, config=args.config, sets=args.sets,
+                          budgets=args.budgets, held_out=args.held_out, llm=args.llm, perms=args.perms,
+                          config=args.config, sets=args.sets,
                           wall_s=round(time.perf_counter() - start, 1))))
 
 
