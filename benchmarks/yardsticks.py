@@ -16,7 +16,10 @@ its two columns). Each candidate's score on each yardstick:
                             (no titles, no LLM: the grouping kNN measures, asked without labels; select's kind too)
     clusters                pool.cluster_purity: each held-out document's 10 nearest others (by the model's own
                             vectors) in its group of the others' k-means consensus (20 groups of every document;
-                            leave-one-out); clusters_all: every document asks (no titles, no LLM, no labels)
+                            leave-one-out); clusters_all: every document asks (no titles, no LLM, no labels);
+                            clusters_seeds: clusters_all averaged over k-means seeds 0-3
+    neighbours_all          the neighbours with every document asking
+    combined                the mean of each model's ranks on titles, neighbours and clusters_all
     information             pool.information of the held-out documents' embeddings (pool = all)
     effective_rank          pool.effective_rank of them (a baseline)
 Truth: kNN accuracy (knn_accuracy_splits, the mean over 10 splits) on labelled corpora; on SciFact the test claims'
@@ -64,8 +67,10 @@ from tasks.reporting.tables import PER_SPLIT
 from tasks.select import yardstick_scores
 
 CORPORA = [*LABELLED, "scifact"]
-YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "neighbours", "clusters",
-                   "clusters_all", "information", "effective_rank"]
+YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "neighbours", "neighbours_all",
+                   "clusters", "clusters_all", "clusters_seeds", "combined", "information", "effective_rank"]
+SEEDS = range(4)  # clusters_seeds: k-means' seeds averaged (one seed's grouping is luck at this size)
+COMBINED = ("titles", "neighbours", "clusters_all")  # combined: the mean of these three rankings (chosen beforehand)
 LLM_NAMES = {"queries", "consensus_queries"}  # the LLM-queries run's (--no-llm leaves them out)
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
 ROWS_PER_DOC = 0.5  # a lower bound on a view's training rows per document, to give every budget epochs enough
@@ -229,6 +234,8 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     vectors = [by_titles[m]["docs"] for m in labels]
     # (models, documents): every document's cluster purity, one grouping per model; the held-out ones are a subset
     purity = pool.cluster_purity(vectors, np.arange(len(documents)))
+    seeded = np.mean([pool.cluster_purity(vectors, np.arange(len(documents)), seed=seed).mean(axis=1)
+                      for seed in SEEDS], axis=0)
     # (models, queries): each held-out query's nDCG@10; their means are the evaluate stage's title_/generated_ndcg_at_10
     per_query = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
                                  .to_numpy() for m in labels])
@@ -236,9 +243,12 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     table = dict(titles=per_query["titles"].mean(axis=1).tolist(),
                  consensus_titles=consensus(by_titles, labels, documents).tolist(),
                  neighbours=neighbours(by_titles, labels, held.to_numpy()).tolist(),
+                 neighbours_all=neighbours(by_titles, labels, np.arange(len(documents))).tolist(),
                  clusters=purity[:, held].mean(axis=1).tolist(), clusters_all=purity.mean(axis=1).tolist(),
+                 clusters_seeds=seeded.tolist(),
                  information=pool.information([x[held] for x in vectors]).tolist(),
                  effective_rank=[pool.effective_rank(x[held]) for x in vectors])
+    table["combined"] = np.mean([stats.rankdata(table[y]) for y in COMBINED], axis=0).tolist()
     if args.llm:
         table.update(queries=per_query["queries"].mean(axis=1).tolist(),
                      consensus_queries=consensus(by_queries, labels, documents).tolist())
