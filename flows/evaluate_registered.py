@@ -15,8 +15,9 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.params import EvaluateParams
-from flows.pipeline import Corpus, report_models, summarize_corpus, write_queries, yardstick_of
+from flows.pipeline import summarize_corpus, write_queries, yardstick_of
 from flows.runs import ReportedModel, open_run, recorded
+from flows.scoring import Corpus, report_models
 from storage.base import ArtifactRef
 from storage.catalog import CHANGES_SCHEMA, SCORE_STAGES, Catalog
 from storage.store import ArtifactStore

@@ -16,6 +16,7 @@ from prefect import flow
 
 from flows.params import RunParams, TrainParams
 from flows.runs import ReportedModel, Run, open_run, recorded
+from flows.scoring import Corpus, report_models
 from storage.base import ArtifactRef
 from tasks.config.base import BASE, ConfigError
 from tasks.config.data import SentenceConfig
@@ -26,28 +27,19 @@ from tasks.config.queries import AskedQueries, AskingDocuments, QueriesConfig
 from tasks.config.recipes import RECIPES
 from tasks.config.static import StaticConfig, StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
-from tasks.config.yardsticks import YARDSTICKS, yardstick_source
-from tasks.core.stage import Inputs, NoInputs, Stage
-from tasks.embed import EMBED, EmbedInputs, EmbedJob
+from tasks.core.stage import NoInputs
 from tasks.encoders.lora import check_targets, start_layers
-from tasks.encoders.models import ModelInputs, start_width
-from tasks.encoders.text_sets import TextSetInputs
-from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
+from tasks.encoders.models import start_width
 from tasks.ingest import INGEST
 from tasks.init import INIT, InitConfig
 from tasks.llm import LLM, LlmJob, is_gguf_model, needs_conversion
 from tasks.merge import MERGE, MergeInputs, MergeJob
-from tasks.mteb import MTEB, MtebJob
 from tasks.negatives import NEGATIVES, NegativesInputs, NegativesJob
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.queries import QUERIES, QueriesInputs
-from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob, publish_report
-from tasks.semantic import SEMANTIC, SemanticInputs, SemanticJob
 from tasks.sentences import SENTENCES, SentencesInputs
-from tasks.speed import SPEED, SpeedInputs, SpeedJob
 from tasks.static import STATIC, StaticInputs, StaticJob
 from tasks.summarize import SUMMARIZE, SummarizeInputs
-from tasks.text_tokens import TEXT_TOKENS, TextTokensJob
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
 from tasks.train import TRAIN, TrainInputs, TrainJob
 from tasks.yardstick import YARDSTICK, YardstickInputs, YardstickJob, llm_queries_needed
@@ -87,65 +79,6 @@ def method_pairs(run: Run, method: MethodConfig, epochs: int, batch_size: int, d
     documents left out)."""
     views = PairsConfig.for_method(method, epochs, run.cfg.evaluate.knn, batch_size, yardstick, steps)
     return run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
-
-
-def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool = False) -> list[ArtifactRef]:
-    """Embed (cached per model and text set, from the text set's token ids), then score: the evaluate
-    artifact, the semantic benchmark's, then one per MTEB task."""
-    docs, summaries, queries = corpus.docs, corpus.summaries, corpus.queries
-    ev, dataset, prompts = run.cfg.evaluate, corpus.dataset or run.cfg.data.display_name, run.cfg.model.prompts
-    embed = dict(model=model.external, max_length=ev.max_length, batch_size=ev.batch_size, device=ev.device,
-                 dtype=ev.dtype, backend=ev.backend)
-
-    def stage(kind: Stage, job, inputs: Inputs, again: bool = False) -> ArtifactRef:
-        return run.stage(kind, job, inputs, model.label, model.method, again)
-
-    def embedded(text_set: dict, inputs: dict, prompt: str = prompts.document, **job) -> ArtifactRef:
-        tokenizer = model.tokenizer or model.external  # named: shared by every model that has it
-        tokens = None if model.method == STATIC.name else stage(  # a static model tokenizes its texts itself
-            TEXT_TOKENS, TextTokensJob(model=tokenizer, max_length=ev.max_length, prompt=prompt, **text_set),
-            TextSetInputs(model=None if tokenizer else model.artifact, **inputs))
-        return stage(EMBED, EmbedJob(store_dtype=ev.store_dtype, **text_set, **embed, **job),
-                     EmbedInputs(model=model.artifact, tokens=tokens, **inputs))
-
-    held_out = queries if queries and run.cfg.queries.held_out else None  # the generated queries never trained on
-    queried = corpus.yardstick and YARDSTICKS[yardstick_source(run.settled(corpus.yardstick))].queried
-    tokens = FAMILIES[model.family].per_token  # retrieval by MaxSim reads the texts' token vectors
-    docs_emb = embedded({}, dict(documents=docs), layers="all" if ev.layerwise else "last",
-                        token_vectors=tokens and bool(held_out or queried))
-    sts_emb = embedded(dict(pairs_path=ev.sts.path, split=ev.sts.split), {}) if ev.sts else None
-    query_emb = embedded({}, dict(held_out_queries=held_out), prompts.query, token_vectors=tokens) if held_out else None
-    asked = (embedded({}, dict(held_out_queries=corpus.yardstick), prompts.query, token_vectors=tokens)
-             if queried else None)  # titles, the user's or an LLM's
-    job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
-                  knn_holdout=model.knn_holdout,
-                  **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
-    scores = [stage(EVALUATE, job, EvaluateInputs(documents=docs, embeddings=docs_emb, sts_embeddings=sts_emb,
-                                                  queries=held_out, query_embeddings=query_emb,
-                                                  yardstick=corpus.yardstick, yardstick_embeddings=asked,
-                                                  model=model.artifact), force)]
-    if ev.semantic:
-        job = SemanticJob(label=model.label, dataset=dataset, pooling=model.pooling, semantic=ev.semantic,
-                          prompt=prompts.document, **embed)
-        scores.append(stage(SEMANTIC, job, SemanticInputs(documents=docs, embeddings=docs_emb, summaries=summaries,
-                                                          model=model.artifact), force))
-    if ev.mteb:
-        for task in [*ev.mteb.task_names, *ev.mteb.local]:
-            job = MtebJob(model=model.external, pooling=model.pooling, task=task, settings=ev.mteb.settings,
-                          device=ev.device, prompts=prompts)
-            scores.append(stage(MTEB, job, ModelInputs(model=model.artifact), force))
-    return scores
-
-
-@dataclass(frozen=True)
-class Corpus:
-    # The documents models are scored on: the config's (kNN's labels, the semantic benchmark's papers), or in
-    # `embforge select` on a large corpus the sample stage's draw of them (flows/select.py's sample_of).
-    docs: ArtifactRef
-    summaries: ArtifactRef | None
-    queries: ArtifactRef | None = None  # the generated queries (their held-out ones are scored)
-    yardstick: ArtifactRef | None = None  # evaluate.yardstick's held-out documents (tasks/yardstick.py)
-    dataset: str | None = None  # what its scores are filed under; None: the config's data name
 
 
 def yardstick_of(run: Run, docs: ArtifactRef, families: Iterable[str]) -> ArtifactRef | None:
@@ -305,34 +238,6 @@ def static_model(run: Run, teacher: ReportedModel, sentences: ArtifactRef,
     static = run.stage(STATIC, job, StaticInputs(model=teacher.artifact, sentences=sentences), teacher.label,
                        STATIC.name)
     return ReportedModel(f"{teacher.label} static", STATIC.name, static, teacher=teacher.label)
-
-
-def cpu_speed(run: Run, static: ReportedModel, teacher: ReportedModel, docs: ArtifactRef,
-              documents: int | None = None) -> ArtifactRef:
-    """A static model's and its teacher's CPU documents/s, measured side by side on `documents` of `docs` (default:
-    `static.speed_documents`): a score of the static model."""
-    ev = run.cfg.evaluate
-    job = SpeedJob(teacher=teacher.external, pooling=teacher.pooling, dataset=run.cfg.data.display_name,
-                   documents=documents or run.cfg.static.speed_documents, max_length=ev.max_length,
-                   batch_size=ev.batch_size)
-    return run.stage(SPEED, job, SpeedInputs(model=teacher.artifact, static=static.artifact, documents=docs),
-                     static.label, static.method)
-
-
-def report_models(run: Run, models: list[ReportedModel], corpus: Corpus, force: bool = False) -> ArtifactRef:
-    """Score every model (cached per model and task), then the report, shown in the Prefect UI."""
-    scores = {m.label: evaluate_model(run, m, corpus, force) for m in models}
-    by_label = {m.label: m for m in models}
-    for m in models:
-        if m.teacher in by_label and run.cfg.static and run.cfg.static.speed_documents:
-            scores[m.label].append(cpu_speed(run, m, by_label[m.teacher], corpus.docs))
-    job = ReportJob(title=f"{run.cfg.name}: {run.cfg.data.display_name}",
-                    entries=[ReportEntry(label=m.label, method=m.method, swept=m.swept, teacher=m.teacher)
-                             for m in models])
-    report = run.stage(REPORT, job, ReportInputs(scores=scores))
-    run.wait()
-    publish_report(run.store.url, report)
-    return report
 
 
 def selected_methods(cfg: PipelineConfig, names: list[str]) -> list[MethodConfig]:

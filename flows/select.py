@@ -20,10 +20,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.params import SelectParams
 from flows.pipeline import (
-    Corpus,
     Start,
-    cpu_speed,
-    evaluate_model,
     mine_queries,
     start_of,
     static_model,
@@ -33,6 +30,7 @@ from flows.pipeline import (
     yardstick_of,
 )
 from flows.runs import ReportedModel, Run, open_run, recorded
+from flows.scoring import Corpus, cpu_speed, evaluate_model
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore

@@ -12,8 +12,6 @@ cosine, when `sts` is set) and PNG pictures next to it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -38,6 +36,7 @@ from tasks.metrics import geometry, knn, pool, retrieval, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import PER_SPLIT, POINTS
+from tasks.search import Searcher, searcher
 
 
 class EvalJob(Section):
@@ -115,35 +114,6 @@ class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     query_embeddings: ArtifactRef | None = None
     yardstick: ArtifactRef | None = None  # tasks/yardstick.py's held-out documents
     yardstick_embeddings: ArtifactRef | None = None  # its titles' vectors (the titles kind)
-
-
-@dataclass(frozen=True)
-class Searcher:
-    """How a model's queries find its documents: the documents as it scores them (one vector a text, or each text's
-    token vectors), by its similarity (retrieval.SIMILARITIES), and how a query set's embed artifact is read."""
-
-    docs: retrieval.Texts
-    similarity: str
-    read: Callable[[ArtifactRef], retrieval.Texts]
-
-    def ranks(self, queries: ArtifactRef, own: np.ndarray) -> np.ndarray:
-        """Each query's rank of its own document (its row in the documents)."""
-        return retrieval.relevant_ranks(self.read(queries), self.docs, own, similarity=self.similarity)
-
-
-def searcher(store: ArtifactStore, docs_emb: ArtifactRef, x: np.ndarray, pooling: str,
-             token_mean: bool) -> Searcher | None:
-    """How the model retrieves: by cosine of its vectors (a sparse model's: the dot product of its codes), or a
-    multi-vector model by MaxSim over the token vectors its embed artifacts keep (None where they were not kept: its
-    retrieval is not scored)."""
-    made = store.manifest(docs_emb)
-    if not token_mean:
-        return Searcher(x, made["extra"].get("similarity", "cosine"),
-                        lambda queries: embed.read_embeddings(store, queries, pooling))
-    if not made["config"].get("token_vectors"):
-        return None
-    return Searcher(embed.read_token_vectors(store, docs_emb), "maxsim",
-                    lambda queries: embed.read_token_vectors(store, queries))
 
 
 def active_dims(store: ArtifactStore, x: np.ndarray, queries: list[ArtifactRef | None], pooling: str) -> dict:

@@ -64,6 +64,7 @@ class ReportJob(Section):
 
 class ReportInputs(Inputs):
     scores: dict[str, list[ArtifactRef]]  # model label → its evaluate, semantic and mteb artifacts
+    latency: ArtifactRef | None = None  # the models' CPU query latency side by side (tasks/latency.py)
 
 
 def entries_for(job: ReportJob, inputs: ReportInputs) -> list[dict]:
@@ -128,7 +129,7 @@ def build_report(store: ArtifactStore, job: ReportJob, inputs: ReportInputs,
     labels = {e.label for e in job.entries}
     beside = [beside_teacher(long, e.label, e.teacher) for e in job.entries if e.teacher in labels]
     markdown = to_markdown(job.title, comparison_table(catalog, entries), notes(catalog, entries), pictures,
-                           paired, beside, serving_table(catalog, entries))
+                           paired, beside, serving_table(catalog, entries, inputs.latency))
     out.write_text("report.md", markdown)
     log.info("\n%s", markdown)
 

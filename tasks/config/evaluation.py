@@ -154,6 +154,9 @@ class EvaluateConfig(Section):
         "task: by your queries (qrels_ndcg_at_10, qrels_mrr_at_10), their labels (label_ndcg_at_10, "
         "label_mrr_at_10), their titles (title_ndcg_at_10, title_mrr_at_10, title_recall_at_10) or an LLM's "
         "queries (generated_ndcg_at_10, ...), paired between models in the report.")
+    latency_queries: int = Field(64, ge=0, description="Where the models are of more than one family: the held-out "
+                                 "queries (the yardstick's texts, else the generated ones) each model answers one at "
+                                 "a time on the CPU, the models in turn, for the report's query latency (0: none).")
     reference_models: list[str] = Field(
         default_factory=list, description="Extra models evaluated next to the trained ones, untrained "
         "(e.g. a pre-trained sentence model as a yardstick).")

@@ -29,23 +29,45 @@ Texts = np.ndarray | list[np.ndarray]  # (texts, dim) vectors, or for maxsim eac
 def block_scores(queries: Texts, docs: Texts, similarity: str = "cosine") -> Callable[[slice], np.ndarray]:
     """A block of queries' (block, docs) scores by `similarity` (SIMILARITIES), NaN as -inf as in `cosines`; MaxSim
     (`maxsim_scores`) is each query token's best document token, summed."""
+    longest = max((len(q) for q in queries), default=1) if similarity == "maxsim" else 1
+    return scorer(docs, similarity, longest)(queries)
+
+
+def scorer(docs: Texts, similarity: str = "cosine", query_tokens: int = 1
+           ) -> Callable[[Texts], Callable[[slice], np.ndarray]]:
+    """The documents made ready once to be scored by `similarity` (unit rows for the cosine, MaxSim's padded chunks
+    sized for queries of up to `query_tokens` tokens): a function of a query set that gives its block_scores, as an
+    index serves queries (tasks/latency.py times them one at a time)."""
     if similarity == "maxsim":
-        return maxsim_scores(queries, docs)
+        return maxsim_index(docs, query_tokens)
     rows = unit_rows if similarity == "cosine" else lambda v, dtype: np.asarray(v, dtype=dtype)
-    q, d = rows(queries, np.float32), rows(docs, np.float32)
-    return lambda block: cosines(q[block], d)
+    d = rows(docs, np.float32)
+
+    def of(queries: Texts) -> Callable[[slice], np.ndarray]:
+        q = rows(queries, np.float32)
+        return lambda block: cosines(q[block], d)
+
+    return of
 
 
 def maxsim_scores(queries: list[np.ndarray], docs: list[np.ndarray],
                   block_bytes: int = BLOCK_BYTES) -> Callable[[slice], np.ndarray]:
-    """MaxSim as block_scores gives it. The documents, shortest first, are padded into chunks of about `block_bytes`
-    of token scores against a slice of the queries' tokens, so each chunk is one matrix product (3.3x
+    """MaxSim as block_scores gives it (maxsim_index, sized for the longest of `queries`)."""
+    return maxsim_index(docs, max((len(q) for q in queries), default=1), block_bytes)(queries)
+
+
+MAXSIM_QUERIES = 32  # a slice of a block's queries scored at once: their tokens against a chunk of documents' tokens
+
+
+def maxsim_index(docs: list[np.ndarray], query_tokens: int, block_bytes: int = BLOCK_BYTES
+                 ) -> Callable[[list[np.ndarray]], Callable[[slice], np.ndarray]]:
+    """The documents ready for MaxSim: shortest first, padded into chunks of about `block_bytes` of token scores
+    against MAXSIM_QUERIES queries of up to `query_tokens` tokens, so each chunk is one matrix product (3.3x
     sentence-transformers' list `maxsim` on a 2-core CPU, docs/results.md; the same sums to float32 rounding); a
-    padding token's score is -inf."""
+    padding token's score is -inf. A function of a query set that gives its block scores."""
     order = np.argsort([len(d) for d in docs], kind="stable")
     dim = docs[0].shape[1] if len(docs) else 0
-    queries_at_once = 32  # a slice of the block's queries: their tokens against a chunk of documents' tokens
-    per_chunk = max(1, block_bytes // (4 * queries_at_once * max(1, max((len(q) for q in queries), default=1))))
+    per_chunk = max(1, block_bytes // (4 * MAXSIM_QUERIES * max(1, query_tokens)))
     chunks = []  # (the documents' columns, their (docs x longest, dim) tokens padded, the padding mask)
     start = 0
     while start < len(order):
@@ -62,21 +84,24 @@ def maxsim_scores(queries: list[np.ndarray], docs: list[np.ndarray],
         chunks.append((columns, torch.from_numpy(tokens.reshape(-1, dim)), torch.from_numpy(padding.reshape(-1))))
         start = end
 
-    def scores(block: slice) -> np.ndarray:
-        asked = queries[block]
-        out = np.empty((len(asked), len(docs)), np.float32)
-        for first in range(0, len(asked), queries_at_once):
-            some = asked[first : first + queries_at_once]
-            q = torch.from_numpy(np.concatenate(some).astype(np.float32, copy=False))  # (tokens, dim)
-            owner = torch.repeat_interleave(torch.arange(len(some)), torch.tensor([len(x) for x in some]))
-            for columns, tokens, padding in chunks:
-                best = (q @ tokens.T).masked_fill_(padding, float("-inf"))  # (tokens, chunk x longest)
-                best = best.view(len(q), len(columns), -1).amax(-1)  # (tokens, chunk): each token's best match
-                summed = torch.zeros(len(some), len(columns)).index_add_(0, owner, best)  # (queries, chunk)
-                out[first : first + len(some), columns] = summed.numpy()
-        return nan_last(out)
+    def of(queries: list[np.ndarray]) -> Callable[[slice], np.ndarray]:
+        def scores(block: slice) -> np.ndarray:
+            asked = queries[block]
+            out = np.empty((len(asked), len(docs)), np.float32)
+            for first in range(0, len(asked), MAXSIM_QUERIES):
+                some = asked[first : first + MAXSIM_QUERIES]
+                q = torch.from_numpy(np.concatenate(some).astype(np.float32, copy=False))  # (tokens, dim)
+                owner = torch.repeat_interleave(torch.arange(len(some)), torch.tensor([len(x) for x in some]))
+                for columns, tokens, padding in chunks:
+                    best = (q @ tokens.T).masked_fill_(padding, float("-inf"))  # (tokens, chunk x longest)
+                    best = best.view(len(q), len(columns), -1).amax(-1)  # (tokens, chunk): each token's best match
+                    summed = torch.zeros(len(some), len(columns)).index_add_(0, owner, best)  # (queries, chunk)
+                    out[first : first + len(some), columns] = summed.numpy()
+            return nan_last(out)
 
-    return scores
+        return scores
+
+    return of
 
 
 def nan_last(scores: np.ndarray) -> np.ndarray:

@@ -35,3 +35,20 @@ def documents_per_second(sides: dict[str, Callable[[list[str]], Sized]], texts: 
 
 def medians(rates: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def query_seconds(sides: dict[str, Callable[[str], object]], queries: list[str], warm_up: int = 2
+                  ) -> dict[str, list[float]]:
+    """Each side's seconds for each query asked alone (side → one figure a query), after `warm_up` queries each
+    untimed. The sides take each query in turn, the order rotating query by query, so that the machine's drift falls
+    on all sides alike."""
+    for ask in sides.values():
+        for query in queries[:warm_up]:
+            ask(query)
+    names, seconds = list(sides), {name: [] for name in sides}
+    for i, query in enumerate(queries):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            start = time.perf_counter()
+            sides[name](query)
+            seconds[name].append(time.perf_counter() - start)
+    return seconds

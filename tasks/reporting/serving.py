@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from tasks.reporting.tables import entries_loaded, query
 
@@ -25,15 +26,19 @@ FROM entries e JOIN artifacts a ON a.key = e.key
 WHERE a.stage = 'evaluate' AND (a.extra->'serving') IS NOT NULL ORDER BY e.ord"""
 
 
-def serving_table(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
+def serving_table(catalog: Catalog, entries: list[dict], latency: ArtifactRef | None = None) -> pd.DataFrame:
     """Beside the scores, what a deployer weighs between the families: the index's bytes a document (uncompressed),
-    the documents encoded a second, and a sparse model's active codes. Empty where every model is dense."""
+    the documents encoded a second, a query's CPU latency (median ms; `latency`: tasks/latency.py's artifact), and a
+    sparse model's active codes. Empty where every model is dense."""
     found = query(entries_loaded(catalog, entries), SERVING_SQL)
     if (found["family"] == "dense").all():
         return pd.DataFrame()
+    ms = {r["model"]: r["value"] for r in catalog.query(
+        "SELECT model, value FROM metrics WHERE key = ? AND metric = 'cpu_query_ms'", [latency.key])} if latency else {}
     active = [f"{r.active_documents:.0f} / {_number(r.active_queries, '.0f') or '–'} of {r.width:,}"
               if r.family == "sparse" else "" for r in found.itertuples()]
     return pd.DataFrame({"model": found["model"], "family": found["family"],
                          "index bytes a document": [_number(b, ",.0f") for b in found["bytes"]],
                          "documents/s": [_number(v, ",.1f") for v in found["per_s"]],
+                         "query ms (CPU)": [_number(ms.get(m), ",.1f") for m in found["model"]],
                          "active codes (document / query)": active})

@@ -374,7 +374,9 @@ def to_markdown(title: str, table: pd.DataFrame, notes: list[str] = (), pictures
                   "Index bytes a document: uncompressed (a dense vector and a multi-vector model's token vectors in "
                   "float32, the latter only where the run kept them: with held-out queries or a yardstick; a sparse "
                   "model's active codes at 8 bytes each); documents/s: the documents' embedding run, loading the "
-                  "model included, on the machine that made it; active codes: the mean count of non-zero codes in a "
+                  "model included, on the machine that made it; query ms (CPU): a held-out query's text to its ten "
+                  "best documents, encoded alone and searched exactly over the whole index, the models in turn in one "
+                  "process (median; `evaluate.latency_queries`); active codes: the mean count of non-zero codes in a "
                   "document and in a query (– where no queries were embedded), of the model's width.", "",
                   *markdown_rows(serving)]
     for frame in beside:  # columns: score, the teacher, the static model, kept

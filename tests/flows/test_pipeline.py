@@ -295,11 +295,18 @@ def sparse_model_is_scored_by_its_codes(tmp_path: Path, catalog: Catalog, run_id
     markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
     assert ("sparse: crops-sparse: its retrieval (MTEB's retrieval tasks, held-out queries, titles) is by the dot "
             "product of its codes") in markdown
-    serving = markdown.split("## Serving the families")[1]  # model | family | bytes | documents/s | active codes
+    serving = markdown.split("## Serving the families")[1]  # model | family | bytes | documents/s | ms | active
     rows = {r.split(" | ")[0].strip("| "): r.split(" | ")[1:] for r in serving.splitlines() if r.startswith("| crops")}
     assert rows["crops"][:2] == ["dense", f"{32 * 4:,}"]  # the 32-wide tiny encoder's float32 vector
     assert rows["crops-sparse"][0] == "sparse" and rows["crops-sparse"][1] == f"{active['documents'] * 8:,.0f}"
-    assert rows["crops-sparse"][3] == f"{active['documents']:.0f} / {active['queries']:.0f} of 128 |"
+    assert rows["crops-sparse"][4] == f"{active['documents']:.0f} / {active['queries']:.0f} of 128 |"
+    # each model's CPU query latency, timed side by side in one latency stage over the held-out titles
+    latency = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'latency'", [run_id])
+    assert len(latency) == 1
+    ms = {r["model"]: r for r in catalog.query("SELECT model, value, n FROM metrics WHERE key = ? AND metric = "
+                                               "'cpu_query_ms'", [latency[0]["key"]])}
+    assert set(ms) >= set(rows) and {r["n"] for r in ms.values()} == {len(own)}
+    assert all(rows[m][3] == f"{ms[m]['value']:,.1f}" and ms[m]["value"] > 0 for m in rows)
     multi = ArtifactRef("evaluate", catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'evaluate' "
                                                   "AND label = 'crops-mv'", [run_id])[0]["key"])
     documents_emb = ArtifactRef("embed", store.manifest(multi)["input_roles"]["embeddings"])

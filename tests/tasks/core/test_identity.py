@@ -19,7 +19,7 @@ from tasks.core.stage import STAGES, NoInputs
 from tests.helpers import DEMO_DOCS, REPO
 
 ALL_STAGES = {"ingest", "sentences", "pairs", "tokens", "llm", "summarize", "queries", "negatives", "init", "train",
-              "merge", "text_tokens", "embed", "evaluate", "semantic", "mteb", "static", "speed", "report",
+              "merge", "text_tokens", "embed", "evaluate", "semantic", "mteb", "static", "speed", "latency", "report",
               "yardstick", "sample", "select"}
 # Stages that load no model: their keys must cover neither the model loader nor the recipes' code.
 LOADS_NO_MODEL = {"ingest", "sentences", "pairs", "sample", "yardstick", "select", "report"}

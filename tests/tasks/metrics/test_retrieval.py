@@ -7,12 +7,14 @@ from sentence_transformers.util import maxsim
 
 from tasks.metrics import BLOCK_BYTES
 from tasks.metrics.retrieval import (
+    block_scores,
     maxsim_scores,
     ndcg_at,
     qrels_ranks,
     relevant_ranks,
     retrieval_rows,
     same_label_ranks,
+    scorer,
     set_rows,
 )
 
@@ -58,6 +60,19 @@ def test_maxsim_in_padded_chunks_sums_what_sentence_transformers_sums_whatever_t
         got = maxsim_scores(queries, docs, block_bytes)(slice(0, 70))
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(maxsim_scores(queries, docs)(slice(3, 5)), expected[3:5], rtol=1e-5, atol=1e-5)
+
+
+def test_an_index_made_once_scores_each_query_set_as_block_scores_does():
+    rng = np.random.default_rng(1)
+    docs = rng.normal(size=(30, 8)).astype(np.float32)
+    tokens = [rng.normal(size=(n, 8)).astype(np.float32) for n in rng.integers(1, 20, size=30)]
+    for similarity, documents in (("cosine", docs), ("dot", docs), ("maxsim", tokens)):
+        index = scorer(documents, similarity, query_tokens=6)  # a query set of up to 6 tokens a query
+        for n in (1, 5):  # one query at a time, as tasks/latency.py asks, or a few
+            queries = ([rng.normal(size=(6, 8)).astype(np.float32) for _ in range(n)] if similarity == "maxsim"
+                       else rng.normal(size=(n, 8)).astype(np.float32))
+            np.testing.assert_allclose(index(queries)(slice(0, n)), block_scores(queries, documents, similarity)(
+                slice(0, n)), rtol=1e-5, atol=1e-5)
 
 
 def test_a_sparse_model_ranks_by_the_dot_product_of_its_codes_not_their_cosine():

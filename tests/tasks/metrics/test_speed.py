@@ -1,10 +1,11 @@
-"""tasks/metrics/speed.py: sides timed in turn, the order flipping every round, after one warm-up call each."""
+"""tasks/metrics/speed.py: sides timed in turn, the order flipping every round (a query latency's: rotating every
+query), after a warm-up each."""
 
 import time
 
 import pytest
 
-from tasks.metrics.speed import documents_per_second, medians
+from tasks.metrics.speed import documents_per_second, medians, query_seconds
 
 TEXTS = [f"text {i}" for i in range(10)]
 
@@ -40,3 +41,21 @@ def test_a_fast_side_encodes_again_until_the_round_has_lasted_min_seconds():
 def test_a_side_that_drops_texts_is_an_error_naming_it():
     with pytest.raises(ValueError, match="short: 9 vectors for 10 texts"):
         documents_per_second({"whole": lambda texts: texts, "short": lambda texts: texts[1:]}, TEXTS, rounds=1)
+
+
+def test_each_query_is_asked_of_every_side_alone_the_order_rotating_and_the_warm_up_untimed():
+    calls = []
+
+    def side(name: str, seconds: float):
+        def ask(query):
+            calls.append((name, query))
+            time.sleep(seconds)
+        return ask
+
+    sides = {"a": side("a", 0.0), "b": side("b", 0.0), "slow": side("slow", 0.004)}
+    seconds = query_seconds(sides, TEXTS[:4], warm_up=1)
+    assert calls[:3] == [("a", "text 0"), ("b", "text 0"), ("slow", "text 0")]  # the warm-up, untimed
+    assert [name for name, _ in calls[3:]] == ["a", "b", "slow", "b", "slow", "a", "slow", "a", "b", "a", "b", "slow"]
+    assert [query for _, query in calls[3:]] == [t for t in TEXTS[:4] for _ in range(3)]  # one query at a time
+    assert {name: len(s) for name, s in seconds.items()} == {"a": 4, "b": 4, "slow": 4}
+    assert min(seconds["slow"]) >= 0.004 > max(seconds["a"])

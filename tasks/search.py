@@ -1,0 +1,44 @@
+"""How a model's queries search its documents: the documents' embed artifact read as the model scores them (one
+vector a text by cosine, a sparse model's codes by their dot product, a multi-vector model's token vectors by MaxSim),
+for the evaluate stage's retrieval and the latency stage's timed queries alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from storage.base import ArtifactRef
+from storage.store import ArtifactStore
+from tasks import embed
+from tasks.metrics import retrieval
+
+
+@dataclass(frozen=True)
+class Searcher:
+    """How a model's queries find its documents: the documents as it scores them (one vector a text, or each text's
+    token vectors), by its similarity (retrieval.SIMILARITIES), and how a query set's embed artifact is read."""
+
+    docs: retrieval.Texts
+    similarity: str
+    read: Callable[[ArtifactRef], retrieval.Texts]
+
+    def ranks(self, queries: ArtifactRef, own: np.ndarray) -> np.ndarray:
+        """Each query's rank of its own document (its row in the documents)."""
+        return retrieval.relevant_ranks(self.read(queries), self.docs, own, similarity=self.similarity)
+
+
+def searcher(store: ArtifactStore, docs_emb: ArtifactRef, x: np.ndarray, pooling: str,
+             token_mean: bool) -> Searcher | None:
+    """How the model retrieves: by cosine of its vectors (a sparse model's: the dot product of its codes), or a
+    multi-vector model by MaxSim over the token vectors its embed artifacts keep (None where they were not kept: its
+    retrieval is not scored)."""
+    made = store.manifest(docs_emb)
+    if not token_mean:
+        return Searcher(x, made["extra"].get("similarity", "cosine"),
+                        lambda queries: embed.read_embeddings(store, queries, pooling))
+    if not made["config"].get("token_vectors"):
+        return None
+    return Searcher(embed.read_token_vectors(store, docs_emb), "maxsim",
+                    lambda queries: embed.read_token_vectors(store, queries))
