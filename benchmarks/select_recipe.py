@@ -43,6 +43,7 @@ from tasks.config.evaluation import YARDSTICK_METRICS
 from tasks.config.loading import load_config
 from tasks.config.yardsticks import YARDSTICKS
 from tasks.embed import read_embeddings
+from tasks.encoders.models import model_path
 from tasks.metrics.knn import knn_accuracy_splits
 from tasks.metrics.pool import consensus_scores
 from tasks.metrics.significance import paired_difference
@@ -60,6 +61,17 @@ def embforge(*argv: str) -> float:
     if done.returncode:
         sys.exit(f"embforge {argv[0]} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return time.perf_counter() - start
+
+
+def evaluated_model(store: ArtifactStore, evaluated: ArtifactRef) -> str:
+    """What an evaluate artifact scored: the folder of the train (merge, init) artifact it read, or the external
+    model's name."""
+    manifest = store.manifest(evaluated)
+    key = manifest["input_roles"].get("model")
+    if not key:
+        return manifest["config"]["model"]
+    address = next(a for a in manifest["input_files"] if a.endswith(f"/{key}"))
+    return model_path(store, ArtifactRef.parse(address))
 
 
 def latest(catalog: Catalog, flow: str) -> str:

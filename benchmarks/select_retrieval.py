@@ -24,15 +24,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from corpora import REPO
-from select_recipe import embforge, latest
+from select_recipe import embforge, evaluated_model, latest
 
-from flows.cli.common import overrides
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import BASE
 from tasks.config.evaluation import LocalTaskConfig, MtebSettings
-from tasks.config.loading import load_config
 from tasks.metrics.mteb_tasks import evaluate_mteb
 from tasks.metrics.significance import paired_difference
 from tasks.select import decision_of, rung_name
@@ -44,18 +42,6 @@ def claims_ndcg(model: str, task: LocalTaskConfig, settings: MtebSettings, work:
     with tempfile.TemporaryDirectory(dir=work) as results:
         scored = evaluate_mteb(model, "mean", settings, task, "cpu", Path(results), (Path(model).name, None), log)
     return scored.per_query
-
-
-def trained_model(store: ArtifactStore, catalog: Catalog, run_id: str, candidate: str, steps: int, budget: int) -> str:
-    """The folder of the model `candidate` trained to `steps` in the search (its train stage stopped there, `until`;
-    at the budget, none)."""
-    until = None if steps == budget else steps
-    for row in catalog.query("SELECT DISTINCT key FROM run_stages WHERE run_id = ? AND stage = 'train' AND label = ?",
-                             [run_id, candidate]):
-        ref = ArtifactRef("train", row["key"])
-        if store.manifest(ref)["config"]["until"] == until:
-            return str(store.path(ref) / "model")
-    raise LookupError(f"no train stage of {candidate} to {steps} steps in run {run_id}")
 
 
 def main() -> None:
@@ -79,14 +65,13 @@ def main() -> None:
     decided = ArtifactRef("select", row["key"])
     decision = decision_of(store.manifest(decided))
     ladder = store.read_table(decided, "ladder").to_pandas()
-    budget = int(ladder["steps"].max())
     reached = ladder.groupby("candidate")["steps"].max()
-    [base] = catalog.query("SELECT artifact FROM models WHERE run_id = ? AND label LIKE 'base%'", [run_id])
-    # a named start model is read as it is named; one the run made (a random init) from its artifact
-    models = {BASE: str(store.path(ArtifactRef.parse(base["artifact"])) / "model") if base["artifact"] else
-              load_config(args.config, overrides(args.sets)).model.name_or_path}
+    roles = store.manifest(decided)["input_roles"]
+    models = {BASE: evaluated_model(store, ArtifactRef("evaluate", roles["base"]))}  # a name, or a random init's folder
+    scored = roles["scored"]  # each rung's evaluate artifact, by rung_name
     for name in dict.fromkeys(n for n in (decision.chosen, decision.runner_up) if n not in (BASE, None)):
-        models[rung_name(name, reached[name])] = trained_model(store, catalog, run_id, name, reached[name], budget)
+        rung = rung_name(name, reached[name])
+        models[rung] = evaluated_model(store, ArtifactRef("evaluate", scored[rung]))
     task = LocalTaskConfig(name="SciFact", type="retrieval", path=str(REPO / args.corpus),
                            queries=str(REPO / args.queries))
     settings = MtebSettings(max_length=args.max_length, batch_size=32)

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 from corpora import LABELLED, corpora_folder, labelled_file
 from scipy import stats
-from select_recipe import REPO, embforge, latest, scores
+from select_recipe import REPO, embforge, evaluated_model, latest, scores
 
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
@@ -61,7 +61,6 @@ from tasks import embed
 from tasks.config.splits import HeldOutShare
 from tasks.core.held_out import held_out_queries
 from tasks.encoders.encode import encoder_at
-from tasks.encoders.models import model_path
 from tasks.metrics import pool, retrieval
 from tasks.reporting.tables import PER_SPLIT
 from tasks.select import yardstick_scores
@@ -190,12 +189,7 @@ def neighbours(models: dict[str, dict], labels: list[str], held: np.ndarray) -> 
 
 def claims_ndcg(store: ArtifactStore, model: dict, qrels: pd.DataFrame, doc_ids: list[str]) -> np.ndarray:
     """Each SciFact test claim's nDCG@10 over the corpus: each claim encoded by the model, the corpus cached."""
-    manifest = model["manifest"]
-    source = manifest["config"].get("model")
-    if not source:  # a trained model: the train (or merge, init) artifact the evaluate stage read
-        key = manifest["input_roles"]["model"]
-        stage = next(f.split("/")[0] for f in manifest["input_files"] if f.endswith(f"/{key}"))
-        source = model_path(store, ArtifactRef(stage, key))
+    source = evaluated_model(store, ArtifactRef("evaluate", model["manifest"]["key"]))
     claims = qrels.drop_duplicates("query_id").reset_index(drop=True)
     vectors = encoder_at(source, device="cpu", pooling=model["pooling"]).encode(claims["query"].tolist())
     query_row = pd.Series(np.arange(len(claims)), index=claims["query_id"])
