@@ -32,7 +32,6 @@ from tasks.encoders.models import model_identity, model_path
 from tasks.metrics import retrieval, speed
 from tasks.search import searcher
 
-LATENCY_METRIC = "cpu_query_ms"
 TOP = 10  # the documents a query is answered with
 
 
@@ -91,7 +90,7 @@ def build_latency(store: ArtifactStore, job: LatencyJob, inputs: LatencyInputs,
     log.info("timing %d queries, one at a time on the CPU, %d models in turn", len(queries), len(sides))
     with progress.silenced():  # no progress bar or API call inside the timed calls
         seconds = speed.query_seconds(sides, queries)
-    rows = [dict(metric=LATENCY_METRIC, model=label, value=1000 * statistics.median(values), n=len(values),
+    rows = [dict(metric=speed.LATENCY_METRIC, model=label, value=1000 * statistics.median(values), n=len(values),
                  max_length=job.max_length, batch_size=1) for label, values in seconds.items()]
     out.write_table("metrics", metrics_table(rows, key=ref.key, dataset=job.dataset, status="ok"))
     log.info("CPU query latency (median ms): %s", ", ".join(f"{r['model']} {r['value']:.1f}" for r in rows))

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sized
 
 # The speed stage's score rows of a static model (tasks/speed.py): its documents/s, its teacher's.
 SPEED_METRICS = ("cpu_docs_per_s", "teacher_cpu_docs_per_s")
+LATENCY_METRIC = "cpu_query_ms"  # the latency stage's score row of each model (tasks/latency.py)
 
 
 def documents_per_second(sides: dict[str, Callable[[list[str]], Sized]], texts: list[str], rounds: int = 3,

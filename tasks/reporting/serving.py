@@ -7,6 +7,7 @@ import pandas as pd
 
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
+from tasks.metrics.speed import LATENCY_METRIC
 from tasks.reporting.tables import entries_loaded, query
 
 
@@ -33,8 +34,9 @@ def serving_table(catalog: Catalog, entries: list[dict], latency: ArtifactRef | 
     found = query(entries_loaded(catalog, entries), SERVING_SQL)
     if (found["family"] == "dense").all():
         return pd.DataFrame()
-    ms = {r["model"]: r["value"] for r in catalog.query(
-        "SELECT model, value FROM metrics WHERE key = ? AND metric = 'cpu_query_ms'", [latency.key])} if latency else {}
+    timed = catalog.query("SELECT model, value FROM metrics WHERE key = ? AND metric = ?",
+                          [latency.key, LATENCY_METRIC]) if latency else []
+    ms = {r["model"]: r["value"] for r in timed}
     active = [f"{r.active_documents:.0f} / {_number(r.active_queries, '.0f') or '–'} of {r.width:,}"
               if r.family == "sparse" else "" for r in found.itertuples()]
     return pd.DataFrame({"model": found["model"], "family": found["family"],
