@@ -45,7 +45,7 @@ from tasks.config.yardsticks import YARDSTICKS
 from tasks.embed import read_embeddings
 from tasks.encoders.models import model_path
 from tasks.metrics.knn import knn_accuracy_splits
-from tasks.metrics.pool import consensus_scores
+from tasks.metrics.pool import pool_scores
 from tasks.metrics.significance import paired_difference
 from tasks.reporting.tables import PER_SPLIT
 from tasks.select import rung_name
@@ -156,7 +156,7 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     if YARDSTICKS[args.yardstick].pooled:  # the fully trained candidates and the untrained model judge each other
         pool = {r["label"]: ArtifactRef("evaluate", r["key"]) for r in catalog.query(
             "SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'evaluate'", [full])}
-        yardstick = {label: float(v.mean()) for label, v in consensus_scores(store, pool).items()}
+        yardstick = {label: float(v.mean()) for label, v in pool_scores(store, pool).items()}
     else:
         yardstick = {label: v[0] for label, v in scores(catalog, full, YARDSTICK_METRICS[args.yardstick]).items()}
     candidates = [m["name"] for m in methods]

@@ -38,11 +38,11 @@ from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.select import SelectConfig
 from tasks.config.training import MethodConfig, expand_chains
-from tasks.config.yardsticks import yardstick_pooled
+from tasks.config.yardsticks import YARDSTICKS, yardstick_kind, yardstick_pooled
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
-from tasks.metrics.pool import consensus_scores
+from tasks.metrics.pool import pool_scores
 from tasks.report import markdown_for_ui
 from tasks.sample import SAMPLE, SampleConfig, SampleInputs
 from tasks.select import (
@@ -105,7 +105,8 @@ def sample_of(run: Run, corpus: Corpus) -> Corpus:
     sample's ranks are not the corpus's: the report must never pair the two). Not where something else is scored on
     the documents (kNN, the semantic benchmark, held-out generated queries): they need the whole corpus."""
     size, docs, ev = run.cfg.select.sample, corpus.docs, run.cfg.evaluate
-    needed = run.settled(corpus.yardstick)["extra"]["queries"]
+    yardstick = run.settled(corpus.yardstick)
+    needed = 0 if YARDSTICKS[yardstick_kind(yardstick)].every_document else yardstick["extra"]["queries"]
     if size is None or run.settled(docs)["rows"]["documents"] <= size + needed:
         return corpus
     if also := [name for name, on in (("evaluate.knn", ev.knn), ("evaluate.semantic", ev.semantic),
@@ -183,7 +184,7 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
             return float(yardstick_scores(run.store, scored[name]).mean())
         if steps not in pools:  # the rung's candidates; at the budget, every candidate where it stopped
             pool = [n for c, n in last_rung.items() if steps == budget or n == rung_name(c.name, steps)]
-            judged = consensus_scores(run.store, {BASE: base} | {n: scored[n] for n in pool})
+            judged = pool_scores(run.store, {BASE: base} | {n: scored[n] for n in pool})
             pools[steps] = {n: float(v.mean()) for n, v in judged.items()}
         return pools[steps][name]
 

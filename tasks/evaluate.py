@@ -25,7 +25,7 @@ from tasks import embed
 from tasks.config.base import Section
 from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
 from tasks.config.queries import HELD_OUT
-from tasks.config.yardsticks import TEXT_QUERIES, YARDSTICKS, yardstick_kind, yardstick_source
+from tasks.config.yardsticks import NEAREST, TEXT_QUERIES, YARDSTICKS, yardstick_kind, yardstick_source
 from tasks.core import eval_sets
 from tasks.core.held_out import held_out_queries
 from tasks.core.stage import Stage
@@ -164,7 +164,8 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
     each labelled held-out document, by its vector, finds its label's among the labelled documents not held out
     (`label_`). Each query's scores go in YARDSTICK_SCORES, which the select stage pairs; for a consensus, each
     query's best documents too (YARDSTICK_TOP), which the select stage (and a report) fuses across the models; for the
-    neighbours, each held-out document's nearest others, and nothing else (no score of one model). Each by the model's
+    neighbours, each held-out document's nearest others, and nothing else (no score of one model); for the clusters,
+    every document's nearest others and its vector, which the select stage groups across the models. Each by the model's
     similarity (`search`); a multi-vector model (`token_mean`) on the kinds whose queries are texts alone (titles, LLM
     queries, the user's: by MaxSim), without a consensus's best documents."""
     manifest = store.manifest(inputs.yardstick)
@@ -185,8 +186,18 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
                                                      "own": pa.array(own.to_numpy(), pa.int32())}))
         return held_out_query_rows(store, inputs.yardstick, inputs.yardstick_embeddings, search,
                                    docs["doc_id"].tolist(), out, YARDSTICKS[source].prefix, YARDSTICK_SCORES)
-    asked = held_out_queries(store, inputs.yardstick).to_pandas()
     row_of = pd.Series(np.arange(len(docs)), index=docs["doc_id"])
+    if source == "clusters":  # every document asks; select (and a report) groups the other models' vectors
+        asked = store.read_table(inputs.yardstick, "queries", columns=["query_id", "doc_id", "status"]).to_pandas()
+        asked = asked[(asked["status"] == "ok") & asked["doc_id"].isin(row_of.index)]  # those of a sample, if one
+        rows = row_of[asked["doc_id"]].to_numpy()
+        top = pool.neighbour_rankings(x, rows, NEAREST)  # (documents, NEAREST) rows of `docs`
+        out.write_table(YARDSTICK_TOP, pa.table({
+            "query_id": asked["query_id"], "own": pa.array(rows, pa.int32()),
+            "top": pa.array(list(top.astype(np.int32)), pa.list_(pa.int32())),
+            "vector": pa.array(list(x[rows].astype(np.float32)), pa.list_(pa.float32()))}))
+        return []
+    asked = held_out_queries(store, inputs.yardstick).to_pandas()
     if source == "neighbours":  # no score of one model: select (and a report) fuses the models' rankings
         top = pool.neighbour_rankings(x, row_of[asked["doc_id"]].to_numpy())  # (queries, depth) rows of `docs`
         out.write_table(YARDSTICK_TOP, pa.table({"query_id": asked["query_id"],

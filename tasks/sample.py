@@ -8,6 +8,7 @@ by a hash of (seed, doc_id), so `select.sample` documents at most besides those 
 - qrels: each asking query's relevant documents; the others likewise;
 - labels: each asking held-out document (it asks by its own vector); the others are sampled from the labelled
   documents not held out (the only ones it ranks), with the first of each label a query asks for always in.
+- clusters: none; every sampled document asks, grouped among the sample.
 
 Every candidate and the untrained model are ranked on the same sample, so the paired intervals compare like with like;
 the scores are those of a smaller corpus (a title finds its text among fewer), not the whole corpus's.
@@ -26,7 +27,7 @@ from pydantic import Field
 from storage.base import ArtifactRef, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
-from tasks.config.yardsticks import yardstick_kind
+from tasks.config.yardsticks import YARDSTICKS, yardstick_kind
 from tasks.core.held_out import held_out_queries
 from tasks.core.stage import Inputs, Stage
 
@@ -43,6 +44,8 @@ class SampleInputs(Inputs):
 
 def needed_documents(store: ArtifactStore, yardstick: ArtifactRef, kind: str) -> set[str]:
     """The documents the yardstick's asking queries cannot be scored without."""
+    if YARDSTICKS[kind].every_document:  # every document of the sample asks
+        return set()
     if kind == "qrels":
         return set(store.read_table(yardstick, "relevant", columns=["doc_id"])["doc_id"].to_pylist())
     return set(held_out_queries(store, yardstick)["doc_id"].to_pylist())

@@ -31,7 +31,7 @@ from tasks.config.select import rung_steps
 from tasks.config.splits import WORTH
 from tasks.config.yardsticks import YARDSTICKS, yardstick_kind, yardstick_pooled
 from tasks.core.stage import Inputs, Stage
-from tasks.metrics.pool import consensus_scores
+from tasks.metrics.pool import pool_scores
 from tasks.metrics.significance import PairedDifference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
 from tasks.reporting import plots
@@ -237,7 +237,7 @@ def static_summary(store: ArtifactStore, static: ArtifactRef, teacher: ArtifactR
     artifacts; on a pooled kind, both judged in `pool`, the decision's, the static model joining it), and the CPU
     documents/s measured side by side (the speed stage's artifact), in one sentence."""
     if pool:
-        judged = consensus_scores(store, pool | {STATIC: static})
+        judged = pool_scores(store, pool | {STATIC: static})
         mine, theirs = judged[STATIC], judged[next(name for name, ref in pool.items() if ref == teacher)]
     else:
         mine, theirs = yardstick_scores(store, static), yardstick_scores(store, teacher)
@@ -331,7 +331,7 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     kind, pooled = yardstick_kind(yardstick), yardstick_pooled(yardstick)
     rungs = {s.steps for s in ladder.steps}
     if pooled:  # judged by the pool the search judged them in (flows/select.py: rung_pool)
-        pools = {steps: consensus_scores(store, rung_pool(ladder, steps, inputs.base, inputs.scored))
+        pools = {steps: pool_scores(store, rung_pool(ladder, steps, inputs.base, inputs.scored))
                  for steps in rungs}
         base = pools[job.total if job.total in pools else max(pools)][BASE]
         base_scores = {steps: float(pools[steps][BASE].mean()) for steps in rungs}

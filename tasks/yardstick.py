@@ -21,6 +21,10 @@ qrels, else titles, else an LLM's queries; the log says why):
   select stage's, a report's models: tasks/metrics/pool.py), each against the others' rankings fused.
 - `neighbours`, nothing but the text and no LLM: each held-out document asks, by its own vector, for its nearest
   other documents; scored across the candidates like a consensus (the evaluate stage keeps each one's ranking).
+- `clusters`, nothing but the text and no LLM: every document of the corpus (those trained on too: none drawn) asks,
+  by its own vector, for its 10 nearest others, and scores the share of them in its group of the other candidates'
+  k-means grouping (tasks/metrics/pool.py; the evaluate stage keeps each one's neighbours and vectors). The share
+  is still held out of training, as for every kind.
 
 At most `max_queries` ask (a sample by a hash of seed and query id; the others are `not_drawn`, still held out), so
 a large corpus's yardstick costs what a few thousand documents' does (with `select.sample`, tasks/sample.py).
@@ -48,8 +52,8 @@ from storage.base import ArtifactRef, file_digest, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
-from tasks.config.queries import HELD_OUT, QUERY_COLUMNS
-from tasks.config.yardsticks import KINDS, TEXT_QUERIES, ranks_per_token
+from tasks.config.queries import HELD_OUT, QUERY_COLUMNS, TRAIN
+from tasks.config.yardsticks import CLUSTERS, KINDS, TEXT_QUERIES, YARDSTICKS, ranks_per_token
 from tasks.core.eval_sets import read_table
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
@@ -128,6 +132,13 @@ def neighbour_queries(docs: pa.Table, held: pa.Array) -> pa.Table:
     return _queries(_named("doc-", asked), asked, asked, pa.array(["ok"] * len(asked), pa.string()))
 
 
+def cluster_queries(docs: pa.Table, held: pa.Array) -> pa.Table:
+    """The clusters kind's queries: every document (its query: its id), in its split (held out or trained on)."""
+    split = pc.if_else(held, HELD_OUT, TRAIN)
+    return pa.table({"query_id": _named("doc-", docs["doc_id"]), "doc_id": docs["doc_id"], "split": split,
+                     "query": docs["doc_id"], "status": pa.array(["ok"] * docs.num_rows, pa.string())}, schema=SCHEMA)
+
+
 def _named(prefix: str, doc_ids: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise(prefix, doc_ids, "")
 
@@ -195,9 +206,13 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
         found["neighbours"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (
             f"neighbours: {queries.num_rows} held-out documents ({fraction:.0%} of the corpus); it needs at least "
             f"{MIN_QUERIES}")
+    if "clusters" in wants:
+        found["clusters"] = (cluster_queries(docs, held), docs.num_rows) if docs.num_rows > CLUSTERS else (
+            f"clusters: {docs.num_rows} documents; it needs more than {CLUSTERS} (its groups)")
     usable = {k: v for k, v in found.items() if isinstance(v, tuple)}
     if not usable:
-        more = {"qrels": "more queries", "auto": None, "neighbours": None}.get(cfg.kind, f"documents with {cfg.kind}")
+        more = {"qrels": "more queries", "auto": None, "neighbours": None, "clusters": None}.get(
+            cfg.kind, f"documents with {cfg.kind}")
         raise InputError(f"yardstick {'; '.join(found.values()) or 'of kind ' + cfg.kind}: "
                          + (f"a larger corpus, a larger held-out share, or {more}" if more else
                             "a larger corpus or a larger held-out share"))
@@ -205,7 +220,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     # say little; then titles; then the neighbours (text alone). A consensus fuses rankings of titles, else the LLM's
     # queries.
     asks = {k: asking for k, (_, asking) in usable.items()}
-    order = [k for k in ("qrels", "labels", "titles", "neighbours", "queries") if k in usable]
+    order = [k for k in ("qrels", "labels", "titles", "neighbours", "clusters", "queries") if k in usable]
     after = next((k for k in order if k in ("titles", "neighbours")), None)
     if "labels" in order and after and 2 * asks["labels"] < asks[after]:
         order.remove("labels")
@@ -216,7 +231,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     elif cfg.kind == "auto" and source != order[0]:
         log.info("the %s decide: %s", source, found.get(order[0]))
     queries, asking = usable[source]
-    if cfg.max_queries and asking > cfg.max_queries:
+    if cfg.max_queries and asking > cfg.max_queries and not YARDSTICKS[source].every_document:
         queries = drawn(queries, cfg)
         log.info("%d of the %d queries drawn to ask (evaluate.yardstick.max_queries)", cfg.max_queries, asking)
         asking = cfg.max_queries

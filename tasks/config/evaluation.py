@@ -104,7 +104,9 @@ class YardstickConfig(HeldOutShare):
         "title finds its text; `queries`: queries an LLM writes for each held-out document (`queries.llm`, the "
         "offline default otherwise) find it; `consensus`: the titles' or LLM's queries, each candidate scored "
         "against the others' rankings fused (leave-one-out); `neighbours`: each held-out document asks by its own "
-        "vector for its nearest other documents, scored as a consensus; `auto`: qrels where given, else labels, "
+        "vector for its nearest other documents, scored as a consensus; `clusters`: every document's 10 nearest "
+        "others, by the share in its group of the other candidates' k-means grouping; `auto`: qrels where given, else "
+        "labels, "
         "unless fewer held-out documents ask by label than half those that would by title (else by neighbours), else "
         "titles, else the neighbours.")
     qrels: str | None = Field(None, description="Parquet of your queries: query_id, query, doc_id, score (one row "
@@ -113,7 +115,8 @@ class YardstickConfig(HeldOutShare):
     max_queries: int | None = Field(1000, ge=2, description="At most this many queries ask, a sample drawn by a hash "
                                     "of (seed, query id); the other held-out documents stay out of training. A "
                                     "paired interval over a thousand is narrow, and each query costs an embedding "
-                                    "and a ranking at every rung. None: all.")
+                                    "and a ranking at every rung. None: all. (The clusters ask with every "
+                                    "document: `select.sample` bounds them.)")
 
     @model_validator(mode="after")
     def _qrels_with_its_kind(self) -> YardstickConfig:

@@ -1,5 +1,6 @@
-"""Label-free scores a model earns against a pool of other models (the `consensus` and `information` yardsticks of
-tasks/config/yardsticks.py), and effective rank, the single-model baseline they are measured beside.
+"""Label-free scores a model earns against a pool of other models (the `consensus`, `neighbours` and `clusters`
+yardsticks of tasks/config/yardsticks.py, and information), and effective rank, the single-model baseline they are
+measured beside.
 
 - Consensus (after LARMOR, Xu et al., SIGIR 2024: fusing many retrievers' rankings of generated queries into
   pseudo-judgements ranked 47 retrievers closer to human judgements than the generated queries alone): every model
@@ -11,17 +12,20 @@ tasks/config/yardsticks.py), and effective rank, the single-model baseline they 
   from this model's embeddings explains, fitted on one half of the documents and scored on the other (cross-fitted,
   so a wide embedding cannot explain noise).
 - Clusters (ours, measured in benchmarks/yardsticks.py): what kNN accuracy asks of labels, asked of the pool
-  instead. The other models' unit vectors side by side are split into `clusters` groups by k-means, and each model
-  is scored by the share of each asking document's 10 nearest others (by its own vectors) that fall in that
-  document's group: its neighbourhoods' purity against the others' consensus grouping (leave-one-out, as above).
+  instead. The other models' unit vectors side by side are split into 20 groups by k-means, and each model is
+  scored by the share of each asking document's 10 nearest others (by its own vectors) that fall in that document's
+  group: its neighbourhoods' purity against the others' consensus grouping (leave-one-out, as above), averaged over
+  four k-means seeds.
 - Effective rank (Roy and Vetterli 2007; RankMe, Garrido et al. 2023): exp of the entropy of the normalised singular
   values. Weak or reversed for text encoders in the literature: a baseline, not a yardstick to trust.
 
-`consensus_scores` reads the rankings evaluate artifacts stored (YARDSTICK_TOP) for the select stage, which judges a
+`pool_scores` reads what evaluate artifacts stored (YARDSTICK_TOP) for the select stage, which judges a
 search's candidates by each other, and the report, which judges its models so.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -29,6 +33,7 @@ import pandas as pd
 from storage.base import ArtifactRef
 from storage.catalog import YARDSTICK_TOP
 from storage.store import ArtifactStore
+from tasks.config.yardsticks import CLUSTERS, NEAREST, SEEDS
 from tasks.metrics import block_rows, unit_rows
 from tasks.metrics.retrieval import cosines
 
@@ -136,21 +141,28 @@ def consensus_groups(embeddings: list[np.ndarray], clusters: int, seed: int = 0)
     return KMeans(clusters, n_init=4, random_state=seed).fit_predict(joined)
 
 
-def neighbour_purity(x: np.ndarray, groups: np.ndarray, rows: np.ndarray, k: int = 10) -> np.ndarray:
-    """(len(rows),) the share of each of `rows`' documents' k nearest other documents among `x` (documents, dims;
-    cosine) that are in its group."""
-    nearest = neighbour_rankings(x, rows, depth=k)  # (rows, k)
+def group_share(nearest: np.ndarray, groups: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(len(rows),) the share of each of `rows`' documents' nearest others (`nearest`, (rows, k) row numbers) that
+    are in its group (`groups`, (documents,))."""
     return (groups[nearest] == groups[rows][:, None]).mean(axis=1)
 
 
-def cluster_purity(embeddings: list[np.ndarray], rows: np.ndarray, clusters: int = 20, k: int = 10,
-                   seed: int = 0) -> np.ndarray:
-    """(models, len(rows)) each model's neighbour_purity against the consensus_groups of the *other* models' vectors
-    of the same documents (leave-one-out: no model groups the documents it is judged by)."""
+def cluster_purity(embeddings: list[np.ndarray], rows: np.ndarray, clusters: int = CLUSTERS, k: int = NEAREST,
+                   seeds: Iterable[int] = range(SEEDS), nearest: list[np.ndarray] | None = None) -> np.ndarray:
+    """(models, len(rows)) the share of each of `rows`' documents' k nearest other documents (by each model's own
+    vectors, cosine; or `nearest`, each model's (rows, k) of them) that fall in its group of the consensus_groups of
+    the *other* models' vectors of the same documents (leave-one-out: no model groups the documents it is judged by),
+    averaged over k-means `seeds` (one seed's grouping is luck at a few thousand documents)."""
     if len(embeddings) < 2:
         raise ValueError("cluster purity needs at least 2 models: each is judged by the others' grouping")
-    return np.stack([neighbour_purity(x, consensus_groups(embeddings[:m] + embeddings[m + 1:], clusters, seed), rows, k)
-                     for m, x in enumerate(embeddings)])
+    seeds = list(seeds)
+    nearest = nearest or [neighbour_rankings(x, rows, depth=k) for x in embeddings]  # each (rows, k)
+    purity = np.zeros((len(embeddings), len(rows)))
+    for m in range(len(embeddings)):
+        for seed in seeds:
+            groups = consensus_groups(embeddings[:m] + embeddings[m + 1:], clusters, seed)  # (documents,)
+            purity[m] += group_share(nearest[m], groups, rows) / len(seeds)
+    return purity
 
 
 def effective_rank(x: np.ndarray) -> float:
@@ -162,14 +174,22 @@ def effective_rank(x: np.ndarray) -> float:
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
-def consensus_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict[str, pd.Series]:
-    """Each model's per-query consensus nDCG@10 against the others of `pool` (name → its evaluate artifact on a pooled
-    yardstick, whose YARDSTICK_TOP table holds each query's ranking), by query id: no model judges itself."""
+def pool_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict[str, pd.Series]:
+    """Each model's per-query score against the others of `pool` (name → its evaluate artifact on one pooled
+    yardstick, whose YARDSTICK_TOP table holds what each model found), by query id: no model judges itself. A
+    consensus or the neighbours: nDCG@10 against the others' fused rankings (consensus_ndcg); the clusters: each
+    document's neighbours' purity in the others' grouping (cluster_purity)."""
     tops = {name: store.read_table(ref, YARDSTICK_TOP).to_pandas().set_index("query_id").sort_index()
             for name, ref in pool.items()}
     first = next(iter(tops.values()))
     rankings = np.stack([np.stack(t.loc[first.index, "top"].to_numpy()) for t in tops.values()])  # (models, q, depth)
-    own = first["own"].to_numpy() if "own" in first else None  # a text query's own document (not the neighbours')
-    documents = int(max(rankings.max(), own.max() if own is not None else 0)) + 1
-    scores = consensus_ndcg(rankings, documents, own=own)  # (models, queries)
+    if "vector" in first:  # the clusters: every document asks; `own`, its row among the evaluated documents
+        own = first["own"].to_numpy()
+        order = np.argsort(own)  # (documents,): the queries in the documents' order
+        vectors = [np.stack(t.loc[first.index, "vector"].to_numpy())[order] for t in tops.values()]  # (docs, dims)
+        scores = cluster_purity(vectors, own, nearest=list(rankings))  # (models, queries)
+    else:
+        own = first["own"].to_numpy() if "own" in first else None  # a text query's own document (not the neighbours')
+        documents = int(max(rankings.max(), own.max() if own is not None else 0)) + 1
+        scores = consensus_ndcg(rankings, documents, own=own)  # (models, queries)
     return {name: pd.Series(row, index=first.index) for name, row in zip(tops, scores)}

@@ -19,7 +19,7 @@ from tasks.config.evaluation import YARDSTICK_METRICS
 from tasks.config.queries import HELD_OUT
 from tasks.config.yardsticks import yardstick_kind
 from tasks.encoders.budget import CHARS_PER_TOKEN
-from tasks.metrics.pool import consensus_scores
+from tasks.metrics.pool import pool_scores
 from tasks.metrics.significance import PairedDifference, bootstrap_spearman_difference, paired_difference
 from tasks.metrics.speed import SPEED_METRICS
 
@@ -243,8 +243,8 @@ def paired_differences(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
 
 
 def pooled_yardsticks(catalog: Catalog, entries: list[dict]) -> list[tuple[str, str, dict[str, pd.Series]]]:
-    """The pooled yardsticks (consensus, neighbours: no score of one model) the entries' evaluate artifacts ranked:
-    (dataset, metric, each model's per-query scores), the models that ranked one yardstick's held-out queries judging
+    """The pooled yardsticks (consensus, neighbours, clusters: no score of one model) the entries' evaluate artifacts
+    ranked: (dataset, metric, each model's per-query scores), the models that ranked one yardstick's queries judging
     each other (tasks/metrics/pool.py); none for a yardstick fewer than two of them ranked."""
     return _pooled(catalog.store, tuple((e["label"], e["key"]) for e in entries))
 
@@ -258,7 +258,7 @@ def _pooled(store: ArtifactStore, entries: tuple[tuple[str, str], ...]) -> list[
             manifest = store.manifest(ref)
             pools.setdefault((manifest["config"]["dataset"], manifest["input_roles"]["yardstick"]), {})[label] = ref
     return [(dataset, YARDSTICK_METRICS[yardstick_kind(store.manifest(ArtifactRef("yardstick", key)))],
-             consensus_scores(store, pool)) for (dataset, key), pool in pools.items() if len(pool) > 1]
+             pool_scores(store, pool)) for (dataset, key), pool in pools.items() if len(pool) > 1]
 
 
 def pooled_rows(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
@@ -266,7 +266,7 @@ def pooled_rows(catalog: Catalog, entries: list[dict]) -> pd.DataFrame:
     order = {e["label"]: (i, e["method"]) for i, e in enumerate(dict((e["label"], e) for e in entries).values())}
     return pd.DataFrame([dict(ord=order[model][0], model=model, method=order[model][1], dataset=dataset, metric=metric,
                               value=float(s.mean()), std=np.nan, n=len(s), split=HELD_OUT, status="ok",
-                              note=f"judged by the fusion of the other {len(judged) - 1} models' rankings")
+                              note=f"judged by the other {len(judged) - 1} models (their rankings fused, or grouping)")
                          for dataset, metric, judged in pooled_yardsticks(catalog, entries)
                          for model, s in judged.items()])
 

@@ -212,6 +212,20 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert near["score"].notna().sum() == ladder["score"].notna().sum() and near["score"].dropna().between(0, 1).all()
     assert by_neighbours["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
 
+    # The clusters: every document asks, each candidate judged by the others' k-means grouping, paired by document.
+    clusters_id, by_clusters = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "clusters"},
+                                                        out=str(tmp_path / "clusters")))
+    stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [clusters_id])
+    assert {(r["key"], r["state"]) for r in stages if r["key"] in first_keys} == {(k, "Cached") for k in first_keys}
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    section = (store.path(decided) / "selection.md").read_text()
+    assert "Yardstick: clusters_purity_at_10, each document of the corpus, by its own vector" in section
+    grouped = store.read_table(decided, "ladder").to_pandas()
+    assert grouped["score"].notna().sum() == ladder["score"].notna().sum()
+    assert grouped["score"].dropna().between(0, 1).all()
+    assert by_clusters["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
+    assert "over 400 queries" in by_clusters["said"]  # every document asks
+
     # Another corpus (its first 300 documents) on the same store: the same candidates' labels (crops@0.003, ...),
     # other trained models. Each search exports its own winner, never the other's of the same label.
     other_id, other = run_select(select_config(tmp_path, limit=300, out=str(tmp_path / "other")))

@@ -7,7 +7,7 @@ import pytest
 from storage.base import ArtifactRef
 from storage.catalog import YARDSTICK_TOP, Catalog
 from storage.store import ArtifactStore
-from tasks.metrics.pool import consensus_scores
+from tasks.metrics.pool import pool_scores
 from tasks.report import REPORT, ReportEntry, ReportInputs, ReportJob
 from tasks.reporting.tables import beside_teacher, comparison_table, long_rows, paired_differences, to_markdown
 from tests.helpers import write_scores
@@ -91,7 +91,7 @@ def test_a_static_model_is_set_beside_its_teacher_with_the_share_it_keeps_and_bo
 
 def test_a_pooled_yardstick_is_scored_by_the_models_judging_each_other_in_every_view(tmp_path):
     """The neighbours (a pooled kind) give no score of one model: the models that ranked one yardstick's held-out
-    documents judge each other, as select's candidates do (tasks/metrics/pool.py: consensus_scores), in the table,
+    documents judge each other, as select's candidates do (tasks/metrics/pool.py: pool_scores), in the table,
     the long rows and the paired differences, which the report stage, `embforge run` and `embforge report` share."""
     store, rng = ArtifactStore(tmp_path), np.random.default_rng(0)
     with store.writing(ArtifactRef("yardstick", "y1"), config={}, inputs=[], code_version="v", libraries={}) as out:
@@ -104,7 +104,7 @@ def test_a_pooled_yardstick_is_scored_by_the_models_judging_each_other_in_every_
                             roles={"yardstick": "y1"}, model=m, dataset="docs", status="ok")
                for m in "abcd"]  # d ranked nothing (no rankings stored): not in the pool
     catalog = Catalog(store)
-    judged = consensus_scores(store, {m: ArtifactRef("evaluate", f"eval-{m}") for m in "abc"})
+    judged = pool_scores(store, {m: ArtifactRef("evaluate", f"eval-{m}") for m in "abc"})
     means = [f"{judged[m].mean():.3f}" for m in "abc"]
     assert comparison_table(catalog, entries).set_index("task").loc["docs: neighbours_ndcg_at_10"].tolist() == [
         *means, ""]

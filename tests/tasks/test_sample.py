@@ -3,6 +3,7 @@
 import pandas as pd
 import pytest
 
+from storage.catalog import YARDSTICK_TOP
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
 from tasks.config.evaluation import YardstickConfig
@@ -65,6 +66,17 @@ def test_the_labels_sample_draws_the_documents_it_ranks_and_keeps_a_document_of_
     scores = EVALUATE.run(store, job, EvaluateInputs(documents=sample, embeddings=embedded, yardstick=ref))
     metrics = store.read_table(scores, "metrics").to_pandas().set_index("metric")
     assert metrics.loc["label_ndcg_at_10", "n"] == len(asking)
+
+
+def test_the_clusters_sample_is_a_draw_and_every_sampled_document_asks(corpus, tiny_dir):
+    store, documents, _, docs = corpus
+    ref, sample, got = sampled(store, documents, TITLES.model_copy(update={"kind": "clusters"}), 30)
+    assert len(got) == 30 and store.manifest(sample)["extra"] == {"documents": 30, "of": 200, "needed": 0}
+    embedded = EMBED.run(store, EmbedJob(model=tiny_dir, max_length=32, batch_size=16), EmbedInputs(documents=sample))
+    job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
+    scores = EVALUATE.run(store, job, EvaluateInputs(documents=sample, embeddings=embedded, yardstick=ref))
+    top = store.read_table(scores, YARDSTICK_TOP).to_pandas()
+    assert top["query_id"].tolist() == ("doc-" + got["doc_id"]).tolist() and top["own"].tolist() == list(range(30))
 
 
 def test_at_most_max_queries_ask_drawn_by_id_and_the_rest_stay_held_out(corpus):

@@ -5,8 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from storage.base import ArtifactRef
 from storage.catalog import YARDSTICK_SCORES, YARDSTICK_TOP
 from storage.store import ArtifactStore
+from tasks import embed
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import KnnConfig, YardstickConfig
@@ -19,6 +21,7 @@ from tasks.encoders.encode import PooledEncoder
 from tasks.evaluate import EVALUATE, QUERY_SCORES, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.metrics import retrieval, unit_rows
+from tasks.metrics.pool import cluster_purity, pool_scores
 from tasks.pairs import PAIRS, PairsConfig, PairsInputs
 from tasks.sentences import SENTENCES, SentencesInputs
 from tasks.yardstick import NO_RELEVANT, TRAINED_ON, YARDSTICK, YardstickInputs, YardstickJob, llm_queries_needed
@@ -252,6 +255,40 @@ def test_the_neighbours_keep_each_held_out_document_s_nearest_others_and_no_scor
         q = int(np.flatnonzero(docs["doc_id"] == doc)[0])
         order = [i for i in np.argsort(-(x @ x[q]), kind="stable") if i != q]
         assert list(top.loc[f"doc-{doc}", "top"][:10]) == order[:10]
+
+
+def test_the_clusters_ask_with_every_document_and_the_pool_groups_the_other_models_vectors(corpus, tiny_dir):
+    """Every document asks (none drawn, the held-out share still out of training); the evaluate stage keeps each one's
+    10 nearest others and its vector, and pool_scores judges each model by the others' grouping, paired by document."""
+    store, documents, _, docs, _ = corpus
+    ref = YARDSTICK.run(store, CFG.model_copy(update={"kind": "clusters", "max_queries": 5}),
+                        YardstickInputs(documents=documents))
+    queries = store.read_table(ref, "queries").to_pandas()
+    held = held_out_documents(docs["doc_id"].tolist(), CFG)
+    assert queries["doc_id"].tolist() == docs["doc_id"].tolist() and (queries["status"] == "ok").all()
+    assert set(queries.loc[queries["split"] == "held_out", "doc_id"]) == held
+    assert store.manifest(ref)["extra"] == {"kind": "clusters", "held_out": len(held), "share": 0.2, "queries": 80}
+    job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
+    pool = {}
+    for length in (64, 16, 8):  # one model read three ways: three different vectors of the same documents
+        emb = EMBED.run(store, EmbedJob(model=tiny_dir, max_length=length, batch_size=16),
+                        EmbedInputs(documents=documents))
+        pool[length] = EVALUATE.run(store, job, EvaluateInputs(documents=documents, embeddings=emb, yardstick=ref))
+    top = store.read_table(pool[64], YARDSTICK_TOP).to_pandas()
+    assert YARDSTICK_SCORES not in store.manifest(pool[64])["rows"] and len(top) == 80
+    x = unit_rows(PooledEncoder(tiny_dir, "cpu").encode(docs["text"].tolist(), 64))
+    np.testing.assert_allclose(unit_rows(np.stack(top["vector"].to_numpy())), x, atol=1e-5)
+    assert list(top.loc[0, "top"]) == [i for i in np.argsort(-(x @ x[0]), kind="stable") if i != 0][:10]
+    judged = pool_scores(store, pool)
+    vectors = [embed.read_embeddings(store, store_input(store, pool[m], "embeddings"), "mean") for m in pool]
+    by_hand = cluster_purity(vectors, np.arange(80))
+    for m, (name, scores) in enumerate(judged.items()):
+        assert sorted(scores.index) == sorted("doc-" + docs["doc_id"]) and scores.between(0, 1).all()
+        np.testing.assert_allclose(scores["doc-" + docs["doc_id"]].to_numpy(), by_hand[m])
+
+
+def store_input(store, ref, role):
+    return ArtifactRef("embed", store.manifest(ref)["input_roles"][role])
 
 
 def write_qrels(path, rows: list[tuple[str, str, str, int]]) -> str:

@@ -93,11 +93,12 @@ def test_effective_rank():
     assert pool.effective_rank(rng.normal(size=(2000, 8))) == pytest.approx(8, rel=0.05)
 
 
-def test_neighbour_purity_is_the_share_of_nearest_others_in_the_same_group():
+def test_group_share_is_the_share_of_nearest_others_in_the_same_group():
     x = np.array([[1.0, 0.0], [0.9, 0.1], [0.8, 0.3], [0.0, 1.0], [0.1, 0.9]])
     groups = np.array([0, 0, 1, 1, 1])
+    rows = np.array([0, 3])
     # document 0's two nearest others are 1 (group 0) and 2 (group 1); document 3's are 4 and 2 (both group 1)
-    assert pool.neighbour_purity(x, groups, np.array([0, 3]), k=2).tolist() == [0.5, 1.0]
+    assert pool.group_share(pool.neighbour_rankings(x, rows, depth=2), groups, rows).tolist() == [0.5, 1.0]
 
 
 def test_cluster_purity_ranks_models_that_group_like_the_others_first():
@@ -116,3 +117,22 @@ def test_cluster_purity_ranks_models_that_group_like_the_others_first():
     assert means[0] > means[2] > means[3] and means[1] > means[2]  # sharp > blurred > a model with no topics
     with pytest.raises(ValueError, match="at least 2 models"):
         pool.cluster_purity([sharp], np.arange(60))
+
+
+def test_a_candidate_cannot_vote_for_itself_by_its_grouping():
+    """Three models that group 60 documents by their 3 topics, and a fourth whose neighbourhoods are as sharp but by
+    another split of the documents: judged by the others' grouping alone, the fourth scores near chance; a grouping
+    with its own vectors in it would have rewarded its own split."""
+    rng = np.random.default_rng(5)
+    topic, other = np.repeat([0, 1, 2], 20), np.tile([0, 1, 2], 20)
+    centres = rng.normal(size=(3, 16)) * 4
+
+    def model(groups: np.ndarray, seed: int) -> np.ndarray:
+        return centres[groups] + np.random.default_rng(seed).normal(size=(60, 16))
+
+    models = [model(topic, 1), model(topic, 2), model(topic, 3), model(other, 4)]
+    means = pool.cluster_purity(models, np.arange(60), clusters=3, k=5, seeds=[0, 1]).mean(axis=1)
+    assert means[:3].min() > 0.9 and means[3] < 0.5
+    nearest = [pool.neighbour_rankings(x, np.arange(60), depth=5) for x in models]
+    assert np.allclose(pool.cluster_purity(models, np.arange(60), clusters=3, k=5, seeds=[0, 1], nearest=nearest),
+                       pool.cluster_purity(models, np.arange(60), clusters=3, k=5, seeds=[0, 1]))
