@@ -17,7 +17,8 @@ its two columns). Each candidate's score on each yardstick:
     clusters                pool.cluster_purity: each held-out document's 10 nearest others (by the model's own
                             vectors) in its group of the others' k-means consensus (20 groups of every document;
                             leave-one-out); clusters_all: every document asks (no titles, no LLM, no labels);
-                            clusters_seeds: clusters_all averaged over k-means seeds 0-3
+                            clusters_seeds: clusters_all averaged over k-means seeds 0-3, the `clusters` kind
+                            of select (tasks/metrics/pool.py's cluster_purity with its defaults)
     neighbours_all          the neighbours with every document asking
     combined                the mean of each model's ranks on titles, neighbours and clusters_all
     information             pool.information of the held-out documents' embeddings (pool = all)
@@ -59,6 +60,7 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks import embed
 from tasks.config.splits import HeldOutShare
+from tasks.config.yardsticks import NEAREST
 from tasks.core.held_out import held_out_queries
 from tasks.encoders.encode import encoder_at
 from tasks.metrics import pool, retrieval
@@ -68,7 +70,6 @@ from tasks.select import yardstick_scores
 CORPORA = [*LABELLED, "scifact"]
 YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "neighbours", "neighbours_all",
                    "clusters", "clusters_all", "clusters_seeds", "combined", "information", "effective_rank"]
-SEEDS = range(4)  # clusters_seeds: k-means' seeds averaged (one seed's grouping is luck at this size)
 COMBINED = ("titles", "neighbours", "clusters_all")  # combined: the mean of these three rankings (chosen beforehand)
 LLM_NAMES = {"queries", "consensus_queries"}  # the LLM-queries run's (--no-llm leaves them out)
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
@@ -226,10 +227,11 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     held = pd.Series(np.arange(len(documents)), index=documents)[by_titles[labels[0]]["held"]["doc_id"].unique()]
     start = time.perf_counter()
     vectors = [by_titles[m]["docs"] for m in labels]
-    # (models, documents): every document's cluster purity, one grouping per model; the held-out ones are a subset
-    purity = pool.cluster_purity(vectors, np.arange(len(documents)))
-    seeded = np.mean([pool.cluster_purity(vectors, np.arange(len(documents)), seed=seed).mean(axis=1)
-                      for seed in SEEDS], axis=0)
+    # (models, documents): every document's cluster purity, one grouping per model (k-means seed 0); the held-out ones
+    # are a subset; and the clusters kind's (select's `kind: clusters`: k-means seeds averaged)
+    nearest = [pool.neighbour_rankings(x, np.arange(len(documents)), NEAREST) for x in vectors]
+    purity = pool.cluster_purity(vectors, np.arange(len(documents)), seeds=[0], nearest=nearest)
+    seeded = pool.cluster_purity(vectors, np.arange(len(documents)), nearest=nearest).mean(axis=1)
     # (models, queries): each held-out query's nDCG@10; their means are the evaluate stage's title_/generated_ndcg_at_10
     per_query = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
                                  .to_numpy() for m in labels])
