@@ -27,8 +27,10 @@ Truth: kNN accuracy (knn_accuracy_splits, the mean over 10 splits) on labelled c
 nDCG@10 over the corpus (every judged document relevant), each claim encoded by the model, the corpus from the cache.
 Per corpus and yardstick: Kendall's tau-b of the yardstick's scores against the truth over the candidates, and a
 one-sided permutation p-value (H1: tau > 0): p = (1 + #{permutations of the yardstick's scores with tau >= observed})
-/ (1 + --perms). A rerun recomputes nothing but the pool scores and the SciFact claims; --from-store reads the
-store's last runs of each corpus instead of running (the figures of a store made earlier, whatever code made it).
+/ (1 + --perms); and the model it ranks first with its regret, the truth's best score minus that model's (what
+picking by the yardstick would have lost: the untrained model is among those ranked). A rerun recomputes nothing
+but the pool scores and the SciFact claims; --from-store reads the store's last runs of each corpus instead of
+running (the figures of a store made earlier, whatever code made it).
 Split halves (`halves`): how well the truth and the titles and LLM queries each agree with themselves, the mean tau
 between two random halves of their units (kNN's splits, SciFact's claims, the yardstick's queries), and each
 yardstick's half against the truth's: where a yardstick's halves agree well and it still disagrees with the truth at
@@ -256,15 +258,18 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     halves = dict(truth=split_half_tau(units), **{kind: split_half_tau(q) for kind, q in per_query.items()},
                   **{f"{kind}_truth": split_half_tau(q, units) for kind, q in per_query.items()})
     pool_s = time.perf_counter() - start
-    results = {y: dict(zip(("tau", "p"), permutation_tau(np.array(truth), np.array(table[y]), args.perms)))
+    results = {y: dict(zip(("tau", "p"), permutation_tau(np.array(truth), np.array(table[y]), args.perms)),
+                       # the model the yardstick ranks first, and what it loses on the truth to the truth's best
+                       first=labels[int(np.argmax(table[y]))], regret=max(truth) - truth[int(np.argmax(table[y]))])
                for y in YARDSTICK_NAMES if y in table}
     print(f"\n{name}: {len(labels)} models, {len(documents)} documents, {len(held)} held out, "
           f"{len(by_titles[labels[0]]['held'])} titles, {len(by_queries[labels[0]]['held']) if args.llm else 'no'} "
           "generated queries; "
           f"truth {'kNN accuracy' if labelled else 'SciFact test claims nDCG@10'}")
-    print(f"  {'yardstick':<18} {'tau':>6} {'p':>7}")
-    for y in results:
-        print(f"  {y:<18} {results[y]['tau']:>+6.2f} {results[y]['p']:>7.4f}")
+    print(f"  {'yardstick':<18} {'tau':>6} {'p':>7}  {'first':<22} {'regret':>6}  (truth's best: "
+          f"{labels[int(np.argmax(truth))]})")
+    for y, r in results.items():
+        print(f"  {y:<18} {r['tau']:>+6.2f} {r['p']:>7.4f}  {r['first']:<22} {r['regret']:>6.3f}")
     print(f"  split halves: the truth's agree at {halves['truth']:+.2f}; " + "; ".join(
         f"the {kind}' at {halves[kind]:+.2f}, with the truth's at {halves[kind + '_truth']:+.2f}"
         for kind in per_query))
@@ -277,7 +282,9 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
                 queries_asked=len(by_queries[labels[0]]["held"]) if args.llm else None,
                 truth_kind="knn_accuracy_splits" if labelled else "scifact_test_ndcg_at_10",
                 models=labels, truth=dict(zip(labels, truth)), scores={y: dict(zip(labels, table[y])) for y in table},
-                tau={y: r["tau"] for y, r in results.items()}, p={y: r["p"] for y, r in results.items()}, halves=halves,
+                tau={y: r["tau"] for y, r in results.items()}, p={y: r["p"] for y, r in results.items()},
+                first={y: r["first"] for y, r in results.items()}, regret={y: r["regret"] for y, r in results.items()},
+                halves=halves,
                 titles_run_s=round(titles_s, 1), queries_run_s=round(queries_s, 1), pool_s=round(pool_s, 1))
 
 
@@ -304,10 +311,11 @@ def main() -> None:
     start = time.perf_counter()
     rows = [one_corpus(name, args) for name in args.corpora]
     summary = {y: dict(median_tau=float(np.median([r["tau"][y] for r in rows])),
-                       significant=sum(r["p"][y] < 0.05 for r in rows), corpora=len(rows)) for y in rows[0]["tau"]}
-    print(f"summary over {len(rows)} corpora: yardstick, median tau, corpora with p < 0.05")
+                       significant=sum(r["p"][y] < 0.05 for r in rows), corpora=len(rows),
+                       mean_regret=float(np.mean([r["regret"][y] for r in rows]))) for y in rows[0]["tau"]}
+    print(f"summary over {len(rows)} corpora: yardstick, median tau, corpora with p < 0.05, mean regret of its first")
     for y, s in summary.items():
-        print(f"  {y:<18} {s['median_tau']:>+6.2f} {s['significant']:>3}/{s['corpora']}")
+        print(f"  {y:<18} {s['median_tau']:>+6.2f} {s['significant']:>3}/{s['corpora']} {s['mean_regret']:>7.3f}")
     print(json.dumps(dict(corpora=rows, summary=summary, docs=args.docs, recipes=args.recipes, lrs=args.lrs,
                           budgets=args.budgets, held_out=args.held_out, llm=args.llm, perms=args.perms,
                           config=args.config, sets=args.sets,
