@@ -25,6 +25,7 @@ search's candidates by each other, and the report, which judges its models so.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import numpy as np
@@ -33,6 +34,7 @@ import pandas as pd
 from storage.base import ArtifactRef
 from storage.catalog import YARDSTICK_TOP
 from storage.store import ArtifactStore
+from storage.stores import store_at
 from tasks.config.yardsticks import CLUSTERS, NEAREST, SEEDS
 from tasks.metrics import block_rows, unit_rows
 from tasks.metrics.retrieval import cosines
@@ -178,9 +180,16 @@ def pool_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict[str,
     """Each model's per-query score against the others of `pool` (name → its evaluate artifact on one pooled
     yardstick, whose YARDSTICK_TOP table holds what each model found), by query id: no model judges itself. A
     consensus or the neighbours: nDCG@10 against the others' fused rankings (consensus_ndcg); the clusters: each
-    document's neighbours' purity in the others' grouping (cluster_purity)."""
+    document's neighbours' purity in the others' grouping (cluster_purity). Remembered for a few pools by the store's
+    address (artifacts never change): the select flow judges each rung's pool, and its stage the same pools again."""
+    return {name: scores.copy() for name, scores in _judged(store.url, tuple(pool.items()))}
+
+
+@functools.lru_cache(maxsize=8)
+def _judged(url: str, pool: tuple[tuple[str, ArtifactRef], ...]) -> tuple[tuple[str, pd.Series], ...]:
+    store = store_at(url)
     tops = {name: store.read_table(ref, YARDSTICK_TOP).to_pandas().set_index("query_id").sort_index()
-            for name, ref in pool.items()}
+            for name, ref in pool}
     first = next(iter(tops.values()))
     rankings = np.stack([np.stack(t.loc[first.index, "top"].to_numpy()) for t in tops.values()])  # (models, q, depth)
     if "vector" in first:  # the clusters: every document asks; `own`, its row among the evaluated documents
@@ -192,4 +201,4 @@ def pool_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict[str,
         own = first["own"].to_numpy() if "own" in first else None  # a text query's own document (not the neighbours')
         documents = int(max(rankings.max(), own.max() if own is not None else 0)) + 1
         scores = consensus_ndcg(rankings, documents, own=own)  # (models, queries)
-    return {name: pd.Series(row, index=first.index) for name, row in zip(tops, scores)}
+    return tuple((name, pd.Series(row, index=first.index)) for name, row in zip(tops, scores))
