@@ -89,16 +89,31 @@ def test_a_static_model_is_set_beside_its_teacher_with_the_share_it_keeps_and_bo
     assert "## b beside its teacher a" in markdown and "| docs: knn_accuracy | 0.500 | 0.250 | 50.0% |" in markdown
 
 
-def test_a_pooled_yardstick_is_scored_by_the_models_judging_each_other_in_every_view(tmp_path):
-    """The neighbours (a pooled kind) give no score of one model: the models that ranked one yardstick's held-out
-    documents judge each other, as select's candidates do (tasks/metrics/pool.py: pool_scores), in the table,
-    the long rows and the paired differences, which the report stage, `embforge run` and `embforge report` share."""
+def ranked_by(kind: str, rng: np.random.Generator) -> pa.Table:
+    """What one model's evaluate artifact keeps of a pooled yardstick (YARDSTICK_TOP): the neighbours' 6 held-out
+    documents' rankings of 20; the clusters' every one of 30 documents' 10 nearest others and its vector."""
+    if kind == "neighbours":
+        return pa.table({"query_id": [f"doc-{q}" for q in range(6)],
+                         "top": pa.array([rng.permutation(20)[:10].astype(np.int32) for _ in range(6)],
+                                         pa.list_(pa.int32()))})
+    vectors = rng.normal(size=(30, 8)).astype(np.float32)
+    return pa.table({"query_id": [f"doc-{q:02d}" for q in range(30)], "own": pa.array(range(30), pa.int32()),
+                     "top": pa.array([np.delete(rng.permutation(30), 0)[:10].astype(np.int32) for _ in range(30)],
+                                     pa.list_(pa.int32())),
+                     "vector": pa.array(list(vectors), pa.list_(pa.float32()))})
+
+
+@pytest.mark.parametrize("kind, metric, asked", [("neighbours", "neighbours_ndcg_at_10", 6),
+                                                 ("clusters", "clusters_purity_at_10", 30)])
+def test_a_pooled_yardstick_is_scored_by_the_models_judging_each_other_in_every_view(tmp_path, kind, metric, asked):
+    """The neighbours and the clusters (pooled kinds) give no score of one model: the models that ranked one
+    yardstick's documents judge each other, as select's candidates do (tasks/metrics/pool.py: pool_scores), in the
+    table, the long rows and the paired differences, which the report stage, `embforge run` and `embforge report`
+    share."""
     store, rng = ArtifactStore(tmp_path), np.random.default_rng(0)
     with store.writing(ArtifactRef("yardstick", "y1"), config={}, inputs=[], code_version="v", libraries={}) as out:
-        out.extra["kind"] = "neighbours"
-    ranked = {m: pa.table({"query_id": [f"doc-{q}" for q in range(6)],
-                           "top": pa.array([rng.permutation(20)[:10].astype(np.int32) for _ in range(6)],
-                                           pa.list_(pa.int32()))}) for m in "abc"}
+        out.extra["kind"] = kind
+    ranked = {m: ranked_by(kind, rng) for m in "abc"}
     entries = [write_scores(store, "evaluate", f"eval-{m}", [dict(metric="final_loss", value=1.0)],
                             tables={YARDSTICK_TOP: ranked[m]} if m in ranked else {}, config={"dataset": "docs"},
                             roles={"yardstick": "y1"}, model=m, dataset="docs", status="ok")
@@ -106,19 +121,19 @@ def test_a_pooled_yardstick_is_scored_by_the_models_judging_each_other_in_every_
     catalog = Catalog(store)
     judged = pool_scores(store, {m: ArtifactRef("evaluate", f"eval-{m}") for m in "abc"})
     means = [f"{judged[m].mean():.3f}" for m in "abc"]
-    assert comparison_table(catalog, entries).set_index("task").loc["docs: neighbours_ndcg_at_10"].tolist() == [
+    assert comparison_table(catalog, entries).set_index("task").loc[f"docs: {metric}"].tolist() == [
         *means, ""]
-    paired = paired_differences(catalog, entries).query("metric == 'neighbours_ndcg_at_10'")
+    paired = paired_differences(catalog, entries).query(f"metric == '{metric}'")
     assert list(zip(paired["model"], paired["versus"])) == [("b", "a"), ("c", "a"), ("c", "b")]
-    assert paired["n"].tolist() == [6] * 3
+    assert paired["n"].tolist() == [asked] * 3
     assert paired["difference"].iloc[1] == pytest.approx((judged["c"] - judged["a"]).mean())
-    long = long_rows(catalog, entries).query("metric == 'neighbours_ndcg_at_10'")
+    long = long_rows(catalog, entries).query(f"metric == '{metric}'")
     assert long["model"].tolist() == ["a", "b", "c"] and long["value"].tolist() == pytest.approx(
         [judged[m].mean() for m in "abc"])
     assert set(long["status"]) == {"ok"} and set(long["split"]) == {"held_out"}
     job = ReportJob(title="t", entries=[ReportEntry(label=m, method="m") for m in "abcd"])
     report = REPORT.run(store, job, ReportInputs(scores={e["label"]: [ArtifactRef("evaluate", e["key"])]
                                                          for e in entries}))
-    assert f"| docs: neighbours_ndcg_at_10 | {' | '.join(means)} |  |" in (store.path(report) / "report.md").read_text()
+    assert f"| docs: {metric} | {' | '.join(means)} |  |" in (store.path(report) / "report.md").read_text()
     # One model that ranked them is no pool: no score.
-    assert "docs: neighbours_ndcg_at_10" not in comparison_table(catalog, entries[2:])["task"].tolist()
+    assert f"docs: {metric}" not in comparison_table(catalog, entries[2:])["task"].tolist()
