@@ -3,11 +3,11 @@
 Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs (tasks/select.py). Each
 rung is an ordinary cached train stage that goes on from the candidate's rung before (`until`, `resume`: no step is
 trained twice), merged where LoRA is on, and scored by the evaluate stage on the yardstick (tasks/yardstick.py: by your
-queries, labels, neighbours, titles or an LLM's queries; on a large corpus among a sample of it, tasks/sample.py), whose
-documents no candidate trains on. Every candidate is on one schedule of `select.budget` steps (`train.max_steps`, over
-as many epochs of its view as that takes: the pairs stage counts them), so a rung means the same for all. The select
-stage decides with paired intervals (tasks/select.py); the chosen model is registered and exported with the decision on
-its card. A rerun recomputes nothing; a new candidate reuses the others' rungs.
+queries, labels, titles, clusters, neighbours or an LLM's queries; on a large corpus among a sample of it,
+tasks/sample.py), whose held-out documents no candidate trains on. Every candidate is on one schedule of `select.budget`
+steps (`train.max_steps`, over as many epochs of its view as that takes: the pairs stage counts them), so a rung means
+the same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is registered and
+exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others' rungs.
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
     rung_name, the steps the chained candidates' earlier stages trained before their rungs). A rung's stages are
     all asked for before any is waited on, so a task runner (`run.task_runner`) trains and scores its candidates side
     by side. A chained candidate (CHAINS: llm2vec) trains its earlier stages once to the budget, then climbs the rungs
-    as its last stage. On a pooled yardstick (consensus, neighbours) a rung's candidates and the untrained model
-    (`base`, its evaluate artifact) judge each other (tasks/select.py's rung_pool)."""
+    as its last stage. On a pooled yardstick (consensus, neighbours, clusters) a rung's candidates and the untrained
+    model (`base`, its evaluate artifact) judge each other (tasks/select.py's rung_pool)."""
     budget, yardstick = run.cfg.select.budget, run.cfg.evaluate.yardstick
     pooled = yardstick_pooled(run.settled(corpus.yardstick))
     models: dict[str, ReportedModel] = {}

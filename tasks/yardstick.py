@@ -3,7 +3,8 @@
 The held-out documents are drawn by a hash of (seed, doc_id) (tasks/core/held_out.py: the same documents whatever
 else the corpus holds) and are left out of every training view (tasks/pairs.py, `PairsConfig.yardstick`),
 so no candidate trained on them. The kinds, by what the user has (`auto`: qrels where given, else labels if they ask
-at least half as many queries as titles (else the neighbours) would, else titles, else the neighbours; where a
+at least half as many queries as titles (else the held-out documents) would, else titles, else the clusters (the
+neighbours where the corpus has too few documents to group); where a
 multi-vector model is among those ranked (`YardstickJob.per_token`), which MaxSim ranks by queries that are texts:
 qrels, else titles, else an LLM's queries; the log says why):
 
@@ -160,7 +161,7 @@ def generated_queries(store: ArtifactStore, generated: ArtifactRef, held: set[st
 def llm_queries_needed(cfg: YardstickJob, titled: int) -> bool:
     """Whether the yardstick asks by an LLM's queries (the flow then has them written first), from the ingest stage's
     counts: `queries`, or `consensus` or a multi-vector model's `auto` on a corpus without titles (a one-vector
-    model's `auto` never: it falls back on the neighbours)."""
+    model's `auto` never: it falls back on the clusters)."""
     return cfg.kind == "queries" or (not titled and (cfg.kind == "consensus" or (cfg.kind == "auto" and cfg.per_token)))
 
 
@@ -174,7 +175,8 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
     by_text = cfg.kind == "auto" and cfg.per_token  # MaxSim ranks queries that are texts
-    automatic = {k for k in KINDS if ranks_per_token(k, k)} if by_text else {"labels", "titles", "neighbours"}
+    automatic = ({k for k in KINDS if ranks_per_token(k, k)} if by_text else
+                 {"labels", "titles", "clusters", "neighbours"})
     wants = {cfg.kind} | (automatic if cfg.kind == "auto" else set()) | (
         set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
     if by_text:
@@ -217,14 +219,16 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
                          + (f"a larger corpus, a larger held-out share, or {more}" if more else
                             "a larger corpus or a larger held-out share"))
     # The user's queries first; then their labels, unless so few carry them that a paired interval over them would
-    # say little; then titles; then the neighbours (text alone). A consensus fuses rankings of titles, else the LLM's
-    # queries.
+    # say little; then titles; then the clusters (text alone: they agree with labels best of the label-free kinds at
+    # 2,000 documents, docs/select.md), the neighbours where a corpus is too small to group. A consensus fuses
+    # rankings of titles, else the LLM's queries.
     asks = {k: asking for k, (_, asking) in usable.items()}
-    order = [k for k in ("qrels", "labels", "titles", "neighbours", "clusters", "queries") if k in usable]
-    after = next((k for k in order if k in ("titles", "neighbours")), None)
-    if "labels" in order and after and 2 * asks["labels"] < asks[after]:
+    order = [k for k in ("qrels", "labels", "titles", "clusters", "neighbours", "queries") if k in usable]
+    after = next((k for k in order if k in ("titles", "clusters", "neighbours")), None)
+    rival = len(ids) if after and YARDSTICKS[after].every_document else asks.get(after)  # held-out askers, as labels'
+    if "labels" in order and after and 2 * asks["labels"] < rival:
         order.remove("labels")
-        log.info("the %s decide: %d labelled held-out documents ask, against %d", after, asks["labels"], asks[after])
+        log.info("the %s decide: %d labelled held-out documents ask, against %d", after, asks["labels"], rival)
     source = next(k for k in (TEXT_QUERIES if cfg.kind == "consensus" else order) if k in usable)
     if cfg.qrels and source != "qrels":
         log.warning("your queries cannot decide (%s); the %s do", found["qrels"], source)

@@ -107,8 +107,8 @@ class YardstickConfig(HeldOutShare):
         "vector for its nearest other documents, scored as a consensus; `clusters`: every document's 10 nearest "
         "others, by the share in its group of the other candidates' k-means grouping; `auto`: qrels where given, else "
         "labels, "
-        "unless fewer held-out documents ask by label than half those that would by title (else by neighbours), else "
-        "titles, else the neighbours.")
+        "unless fewer held-out documents ask by label than half those that would by title (else all held out), else "
+        "titles, else the clusters (the neighbours where too few documents to group).")
     qrels: str | None = Field(None, description="Parquet of your queries: query_id, query, doc_id, score (one row "
                               "per query and relevant document; score > 0 is relevant), the format of a local MTEB "
                               "retrieval task's `queries`. Read by `kind: qrels` or `auto`.")

@@ -198,7 +198,7 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     if by_consensus["exported"]:  # two searches on one store: each exported the model it chose
         assert by_consensus["exported"] == str(tmp_path / "consensus")
 
-    # The neighbours (auto's kind for a corpus without labels): each held-out document asks by its own vector, judged
+    # The neighbours (by name; auto's for text alone where too few documents to group): each held-out document asks by its own vector, judged
     # like a consensus; the same held-out documents, so the first rung comes from the cache (its ladder may take
     # other candidates further).
     near_id, by_neighbours = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "neighbours"},
@@ -306,10 +306,11 @@ def test_a_multi_vector_candidate_climbs_beside_a_dense_one_and_is_exported_as_w
 
 @pytest.mark.slow  # a search of one candidate, twice; the offline LLM (converted once per session) writes 12 queries
 @pytest.mark.usefixtures("prefect_harness")
-def test_a_text_only_corpus_is_judged_by_its_held_out_documents_neighbours_or_an_llm_s_queries(tmp_path, llm_dir):
-    """No title, no label, no queries of the user's: `auto` has each held-out document ask for its nearest others
-    (no LLM); `kind: queries` has the queries stage's LLM write queries for the held-out documents (here 4 of them,
-    3 each: `max_queries` 12), each asking for its own document. The training is the same for both."""
+def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_queries(tmp_path, llm_dir):
+    """No title, no label, no queries of the user's: `auto` has every document ask for its nearest others, judged by
+    the others' grouping (no LLM); `kind: queries` has the queries stage's LLM write queries for the held-out
+    documents (here 4 of them, 3 each: `max_queries` 12), each asking for its own document. The training is the same
+    for both."""
     docs = pd.read_parquet(DEMO_DOCS).head(120)[["doc_id", "text"]]
     docs.to_parquet(tmp_path / "plain.parquet")
     held_out = {"held_out": 0.25, "seed": 0, "max_queries": 12}
@@ -327,10 +328,10 @@ def test_a_text_only_corpus_is_judged_by_its_held_out_documents_neighbours_or_an
     assert "queries" not in {r["stage"] for r in stages}
     [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
     held = held_out_documents(docs["doc_id"].tolist(), YardstickConfig(**held_out))
-    assert store.manifest(yardstick)["extra"]["kind"] == "neighbours"
-    assert set(held_out_queries(store, yardstick).to_pandas()["doc_id"]) <= held
+    assert store.manifest(yardstick)["extra"]["kind"] == "clusters"
+    assert set(held_out_queries(store, yardstick).to_pandas()["doc_id"]) == held  # out of training, and asking
     decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
-    assert "Yardstick: neighbours_ndcg_at_10" in (store.path(decided) / "selection.md").read_text()
+    assert "Yardstick: clusters_purity_at_10" in (store.path(decided) / "selection.md").read_text()
     assert chosen["chosen"] in ("crops@0.003", "base")
     teacher = "crops@0.003" if chosen["exported"] else chosen["base"]
     assert chosen["static"] == str(tmp_path / "chosen-static") and (tmp_path / "chosen-static" / "README.md").exists()

@@ -169,6 +169,6 @@ def test_the_yardstick_s_queries_are_written_for_its_held_out_documents_only(tmp
     ("consensus", 0, False, True), ("consensus", 5, False, False), ("titles", 0, False, False),
     ("auto", 0, True, True), ("auto", 5, True, False), ("neighbours", 0, True, False)])
 def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, needed):
-    # auto: the neighbours need no LLM; where a multi-vector model is ranked, MaxSim needs queries that are texts
+    # auto: the clusters need no LLM; where a multi-vector model is ranked, MaxSim needs queries that are texts
     assert llm_queries_needed(YardstickJob(kind=kind, per_token=per_token), titled) is needed
     assert llm_queries_needed(YardstickJob(qrels="q.parquet"), 0) is False  # the user's queries ask

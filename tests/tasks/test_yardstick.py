@@ -186,7 +186,7 @@ def test_the_labels_yardstick_ranks_each_held_out_document_s_label_among_the_doc
     assert metrics.loc["label_mrr_at_10", "value"] == pytest.approx(mrr)
 
 
-def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_the_neighbours(tmp_path):
+def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_the_clusters(tmp_path):
     docs = pd.read_parquet(DEMO_DOCS).head(30).assign(label=None)
     docs.to_parquet(tmp_path / "titled.parquet")
     docs.assign(title=None).to_parquet(tmp_path / "bare.parquet")
@@ -194,14 +194,14 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
     store = ArtifactStore(tmp_path / "store")
     titled, bare, two = (INGEST.run(store, DataConfig(path=str(tmp_path / f"{name}.parquet")), NoInputs())
                          for name in ("titled", "bare", "two"))
-    for documents, kind in ((titled, "titles"), (bare, "neighbours")):  # text alone: no LLM needed
+    for documents, kind in ((titled, "titles"), (bare, "clusters")):  # text alone: no LLM needed
         assert store.manifest(YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents)))["extra"]["kind"] == kind
     # ... unless a multi-vector model is among those ranked: then an LLM writes queries for the held-out documents
     by_text = AUTO.model_copy(update={"per_token": True})
     assert not llm_queries_needed(AUTO, 0) and llm_queries_needed(by_text, 0) and not llm_queries_needed(by_text, 30)
     with pytest.raises(InputError, match=r"^yardstick titles: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a title; it needs at least 2: a larger corpus or a larger held-out "
-                                         "share$"):  # not the neighbours, and here no LLM's queries
+                                         "share$"):  # not the clusters, and here no LLM's queries
         YARDSTICK.run(store, by_text, YardstickInputs(documents=bare))
     with pytest.raises(InputError, match=r"yardstick labels: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a label that a document not held out shares, among 0 labels; it needs "
@@ -209,11 +209,12 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
                                          "documents with labels$"):
         YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=titled))
     with pytest.raises(InputError, match=r"yardstick labels: 0 .*; neighbours: 1 held-out documents \(20% of the "
-                                         r"corpus\); it needs at least 2: a larger corpus or a larger held-out share$"):
+                                         r"corpus\); it needs at least 2; clusters: 2 documents; it needs more than 20 "
+                                         r"\(its groups\): a larger corpus or a larger held-out share$"):
         YARDSTICK.run(store, AUTO, YardstickInputs(documents=two))
 
 
-def test_auto_takes_the_titles_or_the_neighbours_where_few_documents_carry_a_label(tmp_path, caplog):
+def test_auto_takes_the_titles_or_the_clusters_where_few_documents_carry_a_label(tmp_path, caplog):
     docs = pd.read_parquet(DEMO_DOCS).head(80)
     held = sorted(held_out_documents(docs["doc_id"].tolist(), CFG))
     docs.loc[docs["doc_id"].isin(held[3:]), "label"] = None  # 3 labelled held-out documents, all titled
@@ -229,11 +230,10 @@ def test_auto_takes_the_titles_or_the_neighbours_where_few_documents_carry_a_lab
     labels = YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=documents))
     assert store.manifest(labels)["extra"] == {"kind": "labels", "held_out": len(held), "share": 0.2,
                                                "queries": 3}  # when asked
-    with caplog.at_level("INFO"):  # no titles: every held-out document asks, by its own vector
+    with caplog.at_level("INFO"):  # no titles: every document asks, by its own vector, against the held-out count
         ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=bare))
-    assert store.manifest(ref)["extra"] == {"kind": "neighbours", "held_out": len(held), "share": 0.2,
-                                            "queries": len(held)}
-    assert f"the neighbours decide: 3 labelled held-out documents ask, against {len(held)}" in caplog.text
+    assert store.manifest(ref)["extra"] == {"kind": "clusters", "held_out": len(held), "share": 0.2, "queries": 80}
+    assert f"the clusters decide: 3 labelled held-out documents ask, against {len(held)}" in caplog.text
     queries = held_out_queries(store, ref).to_pandas()
     assert sorted(queries["doc_id"]) == held and (queries["query_id"] == "doc-" + queries["doc_id"]).all()
 
