@@ -198,9 +198,9 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     if by_consensus["exported"]:  # two searches on one store: each exported the model it chose
         assert by_consensus["exported"] == str(tmp_path / "consensus")
 
-    # The neighbours (by name; auto's for text alone where too few documents to group): each held-out document asks by its own vector, judged
-    # like a consensus; the same held-out documents, so the first rung comes from the cache (its ladder may take
-    # other candidates further).
+    # The neighbours (by name; auto's for text alone where too few documents to group): each held-out document asks
+    # by its own vector, judged like a consensus; the same held-out documents, so the first rung comes from the cache
+    # (its ladder may take other candidates further).
     near_id, by_neighbours = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "neighbours"},
                                                       out=str(tmp_path / "neighbours")))
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [near_id])
