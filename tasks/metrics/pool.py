@@ -181,15 +181,17 @@ def pool_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict[str,
     yardstick, whose YARDSTICK_TOP table holds what each model found), by query id: no model judges itself. A
     consensus or the neighbours: nDCG@10 against the others' fused rankings (consensus_ndcg); the clusters: each
     document's neighbours' purity in the others' grouping (cluster_purity). Remembered for a few pools by the store's
-    address (artifacts never change): the select flow judges each rung's pool, and its stage the same pools again."""
-    return {name: scores.copy() for name, scores in _judged(store.url, tuple(pool.items()))}
+    address and the artifacts' bytes (their manifests' SHA-256): the select flow judges each rung's pool, and its
+    stage the same pools again."""
+    held = tuple((name, ref, store.files_digest(ref)) for name, ref in pool.items())
+    return {name: scores.copy() for name, scores in _judged(store.url, held)}
 
 
 @functools.lru_cache(maxsize=8)
-def _judged(url: str, pool: tuple[tuple[str, ArtifactRef], ...]) -> tuple[tuple[str, pd.Series], ...]:
+def _judged(url: str, pool: tuple[tuple[str, ArtifactRef, str], ...]) -> tuple[tuple[str, pd.Series], ...]:
     store = store_at(url)
     tops = {name: store.read_table(ref, YARDSTICK_TOP).to_pandas().set_index("query_id").sort_index()
-            for name, ref in pool}
+            for name, ref, _ in pool}
     first = next(iter(tops.values()))
     rankings = np.stack([np.stack(t.loc[first.index, "top"].to_numpy()) for t in tops.values()])  # (models, q, depth)
     if "vector" in first:  # the clusters: every document asks; `own`, its row among the evaluated documents
