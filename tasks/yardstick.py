@@ -135,18 +135,19 @@ def neighbour_queries(docs: pa.Table, held: pa.Array) -> pa.Table:
 
 def cluster_queries(docs: pa.Table, held: pa.Array) -> pa.Table:
     """The clusters kind's queries: every document (its query: its id), in its split (held out or trained on)."""
-    split = pc.if_else(held, HELD_OUT, TRAIN)
-    return pa.table({"query_id": _named("doc-", docs["doc_id"]), "doc_id": docs["doc_id"], "split": split,
-                     "query": docs["doc_id"], "status": pa.array(["ok"] * docs.num_rows, pa.string())}, schema=SCHEMA)
+    return _queries(_named("doc-", docs["doc_id"]), docs["doc_id"], docs["doc_id"],
+                    pa.array(["ok"] * docs.num_rows, pa.string()), split=pc.if_else(held, HELD_OUT, TRAIN))
 
 
 def _named(prefix: str, doc_ids: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise(prefix, doc_ids, "")
 
 
-def _queries(query_ids: pa.Array, doc_ids: pa.Array, query: pa.Array, status: pa.Array) -> pa.Table:
-    return pa.table({"query_id": query_ids, "doc_id": doc_ids,
-                     "split": pa.array([HELD_OUT] * len(doc_ids), pa.string()), "query": query, "status": status},
+def _queries(query_ids: pa.Array, doc_ids: pa.Array, query: pa.Array, status: pa.Array,
+             split: pa.Array | None = None) -> pa.Table:
+    """The queries table; every query held out unless `split` says otherwise (the clusters' trained-on documents)."""
+    split = pa.array([HELD_OUT] * len(doc_ids), pa.string()) if split is None else split
+    return pa.table({"query_id": query_ids, "doc_id": doc_ids, "split": split, "query": query, "status": status},
                     schema=SCHEMA)
 
 
