@@ -62,7 +62,7 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks import embed
 from tasks.config.splits import HeldOutShare
-from tasks.config.yardsticks import NEAREST
+from tasks.config.yardsticks import NEAREST, SEEDS
 from tasks.core.held_out import held_out_queries
 from tasks.encoders.encode import encoder_at
 from tasks.metrics import pool, retrieval
@@ -232,8 +232,9 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     # (models, documents): every document's cluster purity, one grouping per model (k-means seed 0); the held-out ones
     # are a subset; and the clusters kind's (select's `kind: clusters`: k-means seeds averaged)
     nearest = [pool.neighbour_rankings(x, np.arange(len(documents)), NEAREST) for x in vectors]
-    purity = pool.cluster_purity(vectors, np.arange(len(documents)), seeds=[0], nearest=nearest)
-    seeded = pool.cluster_purity(vectors, np.arange(len(documents)), nearest=nearest).mean(axis=1)
+    per_seed = [pool.cluster_purity(vectors, np.arange(len(documents)), seeds=[seed], nearest=nearest)
+                for seed in range(SEEDS)]  # each k-means once: seed 0's is the single-seed columns' too
+    purity, seeded = per_seed[0], np.mean(per_seed, axis=0).mean(axis=1)
     # (models, queries): each held-out query's nDCG@10; their means are the evaluate stage's title_/generated_ndcg_at_10
     per_query = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
                                  .to_numpy() for m in labels])
