@@ -127,8 +127,8 @@ def evaluate(params: EvaluateParams) -> dict:
         docs = run.stage(INGEST, cfg.data, NoInputs())
         summaries = summarize_corpus(run, docs) if cfg.evaluate.semantic else None
         queries = write_queries(run, cfg.methods, docs)  # as the pipeline: held-out queries scored when trained on
-        report_models(run, models, Corpus(docs, summaries, queries,
-                                             yardstick_of(run, docs, (m.family for m in models))), params.force)
+        yardstick = yardstick_of(run, docs, (m.family for m in models), len(models))
+        report_models(run, models, Corpus(docs, summaries, queries, yardstick), params.force)
         return publish_changes(store, run.record.run_id, earlier,
                                f"{cfg.name}: scores of {len(models)} registered models")
 

@@ -27,6 +27,7 @@ from tasks.config.queries import AskedQueries, AskingDocuments, QueriesConfig
 from tasks.config.recipes import RECIPES
 from tasks.config.static import StaticConfig, StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
+from tasks.config.yardsticks import MIN_POOL
 from tasks.core.stage import NoInputs
 from tasks.encoders.lora import check_targets, start_layers
 from tasks.encoders.models import start_width
@@ -81,13 +82,13 @@ def method_pairs(run: Run, method: MethodConfig, epochs: int, batch_size: int, d
     return run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
 
 
-def yardstick_of(run: Run, docs: ArtifactRef, families: Iterable[str]) -> ArtifactRef | None:
-    """The yardstick's queries, if the config asks (its documents are then left out of training), for models of
-    `families`; an LLM writes them for the held-out documents where the kind asks for an LLM's queries
+def yardstick_of(run: Run, docs: ArtifactRef, families: Iterable[str], models: int) -> ArtifactRef | None:
+    """The yardstick's queries, if the config asks (its documents are then left out of training), for `models` models
+    of `families`; an LLM writes them for the held-out documents where the kind asks for an LLM's queries
     (tasks/yardstick.py)."""
     if not run.cfg.evaluate.yardstick:
         return None
-    cfg = YardstickJob(**run.cfg.evaluate.yardstick.model_dump(),
+    cfg = YardstickJob(**run.cfg.evaluate.yardstick.model_dump(), small_pool=models < MIN_POOL,
                        per_token=any(FAMILIES[family].per_token for family in families))
     counts = run.settled(docs)["extra"]
     generated = None
@@ -226,7 +227,7 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         named = [m for m in models if (BASE if m.method == "none" else m.label) in cfg.static.of]
         models += [static_model(run, m, sentences) for m in named]
     run.register(models)
-    return models, Corpus(docs, summaries, queries, yardstick_of(run, docs, (m.family for m in models)))
+    return models, Corpus(docs, summaries, queries, yardstick_of(run, docs, (m.family for m in models), len(models)))
 
 
 def static_model(run: Run, teacher: ReportedModel, sentences: ArtifactRef,

@@ -38,7 +38,7 @@ from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.select import SelectConfig
 from tasks.config.training import MethodConfig, expand_chains
-from tasks.config.yardsticks import YARDSTICKS, yardstick_kind, yardstick_pooled
+from tasks.config.yardsticks import yardstick_pooled
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
@@ -106,8 +106,7 @@ def sample_of(run: Run, corpus: Corpus) -> Corpus:
     the documents (kNN, the semantic benchmark, held-out generated queries): they need the whole corpus."""
     size, docs, ev = run.cfg.select.sample, corpus.docs, run.cfg.evaluate
     yardstick = run.settled(corpus.yardstick)
-    needed = 0 if YARDSTICKS[yardstick_kind(yardstick)].every_document else yardstick["extra"]["queries"]
-    if size is None or run.settled(docs)["rows"]["documents"] <= size + needed:
+    if size is None or run.settled(docs)["rows"]["documents"] <= size + yardstick["extra"]["needed"]:
         return corpus
     if also := [name for name, on in (("evaluate.knn", ev.knn), ("evaluate.semantic", ev.semantic),
                                       ("held-out generated queries", corpus.queries and run.cfg.queries.held_out))
@@ -209,7 +208,7 @@ def select_model(run: Run) -> Selection:
                           "" if sel.recipes else f" (the defaults from {'a decoder LLM' if decoder else 'an encoder'})")
     queries, negatives = mine_queries(run, [m for c in candidates for m in stages_of(c, sel)], begun.docs, begun.base)
     corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries,
-                                   yardstick_of(run, begun.docs, sel.families)))
+                                   yardstick_of(run, begun.docs, sel.families, len(candidates) + 1)))
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
     ladder, models, scored, earlier = search(run, begun, corpus, negatives, candidates, base_scores)

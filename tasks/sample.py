@@ -27,8 +27,7 @@ from pydantic import Field
 from storage.base import ArtifactRef, stable_hash
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
-from tasks.config.yardsticks import YARDSTICKS, yardstick_kind
-from tasks.core.held_out import held_out_queries
+from tasks.config.yardsticks import yardstick_kind
 from tasks.core.stage import Inputs, Stage
 
 
@@ -42,20 +41,11 @@ class SampleInputs(Inputs):
     yardstick: ArtifactRef
 
 
-def needed_documents(store: ArtifactStore, yardstick: ArtifactRef, kind: str) -> set[str]:
-    """The documents the yardstick's asking queries cannot be scored without."""
-    if YARDSTICKS[kind].every_document:  # every document of the sample asks
-        return set()
-    if kind == "qrels":
-        return set(store.read_table(yardstick, "relevant", columns=["doc_id"])["doc_id"].to_pylist())
-    return set(held_out_queries(store, yardstick)["doc_id"].to_pylist())
-
-
 def build_sample(store: ArtifactStore, cfg: SampleConfig, inputs: SampleInputs, out: ArtifactWriter, ref: ArtifactRef,
                log: logging.Logger) -> None:
     docs = store.read_table(inputs.documents, "documents")
     kind = yardstick_kind(store.manifest(inputs.yardstick))
-    needed = needed_documents(store, inputs.yardstick, kind)
+    needed = set(store.read_table(inputs.yardstick, "needed")["doc_id"].to_pylist())  # as the yardstick says
     ids, labels = docs["doc_id"].to_pylist(), docs["label"].to_pylist()
     needed_rows = {i for i, d in enumerate(ids) if d in needed}
     if kind == "labels":  # it ranks the labelled documents not held out, and nothing else

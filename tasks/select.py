@@ -165,11 +165,12 @@ class Decision:
 
 
 def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
-           rung: tuple[np.ndarray, np.ndarray] | None = None, pooled: bool = False) -> Decision:
+           rung: tuple[np.ndarray, np.ndarray] | None = None, pooled: bool = False, units: str = "queries"
+           ) -> Decision:
     """The winner if it beats the untrained model significantly (its paired interval over the yardstick's
     queries leaves out 0, above it), else the base, said plainly. `winner`, `base`: per-query scores in the same
     query order; `rung`: the winner's and the runner-up's on their last shared rung; `pooled`: scores of a pooled
-    kind, agreement with the other models, which cannot rule a gain out."""
+    kind, agreement with the other models, which cannot rule a gain out; `units`: what asks (Yardstick.units)."""
     if ladder.winner is None or winner is None:
         return Decision(BASE, "every candidate was stopped by its health check: the answer is the base model as it "
                         "is", None, None)
@@ -179,12 +180,13 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
     versus_runner_up = paired_difference(*rung) if rung is not None else None
     versus_base = paired_difference(winner, base)
     if versus_base.significant and versus_base.mean > 0:
-        said = f"{name} beats the untrained model by {_interval(versus_base)}"
+        said = f"{name} beats the untrained model by {_interval(versus_base, units)}"
         if versus_runner_up is not None:
-            said += (f"; against the runner-up {runner_up} at {shared[0].steps} steps: {_interval(versus_runner_up)}"
+            said += (f"; against the runner-up {runner_up} at {shared[0].steps} steps: "
+                     f"{_interval(versus_runner_up, units)}"
                      + ("" if versus_runner_up.significant else " (not told apart: either would do)"))
         return Decision(name, said, versus_base, versus_runner_up, runner_up)
-    said = f"no candidate beats the untrained model significantly (the best, {name}: {_interval(versus_base)})"
+    said = f"no candidate beats the untrained model significantly (the best, {name}: {_interval(versus_base, units)})"
     if pooled:  # a model unlike the others is marked down: a gain on its own is not ruled out by disagreement
         said += ("; on a pooled yardstick the interval measures agreement with the other models, not a gain, so it "
                  "rules none out: the answer stays the base model as it is, and your labels, titles or queries "
@@ -192,7 +194,7 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
     elif versus_base.high < WORTH:
         said += f"; a gain of {WORTH} or more is ruled out: the answer is the base model as it is"
     else:  # too few queries to speak: say so, rather than let "the base" read as the evidence's answer
-        said += (f"; the yardstick cannot tell: a gain of up to {versus_base.high:+.3f} is not ruled out (more queries "
+        said += (f"; the yardstick cannot tell: a gain of up to {versus_base.high:+.3f} is not ruled out (more {units} "
                  "would narrow it: a larger `evaluate.yardstick.held_out` or `max_queries`, or `kind: queries`, three "
                  "a document), so the answer stays the base model as it is")
     if base.mean() >= CEILING:  # a yardstick the start model nearly aces cannot show a gain: say so
@@ -201,8 +203,8 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
     return Decision(BASE, said, versus_base, versus_runner_up, runner_up)
 
 
-def _interval(d: PairedDifference) -> str:
-    return f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] over {d.n} queries"
+def _interval(d: PairedDifference, units: str) -> str:
+    return f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] over {d.n:,} {units}"
 
 
 PICTURE = "ladder.png"
@@ -242,8 +244,9 @@ def static_summary(store: ArtifactStore, static: ArtifactRef, teacher: ArtifactR
     else:
         mine, theirs = yardstick_scores(store, static), yardstick_scores(store, teacher)
     d = paired_difference(mine[theirs.index].to_numpy(), theirs.to_numpy())
+    yardstick = store.manifest(ArtifactRef("yardstick", store.manifest(teacher)["input_roles"]["yardstick"]))
     said = (f"the yardstick {mine.mean():.3f} against {teacher_label}'s {theirs.mean():.3f} "
-            f"({mine.mean() / theirs.mean():.0%} kept: {_interval(d)})")
+            f"({mine.mean() / theirs.mean():.0%} kept: {_interval(d, YARDSTICKS[yardstick_kind(yardstick)].units)})")
     if speed is not None:
         rates = store.read_table(speed, "metrics", ["metric", "value"]).to_pandas().set_index("metric")["value"]
         fast, slow = (rates[m] for m in SPEED_METRICS)
@@ -347,7 +350,7 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     final = ladder.steps[-1] if ladder.winner is not None else None
     shared = ladder.runner_up()
     decision = decide(ladder, scores(final) if final else None, base.to_numpy(),
-                      (scores(shared[0]), scores(shared[1])) if shared else None, pooled)
+                      (scores(shared[0]), scores(shared[1])) if shared else None, pooled, YARDSTICKS[kind].units)
     candidates = len({r["candidate"] for r in job.ladder})
     trained, exhaustive = ladder.trained_steps + job.earlier_steps, job.total * candidates + job.earlier_steps
     cost = dict(trained_steps=trained, exhaustive_steps=exhaustive, candidates=candidates, share=trained / exhaustive,

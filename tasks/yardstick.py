@@ -4,7 +4,8 @@ The held-out documents are drawn by a hash of (seed, doc_id) (tasks/core/held_ou
 else the corpus holds) and are left out of every training view (tasks/pairs.py, `PairsConfig.yardstick`),
 so no candidate trained on them. The kinds, by what the user has (`auto`: qrels where given, else labels if they ask
 at least half as many queries as titles (else the held-out documents) would, else titles, else the clusters (the
-neighbours where the corpus has too few documents to group); where a
+neighbours where the corpus has too few documents to group; an LLM's queries where fewer than MIN_POOL models are
+ranked, `YardstickJob.small_pool`: too few to judge each other); where a
 multi-vector model is among those ranked (`YardstickJob.per_token`), which MaxSim ranks by queries that are texts:
 qrels, else titles, else an LLM's queries; the log says why):
 
@@ -36,8 +37,9 @@ bias and measured agreement are tasks/config/yardsticks.py's (the select report 
 
 Inputs: `documents`, `generated` (the LLM's queries). Output `queries.parquet`: query_id, doc_id (a relevant
 document), split (`held_out`), query (the user's query, the label, the title or the LLM's), status; for qrels also
-`relevant.parquet` (query_id, doc_id) of the queries that ask; the manifest gives the kind it is, its `source`, how
-many documents were held out and how many ask a query.
+`relevant.parquet` (query_id, doc_id) of the queries that ask; `needed.parquet` (doc_id), the documents its asking
+queries cannot be scored without (a sample keeps them); the manifest gives the kind it is, its `source`, how many
+documents were held out, how many ask a query and how many documents they need.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.queries import HELD_OUT, QUERY_COLUMNS, TRAIN
-from tasks.config.yardsticks import CLUSTERS, KINDS, TEXT_QUERIES, YARDSTICKS, ranks_per_token
+from tasks.config.yardsticks import CLUSTERS, KINDS, MIN_POOL, TEXT_QUERIES, YARDSTICKS, ranks_per_token
 from tasks.core.eval_sets import read_table
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
@@ -74,6 +76,9 @@ class YardstickJob(YardstickConfig):
     per_token: bool = Field(False, description="A multi-vector model is among those it ranks: `auto` takes only the "
                             "kinds whose queries are texts, which MaxSim ranks: your qrels, else titles, else queries "
                             "an LLM writes for the held-out documents.")
+    small_pool: bool = Field(False, description="Fewer than MIN_POOL models are ranked on it (a search's candidates "
+                             "and the untrained model, a run's models): `auto` takes no pooled kind, whose models "
+                             "judge each other, and text alone gets an LLM's queries.")
 
 
 class YardstickInputs(Inputs):
@@ -161,9 +166,10 @@ def generated_queries(store: ArtifactStore, generated: ArtifactRef, held: set[st
 
 def llm_queries_needed(cfg: YardstickJob, titled: int) -> bool:
     """Whether the yardstick asks by an LLM's queries (the flow then has them written first), from the ingest stage's
-    counts: `queries`, or `consensus` or a multi-vector model's `auto` on a corpus without titles (a one-vector
-    model's `auto` never: it falls back on the clusters)."""
-    return cfg.kind == "queries" or (not titled and (cfg.kind == "consensus" or (cfg.kind == "auto" and cfg.per_token)))
+    counts: `queries`, or `consensus` or `auto` on a corpus without titles where a multi-vector model is ranked or the
+    pool is small (else `auto` falls back on the clusters)."""
+    return cfg.kind == "queries" or (not titled and (cfg.kind == "consensus" or (
+        cfg.kind == "auto" and (cfg.per_token or cfg.small_pool))))
 
 
 def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickInputs,
@@ -176,13 +182,24 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
     by_text = cfg.kind == "auto" and cfg.per_token  # MaxSim ranks queries that are texts
-    automatic = ({k for k in KINDS if ranks_per_token(k, k)} if by_text else
-                 {"labels", "titles", "clusters", "neighbours"})
+    if by_text:
+        automatic = {k for k in KINDS if ranks_per_token(k, k)}
+    elif cfg.small_pool:  # too few models to judge each other
+        automatic = {"labels", "titles", "queries"}
+    else:
+        automatic = {"labels", "titles", "clusters", "neighbours"}
     wants = {cfg.kind} | (automatic if cfg.kind == "auto" else set()) | (
         set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
     if by_text:
         log.info("a multi-vector model is among those ranked: your qrels, titles or an LLM's queries decide (MaxSim "
                  "ranks queries that are texts), not labels or the neighbours")
+    few = f"fewer than {MIN_POOL} models are ranked (the candidates and the untrained model)"
+    if cfg.small_pool and cfg.kind == "auto" and not by_text:
+        log.info("%s: no pooled kind, whose models judge each other; your qrels, labels, titles or an LLM's queries "
+                 "decide", few)
+    elif cfg.small_pool and cfg.kind != "auto" and YARDSTICKS[cfg.kind].pooled:
+        log.warning("%s: each is judged by so few others that one model unlike the rest sets their consensus; its "
+                    "decision is weak (docs/select.md)", few)
     if cfg.qrels:
         queries, relevant = qrels_queries(cfg.qrels, docs, held)
         asking = pc.count_distinct(relevant["query_id"]).as_py()
@@ -241,11 +258,17 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
         log.info("%d of the %d queries drawn to ask (evaluate.yardstick.max_queries)", cfg.max_queries, asking)
         asking = cfg.max_queries
     out.write_table("queries", queries)
+    asked = queries.filter(pc.equal(queries["status"], "ok"))
     if source == "qrels":
-        kept = queries.filter(pc.equal(queries["status"], "ok"))["query_id"]
-        out.write_table("relevant", relevant.filter(pc.is_in(relevant["query_id"], kept)))
+        relevant = relevant.filter(pc.is_in(relevant["query_id"], asked["query_id"]))
+        out.write_table("relevant", relevant)
+    # what a sample of the corpus must keep (tasks/sample.py): each asking query's relevant documents, or its own; none
+    # where every document asks (each asks among the sample)
+    needed = (pa.array([], pa.string()) if YARDSTICKS[source].every_document else
+              pc.unique((relevant if source == "qrels" else asked)["doc_id"]))
+    out.write_table("needed", pa.table({"doc_id": needed}))
     kind = "consensus" if cfg.kind == "consensus" else source
-    out.extra.update(kind=kind, held_out=len(ids), share=fraction, queries=asking,
+    out.extra.update(kind=kind, held_out=len(ids), share=fraction, queries=asking, needed=len(needed),
                      **({"source": source} if kind != source else {}))
     log.info("%s yardstick%s: %d documents held out of training (%.0f%% of %d), %d queries ask", kind,
              f" (by {source})" if kind != source else "", len(ids), 100 * fraction, docs.num_rows, asking)

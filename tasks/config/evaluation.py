@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from tasks.config.base import DEVICE_HELP, PRECISION_HELP, Device, Precision, Section
 from tasks.config.splits import HeldOutShare, KnnConfig
-from tasks.config.yardsticks import KINDS, YARDSTICKS
+from tasks.config.yardsticks import KINDS, MIN_POOL, YARDSTICKS
 
 
 class StsConfig(Section):
@@ -108,7 +108,8 @@ class YardstickConfig(HeldOutShare):
         "others, by the share in its group of the other candidates' k-means grouping; `auto`: qrels where given, else "
         "labels, "
         "unless fewer held-out documents ask by label than half those that would by title (else all held out), else "
-        "titles, else the clusters (the neighbours where too few documents to group).")
+        "titles, else the clusters (the neighbours where too few documents to group; an LLM's queries where fewer than "
+        f"{MIN_POOL} models are ranked: too few to judge each other).")
     qrels: str | None = Field(None, description="Parquet of your queries: query_id, query, doc_id, score (one row "
                               "per query and relevant document; score > 0 is relevant), the format of a local MTEB "
                               "retrieval task's `queries`. Read by `kind: qrels` or `auto`.")

@@ -28,8 +28,16 @@ class Yardstick:
     def metric(self) -> str:
         return f"{self.prefix}{self.score}"
 
+    @property
+    def units(self) -> str:
+        """What its paired intervals are over: its queries, or the documents that ask by their own vectors."""
+        return "queries" if self.queried else "documents"
+
 
 CLUSTERS, SEEDS, NEAREST = 20, 4, 10  # the clusters kind's groups, k-means seeds averaged, neighbours asked
+# The fewest models a pooled kind judges by each other (the untrained one and the candidates): fewer, and one model
+# unlike the rest sets the others' consensus (benchmarks/pool_size.py; docs/select.md)
+MIN_POOL = 4
 # Where the agreements below come from: five small corpora (docs/select.md#the-yardsticks-against-labels)
 MEASURED = ("against the labels (kNN accuracy; on SciFact its test claims' nDCG@10), median of the demo's OHSUMED, "
             "arXiv, medical abstracts, 20 Newsgroups and SciFact (400 documents, SciFact 659; 13 candidates each; "

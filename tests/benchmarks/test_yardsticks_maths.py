@@ -1,4 +1,5 @@
-"""benchmarks/yardsticks.py's statistics: Kendall's tau-b (as scipy's), its one-sided permutation p, split halves."""
+"""benchmarks/yardsticks.py's statistics: Kendall's tau-b (as scipy's), its one-sided permutation p, split halves;
+benchmarks/pool_size.py's pools."""
 
 import sys
 
@@ -9,6 +10,7 @@ from scipy import stats
 from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))  # the benchmarks import each other by their file names
+from pool_size import pools_of  # noqa: E402
 from yardsticks import permutation_tau, split_half_tau  # noqa: E402
 
 
@@ -39,3 +41,10 @@ def test_split_halves_agree_fully_for_a_steady_measure_not_at_all_for_noise_and_
     # a ranking under noise: its halves agree less than the whole would, but well above chance
     noisy = steady[:, :1] + np.random.default_rng(1).normal(scale=4.0, size=(13, 40))
     assert 0.3 < split_half_tau(noisy) < 0.9
+
+
+@pytest.mark.parametrize("size, draws, count", [(3, 100, 66), (3, 40, 40), (13, 40, 1), (2, 40, 12)])
+def test_every_pool_holds_the_untrained_model_and_distinct_candidates(size, draws, count):
+    pools = pools_of(12, size, draws)
+    assert len(pools) == len(set(pools)) == count  # all of them where few, else distinct draws
+    assert all(p[0] == 0 and len(set(p)) == size and set(p[1:]) <= set(range(1, 13)) for p in pools)

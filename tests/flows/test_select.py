@@ -224,7 +224,7 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert grouped["score"].notna().sum() == ladder["score"].notna().sum()
     assert grouped["score"].dropna().between(0, 1).all()
     assert by_clusters["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
-    assert "over 400 queries" in by_clusters["said"]  # every document asks
+    assert "over 400 documents" in by_clusters["said"]  # every document asks
 
     # Another corpus (its first 300 documents) on the same store: the same candidates' labels (crops@0.003, ...),
     # other trained models. Each search exports its own winner, never the other's of the same label.
@@ -307,10 +307,10 @@ def test_a_multi_vector_candidate_climbs_beside_a_dense_one_and_is_exported_as_w
 @pytest.mark.slow  # a search of one candidate, twice; the offline LLM (converted once per session) writes 12 queries
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_queries(tmp_path, llm_dir):
-    """No title, no label, no queries of the user's: `auto` has every document ask for its nearest others, judged by
-    the others' grouping (no LLM); `kind: queries` has the queries stage's LLM write queries for the held-out
-    documents (here 4 of them, 3 each: `max_queries` 12), each asking for its own document. The training is the same
-    for both."""
+    """No title, no label, no queries of the user's: `kind: clusters` has every document ask for its nearest others,
+    judged by the others' grouping (no LLM); `auto`, with one candidate and the untrained model (too few to judge each
+    other), has the queries stage's LLM write queries for the held-out documents (here 4 of them, 3 each:
+    `max_queries` 12), each asking for its own document. The training is the same for both."""
     docs = pd.read_parquet(DEMO_DOCS).head(120)[["doc_id", "text"]]
     docs.to_parquet(tmp_path / "plain.parquet")
     held_out = {"held_out": 0.25, "seed": 0, "max_queries": 12}
@@ -322,7 +322,9 @@ def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_quer
                            static={"of": ["base"], "pca_dims": 16, "tokenlearn": False, "speed_documents": 16},
                            select={"recipes": ["crops"], "lrs": [3e-3], "budget": 12, "out": str(tmp_path / out)})
 
-    run_id, chosen = run_select(config(), static=True)  # `--static`: the answer distilled too, judged in the pool
+    # by name, the clusters judge even this small pool (with a warning); `--static`: the answer distilled too, judged
+    # in the pool
+    run_id, chosen = run_select(config(kind="clusters"), static=True)
     store = ArtifactStore(tmp_path / "store")
     stages = Catalog(store).query("SELECT stage, key FROM run_stages WHERE run_id = ?", [run_id])
     assert "queries" not in {r["stage"] for r in stages}
@@ -338,7 +340,7 @@ def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_quer
     assert f"against {teacher}'s" in chosen["static_said"] and "documents/s on the CPU" in chosen["static_said"]
     assert chosen["static_said"] in (tmp_path / "chosen-static" / "README.md").read_text()
 
-    run_id, chosen = run_select(config("queried", kind="queries"))
+    run_id, chosen = run_select(config("queried"))
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [run_id])
     assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"}
     [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]

@@ -160,15 +160,18 @@ def test_the_yardstick_s_queries_are_written_for_its_held_out_documents_only(tmp
     assert sorted(asked["query_id"]) == sorted(ok["query_id"]) and (asked.set_index("query_id")["doc_id"] ==
                                                                      ok.set_index("query_id")["doc_id"]).all()
     assert store.manifest(ref)["extra"] == {"kind": "queries", "held_out": len(held), "share": 0.3,
-                                            "queries": len(ok)}
+                                            "queries": len(ok), "needed": ok["doc_id"].nunique()}
     assert len(ScriptedGenerator.asked) == len(held) - 2  # the second run came from the cache
 
 
-@pytest.mark.parametrize("kind, titled, per_token, needed", [
-    ("auto", 0, False, False), ("neighbours", 0, False, False), ("queries", 5, False, True),
-    ("consensus", 0, False, True), ("consensus", 5, False, False), ("titles", 0, False, False),
-    ("auto", 0, True, True), ("auto", 5, True, False), ("neighbours", 0, True, False)])
-def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, needed):
-    # auto: the clusters need no LLM; where a multi-vector model is ranked, MaxSim needs queries that are texts
-    assert llm_queries_needed(YardstickJob(kind=kind, per_token=per_token), titled) is needed
+@pytest.mark.parametrize("kind, titled, per_token, small_pool, needed", [
+    ("auto", 0, False, False, False), ("neighbours", 0, False, False, False), ("queries", 5, False, False, True),
+    ("consensus", 0, False, False, True), ("consensus", 5, False, False, False), ("titles", 0, False, False, False),
+    ("auto", 0, True, False, True), ("auto", 5, True, False, False), ("neighbours", 0, True, False, False),
+    ("auto", 0, False, True, True), ("auto", 5, False, True, False), ("clusters", 0, False, True, False)])
+def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, small_pool, needed):
+    # auto: the clusters need no LLM; where a multi-vector model is ranked, MaxSim needs queries that are texts; where
+    # too few models are ranked to judge each other, no pooled kind can decide
+    job = YardstickJob(kind=kind, per_token=per_token, small_pool=small_pool)
+    assert llm_queries_needed(job, titled) is needed
     assert llm_queries_needed(YardstickJob(qrels="q.parquet"), 0) is False  # the user's queries ask

@@ -14,6 +14,7 @@ from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import KnnConfig, YardstickConfig
 from tasks.config.splits import AUTO_SHARES, ENOUGH_HELD_OUT
 from tasks.config.training import MethodConfig
+from tasks.config.yardsticks import MIN_POOL
 from tasks.core.held_out import held_out_documents, held_out_queries
 from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
@@ -73,7 +74,7 @@ def test_each_titled_held_out_document_asks_for_itself_by_its_title(corpus):
     assert len(held - set(titled["doc_id"])) > 0  # the untitled held-out ones ask nothing
     assert (queries["query"] == queries["doc_id"].map(dict(zip(docs["doc_id"], docs["title"])))).all()
     assert store.manifest(ref)["extra"] == {"kind": "titles", "held_out": len(held), "share": 0.2,
-                                            "queries": len(queries)}
+                                            "queries": len(queries), "needed": len(queries)}  # each its own text
 
 
 def test_no_training_view_reads_a_held_out_document(corpus):
@@ -132,7 +133,7 @@ def test_auto_takes_the_labels_where_the_held_out_documents_have_them(corpus):
     assert (queries["status"] == queries["query"].map(lambda label: "ok" if label in known else NO_RELEVANT)).all()
     asking = int((queries["status"] == "ok").sum())
     assert asking >= 2 and store.manifest(ref)["extra"] == {"kind": "labels", "held_out": len(held), "share": 0.2,
-                                                          "queries": asking}
+                                                          "queries": asking, "needed": asking}
     assert len(held_out_queries(store, ref)) == asking  # what the report pairs over
     # Where a multi-vector model is among those ranked, `auto` takes the titles: MaxSim ranks queries that are texts
     by_text = YARDSTICK.run(store, AUTO.model_copy(update={"per_token": True}), YardstickInputs(documents=documents))
@@ -186,7 +187,7 @@ def test_the_labels_yardstick_ranks_each_held_out_document_s_label_among_the_doc
     assert metrics.loc["label_mrr_at_10", "value"] == pytest.approx(mrr)
 
 
-def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_the_clusters(tmp_path):
+def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_the_clusters(tmp_path, caplog):
     docs = pd.read_parquet(DEMO_DOCS).head(30).assign(label=None)
     docs.to_parquet(tmp_path / "titled.parquet")
     docs.assign(title=None).to_parquet(tmp_path / "bare.parquet")
@@ -196,9 +197,15 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
                          for name in ("titled", "bare", "two"))
     for documents, kind in ((titled, "titles"), (bare, "clusters")):  # text alone: no LLM needed
         assert store.manifest(YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents)))["extra"]["kind"] == kind
-    # ... unless a multi-vector model is among those ranked: then an LLM writes queries for the held-out documents
-    by_text = AUTO.model_copy(update={"per_token": True})
+    # ... unless a multi-vector model is among those ranked, or too few models to judge each other: then an LLM
+    # writes queries for the held-out documents
+    by_text, small = AUTO.model_copy(update={"per_token": True}), AUTO.model_copy(update={"small_pool": True})
     assert not llm_queries_needed(AUTO, 0) and llm_queries_needed(by_text, 0) and not llm_queries_needed(by_text, 30)
+    assert llm_queries_needed(small, 0) and not llm_queries_needed(small, 30)
+    assert store.manifest(YARDSTICK.run(store, small, YardstickInputs(documents=titled)))["extra"]["kind"] == "titles"
+    with caplog.at_level("WARNING"):  # asked for by name, the clusters still rank a small pool, with a warning
+        ref = YARDSTICK.run(store, small.model_copy(update={"kind": "clusters"}), YardstickInputs(documents=bare))
+    assert store.manifest(ref)["extra"]["kind"] == "clusters" and "its decision is weak" in caplog.text
     with pytest.raises(InputError, match=r"^yardstick titles: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a title; it needs at least 2: a larger corpus or a larger held-out "
                                          "share$"):  # not the clusters, and here no LLM's queries
@@ -229,13 +236,19 @@ def test_auto_takes_the_titles_or_the_clusters_where_few_documents_carry_a_label
     assert f"the titles decide: 3 labelled held-out documents ask, against {len(held)}" in caplog.text
     labels = YARDSTICK.run(store, AUTO.model_copy(update={"kind": "labels"}), YardstickInputs(documents=documents))
     assert store.manifest(labels)["extra"] == {"kind": "labels", "held_out": len(held), "share": 0.2,
-                                               "queries": 3}  # when asked
+                                               "queries": 3, "needed": 3}  # when asked
     with caplog.at_level("INFO"):  # no titles: every document asks, by its own vector, against the held-out count
         ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=bare))
-    assert store.manifest(ref)["extra"] == {"kind": "clusters", "held_out": len(held), "share": 0.2, "queries": 80}
+    assert store.manifest(ref)["extra"] == {"kind": "clusters", "held_out": len(held), "share": 0.2, "queries": 80,
+                                            "needed": 0}  # each asks among whatever sample is drawn
     assert f"the clusters decide: 3 labelled held-out documents ask, against {len(held)}" in caplog.text
     queries = held_out_queries(store, ref).to_pandas()
     assert sorted(queries["doc_id"]) == held and (queries["query_id"] == "doc-" + queries["doc_id"]).all()
+    with caplog.at_level("INFO"):  # too few models to judge each other: no pooled kind, so the few labels decide
+        ref = YARDSTICK.run(store, AUTO.model_copy(update={"small_pool": True}), YardstickInputs(documents=bare))
+    assert store.manifest(ref)["extra"]["kind"] == "labels"
+    assert f"fewer than {MIN_POOL} models are ranked (the candidates and the untrained model): no pooled kind" in (
+        caplog.text)
 
 
 def test_the_neighbours_keep_each_held_out_document_s_nearest_others_and_no_score_of_one_model(corpus, tiny_dir):
@@ -267,7 +280,9 @@ def test_the_clusters_ask_with_every_document_and_the_pool_groups_the_other_mode
     held = held_out_documents(docs["doc_id"].tolist(), CFG)
     assert queries["doc_id"].tolist() == docs["doc_id"].tolist() and (queries["status"] == "ok").all()
     assert set(queries.loc[queries["split"] == "held_out", "doc_id"]) == held
-    assert store.manifest(ref)["extra"] == {"kind": "clusters", "held_out": len(held), "share": 0.2, "queries": 80}
+    assert store.manifest(ref)["extra"] == {"kind": "clusters", "held_out": len(held), "share": 0.2, "queries": 80,
+                                            "needed": 0}
+    assert store.read_table(ref, "needed").num_rows == 0
     job = EvalJob(label="tiny", model=tiny_dir, dataset="demo", knn=None, sts=None, tsne=False, geometry=False)
     pool = {}
     for length in (64, 16, 8):  # one model read three ways: three different vectors of the same documents
@@ -320,7 +335,9 @@ def test_your_queries_ask_only_where_every_relevant_document_is_held_out_and_aut
     relevant = store.read_table(ref, "relevant").to_pandas()
     assert sorted(zip(relevant["query_id"], relevant["doc_id"])) == [("q-both", held[0]), ("q-both", held[1]),
                                                                       ("q-one", held[3])]
-    assert store.manifest(ref)["extra"] == {"kind": "qrels", "held_out": len(held), "share": 0.2, "queries": 2}
+    assert store.manifest(ref)["extra"] == {"kind": "qrels", "held_out": len(held), "share": 0.2, "queries": 2,
+                                            "needed": 3}
+    assert sorted(store.read_table(ref, "needed")["doc_id"].to_pylist()) == sorted([held[0], held[1], held[3]])
     assert held_out_queries(store, ref)["query_id"].to_pylist() == ["q-both", "q-one"]  # what is embedded and paired
     # The held-out documents are the hash's share whatever the kind: the same pairs serve every kind.
     with_qrels = AUTO.model_copy(update={"qrels": path})
