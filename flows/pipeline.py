@@ -90,9 +90,8 @@ def yardstick_of(run: Run, docs: ArtifactRef, families: Iterable[str], models: i
         return None
     cfg = YardstickJob(**run.cfg.evaluate.yardstick.model_dump(), small_pool=models < MIN_POOL,
                        per_token=any(FAMILIES[family].per_token for family in families))
-    counts = run.settled(docs)["extra"]
     generated = None
-    if llm_queries_needed(cfg, counts.get("titled", 0)):
+    if llm_queries_needed(cfg, run.settled(docs)["extra"]):
         queries = run.cfg.queries or QueriesConfig()
         most = -(-cfg.max_queries // queries.sampling.n) if cfg.max_queries else None  # documents enough to ask
         job = AskedQueries(**queries.model_dump(exclude={"limit"}),

@@ -194,9 +194,10 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
     elif versus_base.high < WORTH:
         said += f"; a gain of {WORTH} or more is ruled out: the answer is the base model as it is"
     else:  # too few queries to speak: say so, rather than let "the base" read as the evidence's answer
+        more = "`max_queries`, or `kind: queries`, three a document" if units == "queries" else "`max_queries`"
         said += (f"; the yardstick cannot tell: a gain of up to {versus_base.high:+.3f} is not ruled out (more {units} "
-                 "would narrow it: a larger `evaluate.yardstick.held_out` or `max_queries`, or `kind: queries`, three "
-                 "a document), so the answer stays the base model as it is")
+                 f"would narrow it: a larger `evaluate.yardstick.held_out` or {more}), so the answer stays the base "
+                 "model as it is")
     if base.mean() >= CEILING:  # a yardstick the start model nearly aces cannot show a gain: say so
         said += (f"; but the untrained model already scores {base.mean():.3f} of 1 on this yardstick, which leaves "
                  "little room to show one: a harder yardstick (your labels, a label column) would tell more")

@@ -4,8 +4,9 @@ The held-out documents are drawn by a hash of (seed, doc_id) (tasks/core/held_ou
 else the corpus holds) and are left out of every training view (tasks/pairs.py, `PairsConfig.yardstick`),
 so no candidate trained on them. The kinds, by what the user has (`auto`: qrels where given, else labels if they ask
 at least half as many queries as titles (else the held-out documents) would, else titles, else the clusters (the
-neighbours where the corpus has too few documents to group; an LLM's queries where fewer than MIN_POOL models are
-ranked, `YardstickJob.small_pool`: too few to judge each other); where a
+neighbours where the corpus has too few documents to group; where fewer than MIN_POOL models are ranked,
+`YardstickJob.small_pool`, too few to judge each other, an LLM's queries before them, and they only where nothing
+else can rank); where a
 multi-vector model is among those ranked (`YardstickJob.per_token`), which MaxSim ranks by queries that are texts:
 qrels, else titles, else an LLM's queries; the log says why):
 
@@ -164,12 +165,15 @@ def generated_queries(store: ArtifactStore, generated: ArtifactRef, held: set[st
     return _queries(table["query_id"], table["doc_id"], table["query"], table["status"])
 
 
-def llm_queries_needed(cfg: YardstickJob, titled: int) -> bool:
+def llm_queries_needed(cfg: YardstickJob, counts: dict) -> bool:
     """Whether the yardstick asks by an LLM's queries (the flow then has them written first), from the ingest stage's
-    counts: `queries`, or `consensus` or `auto` on a corpus without titles where a multi-vector model is ranked or the
-    pool is small (else `auto` falls back on the clusters)."""
-    return cfg.kind == "queries" or (not titled and (cfg.kind == "consensus" or (
-        cfg.kind == "auto" and (cfg.per_token or cfg.small_pool))))
+    counts (`titled`, `labelled`): `queries`; `consensus` on a corpus without titles; `auto` on one without titles
+    where a multi-vector model is ranked, or where too few models are to judge each other and neither labels nor your
+    queries can decide (else `auto` falls back on the clusters)."""
+    if cfg.kind == "queries" or (cfg.kind == "consensus" and not counts.get("titled")):
+        return True
+    return cfg.kind == "auto" and not counts.get("titled") and (cfg.per_token or (
+        cfg.small_pool and not counts.get("labelled") and not cfg.qrels))
 
 
 def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickInputs,
@@ -184,10 +188,8 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     by_text = cfg.kind == "auto" and cfg.per_token  # MaxSim ranks queries that are texts
     if by_text:
         automatic = {k for k in KINDS if ranks_per_token(k, k)}
-    elif cfg.small_pool:  # too few models to judge each other
-        automatic = {"labels", "titles", "queries"}
-    else:
-        automatic = {"labels", "titles", "clusters", "neighbours"}
+    else:  # where too few models are ranked to judge each other, the LLM's queries before the pooled kinds
+        automatic = {"labels", "titles", "clusters", "neighbours"} | ({"queries"} if cfg.small_pool else set())
     wants = {cfg.kind} | (automatic if cfg.kind == "auto" else set()) | (
         set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
     if by_text:
@@ -195,11 +197,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
                  "ranks queries that are texts), not labels or the neighbours")
     few = f"fewer than {MIN_POOL} models are ranked (the candidates and the untrained model)"
     if cfg.small_pool and cfg.kind == "auto" and not by_text:
-        log.info("%s: no pooled kind, whose models judge each other; your qrels, labels, titles or an LLM's queries "
-                 "decide", few)
-    elif cfg.small_pool and cfg.kind != "auto" and YARDSTICKS[cfg.kind].pooled:
-        log.warning("%s: each is judged by so few others that one model unlike the rest sets their consensus; its "
-                    "decision is weak (docs/select.md)", few)
+        log.info("%s: a pooled kind, whose models judge each other, decides only where nothing else can", few)
     if cfg.qrels:
         queries, relevant = qrels_queries(cfg.qrels, docs, held)
         asking = pc.count_distinct(relevant["query_id"]).as_py()
@@ -238,11 +236,15 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
                             "a larger corpus or a larger held-out share"))
     # The user's queries first; then their labels, unless so few carry them that a paired interval over them would
     # say little; then titles; then the clusters (text alone: they agree with labels best of the label-free kinds at
-    # 2,000 documents, docs/select.md), the neighbours where a corpus is too small to group. A consensus fuses
-    # rankings of titles, else the LLM's queries.
+    # 2,000 documents, docs/select.md), the neighbours where a corpus is too small to group; in a small pool the
+    # LLM's queries before them, a pooled kind only where nothing else can rank (nor rival the labels). A consensus
+    # fuses rankings of titles, else the LLM's queries.
     asks = {k: asking for k, (_, asking) in usable.items()}
     order = [k for k in ("qrels", "labels", "titles", "clusters", "neighbours", "queries") if k in usable]
-    after = next((k for k in order if k in ("titles", "clusters", "neighbours")), None)
+    if cfg.small_pool:
+        order.sort(key=lambda k: YARDSTICKS[k].pooled)  # stable: the others keep their order
+    after = next((k for k in order if k in ("titles", "clusters", "neighbours", "queries")
+                  and not (cfg.small_pool and YARDSTICKS[k].pooled)), None)
     rival = len(ids) if after and YARDSTICKS[after].every_document else asks.get(after)  # held-out askers, as labels'
     if "labels" in order and after and 2 * asks["labels"] < rival:
         order.remove("labels")
@@ -265,9 +267,12 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     # what a sample of the corpus must keep (tasks/sample.py): each asking query's relevant documents, or its own; none
     # where every document asks (each asks among the sample)
     needed = (pa.array([], pa.string()) if YARDSTICKS[source].every_document else
-              pc.unique((relevant if source == "qrels" else asked)["doc_id"]))
+              pc.unique(pc.cast((relevant if source == "qrels" else asked)["doc_id"], pa.string())))
     out.write_table("needed", pa.table({"doc_id": needed}))
     kind = "consensus" if cfg.kind == "consensus" else source
+    if cfg.small_pool and YARDSTICKS[kind].pooled:
+        log.warning("%s: each is judged by so few others that one model unlike the rest sets their consensus; the "
+                    "%s' decision is weak (docs/select.md)", few, kind)
     out.extra.update(kind=kind, held_out=len(ids), share=fraction, queries=asking, needed=len(needed),
                      **({"source": source} if kind != source else {}))
     log.info("%s yardstick%s: %d documents held out of training (%.0f%% of %d), %d queries ask", kind,

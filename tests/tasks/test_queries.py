@@ -173,5 +173,6 @@ def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, sma
     # auto: the clusters need no LLM; where a multi-vector model is ranked, MaxSim needs queries that are texts; where
     # too few models are ranked to judge each other, no pooled kind can decide
     job = YardstickJob(kind=kind, per_token=per_token, small_pool=small_pool)
-    assert llm_queries_needed(job, titled) is needed
-    assert llm_queries_needed(YardstickJob(qrels="q.parquet"), 0) is False  # the user's queries ask
+    assert llm_queries_needed(job, {"titled": titled, "labelled": 0}) is needed
+    for small in (False, True):  # the user's queries ask
+        assert llm_queries_needed(YardstickJob(qrels="q.parquet", small_pool=small), {"titled": 0}) is False

@@ -200,12 +200,18 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
     # ... unless a multi-vector model is among those ranked, or too few models to judge each other: then an LLM
     # writes queries for the held-out documents
     by_text, small = AUTO.model_copy(update={"per_token": True}), AUTO.model_copy(update={"small_pool": True})
-    assert not llm_queries_needed(AUTO, 0) and llm_queries_needed(by_text, 0) and not llm_queries_needed(by_text, 30)
-    assert llm_queries_needed(small, 0) and not llm_queries_needed(small, 30)
+    none, titles, labels = {"titled": 0, "labelled": 0}, {"titled": 30, "labelled": 0}, {"titled": 0, "labelled": 30}
+    assert not llm_queries_needed(AUTO, none) and llm_queries_needed(by_text, none)
+    assert not llm_queries_needed(by_text, titles)
+    assert llm_queries_needed(small, none) and not llm_queries_needed(small, titles)
+    assert not llm_queries_needed(small, labels) and not llm_queries_needed(small.model_copy(update={"qrels": "q"}),
+                                                                            none)  # either decides before
     assert store.manifest(YARDSTICK.run(store, small, YardstickInputs(documents=titled)))["extra"]["kind"] == "titles"
-    with caplog.at_level("WARNING"):  # asked for by name, the clusters still rank a small pool, with a warning
-        ref = YARDSTICK.run(store, small.model_copy(update={"kind": "clusters"}), YardstickInputs(documents=bare))
-    assert store.manifest(ref)["extra"]["kind"] == "clusters" and "its decision is weak" in caplog.text
+    for kind in ("clusters", "auto"):  # by name, or where nothing else can rank, the clusters, with a warning
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            ref = YARDSTICK.run(store, small.model_copy(update={"kind": kind}), YardstickInputs(documents=bare))
+        assert store.manifest(ref)["extra"]["kind"] == "clusters" and "the clusters' decision is weak" in caplog.text
     with pytest.raises(InputError, match=r"^yardstick titles: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a title; it needs at least 2: a larger corpus or a larger held-out "
                                          "share$"):  # not the clusters, and here no LLM's queries
@@ -221,7 +227,7 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
         YARDSTICK.run(store, AUTO, YardstickInputs(documents=two))
 
 
-def test_auto_takes_the_titles_or_the_clusters_where_few_documents_carry_a_label(tmp_path, caplog):
+def test_auto_takes_titles_the_clusters_or_in_a_small_pool_the_labels_where_few_documents_carry_one(tmp_path, caplog):
     docs = pd.read_parquet(DEMO_DOCS).head(80)
     held = sorted(held_out_documents(docs["doc_id"].tolist(), CFG))
     docs.loc[docs["doc_id"].isin(held[3:]), "label"] = None  # 3 labelled held-out documents, all titled
@@ -244,10 +250,10 @@ def test_auto_takes_the_titles_or_the_clusters_where_few_documents_carry_a_label
     assert f"the clusters decide: 3 labelled held-out documents ask, against {len(held)}" in caplog.text
     queries = held_out_queries(store, ref).to_pandas()
     assert sorted(queries["doc_id"]) == held and (queries["query_id"] == "doc-" + queries["doc_id"]).all()
-    with caplog.at_level("INFO"):  # too few models to judge each other: no pooled kind, so the few labels decide
+    with caplog.at_level("INFO"):  # too few models to judge each other: the clusters rival nothing, the labels decide
         ref = YARDSTICK.run(store, AUTO.model_copy(update={"small_pool": True}), YardstickInputs(documents=bare))
     assert store.manifest(ref)["extra"]["kind"] == "labels"
-    assert f"fewer than {MIN_POOL} models are ranked (the candidates and the untrained model): no pooled kind" in (
+    assert f"fewer than {MIN_POOL} models are ranked (the candidates and the untrained model): a pooled kind" in (
         caplog.text)
 
 
