@@ -8,7 +8,7 @@ import argparse
 import signal
 
 from flows.cli import catalog, running, service
-from flows.cli.common import console
+from flows.cli.common import console, error
 from storage.base import disk_fault
 from tasks.config.base import INPUT_ERRORS, OutsideFault
 from tasks.core import stopping
@@ -43,16 +43,15 @@ def run_command(args: argparse.Namespace) -> int:
                 raise stopping.Lost(what) from None
             raise
     except (*INPUT_ERRORS, FileNotFoundError, NotADirectoryError) as e:
-        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(str(e))
         return 2
     except (OSError, OutsideFault) as e:
         if (said := str(e) if isinstance(e, OutsideFault) else disk_fault(e)) is None:
             raise
-        console.print(f"[bold red]error:[/bold red] {said}", highlight=False)  # a run's log has the traceback
+        error(said)  # a run's log has the traceback
         return 1 if isinstance(e, OutsideFault) else 2  # a full or read-only disk fails until the user acts
     except stopping.Lost as e:  # the run's server or LLM engine died: nothing to wait for, a rerun resumes
-        console.print(f"[bold red]error:[/bold red] {e.what}; every finished stage is in the store; the same command "
-                      "resumes from it", highlight=False)
+        error(f"{e.what}; every finished stage is in the store; the same command resumes from it")
         return 2
     except KeyboardInterrupt as e:
         signum = getattr(e, "signal", signal.SIGINT)

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 from rich.progress import track
 
-from flows.cli.common import add_command, command_store, console, print_table, run_entries
+from flows.cli.common import add_command, command_store, console, error, print_table, run_entries, say
 from storage.catalog import SCORE_STAGES, Catalog, QueryError
 from tasks.reporting.tables import comparison_table, long_rows, notes, paired_differences, paired_lines, to_markdown
 
@@ -49,7 +49,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     catalog = Catalog(command_store(args))
     if args.dataset or args.method or args.since:
         if args.run:
-            console.print("[bold red]error:[/bold red] --run cannot be combined with filters")
+            error("--run cannot be combined with filters")
             return 2
         run_id, entries = None, filtered_entries(catalog, args.dataset, args.method, args.since)
         title = "latest scores matching the filters"
@@ -72,7 +72,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         print_table(title, comparison_table(catalog, entries).to_dict("records"))
         for line in notes(catalog, entries) + paired_lines(paired):
-            console.print(line, highlight=False)
+            say(line)
     return 0
 
 
@@ -131,7 +131,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     variants = [name + ("-int8" if quantized else "") for name in ("onnx", "openvino") if getattr(args, name)
                 for quantized in ([False, True] if args.quantize else [False])]
     if args.quantize and not variants:
-        console.print("[bold red]error:[/bold red] --quantize goes with --onnx and/or --openvino")
+        error("--quantize goes with --onnx and/or --openvino")
         return 2
     model = export_model(Catalog(command_store(args)), args.model, args.to, variants, args.push_to_hub)
     print_table(f"{model.label} ({model.ref.address}) exported to {args.to}", [
@@ -142,7 +142,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             dict(backend=name, spearman=round(v, 4), change=f"{v - model.backend_sts['torch']:+.4f}")
             for name, v in model.backend_sts.items()])
     if args.push_to_hub:
-        console.print(f"pushed to the Hub: {push_to_hub(args.to, args.push_to_hub, args.private)}", highlight=False)
+        say(f"pushed to the Hub: {push_to_hub(args.to, args.push_to_hub, args.private)}")
     return 0
 
 
@@ -150,8 +150,7 @@ def cmd_mteb_results(args: argparse.Namespace) -> int:
     from tasks.mteb import collect_results
 
     copied = collect_results(command_store(args), args.to)
-    console.print(f"{copied} MTEB task result(s) in {args.to}; read them with "
-                  f"mteb.ResultCache({str(args.to)!r}).load_results()", highlight=False)
+    say(f"{copied} MTEB task result(s) in {args.to}; read them with mteb.ResultCache({str(args.to)!r}).load_results()")
     return 0
 
 
@@ -159,7 +158,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     try:
         rows = Catalog(command_store(args)).query(args.query)
     except (duckdb.Error, QueryError) as e:  # a typo in the user's query, or a write, is not a crash
-        console.print(f"[bold red]error:[/bold red] {str(e).splitlines()[0]}", highlight=False)
+        error(str(e).splitlines()[0])
         return 2
     print_table(args.query, rows)
     return 0

@@ -10,7 +10,9 @@ from typing import Any
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from flows.params import RunParams
 from storage.catalog import SCORE_STAGES, Catalog
@@ -23,6 +25,16 @@ from tasks.config.loading import load_config
 # go to stderr through the root logger's handler, which importing Prefect sets up: stdout stays the report.
 console = Console(width=None if sys.stdout.isatty() else 160)
 Command = Callable[[argparse.Namespace], int]
+
+
+def say(text: str) -> None:
+    """Print text as it is: a label such as `train[crops@2e-05]` or a Markdown image is not console markup."""
+    console.print(text, markup=False, highlight=False)
+
+
+def error(said: str) -> None:
+    """The one line of a refused command: `error:` in red, then what is wrong, as it is."""
+    console.print(f"[bold red]error:[/bold red] {escape(said)}", highlight=False)
 
 
 def add_command(sub: argparse._SubParsersAction, name: str, fn: Command, help: str,
@@ -65,13 +77,13 @@ def overrides(settings: list[str]) -> dict:
 
 def print_table(title: str, rows: list[dict]) -> None:
     if not rows:
-        console.print(f"[yellow]{title}: nothing yet[/yellow]")
+        console.print(f"[yellow]{escape(title)}: nothing yet[/yellow]")
         return
-    table = Table(title=title)
+    table = Table(title=Text(title))
     for col in rows[0]:
-        table.add_column(str(col))
+        table.add_column(Text(str(col)))
     for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row.values()))
+        table.add_row(*(Text("" if v is None else str(v)) for v in row.values()))
     console.print(table)
 
 
@@ -96,7 +108,7 @@ def run_flow(command: str, module: str, name: str, params: RunParams, store: Art
         state = flow(params, return_state=True)
     store.upload(log_file)  # an object store keeps it too
     if state.is_failed():
-        console.print(f"the full log, with tracebacks: {log_file}", highlight=False)
+        say(f"the full log, with tracebacks: {log_file}")
     outcome(state, None)
     return str(state.state_details.flow_run_id), state.result()
 

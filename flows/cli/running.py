@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from flows.cli.common import add_command, console, overrides, print_table, run_entries, run_flow
+from flows.cli.common import add_command, overrides, print_table, run_entries, run_flow, say
 from flows.params import SELECT_CONFIG, RunParams, SelectParams, TrainParams
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
@@ -40,14 +40,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     reused = catalog.query("SELECT stage, label FROM run_stages WHERE run_id = ? AND state = 'Cached' "
                            "ORDER BY position", [run_id])
     if reused:
-        console.print(f"resumed {len(reused)} stage(s) from the store: "
-                      + ", ".join(f"{r['stage']}[{r['label']}]" if r["label"] else r["stage"] for r in reused))
+        say(f"resumed {len(reused)} stage(s) from the store: "
+            + ", ".join(f"{r['stage']}[{r['label']}]" if r["label"] else r["stage"] for r in reused))
     stale = catalog.query("SELECT stage, label, key, version_changes FROM run_stages WHERE run_id = ? "
                           "AND state = 'Cached' AND version_changes IS NOT NULL ORDER BY position", [run_id])
     if stale:
         print_table("cached artifacts built with other library versions (--rebuild-stale-versions rebuilds them)",
                     stale)
-    console.print(f"artifacts in {store.url}; query them with `embforge sql` or DuckDB")
+    say(f"artifacts in {store.url}; query them with `embforge sql` or DuckDB")
     return 0
 
 
@@ -56,7 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_id, models = run_flow("train", "flows.pipeline", "train", params, store)
     print_table(f"{cfg.name} (run {run_id}): trained, not scored",
                 [dict(label=m["label"], method=m["method"], model=m["artifact"] or m["external"]) for m in models])
-    console.print(f"a model is its artifact's model/ folder in {store.url} (`embforge models` lists them)")
+    say(f"a model is its artifact's model/ folder in {store.url} (`embforge models` lists them)")
     return 0
 
 
@@ -81,7 +81,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     _, selection = run_flow("select", "flows.select", "select", params, store)
     from flows.select import outcome_lines
 
-    console.print(outcome_lines(store, selection, cfg), highlight=False)
+    say(outcome_lines(store, selection, cfg))
     return 0
 
 

@@ -107,6 +107,8 @@ def test_kill_9_during_training_then_resume_from_checkpoint(tmp_path, env):
     result = embforge("run", str(config), *two_epochs, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "train[crops]: resuming from checkpoint at step" in result.stdout + result.stderr
+    resumed = next(line for line in result.stdout.splitlines() if line.startswith("resumed "))
+    assert "ingest" in resumed and "pairs[crops]" in resumed  # a label in brackets is not console markup
     catalog = Catalog(store)
     runs = catalog.query("SELECT run_id, status FROM runs ORDER BY started_at")
     assert [r["status"] for r in runs] == ["crashed", "completed"]  # the killed run never finished

@@ -34,15 +34,17 @@ READERS = {"runs": [], "sql": ["SELECT 1"], "models": [], "artifacts": [], "repo
     (["sql", "SELECT * FROM read_csv('/etc/passwd')"], 'error: Permission Error: Cannot access file "/etc/passwd"'),
     (["sql", "SELECT * FROM read_csv('.tmp/notes.csv')"], 'error: Permission Error: Cannot access file ".tmp/'),
     (["runs", "--store", "notes.txt"], "notes.txt is a file, not a folder"),
+    (["runs", "--store", "notes[draft].txt"], "notes[draft].txt is a file, not a folder"),  # not console markup
     *(([command, "--store", "no-such-store", *more], "no-such-store: check --store, EMBFORGE_STORE or the config's")
       for command, more in READERS.items()),
-], ids=["date", "empty-sql", "copy", "outside-store", "duckdb-temp-folder", "store-is-a-file",
+], ids=["date", "empty-sql", "copy", "outside-store", "duckdb-temp-folder", "store-is-a-file", "bracketed-name",
       *(f"missing-store-{c}" for c in READERS)])
 def test_a_bad_argument_exits_2_with_one_line_naming_it(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("EMBFORGE_STORE", str(tmp_path / "store"))
     (tmp_path / "store").mkdir()  # an empty store: what the queries read
     (tmp_path / "notes.txt").write_text("not a store")
+    (tmp_path / "notes[draft].txt").write_text("not a store")
     (tmp_path / ".tmp").mkdir()  # DuckDB's default spill folder in the working directory
     (tmp_path / ".tmp" / "notes.csv").write_text("private\n")
     assert exit_code(argv) == 2
