@@ -78,8 +78,8 @@ class YardstickJob(YardstickConfig):
                             "kinds whose queries are texts, which MaxSim ranks: your qrels, else titles, else queries "
                             "an LLM writes for the held-out documents.")
     small_pool: bool = Field(False, description="Fewer than MIN_POOL models are ranked on it (a search's candidates "
-                             "and the untrained model, a run's models): `auto` takes no pooled kind, whose models "
-                             "judge each other, and text alone gets an LLM's queries.")
+                             "and the untrained model, a run's models): `auto` takes a pooled kind, whose models "
+                             "judge each other, only where nothing else can rank; text alone gets an LLM's queries.")
 
 
 class YardstickInputs(Inputs):
