@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 import torch
 from sentence_transformers import MultiVectorEncoder, SentenceTransformer
-from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
+from sentence_transformers.multi_vector_encoder.losses import (
+    CachedMultiVectorMultipleNegativesRankingLoss,
+    MultiVectorMultipleNegativesRankingLoss,
+)
 from sentence_transformers.sentence_transformer.losses import MarginMSELoss, MatryoshkaLoss
 from sentence_transformers.sparse_encoder import SparseEncoder
 from sentence_transformers.sparse_encoder.losses import CSRLoss, SparseMultipleNegativesRankingLoss
@@ -132,14 +135,17 @@ if set(OBJECTIVES) != set(RECIPES):
     raise RuntimeError(f"objectives and recipe registry disagree: {sorted(set(OBJECTIVES) ^ set(RECIPES))}")
 
 
-def multi_vector_info_nce(recipe: Recipe, model: MultiVectorEncoder, settings: MultiVectorSettings) -> Objective:
+def multi_vector_info_nce(recipe: Recipe, model: MultiVectorEncoder, settings: MultiVectorSettings,
+                          cached_rows: int | None) -> Objective:
     """The multi_vector family's loss for a recipe whose view is (query, document[, hard negative]) rows: InfoNCE
     over MaxSim scores, every other row's documents the negatives (sentence-transformers' own loss: the first
-    column is read as queries, the others as documents). Its chance level is the dense one's: a model with one
-    vector for every token scores every document alike."""
+    column is read as queries, the others as documents); with `cached_rows`, its GradCache form, which embeds
+    that many rows at a time. Its chance level is the dense one's: a model with one vector for every token scores
+    every document alike."""
     columns = 2 if recipe.hard_negatives else 1
-    return Objective(MultiVectorMultipleNegativesRankingLoss(model, scale=settings.scale), anchors_and_positives(model),
-                     lambda rows: math.log(columns * rows))
+    loss = (CachedMultiVectorMultipleNegativesRankingLoss(model, scale=settings.scale, mini_batch_size=cached_rows)
+            if cached_rows else MultiVectorMultipleNegativesRankingLoss(model, scale=settings.scale))
+    return Objective(loss, anchors_and_positives(model), lambda rows: math.log(columns * rows))
 
 
 def sparse_info_nce(model: SparseEncoder, settings: SparseSettings) -> Objective:
@@ -158,10 +164,10 @@ def build_objective(model: SentenceTransformer | MultiVectorEncoder | SparseEnco
     resolves them. Recipes whose loss compares rows of the batch (the registry's `in_batch_negatives`)
     gather them from every process; `gather` replaces that (a test trains without it). `family`: the settings of a
     family other than dense (tasks/encoders/families.py), whose model trains by its own InfoNCE (the config allows
-    it for the family's recipes, in one process, without GradCache)."""
+    it for the family's recipes, in one process; GradCache for the multi-vector one)."""
     spec = RECIPES[recipe]
     if isinstance(family, MultiVectorSettings):
-        return multi_vector_info_nce(spec, model, family)
+        return multi_vector_info_nce(spec, model, family, cfg.cached_rows)
     if isinstance(family, SparseSettings):
         return sparse_info_nce(model, family)
     gather = gather or (gather_rows if spec.in_batch_negatives else no_gather)

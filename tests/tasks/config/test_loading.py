@@ -106,7 +106,8 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "train: {matryoshka_dims: [8]}}]\n", "methods.0: the multi_vector family does not train with "
      "train.matryoshka_dims"),
     ("name: x\ndata: {path: a.csv}\ntrain: {mini_batch_size: 8, lora: {}}\nmethods: [{name: c, recipe: crops, "
-     "family: multi_vector}]\n", "train.mini_batch_size (embforge's GradCache caches dense vectors); train.lora"),
+     "family: sparse}]\n", "train.mini_batch_size (CSR's loss also rebuilds each vector, which sentence-transformers "
+     "does not cache); train.lora"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector}, "
      "{name: d, recipe: dropout, start_from: c}]\n", "methods ['d'] start from 'c', a multi_vector model"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: multi_vector}]\nstatic: {of: [c]}\n",

@@ -3,10 +3,13 @@
 
 import pytest
 import torch
+from sentence_transformers.multi_vector_encoder.losses import CachedMultiVectorMultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
+from tasks.config.family_settings import MultiVectorSettings
 from tasks.config.recipes import RECIPES
-from tasks.config.training import LoraSettings, TrainConfig
+from tasks.config.training import LoraSettings, MethodConfig, TrainConfig, merged_train
+from tasks.encoders.families import multi_vector_model
 from tasks.encoders.lora import attach_lora
 from tasks.encoders.models import sentence_model
 from tasks.methods.cached import CachedLoss, mini_batches
@@ -61,6 +64,27 @@ def test_cached_gradients_of_a_lora_adapter_equal_the_full_batch_s(no_dropout):
     assert cached_loss == pytest.approx(full_loss, rel=1e-6)
     assert full and all("lora_" in name for name in full)  # only the adapter has gradients
     assert_same(full, {n.removeprefix("loss."): g for n, g in cached.items()})
+
+
+# A multi-vector model trains every recipe of its family by sentence-transformers' MaxSim InfoNCE, whose cached
+# form takes hard negatives too (gpl's, unlike the dense family's cache).
+@pytest.mark.parametrize("recipe", ["crops", "gpl"])
+def test_a_multi_vector_model_s_cached_gradients_equal_the_full_batch_s(no_dropout, recipe):
+    rows = [(a, p, BATCH[(i + 5) % len(BATCH)][1]) for i, (a, p) in enumerate(BATCH)] if recipe == "gpl" else BATCH
+    method = MethodConfig(name="mv", recipe=recipe, family="multi_vector", train={"mini_batch_size": 5})
+    grads = {}
+    for cfg in (FULL, merged_train(CACHED, method, "methods.0")):  # the config allows the recipe's cache
+        model = multi_vector_model(sentence_model(no_dropout, cfg.max_length), MultiVectorSettings(dim=16), seed=0)
+        objective = build_objective(model, recipe, cfg, None, None, family=MultiVectorSettings(dim=16))
+        assert isinstance(objective.loss, CachedMultiVectorMultipleNegativesRankingLoss) == (cfg is not FULL)
+        loss = objective.loss(objective.collate(rows), None)
+        loss.backward()
+        grads[cfg is not FULL] = loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                             if p.grad is not None}
+    (full_loss, full), (cached_loss, cached) = grads[False], grads[True]
+    assert cached_loss == pytest.approx(full_loss, rel=1e-6)
+    assert "1.linear.weight" in full  # the projection trains, and the encoder under it
+    assert_same(full, cached)
 
 
 def test_cached_gradients_equal_sentence_transformers_cached_mnrl(no_dropout):
