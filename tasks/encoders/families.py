@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from huggingface_hub import hf_hub_download
 from sentence_transformers import MultiVectorEncoder, SentenceTransformer
 from sentence_transformers.base.model import BaseModel
 from sentence_transformers.base.modules import Normalize
@@ -111,13 +112,38 @@ def sentence_vectors(model: BaseModel, texts: list[str], batch_size: int) -> tor
     return model.encode(texts, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
 
 
+# The model type PyLate (up to v3) wrote for its ColBERT checkpoints, which MultiVectorEncoder loads.
+PYLATE_MODEL_TYPE = "ColBERT"
+
+
 def family_of(name_or_path: str) -> str:
-    """The family of the model a folder holds, by the class its sentence-transformers config names (dense where it
-    names none, or is no such folder)."""
-    config = Path(resolve_model(name_or_path)) / "config_sentence_transformers.json"
-    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-    return next((family for family, cls in MODEL_CLASSES.items() if family != "dense" and cls.model_type == model_type),
-                "dense")
+    """The family of a saved model, a local folder or a Hub repository: by the class its sentence-transformers config
+    names (PyLate's ColBERT too), else a multi-vector one where it is a Stanford ColBERT checkpoint (its
+    `artifact.metadata`, which MultiVectorEncoder reads too); dense where it is neither, or cannot be read."""
+    config = saved_file(name_or_path, "config_sentence_transformers.json")
+    model_type = json.loads(config.read_text()).get("model_type") if config else None
+    if model_type == PYLATE_MODEL_TYPE:
+        return "multi_vector"
+    family = next((f for f, cls in MODEL_CLASSES.items() if f != "dense" and cls.model_type == model_type), "dense")
+    if family == "dense" and config is None and saved_file(name_or_path, "artifact.metadata"):
+        return "multi_vector"
+    return family
+
+
+def saved_file(name_or_path: str, filename: str) -> Path | None:
+    """A file of the model `name_or_path` names: in its folder, or else of its Hub repository (huggingface_hub's
+    cache, offline with HF_HUB_OFFLINE); None where it has none or the Hub cannot give it."""
+    folder = Path(resolve_model(name_or_path))
+    if folder.is_dir():
+        return path if (path := folder / filename).is_file() else None
+    return hub_file(name_or_path, filename)
+
+
+def hub_file(repo_id: str, filename: str) -> Path | None:
+    try:
+        return Path(hf_hub_download(repo_id, filename))
+    except (OSError, ValueError):  # not in the repository, no such repository, offline and not cached, a bad id
+        return None
 
 
 def load_saved(name_or_path: str, device: str, **kwargs) -> BaseModel:

@@ -1,5 +1,9 @@
+import json
 import re
+import shutil
+from pathlib import Path
 
+import huggingface_hub
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -123,6 +127,37 @@ def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_l
     with pytest.raises(InputError, match=r"a multi_vector model \(MultiVectorEncoder\), which .*cannot read; "
                                          "encode.encoder_at reads it as"):
         encode.PooledEncoder(folder)  # its backbone's token states alone are not the model
+
+
+def in_hub_cache(cache, repo: str, folder) -> None:
+    """`folder` as huggingface_hub keeps a downloaded repository: what it reads offline."""
+    root, commit = cache / f"models--{repo.replace('/', '--')}", "0" * 40
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    shutil.copytree(folder, root / "snapshots" / commit)
+
+
+def test_a_hub_model_s_family_is_read_from_its_repository(tiny_dir, tmp_path, monkeypatch):
+    # The Hub cannot be reached here: its repositories are in huggingface_hub's cache, read offline (HF_HUB_OFFLINE).
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    multi_vector(tiny_dir).save(str(tmp_path / "colbert"))
+    in_hub_cache(cache, "someone/colbert", tmp_path / "colbert")
+    in_hub_cache(cache, "someone/dense", tiny_dir)
+    pylate = shutil.copytree(tiny_dir, tmp_path / "pylate")  # PyLate v3's own model type
+    (pylate / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "ColBERT"}))
+    in_hub_cache(cache, "someone/pylate", pylate)
+    stanford = tmp_path / "stanford"  # a Stanford ColBERT checkpoint: a BERT and its artifact.metadata
+    stanford.mkdir()
+    shutil.copy(Path(tiny_dir) / "config.json", stanford / "config.json")
+    (stanford / "artifact.metadata").write_text(json.dumps({"query_maxlen": 32, "doc_maxlen": 180}))
+    in_hub_cache(cache, "someone/stanford", stanford)
+
+    assert {repo: families.family_of(f"someone/{repo}") for repo in ("colbert", "pylate", "stanford", "dense")} == {
+        "colbert": "multi_vector", "pylate": "multi_vector", "stanford": "multi_vector", "dense": "dense"}
+    assert families.family_of("someone/not-cached") == "dense"  # offline, nothing to read: as a base is read
+    model = families.load_saved("someone/colbert", "cpu")
+    assert isinstance(model, MultiVectorEncoder) and model[1].linear.weight.shape == (SETTINGS.dim, 32)
 
 
 def test_freezing_checkpointing_a_layer_and_the_learning_curve_train_a_multi_vector_model(tiny_dir, tmp_path):
