@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
+from tasks.config.families import FAMILIES
 from tasks.config.model import Prompts
 from tasks.config.recipes import RECIPES
 from tasks.config.training import MethodConfig, TrainConfig
@@ -59,8 +60,9 @@ class TokensJob(Section):
     def for_method(cls, base_model: str | None, method: MethodConfig, train: TrainConfig,
                    prompts: Prompts | None = None) -> TokensJob:
         recipe, prompts = RECIPES[method.recipe], prompts or Prompts()
-        by_column = {column: prompts.for_role(query=recipe.needs_queries and column == "anchor")
-                     for column in TEXT_COLUMNS}
+        # a multi-vector model's loss reads every recipe's anchors as queries (tasks/methods/objectives.py)
+        queries = recipe.needs_queries or FAMILIES[method.family].per_token
+        by_column = {column: prompts.for_role(query=queries and column == "anchor") for column in TEXT_COLUMNS}
         return cls(base_model=base_model, max_length=train.max_length, word_ids=recipe.whole_word_masking,
                    prompts={column: prompt for column, prompt in by_column.items() if prompt})
 

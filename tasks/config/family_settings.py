@@ -17,6 +17,11 @@ class MultiVectorSettings(Section):
                          "query's tokens, not a cosine: PyLate's 1.0).")
     skip_punctuation: bool = Field(True, description="Leave documents' punctuation tokens out of MaxSim, as ColBERT "
                                    "and PyLate do.")
+    query_expansion: int | None = Field(None, ge=1, description="Widen every query to at least this many tokens "
+                                        "with the mask token ([MASK]), whose vectors MaxSim scores too: ColBERT's "
+                                        "query augmentation (32 there and in PyLate), in training and in every query "
+                                        "the saved model encodes (sentence-transformers' `min` strategy: a longer "
+                                        "query is kept whole). None: off, as sentence-transformers' fresh models are.")
 
 
 # CSR's loss also rebuilds the vector from the top 4k codes (sentence-transformers' SparseAutoEncoder): a sparse

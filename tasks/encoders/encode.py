@@ -186,7 +186,7 @@ class TokenMeanEncoder(FamilyEncoder):
         """(texts, dim) mean token vectors and (with `keep_tokens`) each text's scoring token vectors, the texts
         (stored ids padded, or texts tokenized) read as `task`."""
         with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
-            out = self.model(to_device(features(self.model, texts), self.model.device), task=task)
+            out = self.model(to_device(features(self.model, texts, task), self.model.device), task=task)
         tokens, mask = out["token_embeddings"].float(), out["attention_mask"]  # (texts, width, dim), (texts, width)
         means = pool(tokens, mask, "mean").cpu().numpy()
         if not keep_tokens:

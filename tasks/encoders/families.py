@@ -46,13 +46,15 @@ MODEL_CLASSES: dict[str, type[BaseModel]] = {"dense": SentenceTransformer, "mult
 def multi_vector_model(model: SentenceTransformer, settings: MultiVectorSettings, seed: int) -> MultiVectorEncoder:
     """`model`'s transformer as a multi-vector model: a projection to `settings.dim` drawn from `seed` (nn.Linear's
     own initialisation, from a generator of its own: the same weights whatever the process drew before), the
-    scoring mask and the token vectors' normalisation."""
+    scoring mask and the token vectors' normalisation; queries expanded as `settings.query_expansion` says."""
     transformer = model[0]
     with torch.device("meta"):  # built without weights, so nothing is drawn from torch's global generator
         projection = Dense(in_features=transformer.get_embedding_dimension(), out_features=settings.dim, bias=False,
                            activation_function=nn.Identity(), module_input_name="token_embeddings")
     projection.to_empty(device="cpu")  # drawn on the CPU: the same weights on any device
     nn.init.kaiming_uniform_(projection.linear.weight, a=math.sqrt(5), generator=torch.Generator().manual_seed(seed))
+    if settings.query_expansion:  # saved with the model: its encode_query widens queries the same way
+        transformer.query_expansion = {"strategy": "min", "length": settings.query_expansion, "attend": False}
     mask = MultiVectorMask(skiplist_words=list(string.punctuation) if settings.skip_punctuation else [])
     return MultiVectorEncoder(modules=[transformer, projection.to(model.device), mask,
                                        Normalize(module_input_name="token_embeddings")], device=str(model.device))

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 from sentence_transformers import SentenceTransformer
 from transformers import PreTrainedTokenizerBase
 
@@ -145,11 +146,34 @@ def padded_tokens(model: SentenceTransformer, rows: list[Tokens], words: bool = 
     return {**token_arrays(arrays), **({} if words else {"modality": "text"})}
 
 
-def features(model: SentenceTransformer, column: list[str] | list[Tokens]) -> dict:
-    """The model's inputs for a batch's column: its texts tokenized, or its stored ids padded."""
+def features(model: SentenceTransformer, column: list[str] | list[Tokens], task: str | None = None) -> dict:
+    """The model's inputs for a batch's column: its texts tokenized, or its stored ids padded; read as `task` (a
+    multi-vector model's "query" or "document"): queries expanded where the model says (`expanded_queries`)."""
     if not column:
         return {}
-    return padded_tokens(model, column) if isinstance(column[0], Tokens) else tokenize(model, column)
+    arrays = padded_tokens(model, column) if isinstance(column[0], Tokens) else tokenize(model, column)
+    return expanded_queries(model, arrays) if task == "query" else arrays
+
+
+def expanded_queries(model: SentenceTransformer, arrays: dict) -> dict:
+    """A batch of queries widened as ColBERT does, where the model's transformer module has a `query_expansion`
+    (sentence-transformers' `min` strategy, the one embforge sets: tasks/encoders/families.py): at least `length`
+    tokens wide, every slot within them past a query's own tokens the mask token, marked in
+    `query_expansion_positions` so that MaxSim scores it, and attended to only with `attend`. Else `arrays`."""
+    expansion = getattr(model[0], "query_expansion", None)
+    if expansion is None:
+        return arrays
+    ids, mask = arrays["input_ids"], arrays["attention_mask"]  # (rows, width)
+    widen = lambda t: torch.nn.functional.pad(t, (0, max(0, expansion["length"] - t.shape[1])))  # noqa: E731
+    ids, mask = widen(ids), widen(mask)  # (rows, max(width, length))
+    slots = (mask == 0) & (torch.arange(ids.shape[1]) < expansion["length"])  # (rows, width): the expansion's
+    token = expansion["token"] or model.tokenizer.mask_token or model.tokenizer.eos_token  # PyLate's fallback
+    widened = {**arrays, "input_ids": ids.masked_fill(slots, model.tokenizer.convert_tokens_to_ids(token)),
+               "attention_mask": mask.masked_fill(slots, 1) if expansion["attend"] else mask,
+               "query_expansion_positions": slots}
+    if "token_type_ids" in arrays:
+        widened["token_type_ids"] = widen(arrays["token_type_ids"])
+    return widened
 
 
 def column_values(rows: pa.Table, column: str) -> list:

@@ -55,8 +55,8 @@ class Objective:
 ObjectiveFn = Callable[[Recipe, SentenceTransformer, TrainConfig, "float | None", "float | None", Gather], Objective]
 
 
-def tokens(model: SentenceTransformer, column: list[str] | list[Tokens]) -> dict:
-    return to_device(features(model, column), model.device)
+def tokens(model: SentenceTransformer, column: list[str] | list[Tokens], task: str | None = None) -> dict:
+    return to_device(features(model, column, task), model.device)
 
 
 def anchors_and_positives(model: SentenceTransformer) -> Callable[[list[Pair]], list[dict]]:
@@ -139,13 +139,15 @@ def multi_vector_info_nce(recipe: Recipe, model: MultiVectorEncoder, settings: M
                           cached_rows: int | None) -> Objective:
     """The multi_vector family's loss for a recipe whose view is (query, document[, hard negative]) rows: InfoNCE
     over MaxSim scores, every other row's documents the negatives (sentence-transformers' own loss: the first
-    column is read as queries, the others as documents); with `cached_rows`, its GradCache form, which embeds
-    that many rows at a time. Its chance level is the dense one's: a model with one vector for every token scores
-    every document alike."""
+    column is read as queries, expanded where the model says, the others as documents); with `cached_rows`, its
+    GradCache form, which embeds that many rows at a time. Its chance level is the dense one's: a model with one
+    vector for every token scores every document alike."""
     columns = 2 if recipe.hard_negatives else 1
+    collate = lambda batch: [tokens(model, list(column), "query" if i == 0 else "document")  # noqa: E731
+                             for i, column in enumerate(zip(*batch))]
     loss = (CachedMultiVectorMultipleNegativesRankingLoss(model, scale=settings.scale, mini_batch_size=cached_rows)
             if cached_rows else MultiVectorMultipleNegativesRankingLoss(model, scale=settings.scale))
-    return Objective(loss, anchors_and_positives(model), lambda rows: math.log(columns * rows))
+    return Objective(loss, collate, lambda rows: math.log(columns * rows))
 
 
 def sparse_info_nce(model: SparseEncoder, settings: SparseSettings) -> Objective:

@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import huggingface_hub
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -17,9 +18,11 @@ from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder
 from tasks.config.base import InputError
 from tasks.config.families import FAMILIES
 from tasks.config.family_settings import MultiVectorSettings, SparseSettings
+from tasks.config.model import Prompts
 from tasks.config.splits import KnnConfig
 from tasks.config.training import MethodConfig, TrainConfig
 from tasks.encoders import encode, families
+from tasks.encoders.inputs import Tokens, features
 from tasks.encoders.models import sentence_model
 from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
@@ -104,8 +107,9 @@ def trained_in_store(demo, tiny_dir, method: MethodConfig, *changes: dict):
 
 
 def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_loads(demo, tiny_dir):
-    store, trained, cfg = trained_in_store(demo, tiny_dir, METHOD, {"dim": 8}, {"scale": 2.0},
-                                           {"skip_punctuation": False})
+    expanding = METHOD.model_copy(update={"multi_vector": SETTINGS.model_copy(update={"query_expansion": 8})})
+    store, trained, cfg = trained_in_store(demo, tiny_dir, expanding, {"dim": 8}, {"scale": 2.0},
+                                           {"skip_punctuation": False}, {"query_expansion": None})
     folder = str(store.path(trained) / "model")
     model = MultiVectorEncoder(folder, device="cpu")
     assert [type(m) for m in model] == [type(model[0]), Dense, MultiVectorMask, Normalize]
@@ -122,11 +126,40 @@ def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_l
     # read as one vector a text (kNN, STS, geometry): the mean of its document token vectors, as loaded above
     vectors = encode.encoder_at(folder, "cpu", dtype="fp32").encode(texts, max_length=cfg.max_length)
     assert torch.allclose(torch.from_numpy(vectors), torch.stack([d.mean(0) for d in documents]), atol=1e-5)
+    # queries widened to 8 tokens by [MASK] in training, in the saved model's encode_query, and where embforge scores
+    expanded = encode.encoder_at(folder, "cpu", dtype="fp32")
+    ours = next(expanded.token_chunks(["Asthma"], cfg.max_length, task="query"))[2][0]
+    assert ours.shape[0] == 8 and np.allclose(ours, model.encode_query(["Asthma"])[0].numpy(), atol=1e-5)
     with pytest.raises(InputError, match="a multi_vector model runs on torch here, not on onnx"):
         encode.encoder_at(folder, backend="onnx")
     with pytest.raises(InputError, match=r"a multi_vector model \(MultiVectorEncoder\), which .*cannot read; "
                                          "encode.encoder_at reads it as"):
         encode.PooledEncoder(folder)  # its backbone's token states alone are not the model
+
+
+QUERIES = ["heart", "asthma in children and adults", "a much longer query about the risk of heart attack in adults"]
+
+
+def test_queries_are_expanded_as_sentence_transformers_expands_them(tiny_dir):
+    model = families.multi_vector_model(sentence_model(tiny_dir, CFG.max_length),
+                                        SETTINGS.model_copy(update={"query_expansion": 8}), seed=0)
+    theirs = model.preprocess(QUERIES, task="query")  # the library's own: what the saved model's encode_query does
+    stored = [Tokens(np.array(ids, np.int32)) for ids in model.tokenizer(QUERIES)["input_ids"]]
+    for ours in (features(model, QUERIES, "query"), features(model, stored, "query")):  # texts, the tokens stage's ids
+        for name in ("input_ids", "attention_mask", "query_expansion_positions"):
+            assert torch.equal(ours[name], theirs[name]), name
+    slots = theirs["query_expansion_positions"]
+    assert slots.shape[1] >= 8 and slots[0].sum() == 8 - 3 and not slots[2].any()  # "heart": [CLS] heart [SEP]
+    assert (theirs["input_ids"][slots] == model.tokenizer.mask_token_id).all()
+    assert "query_expansion_positions" not in features(model, stored, "document")  # documents as they are
+
+
+def test_a_multi_vector_model_s_anchors_take_the_query_prompt(tiny_dir):
+    prompts = Prompts(query="[Q] ", document="[D] ")
+    assert TokensJob.for_method(tiny_dir, METHOD, CFG, prompts).prompts == {
+        "anchor": "[Q] ", "positive": "[D] ", "negative": "[D] "}  # the loss reads anchors as queries
+    dense = METHOD.model_copy(update={"family": "dense", "multi_vector": None})
+    assert set(TokensJob.for_method(tiny_dir, dense, CFG, prompts).prompts.values()) == {"[D] "}  # crops: documents
 
 
 def in_hub_cache(cache, repo: str, folder) -> None:

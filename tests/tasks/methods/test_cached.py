@@ -73,9 +73,11 @@ def test_a_multi_vector_model_s_cached_gradients_equal_the_full_batch_s(no_dropo
     rows = [(a, p, BATCH[(i + 5) % len(BATCH)][1]) for i, (a, p) in enumerate(BATCH)] if recipe == "gpl" else BATCH
     method = MethodConfig(name="mv", recipe=recipe, family="multi_vector", train={"mini_batch_size": 5})
     grads = {}
+    settings = MultiVectorSettings(dim=16, query_expansion=16)  # the anchors widened by [MASK] tokens, cached too
     for cfg in (FULL, merged_train(CACHED, method, "methods.0")):  # the config allows the recipe's cache
-        model = multi_vector_model(sentence_model(no_dropout, cfg.max_length), MultiVectorSettings(dim=16), seed=0)
-        objective = build_objective(model, recipe, cfg, None, None, family=MultiVectorSettings(dim=16))
+        model = multi_vector_model(sentence_model(no_dropout, cfg.max_length), settings, seed=0)
+        objective = build_objective(model, recipe, cfg, None, None, family=settings)
+        assert objective.collate(rows)[0]["query_expansion_positions"].any()
         assert isinstance(objective.loss, CachedMultiVectorMultipleNegativesRankingLoss) == (cfg is not FULL)
         loss = objective.loss(objective.collate(rows), None)
         loss.backward()
