@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from sentence_transformers.multi_vector_encoder.losses import CachedMultiVectorMultipleNegativesRankingLoss
 from torch import nn
 
 
@@ -41,6 +42,27 @@ def mini_batches(features: dict, size: int) -> Iterator[dict]:
         yield {k: v[start:start + size] if torch.is_tensor(v) else v for k, v in features.items()}
 
 
+def autocast_state(module: nn.Module) -> dict:
+    """torch.autocast's arguments as they are now on `module`'s device: the backward pass re-embeds under them, as
+    the forward pass embedded (embforge's loop autocasts the forward pass only, not the backward)."""
+    device = next(module.parameters()).device.type
+    return dict(device_type=device, dtype=torch.get_autocast_dtype(device), enabled=torch.is_autocast_enabled(device))
+
+
+class CachedMaxSimLoss(CachedMultiVectorMultipleNegativesRankingLoss):
+    """sentence-transformers' cached MaxSim InfoNCE (the multi-vector family's GradCache), its backward pass's
+    re-embedding under the forward pass's autocast: the library leaves that to the Trainer's accelerate, which
+    autocasts the model's forward wherever it runs."""
+
+    def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
+        self.autocast = autocast_state(self)
+        return super().forward(sentence_features, labels)
+
+    def embed_minibatch(self, *args, **kwargs):
+        with torch.autocast(**self.autocast):
+            return super().embed_minibatch(*args, **kwargs)
+
+
 class CachedLoss(nn.Module):
     """`loss` computed in mini-batches of `mini_batch_size` rows, with the full batch's gradients."""
 
@@ -50,9 +72,7 @@ class CachedLoss(nn.Module):
         self.mini_batch_size = mini_batch_size
 
     def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
-        device = next(self.parameters()).device.type
-        autocast = dict(device_type=device, dtype=torch.get_autocast_dtype(device),
-                        enabled=torch.is_autocast_enabled(device))  # the backward pass re-embeds under the same
+        autocast = autocast_state(self)
         states, embeddings = [], []
         for features in sentence_features:
             parts = []

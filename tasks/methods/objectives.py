@@ -13,10 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from sentence_transformers import MultiVectorEncoder, SentenceTransformer
-from sentence_transformers.multi_vector_encoder.losses import (
-    CachedMultiVectorMultipleNegativesRankingLoss,
-    MultiVectorMultipleNegativesRankingLoss,
-)
+from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.losses import MarginMSELoss, MatryoshkaLoss
 from sentence_transformers.sparse_encoder import SparseEncoder
 from sentence_transformers.sparse_encoder.losses import CSRLoss, SparseMultipleNegativesRankingLoss
@@ -27,7 +24,7 @@ from tasks.config.recipes import RECIPES, Pair, Recipe
 from tasks.config.training import TrainConfig
 from tasks.encoders.inputs import Tokens, features
 from tasks.encoders.models import to_device
-from tasks.methods.cached import CachedLoss
+from tasks.methods.cached import CachedLoss, CachedMaxSimLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
 from tasks.methods.distributed import Gather, gather_rows, no_gather
 from tasks.methods.infonce import InfoNCELoss
@@ -145,7 +142,7 @@ def multi_vector_info_nce(recipe: Recipe, model: MultiVectorEncoder, settings: M
     columns = 2 if recipe.hard_negatives else 1
     collate = lambda batch: [tokens(model, list(column), "query" if i == 0 else "document")  # noqa: E731
                              for i, column in enumerate(zip(*batch))]
-    loss = (CachedMultiVectorMultipleNegativesRankingLoss(model, scale=settings.scale, mini_batch_size=cached_rows)
+    loss = (CachedMaxSimLoss(model, scale=settings.scale, mini_batch_size=cached_rows)
             if cached_rows else MultiVectorMultipleNegativesRankingLoss(model, scale=settings.scale))
     return Objective(loss, collate, lambda rows: math.log(columns * rows))
 

@@ -67,7 +67,7 @@ def test_cached_gradients_of_a_lora_adapter_equal_the_full_batch_s(no_dropout):
 
 
 # A multi-vector model trains every recipe of its family by sentence-transformers' MaxSim InfoNCE, whose cached
-# form takes hard negatives too (gpl's, unlike the dense family's cache).
+# form takes hard negatives too (gpl's).
 @pytest.mark.parametrize("recipe", ["crops", "gpl"])
 def test_a_multi_vector_model_s_cached_gradients_equal_the_full_batch_s(no_dropout, recipe):
     rows = [(a, p, BATCH[(i + 5) % len(BATCH)][1]) for i, (a, p) in enumerate(BATCH)] if recipe == "gpl" else BATCH
@@ -87,6 +87,18 @@ def test_a_multi_vector_model_s_cached_gradients_equal_the_full_batch_s(no_dropo
     assert cached_loss == pytest.approx(full_loss, rel=1e-6)
     assert "1.linear.weight" in full  # the projection trains, and the encoder under it
     assert_same(full, cached)
+
+
+def test_a_multi_vector_model_s_backward_pass_re_embeds_under_the_forward_pass_s_autocast(no_dropout):
+    settings = MultiVectorSettings(dim=16)
+    model = multi_vector_model(sentence_model(no_dropout, CACHED.max_length), settings, seed=0)
+    objective = build_objective(model, "crops", CACHED, None, None, family=settings)
+    autocast = []
+    model[0].register_forward_hook(lambda *_: autocast.append(torch.is_autocast_enabled("cpu")))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as train_model runs a bf16 step: the forward pass only
+        loss = objective.loss(objective.collate(BATCH), None)
+    loss.backward()
+    assert autocast == [True] * (2 * 2 * 3)  # two passes over 2 columns x 3 mini-batches (5 + 5 + 2 rows)
 
 
 def test_cached_gradients_equal_sentence_transformers_cached_mnrl(no_dropout):
