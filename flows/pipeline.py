@@ -29,6 +29,7 @@ from tasks.config.static import StaticConfig, StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.config.yardsticks import MIN_POOL
 from tasks.core.stage import NoInputs
+from tasks.encoders.families import family_of
 from tasks.encoders.lora import check_targets, start_layers
 from tasks.encoders.models import start_width
 from tasks.ingest import INGEST
@@ -260,7 +261,8 @@ def pipeline(params: RunParams) -> str:
 
     def body() -> str:
         models, corpus = train_models(run, run.cfg.methods)
-        references = [ReportedModel(name, "reference", None, name) for name in run.cfg.evaluate.reference_models]
+        references = [ReportedModel(name, "reference", None, name, family=family_of(name))  # a ColBERT: by MaxSim
+                      for name in run.cfg.evaluate.reference_models]
         run.register(references)
         report = report_models(run, models + references, corpus)
         return run.store.location("artifacts", report.stage, report.key)

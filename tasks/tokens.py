@@ -4,8 +4,8 @@ the same tokenizer on the same view reads them; tokenizing in the step took 37% 
 batch 64 on an H200 (docs/results.md).
 
 The key holds what tokenizes: the start model (its files, or the artifact it is in), the max length and the prompt
-each text column is read with (`model.prompts`: a query recipe's anchors, the generated queries, the query one; every
-other text the document one).
+each text column is read with (`model.prompts`: a query recipe's anchors, the generated queries, and a multi-vector
+method's anchors, the query one; every other text the document one).
 Inputs: `pairs`; `start` when the encoder is an artifact (a random init, stage 1's model).
 Output `tokens.parquet`: the pairs' rows in the same order and row groups, each text column (anchor,
 positive[, negative]) as its ids (list<int32>: special tokens in, truncated to max_length, unpadded), with

@@ -48,7 +48,8 @@ class Prompts(Section):
                        "model's `encode_query` (e.g. `\"Instruct: Given a question, find the abstract that answers "
                        "it\\nQuery: \"`).")
     document: str = Field("", description="Put before every other text the model reads: documents, crops, "
-                          "summaries, STS sentences, and the exported model's `encode_document` and `encode`. "
+                          "summaries, STS sentences, and the exported model's `encode_document` and `encode` (a "
+                          "multi-vector method's anchors, which its loss reads as queries, take the query one). "
                           "E5-mistral and LLM2Vec leave documents without one.")
 
     def for_role(self, query: bool) -> str:

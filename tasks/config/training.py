@@ -335,8 +335,8 @@ def merged_train(base: TrainConfig, method: MethodConfig, where: str) -> TrainCo
     if cfg.group_by_length and method.recipe not in PER_ROW:
         raise ValueError(f"{where}: group_by_length applies to the recipes whose loss is per row {PER_ROW}, not to "
                          f"{method.recipe!r}, which learns from the other rows of its batch")
-    if cfg.cached_rows:  # a family's recipes train by its own InfoNCE, which caches any of them (family_conflicts)
-        if method.family == "dense" and not RECIPES[method.recipe].mini_batches:
+    if cfg.cached_rows:
+        if not RECIPES[method.recipe].mini_batches:
             with_cache = tuple(r.name for r in RECIPES.values() if r.mini_batches)
             raise ValueError(f"{where}: mini_batch_size applies to the recipes {with_cache}, not to {method.recipe!r}")
         if cfg.matryoshka_dims:

@@ -13,7 +13,9 @@ query meeting a document by their dot product (encode.py's SparseCodeEncoder).
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 import string
 from pathlib import Path
@@ -21,7 +23,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from huggingface_hub import hf_hub_download
 from sentence_transformers import MultiVectorEncoder, SentenceTransformer
 from sentence_transformers.base.model import BaseModel
 from sentence_transformers.base.modules import Normalize
@@ -29,6 +30,7 @@ from sentence_transformers.base.modules.dense import Dense
 from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 from sentence_transformers.sparse_encoder import SparseEncoder
 from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder
+from sentence_transformers.util import load_file_path
 from torch import nn
 
 from tasks.config.base import InputError
@@ -114,38 +116,38 @@ def sentence_vectors(model: BaseModel, texts: list[str], batch_size: int) -> tor
     return model.encode(texts, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
 
 
-# The model type PyLate (up to v3) wrote for its ColBERT checkpoints, which MultiVectorEncoder loads.
-PYLATE_MODEL_TYPE = "ColBERT"
+# The model type PyLate (up to v3) wrote for its ColBERT checkpoints, and the architecture a Stanford ColBERT
+# checkpoint's config.json names: MultiVectorEncoder loads both (its `_get_model_type` reads them the same way).
+PYLATE_MODEL_TYPE, STANFORD_ARCHITECTURE = "ColBERT", "HF_ColBERT"
 
 
 def family_of(name_or_path: str) -> str:
     """The family of a saved model, a local folder or a Hub repository: by the class its sentence-transformers config
-    names (PyLate's ColBERT too), else a multi-vector one where it is a Stanford ColBERT checkpoint (its
-    `artifact.metadata`, which MultiVectorEncoder reads too); dense where it is neither, or cannot be read."""
-    config = saved_file(name_or_path, "config_sentence_transformers.json")
-    model_type = json.loads(config.read_text()).get("model_type") if config else None
+    names (PyLate's ColBERT too), else a multi-vector one where its config.json is a Stanford ColBERT's; dense where it
+    is neither, or cannot be read (a Hub name offline and not cached, the Hub unreachable)."""
+    folder = resolve_model(name_or_path)
+    return saved_family(folder) if Path(folder).is_dir() else hub_family(folder)
+
+
+@functools.cache
+def hub_family(repo_id: str) -> str:
+    """saved_family of a Hub repository, asked once a process (each ask is a request where the Hub is reachable)."""
+    try:
+        return saved_family(repo_id)
+    except Exception as e:  # noqa: BLE001 (the Hub's network, auth and proxy errors: the family cannot be read)
+        logging.getLogger(__name__).debug("%s: its family cannot be read from the Hub (%s): dense", repo_id, e)
+        return "dense"
+
+
+def saved_family(name_or_path: str) -> str:
+    config = load_file_path(name_or_path, "config_sentence_transformers.json")
+    model_type = json.loads(Path(config).read_text()).get("model_type") if config else None
     if model_type == PYLATE_MODEL_TYPE:
         return "multi_vector"
-    family = next((f for f, cls in MODEL_CLASSES.items() if f != "dense" and cls.model_type == model_type), "dense")
-    if family == "dense" and config is None and saved_file(name_or_path, "artifact.metadata"):
-        return "multi_vector"
-    return family
-
-
-def saved_file(name_or_path: str, filename: str) -> Path | None:
-    """A file of the model `name_or_path` names: in its folder, or else of its Hub repository (huggingface_hub's
-    cache, offline with HF_HUB_OFFLINE); None where it has none or the Hub cannot give it."""
-    folder = Path(resolve_model(name_or_path))
-    if folder.is_dir():
-        return path if (path := folder / filename).is_file() else None
-    return hub_file(name_or_path, filename)
-
-
-def hub_file(repo_id: str, filename: str) -> Path | None:
-    try:
-        return Path(hf_hub_download(repo_id, filename))
-    except (OSError, ValueError):  # not in the repository, no such repository, offline and not cached, a bad id
-        return None
+    if model_type is None and (hf_config := load_file_path(name_or_path, "config.json")):
+        if STANFORD_ARCHITECTURE in (json.loads(Path(hf_config).read_text()).get("architectures") or []):
+            return "multi_vector"
+    return next((f for f, cls in MODEL_CLASSES.items() if f != "dense" and cls.model_type == model_type), "dense")
 
 
 def load_saved(name_or_path: str, device: str, **kwargs) -> BaseModel:

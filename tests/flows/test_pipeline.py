@@ -17,8 +17,11 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.base import InputError
+from tasks.config.family_settings import MultiVectorSettings
 from tasks.config.recipes import RECIPES as REGISTRY
 from tasks.embed import read_embeddings, read_token_vectors
+from tasks.encoders.families import multi_vector_model
+from tasks.encoders.models import sentence_model
 from tasks.methods.health import HEALTH_METRICS
 from tests import processes
 from tests.helpers import DEMO_DOCS, REPO, STSB, cli_env, scifact_task, tiny_config, tiny_sts
@@ -204,7 +207,7 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
 
 @pytest.mark.slow  # the whole pipeline, three trainings and an MTEB retrieval and clustering task each
 @pytest.mark.usefixtures("prefect_harness")
-def test_a_multi_vector_and_a_sparse_model_are_scored_beside_a_dense_one_on_the_same_view(tmp_path):
+def test_a_multi_vector_and_a_sparse_model_are_scored_beside_a_dense_one_on_the_same_view(tmp_path, tiny_dir):
     mteb = {"max_length": 64, "local": [
         scifact_task("SciFact-tiny", 20), {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS),
                                            "limit": 80}]}
@@ -214,14 +217,17 @@ def test_a_multi_vector_and_a_sparse_model_are_scored_beside_a_dense_one_on_the_
     # held-out documents found by their titles: retrieval in the evaluate stage, by MaxSim for the multi-vector model,
     # by the codes' dot product for the sparse one (fp32: compared below with the exported model's own encoding)
     yardstick = {"kind": "titles", "held_out": 0.2}
-    config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, evaluate={"mteb": mteb, "dtype": "fp32",
-                                                                                   "yardstick": yardstick})
+    colbert = str(tmp_path / "colbert")  # a multi-vector reference model (as a ColBERT from the Hub): by MaxSim too
+    multi_vector_model(sentence_model(tiny_dir, 64), MultiVectorSettings(dim=16), seed=0).save(colbert)
+    config = tiny_config(tmp_path, data={"limit": 100}, methods=methods, evaluate={
+        "mteb": mteb, "dtype": "fp32", "yardstick": yardstick, "reference_models": [colbert]})
     first, state = run(config)
     assert state.is_completed()
     store = ArtifactStore(tmp_path / "store")
     catalog = Catalog(store)
     scores = {(r["label"], r["metric"]): r["value"] for r in catalog.query(
         "SELECT label, metric, value FROM run_metrics WHERE run_id = ? AND status = 'ok'", [first])}
+    assert scores[colbert, "title_ndcg_at_10"] == scores[colbert, "title_ndcg_at_10"]
     for label in ("crops", "crops-mv", "crops-sparse"):  # one vector a text, and each family's own retrieval
         for metric in ("knn_accuracy", "sts_spearman", "mean_cosine", "SciFact-tiny", "ohsumed-clusters",
                        "title_ndcg_at_10"):
@@ -233,7 +239,7 @@ def test_a_multi_vector_and_a_sparse_model_are_scored_beside_a_dense_one_on_the_
 
     embeds = catalog.query("SELECT key, label FROM run_stages WHERE run_id = ? AND stage = 'embed'", [first])
     assert {r["label"] for r in embeds if store.manifest(ArtifactRef("embed", r["key"]))["config"]["token_vectors"]
-            } == {"crops-mv"}
+            } == {"crops-mv", colbert}
     evaluated = ArtifactRef("evaluate", catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = "
                                                       "'evaluate' AND label = 'crops-mv'", [first])[0]["key"])
     roles = store.manifest(evaluated)["input_roles"]  # role -> key

@@ -1,3 +1,4 @@
+import functools
 import json
 import re
 import shutil
@@ -180,14 +181,20 @@ def test_a_hub_model_s_family_is_read_from_its_repository(tiny_dir, tmp_path, mo
     pylate = shutil.copytree(tiny_dir, tmp_path / "pylate")  # PyLate v3's own model type
     (pylate / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "ColBERT"}))
     in_hub_cache(cache, "someone/pylate", pylate)
-    stanford = tmp_path / "stanford"  # a Stanford ColBERT checkpoint: a BERT and its artifact.metadata
+    stanford = tmp_path / "stanford"  # a Stanford ColBERT checkpoint: its config.json names its architecture
     stanford.mkdir()
-    shutil.copy(Path(tiny_dir) / "config.json", stanford / "config.json")
-    (stanford / "artifact.metadata").write_text(json.dumps({"query_maxlen": 32, "doc_maxlen": 180}))
+    bert = json.loads((Path(tiny_dir) / "config.json").read_text())
+    (stanford / "config.json").write_text(json.dumps({**bert, "architectures": ["HF_ColBERT"]}))
     in_hub_cache(cache, "someone/stanford", stanford)
+    plain = tmp_path / "plain"  # a plain BERT (no sentence-transformers config): a dense base
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps(bert))
+    in_hub_cache(cache, "someone/bert", plain)
 
-    assert {repo: families.family_of(f"someone/{repo}") for repo in ("colbert", "pylate", "stanford", "dense")} == {
-        "colbert": "multi_vector", "pylate": "multi_vector", "stanford": "multi_vector", "dense": "dense"}
+    monkeypatch.setattr(families, "hub_family", functools.cache(families.hub_family.__wrapped__))  # this cache's
+    assert {repo: families.family_of(f"someone/{repo}") for repo in ("colbert", "pylate", "stanford", "dense", "bert")
+            } == {"colbert": "multi_vector", "pylate": "multi_vector", "stanford": "multi_vector", "dense": "dense",
+                  "bert": "dense"}
     assert families.family_of("someone/not-cached") == "dense"  # offline, nothing to read: as a base is read
     model = families.load_saved("someone/colbert", "cpu")
     assert isinstance(model, MultiVectorEncoder) and model[1].linear.weight.shape == (SETTINGS.dim, 32)

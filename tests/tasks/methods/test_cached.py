@@ -66,15 +66,15 @@ def test_cached_gradients_of_a_lora_adapter_equal_the_full_batch_s(no_dropout):
     assert_same(full, {n.removeprefix("loss."): g for n, g in cached.items()})
 
 
-# A multi-vector model trains every recipe of its family by sentence-transformers' MaxSim InfoNCE, whose cached
-# form takes hard negatives too (gpl's).
+# A multi-vector model trains its recipes by sentence-transformers' MaxSim InfoNCE, whose cached form takes hard
+# negatives too (gpl's).
 @pytest.mark.parametrize("recipe", ["crops", "gpl"])
 def test_a_multi_vector_model_s_cached_gradients_equal_the_full_batch_s(no_dropout, recipe):
     rows = [(a, p, BATCH[(i + 5) % len(BATCH)][1]) for i, (a, p) in enumerate(BATCH)] if recipe == "gpl" else BATCH
     method = MethodConfig(name="mv", recipe=recipe, family="multi_vector", train={"mini_batch_size": 5})
     grads = {}
     settings = MultiVectorSettings(dim=16, query_expansion=16)  # the anchors widened by [MASK] tokens, cached too
-    for cfg in (FULL, merged_train(CACHED, method, "methods.0")):  # the config allows the recipe's cache
+    for cfg in (FULL, merged_train(CACHED, method, "methods.0")):  # as the config allows it
         model = multi_vector_model(sentence_model(no_dropout, cfg.max_length), settings, seed=0)
         objective = build_objective(model, recipe, cfg, None, None, family=settings)
         assert objective.collate(rows)[0]["query_expansion_positions"].any()
