@@ -191,7 +191,8 @@ def start_of(run: Run) -> Start:
     base = (ReportedModel("base (random init)", "none", init) if init else
             # a converted decoder is its artifact's folder, not a name to load (a GGUF package has no model folder)
             ReportedModel(f"base ({cfg.model.name_or_path})", "none", converted,
-                          None if converted else cfg.model.name_or_path))
+                          None if converted else cfg.model.name_or_path,
+                          family="dense" if converted else family_of(cfg.model.name_or_path)))
     return Start(docs, sentences, summarize_corpus(run, docs), base, None if start else cfg.model.name_or_path,
                  start, converted is not None)
 
@@ -201,8 +202,10 @@ def with_tokenizer(run: Run, start: Start, models: list[ReportedModel]) -> list[
     return models if start.converted else [replace(m, tokenizer=run.cfg.model.name_or_path) for m in models]
 
 
-def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedModel], Corpus]:
-    """The base encoder, stage 1 (if any) and every method's model; registered in the run record."""
+def train_models(run: Run, methods: list[MethodConfig], references: list[ReportedModel] = ()
+                 ) -> tuple[list[ReportedModel], Corpus]:
+    """The base encoder, stage 1 (if any) and every method's model; registered in the run record. The yardstick
+    is the one that ranks these and `references` (a multi-vector one's queries must be texts)."""
     cfg = run.cfg
     begun = start_of(run)
     docs, sentences, summaries = begun.docs, begun.sentences, begun.summaries
@@ -227,7 +230,8 @@ def train_models(run: Run, methods: list[MethodConfig]) -> tuple[list[ReportedMo
         named = [m for m in models if (BASE if m.method == "none" else m.label) in cfg.static.of]
         models += [static_model(run, m, sentences) for m in named]
     run.register(models)
-    return models, Corpus(docs, summaries, queries, yardstick_of(run, docs, (m.family for m in models), len(models)))
+    families = (m.family for m in [*models, *references])
+    return models, Corpus(docs, summaries, queries, yardstick_of(run, docs, families, len(models)))
 
 
 def static_model(run: Run, teacher: ReportedModel, sentences: ArtifactRef,
@@ -260,9 +264,9 @@ def pipeline(params: RunParams) -> str:
     run = open_run(params, "pipeline")
 
     def body() -> str:
-        models, corpus = train_models(run, run.cfg.methods)
         references = [ReportedModel(name, "reference", None, name, family=family_of(name))  # a ColBERT: by MaxSim
                       for name in run.cfg.evaluate.reference_models]
+        models, corpus = train_models(run, run.cfg.methods, references)
         run.register(references)
         report = report_models(run, models + references, corpus)
         return run.store.location("artifacts", report.stage, report.key)

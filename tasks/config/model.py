@@ -44,9 +44,9 @@ class Prompts(Section):
     """Instructions put before texts, E5-mistral's way: sentence-transformers' `prompts`, by the text's role."""
 
     query: str = Field("", description="Put before every query: the generated queries of the query recipes (gpl, "
-                       "inpars) in training, the held-out queries and mteb's queries in evaluation, and the exported "
-                       "model's `encode_query` (e.g. `\"Instruct: Given a question, find the abstract that answers "
-                       "it\\nQuery: \"`).")
+                       "inpars) and a multi-vector method's anchors in training, the held-out queries and mteb's "
+                       "queries in evaluation, and the exported model's `encode_query` (e.g. `\"Instruct: Given a "
+                       "question, find the abstract that answers it\\nQuery: \"`).")
     document: str = Field("", description="Put before every other text the model reads: documents, crops, "
                           "summaries, STS sentences, and the exported model's `encode_document` and `encode` (a "
                           "multi-vector method's anchors, which its loss reads as queries, take the query one). "

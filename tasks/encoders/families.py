@@ -13,7 +13,6 @@ query meeting a document by their dot product (encode.py's SparseCodeEncoder).
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -124,29 +123,42 @@ PYLATE_MODEL_TYPE, STANFORD_ARCHITECTURE = "ColBERT", "HF_ColBERT"
 def family_of(name_or_path: str) -> str:
     """The family of a saved model, a local folder or a Hub repository: by the class its sentence-transformers config
     names (PyLate's ColBERT too), else a multi-vector one where its config.json is a Stanford ColBERT's; dense where it
-    is neither, or cannot be read (a Hub name offline and not cached, the Hub unreachable)."""
+    is neither, or where its configs cannot be read (a Hub name offline and not cached, the Hub unreachable)."""
     folder = resolve_model(name_or_path)
-    return saved_family(folder) if Path(folder).is_dir() else hub_family(folder)
+    return (saved_family(folder) or "dense") if Path(folder).is_dir() else hub_family(folder)
 
 
-@functools.cache
+HUB_FAMILIES: dict[str, str] = {}  # a Hub repository's family, once its configs were read: asked once a process
+
+
 def hub_family(repo_id: str) -> str:
-    """saved_family of a Hub repository, asked once a process (each ask is a request where the Hub is reachable)."""
+    if known := HUB_FAMILIES.get(repo_id):
+        return known
     try:
-        return saved_family(repo_id)
-    except Exception as e:  # noqa: BLE001 (the Hub's network, auth and proxy errors: the family cannot be read)
-        logging.getLogger(__name__).debug("%s: its family cannot be read from the Hub (%s): dense", repo_id, e)
+        family = saved_family(repo_id)
+    except Exception as e:  # noqa: BLE001 (the Hub's network, auth and proxy errors)
+        family, why = None, str(e)
+    else:
+        why = "neither config is in the repository, or the Hub cannot be reached and they are not cached"
+    if family is None:  # not kept: the next ask may reach the Hub
+        logging.getLogger(__name__).warning("%s: its family cannot be read from the Hub (%s): read as dense",
+                                            repo_id, why)
         return "dense"
+    HUB_FAMILIES[repo_id] = family
+    return family
 
 
-def saved_family(name_or_path: str) -> str:
+def saved_family(name_or_path: str) -> str | None:
+    """family_of a folder or Hub repository from its configs (sentence-transformers' library reads them: local, or
+    fetched and cached); None where it has neither config.json nor config_sentence_transformers.json."""
     config = load_file_path(name_or_path, "config_sentence_transformers.json")
+    hf_config = None if config else load_file_path(name_or_path, "config.json")
+    if config is None and hf_config is None:
+        return None
     model_type = json.loads(Path(config).read_text()).get("model_type") if config else None
-    if model_type == PYLATE_MODEL_TYPE:
+    architectures = json.loads(Path(hf_config).read_text()).get("architectures") or [] if hf_config else []
+    if model_type == PYLATE_MODEL_TYPE or STANFORD_ARCHITECTURE in architectures:
         return "multi_vector"
-    if model_type is None and (hf_config := load_file_path(name_or_path, "config.json")):
-        if STANFORD_ARCHITECTURE in (json.loads(Path(hf_config).read_text()).get("architectures") or []):
-            return "multi_vector"
     return next((f for f, cls in MODEL_CLASSES.items() if f != "dense" and cls.model_type == model_type), "dense")
 
 

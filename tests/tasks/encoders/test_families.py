@@ -1,4 +1,3 @@
-import functools
 import json
 import re
 import shutil
@@ -191,11 +190,12 @@ def test_a_hub_model_s_family_is_read_from_its_repository(tiny_dir, tmp_path, mo
     (plain / "config.json").write_text(json.dumps(bert))
     in_hub_cache(cache, "someone/bert", plain)
 
-    monkeypatch.setattr(families, "hub_family", functools.cache(families.hub_family.__wrapped__))  # this cache's
+    monkeypatch.setattr(families, "HUB_FAMILIES", {})  # what this cache holds
     assert {repo: families.family_of(f"someone/{repo}") for repo in ("colbert", "pylate", "stanford", "dense", "bert")
             } == {"colbert": "multi_vector", "pylate": "multi_vector", "stanford": "multi_vector", "dense": "dense",
                   "bert": "dense"}
     assert families.family_of("someone/not-cached") == "dense"  # offline, nothing to read: as a base is read
+    assert set(families.HUB_FAMILIES) == {f"someone/{r}" for r in ("colbert", "pylate", "stanford", "dense", "bert")}
     model = families.load_saved("someone/colbert", "cpu")
     assert isinstance(model, MultiVectorEncoder) and model[1].linear.weight.shape == (SETTINGS.dim, 32)
 
