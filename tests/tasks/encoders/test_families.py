@@ -1,4 +1,5 @@
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -106,10 +107,13 @@ def trained_in_store(demo, tiny_dir, method: MethodConfig, *changes: dict):
     return store, trained, cfg
 
 
-def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_loads(demo, tiny_dir):
+def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_loads(demo, tiny_dir, caplog):
     expanding = METHOD.model_copy(update={"multi_vector": SETTINGS.model_copy(update={"query_expansion": 8})})
-    store, trained, cfg = trained_in_store(demo, tiny_dir, expanding, {"dim": 8}, {"scale": 2.0},
-                                           {"skip_punctuation": False}, {"query_expansion": None})
+    with caplog.at_level(logging.INFO):
+        store, trained, cfg = trained_in_store(demo, tiny_dir, expanding, {"dim": 8}, {"scale": 2.0},
+                                               {"skip_punctuation": False}, {"query_expansion": None})
+    # the demo's crops are all longer than 8 tokens: the filling never trains, and the log says so
+    assert "0.0% of the anchors are shorter than 8 tokens, the only ones it fills in training" in caplog.text
     folder = str(store.path(trained) / "model")
     model = MultiVectorEncoder(folder, device="cpu")
     assert [type(m) for m in model] == [type(model[0]), Dense, MultiVectorMask, Normalize]
