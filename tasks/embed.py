@@ -11,7 +11,8 @@ set's ids as the text_tokens stage stored them, if any: they are padded, not tok
 encoder's tokenizer is the one that made them (else the texts are tokenized, with a warning).
 Output `embeddings.parquet`: row, layer, mean, cls, sep, vectors stored as `store_dtype`, and with
 `token_vectors` (a multi-vector model's, for MaxSim retrieval) each text's scoring token vectors, `tokens`, read as
-a query for held-out queries and as a document otherwise. It is encoded and written CHUNK_TEXTS texts at a time,
+a query for held-out queries and as a document otherwise; a sparse model's codes as `indices` and `values` instead
+of the poolings (its active codes). It is encoded and written CHUNK_TEXTS texts at a time,
 one row group per chunk and layer, so neither encoding nor a reader of one layer holds more than it needs.
 """
 
@@ -24,6 +25,7 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 from pydantic import Field
+from scipy import sparse
 
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore, ArtifactWriter
@@ -53,12 +55,17 @@ class EmbedJob(TextSet):
 
 
 TOKENS = "tokens"  # the column of a text's token vectors
+CODES = ("indices", "values")  # a sparse model's columns: each text's active codes and their weights
 
 
-def embeddings_schema(dim: int, dtype: StoreDtype, tokens: bool = False) -> pa.Schema:
-    vector = pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), dim)
-    return pa.schema([("row", pa.int32()), ("layer", pa.int16()), *((p, vector) for p in encode.POOLINGS),
-                      *([(TOKENS, pa.list_(vector))] if tokens else [])])
+def embeddings_schema(dim: int, dtype: StoreDtype, tokens: bool = False, codes: bool = False) -> pa.Schema:
+    """One vector a text under each pooling, with `tokens` its token vectors too; with `codes`, a sparse model's one
+    vector as its active codes instead (a SPLADE model's 30,522 term weights a text are mostly zero)."""
+    value = pa.from_numpy_dtype(np.dtype(dtype))
+    vector = pa.list_(value, dim)
+    stored = [(CODES[0], pa.list_(pa.int32())), (CODES[1], pa.list_(value))] if codes else \
+        [*((p, vector) for p in encode.POOLINGS), *([(TOKENS, pa.list_(vector))] if tokens else [])]
+    return pa.schema([("row", pa.int32()), ("layer", pa.int16()), *stored])
 
 
 def counted(chunks: Iterator[tuple], counts: list[int]) -> Iterator[tuple]:
@@ -85,6 +92,18 @@ def embedding_tables(chunks: Iterator[tuple[np.ndarray, ...]], layers: list[int]
                 columns[TOKENS] = pa.ListArray.from_arrays(pa.array(offsets), vectors)
             yield pa.table({"row": positions.astype(np.int32), "layer": np.full(len(positions), layer, np.int16),
                             **columns}, schema=schema)
+
+
+def code_tables(chunks: Iterator[tuple[np.ndarray, sparse.csr_matrix]], layer: int,
+                schema: pa.Schema) -> Iterator[pa.Table]:
+    """One table per chunk of a sparse model's codes: each text's active codes and their weights."""
+    dtype = schema.field(CODES[1]).type.value_type.to_pandas_dtype()
+    for positions, codes in chunks:
+        offsets = pa.array(codes.indptr.astype(np.int32))
+        columns = {CODES[0]: pa.ListArray.from_arrays(offsets, pa.array(codes.indices.astype(np.int32))),
+                   CODES[1]: pa.ListArray.from_arrays(offsets, pa.array(codes.data.astype(dtype)))}
+        yield pa.table({"row": positions.astype(np.int32), "layer": np.full(len(positions), layer, np.int16),
+                        **columns}, schema=schema)
 
 
 class EmbedInputs(TextSetInputs):
@@ -114,10 +133,17 @@ def build_embeddings(store: ArtifactStore, job: EmbedJob, inputs: EmbedInputs,
                              "one vector a text")
         task = "query" if inputs.held_out_queries else "document"
         chunks = counted(encoder.token_chunks(texts, job.max_length, job.batch_size, CHUNK_TEXTS, task), kept := [])
+    codes = encoder.family == "sparse"
+    schema = embeddings_schema(encoder.dim, job.store_dtype, job.token_vectors, codes)
+    if codes:
+        encoder.last_layer_only(layers)
+        tables = code_tables(encoder.sparse_chunks(texts, job.max_length, job.batch_size, CHUNK_TEXTS), layers[0],
+                             schema)
     else:
-        chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
-    schema = embeddings_schema(encoder.dim, job.store_dtype, job.token_vectors)
-    out.write_batches("embeddings", schema, embedding_tables(chunks, layers, schema))
+        if not job.token_vectors:
+            chunks = encoder.encode_chunks(texts, job.max_length, job.batch_size, layers, CHUNK_TEXTS)
+        tables = embedding_tables(chunks, layers, schema)
+    out.write_batches("embeddings", schema, tables)
     out.extra.update(texts=len(texts), layers=layers, dim=encoder.dim, cut=cut, computed_in=computed,
                      token_mean=encoder.token_mean, similarity=encoder.similarity, family=encoder.family)
     if job.token_vectors:  # what an index of them holds a text (tasks/evaluate.py's serving costs)
@@ -147,13 +173,26 @@ class EmbeddedDocumentsInputs(ModelInputs):
 
 def read_embeddings(store: ArtifactStore, ref: ArtifactRef, pooling: str, layer: int | None = None) -> np.ndarray:
     """The float32 (texts × dim) matrix of one layer (default: the last) and pooling, in text order,
-    whatever dtype the artifact stores; only that layer's row groups and that column are read."""
+    whatever dtype the artifact stores; only that layer's row groups and that column are read. A sparse model's codes
+    (its one vector, whatever the pooling) come with their zeros."""
     layer = max(embedded_layers(store, ref)) if layer is None else layer
+    if store.manifest(ref)["extra"].get("family") == "sparse":
+        return read_codes(store, ref).toarray()
     table = store.read_table(ref, "embeddings", columns=["row", pooling], filters=[("layer", "=", layer)])
     out = np.empty((table.num_rows, table.schema.field(pooling).type.list_size), dtype=np.float32)
     for batch in table.to_batches():  # rows are stored in encoding order (longest text first)
         out[batch["row"].to_numpy()] = batch[pooling].flatten().to_numpy().reshape(batch.num_rows, -1)
     return out
+
+
+def read_codes(store: ArtifactStore, ref: ArtifactRef) -> sparse.csr_matrix:
+    """A sparse model's codes as a float32 (texts × dim) sparse matrix, in text order."""
+    table = store.read_table(ref, "embeddings", columns=["row", *CODES])
+    rows, indices, values = (table[c].combine_chunks() for c in ("row", *CODES))
+    lengths = np.diff(indices.offsets.to_numpy())
+    return sparse.csr_matrix((values.flatten().to_numpy().astype(np.float32),
+                              (np.repeat(rows.to_numpy(), lengths), indices.flatten().to_numpy())),
+                             shape=(table.num_rows, store.manifest(ref)["extra"]["dim"]))
 
 
 def read_token_vectors(store: ArtifactStore, ref: ArtifactRef) -> list[np.ndarray]:

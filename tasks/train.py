@@ -105,11 +105,14 @@ def training_model(path: str, job: TrainJob, device: str) -> BaseModel:
     `padding_free: true` for it, and `auto` stays padded)."""
     cfg = job.train
     packing = False if job.family_settings else cfg.padding_free
-    model = sentence_model(path, cfg.max_length, device, pooling_for(job.recipe, cfg), cfg.layer, packing, cfg.compile,
-                           bidirectional_for(job.recipe, cfg), cfg.dropout)
+    if job.sparse and job.sparse.kind == "splade":  # the masked-LM head's logits, not a pooled vector
+        model = families.splade_model(path, job.sparse, cfg.max_length, device, cfg.seed, cfg.layer, cfg.dropout)
+    else:
+        model = sentence_model(path, cfg.max_length, device, pooling_for(job.recipe, cfg), cfg.layer, packing,
+                               cfg.compile, bidirectional_for(job.recipe, cfg), cfg.dropout)
     if job.multi_vector:
         model = families.multi_vector_model(model, job.multi_vector, cfg.seed)
-    if job.sparse:
+    if job.sparse and job.sparse.kind == "csr":
         model = families.sparse_model(model, job.sparse, cfg.seed)
     for name, value in job.prompts.sentence_transformers().items():
         setattr(model, name, value)
@@ -171,7 +174,7 @@ class TrainInputs(Inputs):
 
 
 STATE = "state.pt"  # a rung's training state, in its artifact
-START_ROWS = 1024  # the training texts (the first row group's) a sparse model's codes start from (start_codes)
+START_ROWS = 1024  # the training texts (the first row group's) a CSR model's codes start from (start_codes)
 
 
 def resumed_state(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, checkpoints: training.Checkpoints) -> None:
@@ -250,7 +253,7 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
         with store.open_table(inputs.pairs, "pairs") as pairs:
             first = pairs.read_row_group(0, columns=["anchor", "positive"])
         probe_texts = first["anchor"].to_pylist()[: health.PROBE_ROWS]
-        if job.sparse:  # a resumed run loads its own weights with the rest of its checkpoint
+        if job.sparse and job.sparse.kind == "csr":  # a resumed run loads its own weights with its checkpoint
             texts = first["anchor"].to_pylist() + first["positive"].to_pylist()
             families.start_codes(model, texts[:START_ROWS], cfg.batch_size, cfg.seed)
         checkpoints = training.Checkpoints(store.scratch(ref), lambda: store.save_scratch(ref))

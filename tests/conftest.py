@@ -58,6 +58,22 @@ def tiny_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_mlm_dir(tiny_dir, tmp_path_factory) -> str:
+    """tiny_dir's encoder with a masked-LM head (drawn from seed 0) saved beside it: SPLADE's kind of base, where no
+    package ships a masked-LM checkpoint."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForMaskedLM
+
+    folder = tmp_path_factory.mktemp("tiny-mlm") / "model"
+    shutil.copytree(tiny_dir, folder)
+    torch.manual_seed(0)
+    AutoModelForMaskedLM.from_pretrained(tiny_dir).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def tiny_decoder_dir(tmp_path_factory) -> str:
     """A randomly initialised 2-layer, 32-wide Llama decoder with a 400-token byte-level BPE tokenizer."""
     from tests.helpers import tiny_decoder

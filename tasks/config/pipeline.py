@@ -9,6 +9,7 @@ from tasks.config.base import BASE, Section
 from tasks.config.data import DataConfig, SentenceConfig
 from tasks.config.evaluation import EvaluateConfig
 from tasks.config.families import FAMILIES
+from tasks.config.family_settings import FamilySettings
 from tasks.config.model import ModelConfig
 from tasks.config.queries import NegativesConfig, QueriesConfig
 from tasks.config.recipes import RECIPES, recipes_of
@@ -104,7 +105,7 @@ class PipelineConfig(Section):
     def _valid_family(self, i: int, method: MethodConfig, names: list[str]) -> None:
         """A method of a family other than dense: its train settings, and no model of another family before or
         after it (the family's head is trained from its own start)."""
-        self._family_trained_and_scored(f"methods.{i}", method.family,
+        self._family_trained_and_scored(f"methods.{i}", method.family, method.family_settings,
                                         self.train_for(method, where=f"methods.{i}.train"),
                                         "; leave them unset for this method")
         if method.start_from is not None:
@@ -117,10 +118,11 @@ class PipelineConfig(Section):
             raise ValueError(f"methods {later} start from {method.name!r}, a {method.family} model; start them from "
                              "a dense one")
 
-    def _family_trained_and_scored(self, where: str, family: str, train: TrainConfig, advice: str = "") -> None:
-        """A family other than dense (a method's, or among select's) trains with `train` and is scored on torch at its
-        last layer."""
-        if conflicts := family_conflicts(family, train):
+    def _family_trained_and_scored(self, where: str, family: str, settings: FamilySettings, train: TrainConfig,
+                                   advice: str = "") -> None:
+        """A family other than dense (a method's, or among select's, with its `settings`) trains with `train` and is
+        scored on torch at its last layer."""
+        if conflicts := family_conflicts(family, train, settings):
             raise ValueError(f"{where}: the {family} family does not train with train.{'; train.'.join(conflicts)}"
                              f"{advice}")
         if self.evaluate.layerwise or self.evaluate.backend != "torch":
@@ -160,7 +162,7 @@ class PipelineConfig(Section):
         if not all(any(f == family for *_, f in self.select.candidates(recipes)) for recipes in kinds):
             raise ValueError(f"select.families: no candidate recipe trains the {family} family; it trains "
                              f"{', '.join(sorted(FAMILIES[family].recipes))} (not a chained recipe)")
-        self._family_trained_and_scored("select.families", family, self.train)
+        self._family_trained_and_scored("select.families", family, getattr(self.select, family), self.train)
         kind = self.evaluate.yardstick.kind
         if FAMILIES[family].per_token and kind != "auto" and not ranks_per_token(kind, kind):
             raise ValueError(f"select.families: a {family} model is ranked by MaxSim on titles, an LLM's queries or "

@@ -248,14 +248,18 @@ class TrainConfig(Section):
         return self
 
 
-def family_conflicts(family: str, train: TrainConfig) -> list[str]:
-    """The `train` settings a family other than dense does not train with (yet), each as `field (why)`."""
+def family_conflicts(family: str, train: TrainConfig, settings: FamilySettings | None = None) -> list[str]:
+    """The `train` settings a family other than dense (`settings`: its section) does not train with (yet), each as
+    `field (why)`."""
+    splade = isinstance(settings, SparseSettings) and settings.kind == "splade"
     conflicts = {
         "head": (train.head == "mlp", "a projection head on the dense vector; the family has a head of its own"),
-        "pooling": (family == "multi_vector" and train.pooling is not None,
+        "pooling": ((family == "multi_vector" or splade) and train.pooling is not None,
+                    "SPLADE takes each term's maximum over the tokens" if splade else
                     "a multi-vector model keeps every token; its one vector is their mean"),
         "matryoshka_dims": (bool(train.matryoshka_dims), "nested dense-vector widths"),
         "mini_batch_size": (family == "sparse" and train.cached_rows is not None,
+                            "SPLADE's cached loss is not wired yet" if splade else
                             "CSR's loss also rebuilds each vector, which sentence-transformers does not cache"),
         "padding_free": (train.padding_free is True, "its packed forward is built for the dense model"),
         "compile": (bool(train.compile), "not built for the family's head yet"),

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy import sparse
+from sentence_transformers.util import select_max_active_dims
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel
 
@@ -196,9 +198,11 @@ class TokenMeanEncoder(FamilyEncoder):
 
 
 class SparseCodeEncoder(FamilyEncoder):
-    """A sparse model (CSR's codes over a dense model's vector: tasks/encoders/families.py) read as one vector a text:
-    its `dim` codes, zeros included, under every POOLINGS column; its last layer only. It retrieves by their dot
-    product (`similarity`); what compares texts by cosine (kNN, clustering, STS, geometry) reads the same codes."""
+    """A sparse model (CSR's codes over a dense model's vector, or SPLADE's term weights: tasks/encoders/families.py)
+    read as one vector a text: its `dim` codes, at most the model's `max_active_dims` of them active (what its
+    `encode` keeps); its last layer only. `sparse_chunks` gives them as sparse rows (what the embed stage stores),
+    `encode_chunks` zeros included under every POOLINGS column. It retrieves by their dot product (`similarity`);
+    what compares texts by cosine (kNN, clustering, STS, geometry) reads the same codes."""
 
     pooling, similarity, family = "mean", "dot", "sparse"
 
@@ -206,20 +210,30 @@ class SparseCodeEncoder(FamilyEncoder):
                       layers: list[int] | None = None, chunk: int | None = None,
                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         self.last_layer_only(layers)
+        for positions, codes in self.sparse_chunks(texts, max_length, batch_size, chunk):
+            dense = codes.toarray()
+            yield positions, np.broadcast_to(dense, (1, len(POOLINGS), *dense.shape))
+
+    def sparse_chunks(self, texts: list[str] | list[Tokens], max_length: int = 256, batch_size: int = 32,
+                      chunk: int | None = None) -> Iterator[tuple[np.ndarray, sparse.csr_matrix]]:
+        """(positions in `texts`, their codes as a float32 (positions, dim) sparse matrix), `chunk` texts at a time."""
         self.model.max_seq_length = max_length
         chunk = chunk or max(1, len(texts))
         with StageProgress(len(texts), "texts") as progress:
             for start in range(0, len(texts), chunk):
                 part = texts[start : start + chunk]
-                codes = np.concatenate([self._codes(part[i : i + batch_size]) for i in range(0, len(part), batch_size)])
+                codes = sparse.vstack([self._codes(part[i : i + batch_size]) for i in range(0, len(part), batch_size)],
+                                      format="csr")
                 progress.advance(len(part))
-                yield np.arange(start, start + len(part)), np.broadcast_to(codes, (1, len(POOLINGS), *codes.shape))
+                yield np.arange(start, start + len(part)), codes
 
-    def _codes(self, texts: list[str] | list[Tokens]) -> np.ndarray:
-        """(texts, dim) codes of the texts (stored ids padded, or texts tokenized)."""
+    def _codes(self, texts: list[str] | list[Tokens]) -> sparse.csr_matrix:
+        """(texts, dim) codes of the texts (stored ids padded, or texts tokenized), the model's top max_active_dims."""
         with torch.inference_mode(), precision.autocast(self.model.device, self.dtype):
-            out = self.model(to_device(features(self.model, texts), self.model.device))
-        return out["sentence_embedding"].float().cpu().numpy()
+            codes = self.model(to_device(features(self.model, texts), self.model.device))["sentence_embedding"]
+            if self.model.max_active_dims is not None:
+                codes = select_max_active_dims(codes, max_active_dims=self.model.max_active_dims)
+        return sparse.csr_matrix(codes.float().cpu().numpy())
 
 
 class PooledEncoder(Encoder):

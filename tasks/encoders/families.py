@@ -28,13 +28,14 @@ from sentence_transformers.base.modules import Normalize
 from sentence_transformers.base.modules.dense import Dense
 from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 from sentence_transformers.sparse_encoder import SparseEncoder
-from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder
+from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder, SpladePooling
 from sentence_transformers.util import load_file_path
 from torch import nn
+from transformers import AutoConfig, AutoModelForMaskedLM
 
 from tasks.config.base import InputError
 from tasks.encoders import decoders
-from tasks.encoders.models import load_model, resolve_model
+from tasks.encoders.models import MODEL_LOADING, load_model, resolve_model, training_transformer
 
 if TYPE_CHECKING:  # the settings' module is the trainer's: what only embeds does not depend on it
     from tasks.config.family_settings import MultiVectorSettings, SparseSettings
@@ -79,6 +80,34 @@ def sparse_model(model: SentenceTransformer, settings: SparseSettings, seed: int
                                         k_aux=min(settings.aux_dims, width))
     # the autoencoder reads the unit vector: the geometry the dense model's cosine compares
     return SparseEncoder(modules=[*model, Normalize(), autoencoder.to(model.device)], device=str(model.device))
+
+
+def splade_model(path: str, settings: SparseSettings, max_length: int, device: str, seed: int,
+                 layer: int | None = None, dropout: float | None = None) -> SparseEncoder:
+    """The masked-LM encoder at `path` as a SPLADE model: its head's logits over the vocabulary, log(1 + ReLU), the
+    maximum over the text's tokens (sentence-transformers' SpladePooling), at most `settings.active_dims` kept where
+    a text is encoded. A head the checkpoint lacks (a sentence encoder's) is drawn from `seed`, with a warning."""
+    config = load_model(path, AutoConfig.from_pretrained)
+    if type(config) not in AutoModelForMaskedLM._model_mapping:
+        raise InputError(f"{path}: SPLADE (sparse.kind) reads term weights from a masked-LM head, and transformers has "
+                         f"none for a {config.model_type} model; use sparse.kind csr")
+    # a missing head drawn on the CPU from the seed, the process's generator left alone
+    with MODEL_LOADING, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = training_transformer(path, max_length, layer, dropout=dropout, task="fill-mask")
+    if untrained := untrained_head(path):
+        logging.getLogger(__name__).warning(
+            "%s: its checkpoint has no trained masked-LM head (%d tensors missing, e.g. %s): SPLADE's term weights "
+            "start from a random head; a base that has one (BERT, DistilBERT, a SPLADE checkpoint) starts from what "
+            "its head knows", path, len(untrained), sorted(untrained)[0])
+    pooling = SpladePooling("max", embedding_dimension=config.vocab_size)
+    return SparseEncoder(modules=[transformer, pooling], max_active_dims=settings.active_dims, device=device)
+
+
+def untrained_head(path: str) -> set[str]:
+    """The masked-LM head tensors the checkpoint at `path` lacks (transformers' own account of its loading)."""
+    _, info = load_model(path, lambda p: AutoModelForMaskedLM.from_pretrained(p, output_loading_info=True))
+    return set(info["missing_keys"])
 
 
 def start_codes(model: SparseEncoder, texts: list[str], batch_size: int, seed: int) -> None:

@@ -152,27 +152,19 @@ def transformer_blocks(encoder: torch.nn.Module) -> torch.nn.ModuleList:
     return next(m for _, m in encoder.named_modules() if isinstance(m, torch.nn.ModuleList))
 
 
-def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean",
-                   layer: int | None = None, padding_free: bool | str = False, compile: bool | str = False,
-                   bidirectional: bool | None = None, dropout: float | None = None) -> SentenceTransformer:
-    """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train.
+def training_transformer(path: str, max_length: int, layer: int | None = None, bidirectional: bool | None = None,
+                         dropout: float | None = None, task: str = "feature-extraction") -> models.Transformer:
+    """The transformer module at `path` in float32 (the weights mixed precision updates, whatever the folder holds),
+    ready to train; `task`: sentence-transformers' transformer task (`fill-mask`: with its masked-LM head, whose
+    logits over the vocabulary are the token states).
 
     `layer` = L keeps only the first L transformer layers: its last hidden state is then
     hidden_states[L] of the full model, and the layers above, which would get no gradient, go.
-    `padding_free`: its linear layers compute on real tokens only (tasks/encoders/packed.py; `auto`: where
-    that pays, packed.applies).
-    `compile`: the transformer module and its Hugging Face encoder (packed: the encoder only) are compiled in
-    place (the weights keep their names) for static shapes: the inputs are padded to a multiple of COMPILE_PAD
-    tokens (`pad_multiple`), and a packed row is filled to a few token counts (packed.filled_tokens), so each of
-    a few shapes compiles once. `cuda_graphs`: compiled with CUDA graphs (`reduce-overhead`: the kernels of each
-    encoder call of a step, by its place and shape, recorded once, then replayed with one launch; train_model marks
-    where each step begins).
     `bidirectional`: a decoder's attention made bidirectional (True) or causal (False); None keeps what it was
     saved with (tasks/encoders/decoders.py). `dropout`: every dropout probability of the model's config.
     """
     dropouts = decoders.dropout_fields(load_model(path, AutoConfig.from_pretrained)) if dropout is not None else []
-    # float32 whatever the folder holds (a bf16-saved model too): the weights mixed precision updates.
-    transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length,
+    transformer = load_model(path, lambda p: models.Transformer(p, max_seq_length=max_length, transformer_task=task,
                                                                 model_kwargs={"dtype": torch.float32},
                                                                 config_kwargs=dict.fromkeys(dropouts, dropout)))
     decoders.ready_transformer(transformer)
@@ -189,6 +181,26 @@ def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str
             raise InputError(f"train.layer: {layer}, but the model has {len(blocks)} layers")
         del blocks[layer:]
         encoder.config.num_hidden_layers = layer
+    return transformer
+
+
+def sentence_model(path: str, max_length: int, device: str = "cpu", pooling: str = "mean",
+                   layer: int | None = None, padding_free: bool | str = False, compile: bool | str = False,
+                   bidirectional: bool | None = None, dropout: float | None = None) -> SentenceTransformer:
+    """The encoder at `path` with the chosen pooling (the papers' default: mean), ready to train: its transformer
+    as `training_transformer` loads it.
+
+    `padding_free`: its linear layers compute on real tokens only (tasks/encoders/packed.py; `auto`: where
+    that pays, packed.applies).
+    `compile`: the transformer module and its Hugging Face encoder (packed: the encoder only) are compiled in
+    place (the weights keep their names) for static shapes: the inputs are padded to a multiple of COMPILE_PAD
+    tokens (`pad_multiple`), and a packed row is filled to a few token counts (packed.filled_tokens), so each of
+    a few shapes compiles once. `cuda_graphs`: compiled with CUDA graphs (`reduce-overhead`: the kernels of each
+    encoder call of a step, by its place and shape, recorded once, then replayed with one launch; train_model marks
+    where each step begins).
+    """
+    transformer = training_transformer(path, max_length, layer, bidirectional, dropout)
+    config = transformer.auto_model.config
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLING_MODES[pooling])
     model = SentenceTransformer(modules=[transformer, pool], device=pick_device(device))
     pack = packed.applies(padding_free, config.model_type, config.hidden_size, model.device)

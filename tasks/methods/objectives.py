@@ -16,7 +16,7 @@ from sentence_transformers import MultiVectorEncoder, SentenceTransformer
 from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.losses import MarginMSELoss, MatryoshkaLoss
 from sentence_transformers.sparse_encoder import SparseEncoder
-from sentence_transformers.sparse_encoder.losses import CSRLoss, SparseMultipleNegativesRankingLoss
+from sentence_transformers.sparse_encoder.losses import CSRLoss, SparseMultipleNegativesRankingLoss, SpladeLoss
 from torch import nn
 
 from tasks.config.family_settings import FamilySettings, MultiVectorSettings, SparseSettings
@@ -148,11 +148,17 @@ def multi_vector_info_nce(recipe: Recipe, model: MultiVectorEncoder, settings: M
 
 
 def sparse_info_nce(model: SparseEncoder, settings: SparseSettings) -> Objective:
-    """The sparse family's loss (CSR's, sentence-transformers' own): InfoNCE over the codes' dot products, every other
-    row's documents the negatives, plus the autoencoder's reconstructions of the dense vector from its top k and top
-    4k codes and the auxiliary one that revives dead codes. No chance level: the reconstruction terms add to the
-    InfoNCE's, so the total has none to sit at (the health checks read the probe)."""
-    loss = CSRLoss(model, SparseMultipleNegativesRankingLoss(model, scale=settings.scale), beta=settings.aux_weight)
+    """The sparse family's loss (sentence-transformers' own): InfoNCE over the codes' dot products, every other row's
+    documents the negatives, plus CSR's reconstructions of the dense vector from its top k and top 4k codes and the
+    auxiliary one that revives dead codes, or SPLADE's FLOPS regularisers on the queries' and the documents' term
+    weights. No chance level: those terms add to the InfoNCE's, so the total has none to sit at (the health checks
+    read the probe)."""
+    info_nce = SparseMultipleNegativesRankingLoss(model, scale=settings.resolved_scale)
+    if settings.kind == "splade":
+        loss = SpladeLoss(model, info_nce, document_regularizer_weight=settings.document_regularizer,
+                          query_regularizer_weight=settings.query_regularizer)
+    else:
+        loss = CSRLoss(model, info_nce, beta=settings.aux_weight)
     return Objective(SummedLoss(loss), anchors_and_positives(model))
 
 

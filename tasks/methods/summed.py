@@ -7,8 +7,8 @@ from torch import nn
 
 
 class SummedLoss(nn.Module):
-    """`loss` (sentence-transformers' CSR loss: InfoNCE and its reconstruction terms, each by name) summed. Its
-    parameters and state are the wrapped loss's, under `loss.`."""
+    """`loss` (sentence-transformers' CSR or SPLADE loss: InfoNCE and its reconstruction or regulariser terms, each by
+    name) summed. Its parameters and state are the wrapped loss's, under `loss.`."""
 
     def __init__(self, loss: nn.Module):
         super().__init__()

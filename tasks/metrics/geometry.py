@@ -80,8 +80,10 @@ def top_pc_variance(x: np.ndarray, k: int) -> float | None:
         raise ValueError(f"k must be at least 1, got {k}")
     centred = np.asarray(x, dtype=np.float64)
     centred = centred - centred.mean(0)
-    # Eigenvalues of the d × d scatter matrix = squared singular values of the centred data.
-    eigenvalues = np.clip(np.linalg.eigvalsh(centred.T @ centred), 0.0, None)[::-1]
+    # The squared singular values of the centred data: the eigenvalues of the smaller of its two scatter matrices
+    # (n × n where the vectors are wider than there are rows: a SPLADE model's 30,522 terms, d × d would be 7 GB).
+    n, d = centred.shape
+    eigenvalues = np.clip(np.linalg.eigvalsh(centred @ centred.T if n < d else centred.T @ centred), 0.0, None)[::-1]
     total = eigenvalues.sum()
     return None if total == 0 else float(eigenvalues[:k].sum() / total)
 

@@ -19,7 +19,7 @@ from storage.store import ArtifactStore
 from tasks.config.base import InputError
 from tasks.config.family_settings import MultiVectorSettings
 from tasks.config.recipes import RECIPES as REGISTRY
-from tasks.embed import read_embeddings, read_token_vectors
+from tasks.embed import read_codes, read_embeddings, read_token_vectors
 from tasks.encoders.families import multi_vector_model
 from tasks.encoders.models import sentence_model
 from tasks.methods.health import HEALTH_METRICS
@@ -205,15 +205,17 @@ def test_every_recipe_trains_through_the_same_flow_from_config_alone(tmp_path):
     assert {label for label, cfg in trained.items() if cfg["group_by_length"]} == {"tsdae", "mlm", "retromae"}
 
 
-@pytest.mark.slow  # the whole pipeline, three trainings and an MTEB retrieval and clustering task each
+@pytest.mark.slow  # the whole pipeline, four trainings and an MTEB retrieval and clustering task each
 @pytest.mark.usefixtures("prefect_harness")
-def test_a_multi_vector_and_a_sparse_model_are_scored_beside_a_dense_one_on_the_same_view(tmp_path, tiny_dir):
+def test_a_multi_vector_and_two_sparse_models_are_scored_beside_a_dense_one_on_the_same_view(tmp_path, tiny_dir):
     mteb = {"max_length": 64, "local": [
         scifact_task("SciFact-tiny", 20), {"name": "ohsumed-clusters", "type": "clustering", "path": str(DEMO_DOCS),
                                            "limit": 80}]}
     methods = [{"name": "crops", "recipe": "crops"},
                {"name": "crops-mv", "recipe": "crops", "family": "multi_vector", "multi_vector": {"dim": 16}},
-               {"name": "crops-sparse", "recipe": "crops", "family": "sparse", "sparse": {"active_dims": 8}}]
+               {"name": "crops-sparse", "recipe": "crops", "family": "sparse", "sparse": {"active_dims": 8}},
+               {"name": "crops-splade", "recipe": "crops", "family": "sparse",  # its head drawn: a warning
+                "sparse": {"kind": "splade", "active_dims": 8}}]
     # held-out documents found by their titles: retrieval in the evaluate stage, by MaxSim for the multi-vector model,
     # by the codes' dot product for the sparse one (fp32: compared below with the exported model's own encoding)
     yardstick = {"kind": "titles", "held_out": 0.2}
@@ -228,7 +230,7 @@ def test_a_multi_vector_and_a_sparse_model_are_scored_beside_a_dense_one_on_the_
     scores = {(r["label"], r["metric"]): r["value"] for r in catalog.query(
         "SELECT label, metric, value FROM run_metrics WHERE run_id = ? AND status = 'ok'", [first])}
     assert scores[colbert, "title_ndcg_at_10"] == scores[colbert, "title_ndcg_at_10"]
-    for label in ("crops", "crops-mv", "crops-sparse"):  # one vector a text, and each family's own retrieval
+    for label in ("crops", "crops-mv", "crops-sparse", "crops-splade"):  # one vector a text, each family's retrieval
         for metric in ("knn_accuracy", "sts_spearman", "mean_cosine", "SciFact-tiny", "ohsumed-clusters",
                        "title_ndcg_at_10"):
             assert scores[label, metric] == scores[label, metric]  # scored, not NaN
@@ -278,35 +280,68 @@ def test_a_multi_vector_and_a_sparse_model_are_scored_beside_a_dense_one_on_the_
     assert "MultiVectorEncoder" in card and "SciFact-tiny" in card
     exported = MultiVectorEncoder(str(tmp_path / "mv"), device="cpu")
     assert [t.shape[1] for t in exported.encode_query(["heart attack", "asthma in children"])] == [16, 16]
-    sparse_model_is_scored_by_its_codes(tmp_path, catalog, first, own)
+    rows = sparse_model_is_scored_by_its_codes(tmp_path, catalog, first, own, "crops-sparse", 128)
+    sparse_model_is_scored_by_its_codes(tmp_path, catalog, first, own, "crops-splade", 30522)  # MiniLM's vocabulary
+    latency_and_index_bytes_are_served(catalog, first, own, rows)
 
 
-def sparse_model_is_scored_by_its_codes(tmp_path: Path, catalog: Catalog, run_id: str, own: np.ndarray) -> None:
-    """The sparse model of the run above: its titles ranked by the dot product of the codes its embed artifacts keep,
-    its sparsity in the report, its mteb results through mteb's sparse wrapper, and exported, the same codes."""
+def sparse_model_is_scored_by_its_codes(tmp_path: Path, catalog: Catalog, run_id: str, own: np.ndarray,
+                                        label: str, width: int) -> dict:
+    """A sparse model of the run above (`width` codes, at most 8 active): its titles ranked by the dot product of the
+    codes its embed artifacts keep (each text's active ones), its sparsity in the report, its mteb results through
+    mteb's sparse wrapper, and exported, the same codes. Its serving row (model | family | bytes | documents/s | ms |
+    active) and the report's serving table, by model."""
     store = catalog.store
     evaluated = ArtifactRef("evaluate", catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = "
-                                                      "'evaluate' AND label = 'crops-sparse'", [run_id])[0]["key"])
+                                                      "'evaluate' AND label = ?", [run_id, label])[0]["key"])
     roles = store.manifest(evaluated)["input_roles"]
     titles, documents = (read_embeddings(store, ArtifactRef("embed", roles[role]), "mean")
                          for role in ("yardstick_embeddings", "embeddings"))
-    assert documents.shape == (100, 128) and ((documents != 0).sum(1) <= 8).all()
+    stored = read_codes(store, ArtifactRef("embed", roles["embeddings"]))
+    assert documents.shape == (100, width) and stored.getnnz(axis=1).max() <= 8
+    np.testing.assert_array_equal(stored.toarray(), documents)
     dots = titles @ documents.T  # not their cosine: a sparse model retrieves by the dot product
     ranks = (dots >= dots[np.arange(len(own)), own][:, None]).sum(1)
     assert store.read_table(evaluated, "yardstick_scores")["rank"].to_pylist() == ranks.tolist()
     active = store.manifest(evaluated)["extra"]["active_dims"]
-    assert active == {"documents": pytest.approx((documents != 0).sum(1).mean()), "width": 128,
+    assert active == {"documents": pytest.approx((documents != 0).sum(1).mean()), "width": width,
                       "queries": pytest.approx((titles != 0).sum(1).mean())}
     report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [run_id])[0]["key"]
     markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
-    assert ("sparse: crops-sparse: its retrieval (MTEB's retrieval tasks, held-out queries, titles) is by the dot "
+    assert (f"sparse: {label}: its retrieval (MTEB's retrieval tasks, held-out queries, titles) is by the dot "
             "product of its codes") in markdown
-    serving = markdown.split("## Serving the families")[1]  # model | family | bytes | documents/s | ms | active
+    serving = markdown.split("## Serving the families")[1]
     rows = {r.split(" | ")[0].strip("| "): r.split(" | ")[1:] for r in serving.splitlines() if r.startswith("| crops")}
+    assert rows[label][0] == "sparse" and rows[label][1] == f"{active['documents'] * 8:,.0f}"
+    assert rows[label][4] == f"{active['documents']:.0f} / {active['queries']:.0f} of {width:,} |"
+    assert f"mteb: SciFact-tiny: {label} − crops: " in markdown  # paired over the same queries
+    mteb = catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'mteb' AND label = ?",
+                         [run_id, label])
+    results = [p for r in mteb for p in (tmp_path / "store" / "artifacts" / "mteb" / r["key"]).rglob("*.json")
+               if p.name == "SciFact-tiny.json"]
+    meta = json.loads((results[0].parent / "model_meta.json").read_text())
+    assert (meta["similarity_fn_name"], meta["loader"]) == ("dot", "SparseEncoderWrapper")
+    from sentence_transformers import SparseEncoder
+
+    from flows.cli import main
+
+    store_arg, out = ["--store", str(tmp_path / "store")], tmp_path / label
+    assert main(["export", label, "--to", f"{out}-onnx", "--onnx", *store_arg]) == 2
+    assert main(["export", label, "--to", str(out), *store_arg]) == 0
+    assert "SparseEncoder" in (out / "README.md").read_text()
+    exported = SparseEncoder(str(out), device="cpu")
+    exported.max_seq_length = 64  # evaluate.max_length
+    texts = store.read_table(ArtifactRef("ingest", roles["documents"]), "documents", columns=["text"])["text"]
+    codes = exported.encode_document(texts.to_pylist()[:5], convert_to_sparse_tensor=False).numpy()
+    assert np.allclose(codes, documents[:5], atol=1e-4)  # the same codes as the store scored
+    return rows
+
+
+def latency_and_index_bytes_are_served(catalog: Catalog, run_id: str, own: np.ndarray, rows: dict) -> None:
+    """The run above's serving table (`rows`, by model): each model's CPU query latency, timed side by side in one
+    latency stage over the held-out titles, and the index bytes of the dense and the multi-vector model."""
+    store = catalog.store
     assert rows["crops"][:2] == ["dense", f"{32 * 4:,}"]  # the 32-wide tiny encoder's float32 vector
-    assert rows["crops-sparse"][0] == "sparse" and rows["crops-sparse"][1] == f"{active['documents'] * 8:,.0f}"
-    assert rows["crops-sparse"][4] == f"{active['documents']:.0f} / {active['queries']:.0f} of 128 |"
-    # each model's CPU query latency, timed side by side in one latency stage over the held-out titles
     latency = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'latency'", [run_id])
     assert len(latency) == 1
     ms = {r["model"]: r for r in catalog.query("SELECT model, value, n FROM metrics WHERE key = ? AND metric = "
@@ -319,26 +354,6 @@ def sparse_model_is_scored_by_its_codes(tmp_path: Path, catalog: Catalog, run_id
     per_text = store.manifest(documents_emb)["extra"]["tokens_per_text"]  # its documents' kept token vectors
     assert per_text == pytest.approx(np.mean([len(t) for t in read_token_vectors(store, documents_emb)]))
     assert rows["crops-mv"][:2] == ["multi_vector", f"{per_text * 16 * 4:,.0f}"]
-    assert "mteb: SciFact-tiny: crops-sparse − crops: " in markdown  # paired over the same queries
-    mteb = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'mteb' AND label = 'crops-sparse'",
-                         [run_id])
-    results = [p for r in mteb for p in (tmp_path / "store" / "artifacts" / "mteb" / r["key"]).rglob("*.json")
-               if p.name == "SciFact-tiny.json"]
-    meta = json.loads((results[0].parent / "model_meta.json").read_text())
-    assert (meta["similarity_fn_name"], meta["loader"]) == ("dot", "SparseEncoderWrapper")
-    from sentence_transformers import SparseEncoder
-
-    from flows.cli import main
-
-    store_arg = ["--store", str(tmp_path / "store")]
-    assert main(["export", "crops-sparse", "--to", str(tmp_path / "sparse-onnx"), "--onnx", *store_arg]) == 2
-    assert main(["export", "crops-sparse", "--to", str(tmp_path / "sparse"), *store_arg]) == 0
-    assert "SparseEncoder" in (tmp_path / "sparse" / "README.md").read_text()
-    exported = SparseEncoder(str(tmp_path / "sparse"), device="cpu")
-    exported.max_seq_length = 64  # evaluate.max_length
-    texts = store.read_table(ArtifactRef("ingest", roles["documents"]), "documents", columns=["text"])["text"]
-    codes = exported.encode_document(texts.to_pylist()[:5], convert_to_sparse_tensor=False).numpy()
-    assert np.allclose(codes, documents[:5], atol=1e-4)  # the same codes as the store scored
 
 
 @pytest.mark.slow  # the whole pipeline on a decoder: three trainings

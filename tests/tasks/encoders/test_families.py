@@ -39,6 +39,11 @@ PAIRS = [[(f"what is topic {i % 3}, case {i}?", f"doc {i}: the second part, topi
 METHOD = MethodConfig(name="crops-mv", recipe="crops", family="multi_vector", multi_vector=SETTINGS)
 SPARSE = SparseSettings(active_dims=8)  # of 4 x 32 = 128 codes (the tiny encoder is 32 wide)
 SPARSE_METHOD = MethodConfig(name="crops-sparse", recipe="crops", family="sparse", sparse=SPARSE)
+SPLADE = SparseSettings(kind="splade", active_dims=16)  # of MiniLM's 30,522 terms
+
+
+def splade(base, seed=0, settings=SPLADE):
+    return families.splade_model(base, settings, CFG.max_length, "cpu", seed)
 
 
 def multi_vector(tiny_dir, seed=0):
@@ -68,14 +73,17 @@ def test_the_projection_is_drawn_from_the_seed_alone(tiny_dir):
     assert not torch.equal(a, multi_vector(tiny_dir, seed=1)[1].linear.weight)
 
 
-@pytest.mark.parametrize("family, cached", [("multi_vector", False), ("multi_vector", True), ("sparse", False)])
-def test_a_model_of_each_family_resumes_after_a_kill_to_the_same_weights(tiny_dir, tmp_path, family, cached):
+@pytest.mark.parametrize("family, cached", [("multi_vector", False), ("multi_vector", True), ("sparse", False),
+                                            ("splade", False)])
+def test_a_model_of_each_family_resumes_after_a_kill_to_the_same_weights(tiny_dir, tmp_path, family, cached, request):
     build, settings, head = {"multi_vector": (multi_vector, SETTINGS, "1.linear.weight"),
-                             "sparse": (sparse, SPARSE, "3.encoder.weight")}[family]
+                             "sparse": (sparse, SPARSE, "3.encoder.weight"),
+                             "splade": (splade, SPLADE, "0.model.cls.predictions.transform.dense.weight")}[family]
+    base = request.getfixturevalue("tiny_mlm_dir") if family == "splade" else tiny_dir
     cfg = CFG.model_copy(update={"mini_batch_size": 3}) if cached else CFG  # GradCache: 3 + 1 rows, dropout replayed
 
     def run(folder, on_step=None):
-        model = build(tiny_dir)
+        model = build(base)
         objective = build_objective(model, "crops", cfg, None, None, family=settings)
         history = train_model(objective, PairBatches(model_tokens_file(model, PAIRS), cfg.batch_size), cfg,
                               Checkpoints(folder), on_step=on_step)
@@ -83,10 +91,10 @@ def test_a_model_of_each_family_resumes_after_a_kill_to_the_same_weights(tiny_di
 
     (straight, full), (resumed, rest) = straight_and_resumed(run, tmp_path / "a", tmp_path / "b")
     assert [h.loss for h in rest] == [h.loss for h in full] and len(full) == 10
-    a, b, untrained = straight.state_dict(), resumed.state_dict(), build(tiny_dir).state_dict()
+    a, b, untrained = straight.state_dict(), resumed.state_dict(), build(base).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # a sparse model's dead-code counters too
     assert not torch.equal(a[head], untrained[head])  # the family's head trained
-    word = "0.model.embeddings.word_embeddings.weight"
+    word = next(k for k in a if k.endswith("embeddings.word_embeddings.weight"))
     assert not torch.equal(a[word], untrained[word])  # and the encoder under it
 
 

@@ -69,6 +69,9 @@ def test_top_pc_variance_by_hand():
     # variances 4, 1, 1 along the axes (a ±2 / ±1 cross): top-1 share = 4 / 6
     cross = np.array([[2, 0, 0], [-2, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]], float)
     assert top_pc_variance(cross, 1) == pytest.approx(8 / 12)
+    # wider than it has rows (a SPLADE model's vocabulary): the same shares, from the rows' side
+    wide = np.hstack([cross, np.zeros((6, 50_000))])
+    assert top_pc_variance(wide, 1) == pytest.approx(8 / 12) and top_pc_variance(wide, 2) == pytest.approx(10 / 12)
 
 
 def test_geometry_rows():
