@@ -327,7 +327,8 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
     allows = [kind for kind, n in (("labels", labelled), ("titles", titled)) if n]
     log.info("%d documents from %s: %d with a title, %d with a label (%s)", rows, cfg.display_name, titled, labelled,
              f"a yardstick can be made of their {' or '.join(allows)}" if allows else
-             "no titles or labels: an LLM writes the yardstick's queries, or give yours, `--qrels`")
+             "no titles or labels: a yardstick can be made of the texts alone (their clusters, an LLM's queries) or of "
+             "your queries, `--qrels`")
 
 
 INGEST = Stage("ingest", build_documents, extra_key=_data_digest)

@@ -1,4 +1,5 @@
 import json
+import logging
 import re
 
 import pandas as pd
@@ -291,3 +292,15 @@ def test_a_folder_of_text_and_markdown_files_is_a_document_a_file(tmp_path, load
     (tmp_path / "bad.txt").write_bytes(b"caf\xe9")
     with pytest.raises(InputError, match=r"bad.txt: not valid UTF-8 \(byte 3\)"):
         load_documents(cfg(tmp_path))
+
+
+def test_the_log_says_what_yardstick_the_corpus_allows(tmp_path, load_documents, caplog):
+    pd.DataFrame(ROWS).to_parquet(tmp_path / "docs.parquet")
+    pd.DataFrame(ROWS)[["doc_id", "text"]].to_parquet(tmp_path / "plain.parquet")
+    with caplog.at_level(logging.INFO):
+        load_documents(cfg(tmp_path / "docs.parquet"))
+        load_documents(cfg(tmp_path / "plain.parquet"))
+    assert "3 documents from docs: 2 with a title, 2 with a label (a yardstick can be made of their labels or " \
+           "titles)" in caplog.text
+    assert "3 documents from plain: 0 with a title, 0 with a label (no titles or labels: a yardstick can be made of " \
+           "the texts alone (their clusters, an LLM's queries) or of your queries, `--qrels`)" in caplog.text
