@@ -176,7 +176,7 @@ def read_embeddings(store: ArtifactStore, ref: ArtifactRef, pooling: str, layer:
     whatever dtype the artifact stores; only that layer's row groups and that column are read. A sparse model's codes
     (its one vector, whatever the pooling) come with their zeros."""
     layer = max(embedded_layers(store, ref)) if layer is None else layer
-    if store.manifest(ref)["extra"].get("family") == "sparse":
+    if stores_codes(store, ref):
         return read_codes(store, ref).toarray()
     table = store.read_table(ref, "embeddings", columns=["row", pooling], filters=[("layer", "=", layer)])
     out = np.empty((table.num_rows, table.schema.field(pooling).type.list_size), dtype=np.float32)
@@ -185,14 +185,23 @@ def read_embeddings(store: ArtifactStore, ref: ArtifactRef, pooling: str, layer:
     return out
 
 
+def stores_codes(store: ArtifactStore, ref: ArtifactRef) -> bool:
+    """Whether an embed artifact holds a sparse model's codes (its `indices` and `values`), by its file's schema: one
+    made before the embed stage stored them so holds the codes under each pooling, as a dense model's vectors."""
+    with store.open_table(ref, "embeddings") as table:
+        return CODES[0] in table.schema_arrow.names
+
+
 def read_codes(store: ArtifactStore, ref: ArtifactRef) -> sparse.csr_matrix:
     """A sparse model's codes as a float32 (texts × dim) sparse matrix, in text order."""
     table = store.read_table(ref, "embeddings", columns=["row", *CODES])
     rows, indices, values = (table[c].combine_chunks() for c in ("row", *CODES))
     lengths = np.diff(indices.offsets.to_numpy())
-    return sparse.csr_matrix((values.flatten().to_numpy().astype(np.float32),
-                              (np.repeat(rows.to_numpy(), lengths), indices.flatten().to_numpy())),
-                             shape=(table.num_rows, store.manifest(ref)["extra"]["dim"]))
+    codes = sparse.csr_matrix((values.flatten().to_numpy().astype(np.float32),
+                               (np.repeat(rows.to_numpy(), lengths), indices.flatten().to_numpy())),
+                              shape=(table.num_rows, store.manifest(ref)["extra"]["dim"]))
+    codes.eliminate_zeros()  # a weight float16 rounded to 0 is not an active code
+    return codes
 
 
 def read_token_vectors(store: ArtifactStore, ref: ArtifactRef) -> list[np.ndarray]:

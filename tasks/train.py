@@ -4,8 +4,8 @@ Inputs: `pairs` and their `tokens` (the rows trained on, as token ids: tasks/tok
 init or stage-1 artifact the encoder starts from, if any), `documents` when a learning curve is asked
 for (`train.eval_every`), and `resume`: a rung, the train artifact of the same job stopped at an earlier step.
 Only the encoder is saved: decoders, MLM heads and projection heads are training-only (a multi-vector model's
-token projection and a sparse model's autoencoder are part of it). Checkpoints go to the store's scratch area, so a
-killed run resumes mid-training.
+token projection, a CSR model's autoencoder and a SPLADE model's masked-LM head are part of it). Checkpoints go to
+the store's scratch area, so a killed run resumes mid-training.
 Output: `model/` (loads with `SentenceTransformer(path)`, a multi-vector model with `MultiVectorEncoder(path)`, a
 sparse one with `SparseEncoder(path)`;
 with `train.lora`, the adapter alone, which the merge stage adds into the start model: tasks/merge.py) and

@@ -29,9 +29,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "against a document by MaxSim (each query token's best match, summed); saved as sentence-transformers' "
            "MultiVectorEncoder",
            PAIR_RECIPES, per_token=True),
-    Family("sparse", "learned sparse codes, CSR's: a sparse autoencoder on the dense vector keeps each text's top "
-           "`sparse.active_dims` of `sparse.width` codes, a query scored against a document by their dot product; "
-           "saved as sentence-transformers' SparseEncoder",
+    Family("sparse", "learned sparse codes: CSR's (a sparse autoencoder on the dense vector keeps each text's top "
+           "`sparse.active_dims` of `sparse.width` codes) or SPLADE's (`sparse.kind: splade`: a masked-LM head's "
+           "weights for the vocabulary's terms), a query scored against a document by their dot product; saved as "
+           "sentence-transformers' SparseEncoder",
            PAIR_RECIPES),
 ]}
 

@@ -30,7 +30,7 @@ class MultiVectorSettings(Section):
 # model's width must hold that many.
 RECONSTRUCTED_TOP = 4
 
-# Each kind's own settings: the other kind's, where set, are one error naming them.
+# Each kind's own settings: the other kind's, set to other than their defaults, are one error naming them.
 KIND_FIELDS = {"csr": ("width", "aux_dims", "aux_weight"), "splade": ("document_regularizer", "query_regularizer")}
 # The InfoNCE's 1 / temperature by kind (SparseSettings.scale says why)
 KIND_SCALES = {"csr": 20.0, "splade": 1.0}
@@ -79,8 +79,9 @@ class SparseSettings(Section):
 
     @model_validator(mode="after")
     def _fits(self) -> SparseSettings:
+        # set to other than their defaults (a dump of the settings, read back, names every field)
         others = [f for kind, fields in KIND_FIELDS.items() if kind != self.kind for f in fields
-                  if f in self.model_fields_set]
+                  if getattr(self, f) != type(self).model_fields[f].default]
         if others:
             raise ValueError(f"{', '.join(others)}: not settings of kind {self.kind!r} (they are "
                              f"{'SPLADE' if self.kind == 'csr' else 'CSR'}'s)")

@@ -46,7 +46,7 @@ class SelectConfig(Section):
                                               description="With `multi_vector` among `families`: its candidates' "
                                               "projection and loss (as `methods[].multi_vector`).")
     sparse: SparseSettings = Field(default_factory=SparseSettings, description="With `sparse` among `families`: its "
-                                   "candidates' autoencoder and loss (as `methods[].sparse`).")
+                                   "candidates' kind (CSR, SPLADE), head and loss (as `methods[].sparse`).")
     budget: int = Field(120, ge=2, description="Training steps of the winner: every candidate is on this "
                         "schedule (`train.max_steps`) and the search stops the others at its rungs.")
     eta: int = Field(3, ge=2, description="Successive halving's factor: 1/eta of a rung's candidates go on, to "

@@ -44,7 +44,7 @@ class MethodConfig(Section):
     multi_vector: MultiVectorSettings = Field(default_factory=MultiVectorSettings,
                                               description="With `family: multi_vector`: its projection and loss.")
     sparse: SparseSettings = Field(default_factory=SparseSettings,
-                                   description="With `family: sparse`: its autoencoder and loss.")
+                                   description="With `family: sparse`: its kind (CSR, SPLADE), head and loss.")
     n_sentences: int = Field(2, ge=1, description="Consecutive kept sentences per training text "
                              "(1 = single sentences, as SimCSE, TSDAE and CT were trained).")
     seed: int = Field(0, description="Seed for drawing views and shuffling them.")

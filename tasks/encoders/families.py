@@ -8,7 +8,9 @@ MultiVectorEncoder with the modules its own fresh models get, so the saved folde
 or as its mean token vector (tasks/encoders/encode.py's TokenMeanEncoder). A sparse model keeps the dense model whole
 and adds CSR's sparse autoencoder on its vector (sentence-transformers' SparseEncoder of SparseAutoEncoder): a text
 is its top `active_dims` codes; its loss is the library's CSR loss; scoring reads the codes as one vector a text, a
-query meeting a document by their dot product (encode.py's SparseCodeEncoder).
+query meeting a document by their dot product (encode.py's SparseCodeEncoder). A SPLADE model (the sparse family's
+other kind) is the base's transformer with its masked-LM head and SPLADE's pooling: a text is a weight for each
+vocabulary term, its loss the library's SPLADE loss (InfoNCE and the FLOPS regularisers).
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ def sparse_model(model: SentenceTransformer, settings: SparseSettings, seed: int
                          f"{top} x {settings.active_dims} of {width} codes (sparse.width, default 4 x the base's "
                          f"{dim}); set sparse.width to at least {settings.min_width} or active_dims to at most "
                          f"{width // top}")
-    with torch.random.fork_rng(devices=[]):  # drawn on the CPU from the seed, the process's generator left as it was
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # drawn on the CPU from the seed, the process's generators left alone
+        torch.default_generator.manual_seed(seed)
         autoencoder = SparseAutoEncoder(input_dim=dim, hidden_dim=width, k=settings.active_dims,
                                         k_aux=min(settings.aux_dims, width))
     # the autoencoder reads the unit vector: the geometry the dense model's cosine compares
@@ -91,11 +93,12 @@ def splade_model(path: str, settings: SparseSettings, max_length: int, device: s
     if type(config) not in AutoModelForMaskedLM._model_mapping:
         raise InputError(f"{path}: SPLADE (sparse.kind) reads term weights from a masked-LM head, and transformers has "
                          f"none for a {config.model_type} model; use sparse.kind csr")
-    # a missing head drawn on the CPU from the seed, the process's generator left alone
+    # a missing head drawn on the CPU from the seed, the process's generators left alone
     with MODEL_LOADING, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         transformer = training_transformer(path, max_length, layer, dropout=dropout, task="fill-mask")
-    if untrained := untrained_head(path):
+        untrained = untrained_head(path)  # its load draws a missing head too
+    if untrained:
         logging.getLogger(__name__).warning(
             "%s: its checkpoint has no trained masked-LM head (%d tensors missing, e.g. %s): SPLADE's term weights "
             "start from a random head; a base that has one (BERT, DistilBERT, a SPLADE checkpoint) starts from what "

@@ -240,8 +240,10 @@ def freeze(model: SentenceTransformer, embeddings: bool, layers: int) -> None:
     blocks = transformer_blocks(encoder)
     if layers > len(blocks):
         raise InputError(f"train.freeze_layers: {layers}, but the model has {len(blocks)} layers")
-    # BERT-style models keep token, position and type embeddings together in `.embeddings`.
-    embedding = encoder.embeddings if hasattr(encoder, "embeddings") else encoder.get_input_embeddings()
+    # BERT-style models keep token, position and type embeddings together in `.embeddings` (under a masked-LM head,
+    # SPLADE's, in its base model: the head's output projection is the word embeddings, tied, so it stays too).
+    base = getattr(encoder, encoder.base_model_prefix, encoder)
+    embedding = base.embeddings if hasattr(base, "embeddings") else encoder.get_input_embeddings()
     for module in ([embedding] if embeddings else []) + list(blocks[:layers]):
         module.requires_grad_(False)
 

@@ -16,7 +16,7 @@ from tasks.config.family_settings import SparseSettings
 from tasks.config.training import MethodConfig, TrainConfig, family_conflicts
 from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob, read_codes, read_embeddings
-from tasks.encoders import encode
+from tasks.encoders import encode, models
 from tasks.ingest import INGEST
 from tasks.methods.objectives import build_objective
 from tests.helpers import DEMO_DOCS
@@ -88,6 +88,9 @@ def test_each_kind_refuses_the_others_settings_and_what_it_does_not_train_with()
     with pytest.raises(ValueError, match="width, aux_dims: not settings of kind 'splade' .*CSR's"):
         SparseSettings(kind="splade", width=512, aux_dims=64)
     assert SparseSettings(kind="splade").resolved_scale == 1.0 and SparseSettings().resolved_scale == 20.0
+    for kind in ("csr", "splade"):  # the settings read back from their dump, every field in it
+        settings = SparseSettings(kind=kind)
+        assert SparseSettings.model_validate(settings.model_dump()) == settings
     train = TrainConfig(pooling="cls", mini_batch_size=8)
     assert family_conflicts("sparse", train, SPLADE) == [
         "pooling (SPLADE takes each term's maximum over the tokens)",
@@ -113,3 +116,15 @@ def test_the_train_stage_saves_a_splade_model_whose_stored_codes_sentence_transf
     np.testing.assert_array_equal(read_embeddings(store, ref, "cls"), codes.toarray())  # one vector, any pooling
     assert store.manifest(ref)["extra"]["similarity"] == "dot"
     assert encode.encoder_at(folder, "cpu").dim == 30522
+
+
+def test_freezing_the_embeddings_freezes_the_base_models_and_the_tied_projection_alone(tiny_mlm_dir):
+    model = splade(tiny_mlm_dir)
+    models.freeze(model, embeddings=True, layers=0)
+    frozen = {name for name, p in model[0].auto_model.named_parameters() if not p.requires_grad}
+    assert frozen == {f"bert.embeddings.{n}" for n in ("word_embeddings.weight", "position_embeddings.weight",
+                                                       "token_type_embeddings.weight", "LayerNorm.weight",
+                                                       "LayerNorm.bias")}
+    head = model[0].auto_model.cls.predictions
+    assert head.decoder.weight is model[0].auto_model.bert.embeddings.word_embeddings.weight  # one matrix
+    assert head.transform.dense.weight.requires_grad
