@@ -258,8 +258,7 @@ def family_conflicts(family: str, train: TrainConfig, settings: FamilySettings |
                     "SPLADE takes each term's maximum over the tokens" if splade else
                     "a multi-vector model keeps every token; its one vector is their mean"),
         "matryoshka_dims": (bool(train.matryoshka_dims), "nested dense-vector widths"),
-        "mini_batch_size": (family == "sparse" and train.cached_rows is not None,
-                            "SPLADE's cached loss is not wired yet" if splade else
+        "mini_batch_size": (family == "sparse" and not splade and train.cached_rows is not None,
                             "CSR's loss also rebuilds each vector, which sentence-transformers does not cache"),
         "padding_free": (train.padding_free is True, "its packed forward is built for the dense model"),
         "compile": (bool(train.compile), "not built for the family's head yet"),

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import torch
 from sentence_transformers.multi_vector_encoder.losses import CachedMultiVectorMultipleNegativesRankingLoss
+from sentence_transformers.sparse_encoder import losses as sparse_losses
 from torch import nn
 
 
@@ -49,18 +50,26 @@ def autocast_state(module: nn.Module) -> dict:
     return dict(device_type=device, dtype=torch.get_autocast_dtype(device), enabled=torch.is_autocast_enabled(device))
 
 
-class CachedMaxSimLoss(CachedMultiVectorMultipleNegativesRankingLoss):
-    """sentence-transformers' cached MaxSim InfoNCE (the multi-vector family's GradCache), its backward pass's
-    re-embedding under the forward pass's autocast: the library leaves that to the Trainer's accelerate, which
-    autocasts the model's forward wherever it runs."""
+class ReplayedAutocast:
+    """A sentence-transformers cached loss (its GradCache mixin) whose backward pass re-embeds under the forward
+    pass's autocast: the library leaves that to the Trainer's accelerate, which autocasts the model's forward wherever
+    it runs."""
 
-    def forward(self, sentence_features: list[dict], labels=None) -> torch.Tensor:
+    def forward(self, sentence_features: list[dict], labels=None):
         self.autocast = autocast_state(self)
         return super().forward(sentence_features, labels)
 
     def embed_minibatch(self, *args, **kwargs):
         with torch.autocast(**self.autocast):
             return super().embed_minibatch(*args, **kwargs)
+
+
+class CachedMaxSimLoss(ReplayedAutocast, CachedMultiVectorMultipleNegativesRankingLoss):
+    """sentence-transformers' cached MaxSim InfoNCE: the multi-vector family's GradCache."""
+
+
+class CachedSpladeLoss(ReplayedAutocast, sparse_losses.CachedSpladeLoss):
+    """sentence-transformers' cached SPLADE loss (InfoNCE and the FLOPS regularisers): SPLADE's GradCache."""
 
 
 class CachedLoss(nn.Module):

@@ -24,7 +24,7 @@ from tasks.config.recipes import RECIPES, Pair, Recipe
 from tasks.config.training import TrainConfig
 from tasks.encoders.inputs import Tokens, features
 from tasks.encoders.models import to_device
-from tasks.methods.cached import CachedLoss, CachedMaxSimLoss
+from tasks.methods.cached import CachedLoss, CachedMaxSimLoss, CachedSpladeLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
 from tasks.methods.distributed import Gather, gather_rows, no_gather
 from tasks.methods.infonce import InfoNCELoss
@@ -147,16 +147,18 @@ def multi_vector_info_nce(recipe: Recipe, model: MultiVectorEncoder, settings: M
     return Objective(loss, anchors_and_positives(model, as_queries=True), lambda rows: math.log(columns * rows))
 
 
-def sparse_info_nce(model: SparseEncoder, settings: SparseSettings) -> Objective:
+def sparse_info_nce(model: SparseEncoder, settings: SparseSettings, cached_rows: int | None) -> Objective:
     """The sparse family's loss (sentence-transformers' own): InfoNCE over the codes' dot products, every other row's
     documents the negatives, plus CSR's reconstructions of the dense vector from its top k and top 4k codes and the
     auxiliary one that revives dead codes, or SPLADE's FLOPS regularisers on the queries' and the documents' term
-    weights. No chance level: those terms add to the InfoNCE's, so the total has none to sit at (the health checks
-    read the probe)."""
+    weights (with `cached_rows`, SPLADE's GradCache form, which embeds that many rows at a time). No chance level:
+    those terms add to the InfoNCE's, so the total has none to sit at (the health checks read the probe)."""
     info_nce = SparseMultipleNegativesRankingLoss(model, scale=settings.resolved_scale)
     if settings.kind == "splade":
-        loss = SpladeLoss(model, info_nce, document_regularizer_weight=settings.document_regularizer,
-                          query_regularizer_weight=settings.query_regularizer)
+        weights = dict(document_regularizer_weight=settings.document_regularizer,
+                       query_regularizer_weight=settings.query_regularizer)
+        loss = (CachedSpladeLoss(model, info_nce, **weights, mini_batch_size=cached_rows) if cached_rows else
+                SpladeLoss(model, info_nce, **weights))
     else:
         loss = CSRLoss(model, info_nce, beta=settings.aux_weight)
     return Objective(SummedLoss(loss), anchors_and_positives(model))
@@ -169,12 +171,12 @@ def build_objective(model: SentenceTransformer | MultiVectorEncoder | SparseEnco
     resolves them. Recipes whose loss compares rows of the batch (the registry's `in_batch_negatives`)
     gather them from every process; `gather` replaces that (a test trains without it). `family`: the settings of a
     family other than dense (tasks/encoders/families.py), whose model trains by its own InfoNCE (the config allows
-    it for the family's recipes, in one process; GradCache for the multi-vector one)."""
+    it for the family's recipes, in one process; GradCache for the multi-vector family and SPLADE)."""
     spec = RECIPES[recipe]
     if isinstance(family, MultiVectorSettings):
         return multi_vector_info_nce(spec, model, family, cfg.cached_rows)
     if isinstance(family, SparseSettings):
-        return sparse_info_nce(model, family)
+        return sparse_info_nce(model, family, cfg.cached_rows)
     gather = gather or (gather_rows if spec.in_batch_negatives else no_gather)
     objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
     if cfg.cached_rows:  # the config allows it for spec.mini_batches

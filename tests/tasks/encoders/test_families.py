@@ -74,7 +74,7 @@ def test_the_projection_is_drawn_from_the_seed_alone(tiny_dir):
 
 
 @pytest.mark.parametrize("family, cached", [("multi_vector", False), ("multi_vector", True), ("sparse", False),
-                                            ("splade", False)])
+                                            ("splade", False), ("splade", True)])
 def test_a_model_of_each_family_resumes_after_a_kill_to_the_same_weights(tiny_dir, tmp_path, family, cached, request):
     build, settings, head = {"multi_vector": (multi_vector, SETTINGS, "1.linear.weight"),
                              "sparse": (sparse, SPARSE, "3.encoder.weight"),

@@ -92,9 +92,7 @@ def test_each_kind_refuses_the_others_settings_and_what_it_does_not_train_with()
         settings = SparseSettings(kind=kind)
         assert SparseSettings.model_validate(settings.model_dump()) == settings
     train = TrainConfig(pooling="cls", mini_batch_size=8)
-    assert family_conflicts("sparse", train, SPLADE) == [
-        "pooling (SPLADE takes each term's maximum over the tokens)",
-        "mini_batch_size (SPLADE's cached loss is not wired yet)"]
+    assert family_conflicts("sparse", train, SPLADE) == ["pooling (SPLADE takes each term's maximum over the tokens)"]
     assert family_conflicts("sparse", train, SparseSettings())[0].startswith("mini_batch_size (CSR's loss")
 
 

@@ -1,18 +1,21 @@
 """Cached (GradCache) in-batch losses: the full batch's gradients from mini-batches."""
 
+import shutil
 
 import pytest
 import torch
+from sentence_transformers import SparseEncoder
 from sentence_transformers.multi_vector_encoder.losses import CachedMultiVectorMultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+from transformers import AutoModelForMaskedLM
 
-from tasks.config.family_settings import MultiVectorSettings
+from tasks.config.family_settings import MultiVectorSettings, SparseSettings
 from tasks.config.recipes import RECIPES
 from tasks.config.training import LoraSettings, MethodConfig, TrainConfig, merged_train
-from tasks.encoders.families import multi_vector_model
+from tasks.encoders.families import multi_vector_model, splade_model
 from tasks.encoders.lora import attach_lora
 from tasks.encoders.models import sentence_model
-from tasks.methods.cached import CachedLoss, mini_batches
+from tasks.methods.cached import CachedLoss, CachedSpladeLoss, mini_batches
 from tasks.methods.objectives import build_objective
 from tests.helpers import tiny_encoder
 
@@ -66,32 +69,62 @@ def test_cached_gradients_of_a_lora_adapter_equal_the_full_batch_s(no_dropout):
     assert_same(full, {n.removeprefix("loss."): g for n, g in cached.items()})
 
 
-# A multi-vector model trains its recipes by sentence-transformers' MaxSim InfoNCE, whose cached form takes hard
-# negatives too (gpl's).
+@pytest.fixture(scope="module")
+def no_dropout_mlm(no_dropout, tmp_path_factory):
+    """no_dropout's encoder with a masked-LM head (drawn from seed 0): a SPLADE base."""
+    folder = tmp_path_factory.mktemp("mlm") / "model"
+    shutil.copytree(no_dropout, folder)
+    torch.manual_seed(0)
+    AutoModelForMaskedLM.from_pretrained(no_dropout).save_pretrained(folder)
+    return str(folder)
+
+
+def splade(base: str, cfg: TrainConfig) -> SparseEncoder:
+    return splade_model(base, SPLADE, cfg.max_length, "cpu", seed=0)
+
+
+SPLADE = SparseSettings(kind="splade", document_regularizer=1e-3, query_regularizer=1e-3)  # weighing in the gradients
+MULTI_VECTOR = MultiVectorSettings(dim=16, query_expansion=16)  # the anchors widened by [MASK] tokens, cached too
+
+
+# A multi-vector model trains its recipes by sentence-transformers' MaxSim InfoNCE, a SPLADE model by its InfoNCE and
+# FLOPS regularisers; their cached forms take hard negatives too (gpl's).
+@pytest.mark.parametrize("family", ["multi_vector", "splade"])
 @pytest.mark.parametrize("recipe", ["crops", "gpl"])
-def test_a_multi_vector_model_s_cached_gradients_equal_the_full_batch_s(no_dropout, recipe):
+def test_a_family_s_cached_gradients_equal_the_full_batch_s(no_dropout, no_dropout_mlm, family, recipe):
     rows = [(a, p, BATCH[(i + 5) % len(BATCH)][1]) for i, (a, p) in enumerate(BATCH)] if recipe == "gpl" else BATCH
-    method = MethodConfig(name="mv", recipe=recipe, family="multi_vector", train={"mini_batch_size": 5})
+    settings, cached_loss_class, head = {
+        "multi_vector": (MULTI_VECTOR, CachedMultiVectorMultipleNegativesRankingLoss, "1.linear.weight"),
+        "splade": (SPLADE, CachedSpladeLoss, "0.model.cls.predictions.transform.dense.weight")}[family]
+    method = MethodConfig(name="m", recipe=recipe, family="sparse" if family == "splade" else family,
+                          **{"sparse" if family == "splade" else family: settings}, train={"mini_batch_size": 5})
     grads = {}
-    settings = MultiVectorSettings(dim=16, query_expansion=16)  # the anchors widened by [MASK] tokens, cached too
     for cfg in (FULL, merged_train(CACHED, method, "methods.0")):  # as the config allows it
-        model = multi_vector_model(sentence_model(no_dropout, cfg.max_length), settings, seed=0)
+        model = (splade(no_dropout_mlm, cfg) if family == "splade" else
+                 multi_vector_model(sentence_model(no_dropout, cfg.max_length), settings, seed=0))
         objective = build_objective(model, recipe, cfg, None, None, family=settings)
-        assert objective.collate(rows)[0]["query_expansion_positions"].any()
-        assert isinstance(objective.loss, CachedMultiVectorMultipleNegativesRankingLoss) == (cfg is not FULL)
+        loss_module = objective.loss.loss if family == "splade" else objective.loss  # SPLADE's terms summed
+        assert isinstance(loss_module, cached_loss_class) == (cfg is not FULL)
+        if family == "multi_vector":
+            assert objective.collate(rows)[0]["query_expansion_positions"].any()
         loss = objective.loss(objective.collate(rows), None)
         loss.backward()
         grads[cfg is not FULL] = loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()
                                              if p.grad is not None}
     (full_loss, full), (cached_loss, cached) = grads[False], grads[True]
     assert cached_loss == pytest.approx(full_loss, rel=1e-6)
-    assert "1.linear.weight" in full  # the projection trains, and the encoder under it
-    assert_same(full, cached)
+    assert head in full and full.keys() == cached.keys()  # the family's head trains, and the encoder under it
+    # to float32's rounding: SPLADE's sums over 30,522 terms give gradients up to 45 here, and reach every tensor
+    atol = 2e-6 * max(g.abs().max().item() for g in full.values()) if family == "splade" else 1e-6
+    for name, gradient in full.items():
+        torch.testing.assert_close(cached[name], gradient, rtol=1e-5, atol=atol, msg=name)
 
 
-def test_a_multi_vector_model_s_backward_pass_re_embeds_under_the_forward_pass_s_autocast(no_dropout):
-    settings = MultiVectorSettings(dim=16)
-    model = multi_vector_model(sentence_model(no_dropout, CACHED.max_length), settings, seed=0)
+@pytest.mark.parametrize("family", ["multi_vector", "splade"])
+def test_a_family_s_backward_pass_re_embeds_under_the_forward_pass_s_autocast(no_dropout, no_dropout_mlm, family):
+    settings = MULTI_VECTOR if family == "multi_vector" else SPLADE
+    model = (multi_vector_model(sentence_model(no_dropout, CACHED.max_length), settings, seed=0)
+             if family == "multi_vector" else splade(no_dropout_mlm, CACHED))
     objective = build_objective(model, "crops", CACHED, None, None, family=settings)
     autocast = []
     model[0].register_forward_hook(lambda *_: autocast.append(torch.is_autocast_enabled("cpu")))
