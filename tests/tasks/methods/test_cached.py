@@ -113,11 +113,13 @@ def test_a_family_s_cached_gradients_equal_the_full_batch_s(no_dropout, no_dropo
                                              if p.grad is not None}
     (full_loss, full), (cached_loss, cached) = grads[False], grads[True]
     assert cached_loss == pytest.approx(full_loss, rel=1e-6)
-    assert head in full and full.keys() == cached.keys()  # the family's head trains, and the encoder under it
-    # to float32's rounding: SPLADE's sums over 30,522 terms give gradients up to 45 here, and reach every tensor
-    atol = 2e-6 * max(g.abs().max().item() for g in full.values()) if family == "splade" else 1e-6
+    assert head in full and full.keys() == cached.keys() and len(full) > 10  # the head trains, the encoder under it
     for name, gradient in full.items():
-        torch.testing.assert_close(cached[name], gradient, rtol=1e-5, atol=atol, msg=name)
+        if family == "splade":  # float32's rounding of sums over 30,522 terms, of gradients up to 45 here: to 1e-5 of
+            difference = (cached[name] - gradient).norm().item()  # each tensor's norm
+            assert difference <= 1e-5 * gradient.norm().item() + 1e-6, name
+        else:
+            torch.testing.assert_close(cached[name], gradient, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("family", ["multi_vector", "splade"])
