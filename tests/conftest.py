@@ -59,18 +59,10 @@ def tiny_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_mlm_dir(tiny_dir, tmp_path_factory) -> str:
-    """tiny_dir's encoder with a masked-LM head (drawn from seed 0) saved beside it: SPLADE's kind of base, where no
-    package ships a masked-LM checkpoint."""
-    import shutil
+    """tiny_dir's encoder with a masked-LM head (tests/helpers.py's with_masked_lm_head)."""
+    from tests.helpers import with_masked_lm_head
 
-    import torch
-    from transformers import AutoModelForMaskedLM
-
-    folder = tmp_path_factory.mktemp("tiny-mlm") / "model"
-    shutil.copytree(tiny_dir, folder)
-    torch.manual_seed(0)
-    AutoModelForMaskedLM.from_pretrained(tiny_dir).save_pretrained(folder)
-    return str(folder)
+    return with_masked_lm_head(tiny_dir, tmp_path_factory.mktemp("tiny-mlm") / "model")
 
 
 @pytest.fixture(scope="session")

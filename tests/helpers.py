@@ -164,6 +164,20 @@ def tiny_encoder(folder: Path, dropout: float) -> str:
     return str(folder)
 
 
+def with_masked_lm_head(encoder: str, folder: Path) -> str:
+    """`encoder` copied to `folder` with a masked-LM head drawn from seed 0 saved in it: SPLADE's kind of base, where
+    no package ships a masked-LM checkpoint."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForMaskedLM
+
+    shutil.copytree(encoder, folder)
+    torch.manual_seed(0)
+    AutoModelForMaskedLM.from_pretrained(encoder).save_pretrained(folder)
+    return str(folder)
+
+
 def decoder_tokenizer(folder: Path, texts: list[str]) -> str:
     """A byte-level BPE tokenizer of 400 tokens learnt from `texts`, saved in `folder`: a decoder's (BOS and EOS,
     no padding or mask token), in 2 s, where SmolLM2's takes ~40 s to read from its GGUF."""

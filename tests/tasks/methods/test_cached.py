@@ -1,13 +1,11 @@
 """Cached (GradCache) in-batch losses: the full batch's gradients from mini-batches."""
 
-import shutil
 
 import pytest
 import torch
 from sentence_transformers import SparseEncoder
 from sentence_transformers.multi_vector_encoder.losses import CachedMultiVectorMultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
-from transformers import AutoModelForMaskedLM
 
 from tasks.config.family_settings import MultiVectorSettings, SparseSettings
 from tasks.config.recipes import RECIPES
@@ -17,7 +15,7 @@ from tasks.encoders.lora import attach_lora
 from tasks.encoders.models import sentence_model
 from tasks.methods.cached import CachedLoss, CachedSpladeLoss, mini_batches
 from tasks.methods.objectives import build_objective
-from tests.helpers import tiny_encoder
+from tests.helpers import tiny_encoder, with_masked_lm_head
 
 BATCH = [(f"document {i} about topic {i % 5}, words {i * 7 % 13}", f"DOCUMENT {i}, TOPIC {i % 5}") for i in range(12)]
 FULL = TrainConfig(batch_size=12, max_length=32)
@@ -71,12 +69,8 @@ def test_cached_gradients_of_a_lora_adapter_equal_the_full_batch_s(no_dropout):
 
 @pytest.fixture(scope="module")
 def no_dropout_mlm(no_dropout, tmp_path_factory):
-    """no_dropout's encoder with a masked-LM head (drawn from seed 0): a SPLADE base."""
-    folder = tmp_path_factory.mktemp("mlm") / "model"
-    shutil.copytree(no_dropout, folder)
-    torch.manual_seed(0)
-    AutoModelForMaskedLM.from_pretrained(no_dropout).save_pretrained(folder)
-    return str(folder)
+    """no_dropout's encoder with a masked-LM head: a SPLADE base."""
+    return with_masked_lm_head(no_dropout, tmp_path_factory.mktemp("mlm") / "model")
 
 
 def splade(base: str, cfg: TrainConfig) -> SparseEncoder:
