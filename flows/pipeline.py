@@ -18,7 +18,7 @@ from flows.params import RunParams, TrainParams
 from flows.runs import ReportedModel, Run, open_run, recorded
 from flows.scoring import Corpus, report_models
 from storage.base import ArtifactRef
-from tasks.config.base import BASE, ConfigError
+from tasks.config.base import BASE, ConfigError, InputError
 from tasks.config.data import SentenceConfig
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.families import FAMILIES
@@ -29,9 +29,9 @@ from tasks.config.static import StaticConfig, StaticSettings
 from tasks.config.training import MethodConfig, TrainConfig, pooling_for
 from tasks.config.yardsticks import MIN_POOL
 from tasks.core.stage import NoInputs
-from tasks.encoders.families import family_of
+from tasks.encoders.families import check_masked_lm, family_of
 from tasks.encoders.lora import check_targets, start_layers
-from tasks.encoders.models import start_width
+from tasks.encoders.models import start_config, start_width
 from tasks.ingest import INGEST
 from tasks.init import INIT, InitConfig
 from tasks.llm import LLM, LlmJob, is_gguf_model, needs_conversion
@@ -176,11 +176,32 @@ def check_lora_targets(cfg: PipelineConfig) -> None:
             check_targets(layers, lora.target_modules, cfg.model.name_or_path)
 
 
+def check_splade_base(cfg: PipelineConfig) -> None:
+    """A SPLADE model (a method's, or select's sparse candidates') reads a masked-LM head, which a decoder LLM has
+    not: the named start model's config, before any stage (a random init's is checked when it trains)."""
+    wanted = [f"methods.{i}.sparse.kind" for i, m in enumerate(cfg.methods)
+              if m.family == "sparse" and m.sparse.kind == "splade"]
+    if cfg.select and "sparse" in cfg.select.families and cfg.select.sparse.kind == "splade":
+        wanted.append("select.sparse.kind")
+    name = cfg.model.name_or_path
+    if not wanted or cfg.model.random_init:
+        return
+    if is_gguf_model(name):
+        raise ConfigError(f"{wanted[0]}: splade, but {name} is a GGUF LLM, a decoder without a masked-LM head; use "
+                          "sparse.kind csr")
+    if (config := start_config(name)) is not None:
+        try:
+            check_masked_lm(name, config)
+        except InputError as e:
+            raise ConfigError(f"{wanted[0]}: {e}") from None
+
+
 def start_of(run: Run) -> Start:
     """The corpus, its sentences and summaries, and the model training starts from."""
     cfg = run.cfg
     check_static_width(cfg)
     check_lora_targets(cfg)
+    check_splade_base(cfg)
     docs = run.stage(INGEST, cfg.data, NoInputs())
     sentences = run.stage(SENTENCES, splitting(cfg), SentencesInputs(documents=docs))
     init = run.stage(INIT, InitConfig.from_model(cfg.model), NoInputs()) if cfg.model.random_init else None

@@ -33,7 +33,7 @@ from sentence_transformers.sparse_encoder import SparseEncoder
 from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder, SpladePooling
 from sentence_transformers.util import load_file_path
 from torch import nn
-from transformers import AutoConfig, AutoModelForMaskedLM
+from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig
 
 from tasks.config.base import InputError
 from tasks.encoders import decoders
@@ -90,9 +90,7 @@ def splade_model(path: str, settings: SparseSettings, max_length: int, device: s
     maximum over the text's tokens (sentence-transformers' SpladePooling), at most `settings.active_dims` kept where
     a text is encoded. A head the checkpoint lacks (a sentence encoder's) is drawn from `seed`, with a warning."""
     config = load_model(path, AutoConfig.from_pretrained)
-    if type(config) not in AutoModelForMaskedLM._model_mapping:
-        raise InputError(f"{path}: SPLADE (sparse.kind) reads term weights from a masked-LM head, and transformers has "
-                         f"none for a {config.model_type} model; use sparse.kind csr")
+    check_masked_lm(path, config)
     # a missing head drawn on the CPU from the seed, the process's generators left alone
     with MODEL_LOADING, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
@@ -105,6 +103,13 @@ def splade_model(path: str, settings: SparseSettings, max_length: int, device: s
             "its head knows", path, len(untrained), sorted(untrained)[0])
     pooling = SpladePooling("max", embedding_dimension=config.vocab_size)
     return SparseEncoder(modules=[transformer, pooling], max_active_dims=settings.active_dims, device=device)
+
+
+def check_masked_lm(path: str, config: PretrainedConfig) -> None:
+    """An InputError where transformers has no masked-LM head for the model at `path` (a decoder LLM's)."""
+    if type(config) not in AutoModelForMaskedLM._model_mapping:
+        raise InputError(f"{path}: SPLADE (sparse.kind) reads term weights from a masked-LM head, and transformers has "
+                         f"none for a {config.model_type} model; use sparse.kind csr")
 
 
 def untrained_head(path: str) -> set[str]:

