@@ -22,6 +22,8 @@ its two columns). Each candidate's score on each yardstick:
     neighbours_all          the neighbours with every document asking
     combined                the mean of each model's ranks on titles, neighbours and clusters_all
     information             pool.information of the held-out documents' embeddings (pool = all)
+    terms                   pool.term_overlap: every document's mean TF-IDF cosine with its 10 nearest others by the
+                            model's vectors (not pool-relative; the words group the documents, not the other models)
     effective_rank          pool.effective_rank of them (a baseline)
 Truth: kNN accuracy (knn_accuracy_splits, the mean over 10 splits) on labelled corpora; on SciFact the test claims'
 nDCG@10 over the corpus (every judged document relevant), each claim encoded by the model, the corpus from the cache.
@@ -71,7 +73,7 @@ from tasks.select import yardstick_scores
 
 CORPORA = [*LABELLED, "scifact"]
 YARDSTICK_NAMES = ["titles", "queries", "consensus_titles", "consensus_queries", "neighbours", "neighbours_all",
-                   "clusters", "clusters_all", "clusters_seeds", "combined", "information", "effective_rank"]
+                   "clusters", "clusters_all", "clusters_seeds", "combined", "information", "terms", "effective_rank"]
 COMBINED = ("titles", "neighbours", "clusters_all")  # combined: the mean of these three rankings (chosen beforehand)
 LLM_NAMES = {"queries", "consensus_queries"}  # the LLM-queries run's (--no-llm leaves them out)
 KNN = {"k": 10, "test_size": 0.1, "seed": 42, "repeats": 10}
@@ -217,8 +219,9 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
         by_queries = pooled(store, catalog, asked)
     labels = sorted(by_titles)
     assert sorted(by_queries) == labels, (labels, sorted(by_queries))
-    documents = store.read_table(ArtifactRef("ingest", by_titles[labels[0]]["manifest"]["input_roles"]["documents"]),
-                                 "documents", columns=["doc_id"])["doc_id"].to_pylist()
+    corpus = store.read_table(ArtifactRef("ingest", by_titles[labels[0]]["manifest"]["input_roles"]["documents"]),
+                              "documents", columns=["doc_id", "text"])
+    documents = corpus["doc_id"].to_pylist()
     apart = [m for m in labels if by_titles[m]["manifest"]["input_roles"]["embeddings"] !=
              by_queries[m]["manifest"]["input_roles"]["embeddings"]]
     # the same documents' vectors in both runs, one cache; stored runs that other code made may differ (each run's
@@ -235,6 +238,7 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
     per_seed = [pool.cluster_purity(vectors, np.arange(len(documents)), seeds=[seed], nearest=nearest)
                 for seed in range(SEEDS)]  # each k-means once: seed 0's is the single-seed columns' too
     purity, seeded = per_seed[0], np.mean(per_seed, axis=0).mean(axis=1)
+    words = pool.term_vectors(corpus["text"].to_pylist())
     # (models, queries): each held-out query's nDCG@10; their means are the evaluate stage's title_/generated_ndcg_at_10
     per_query = {kind: np.array([yardstick_scores(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
                                  .to_numpy() for m in labels])
@@ -246,6 +250,7 @@ def one_corpus(name: str, args: argparse.Namespace) -> dict:
                  clusters=purity[:, held].mean(axis=1).tolist(), clusters_all=purity.mean(axis=1).tolist(),
                  clusters_seeds=seeded.tolist(),
                  information=pool.information([x[held] for x in vectors]).tolist(),
+                 terms=[pool.term_overlap(n, words, np.arange(len(documents))).mean() for n in nearest],
                  effective_rank=[pool.effective_rank(x[held]) for x in vectors])
     table["combined"] = np.mean([stats.rankdata(table[y]) for y in COMBINED], axis=0).tolist()
     if args.llm:

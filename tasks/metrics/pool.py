@@ -16,6 +16,10 @@ measured beside.
   scored by the share of each asking document's 10 nearest others (by its own vectors) that fall in that document's
   group: its neighbourhoods' purity against the others' consensus grouping (leave-one-out, as above), averaged over
   four k-means seeds.
+- Term overlap (ours, measured in benchmarks/yardsticks.py; not pool-relative): the mean TF-IDF cosine between
+  each document and its 10 nearest others by the model's vectors. Labels that group documents by topic group their
+  words too, so a model whose neighbourhoods share words may group as the labels do, without any other model's say;
+  its bias: it rewards lexical neighbours, which a paraphrase-aware model is right to look past.
 - Effective rank (Roy and Vetterli 2007; RankMe, Garrido et al. 2023): exp of the entropy of the normalised singular
   values. Weak or reversed for text encoders in the literature: a baseline, not a yardstick to trust.
 
@@ -166,6 +170,22 @@ def cluster_purity(embeddings: list[np.ndarray], rows: np.ndarray, clusters: int
             groups = consensus_groups(embeddings[:m] + embeddings[m + 1:], clusters, seed)  # (documents,)
             purity[m] += group_share(nearest[m], groups, rows) / len(seeds)
     return purity
+
+
+def term_vectors(texts: list[str]):
+    """(documents, terms) the texts' L2-normalised TF-IDF vectors (scipy sparse): sublinear term frequency, English
+    stop words out, terms in at least two documents."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    return TfidfVectorizer(sublinear_tf=True, stop_words="english", min_df=2).fit_transform(texts)
+
+
+def term_overlap(nearest: np.ndarray, terms, rows: np.ndarray) -> np.ndarray:
+    """(len(rows),) the mean TF-IDF cosine between each of `rows`' documents and its nearest others (`nearest`,
+    (rows, k) row numbers by a model's vectors; `terms`, term_vectors of every document)."""
+    k = nearest.shape[1]
+    asking = terms[np.repeat(rows, k)]  # (rows * k, terms): each document once per neighbour
+    return np.asarray(asking.multiply(terms[nearest.ravel()]).sum(axis=1)).reshape(len(rows), k).mean(axis=1)
 
 
 def effective_rank(x: np.ndarray) -> float:

@@ -136,3 +136,20 @@ def test_a_candidate_cannot_vote_for_itself_by_its_grouping():
     nearest = [pool.neighbour_rankings(x, np.arange(60), depth=5) for x in models]
     assert np.allclose(pool.cluster_purity(models, np.arange(60), clusters=3, k=5, seeds=[0, 1], nearest=nearest),
                        pool.cluster_purity(models, np.arange(60), clusters=3, k=5, seeds=[0, 1]))
+
+
+def test_term_overlap_is_the_tfidf_cosine_with_each_documents_nearest_others():
+    texts = ["cats sit on mats", "cats like mats", "stocks fell on markets", "markets rose", "cats watch markets"]
+    terms = pool.term_vectors(texts)  # cats, mats, markets: the terms in two documents or more
+    assert terms.shape == (5, 3)
+    nearest = np.array([[1, 2], [0, 4], [3, 4]])  # (rows, k) by some model's vectors
+    overlap = pool.term_overlap(nearest, terms, np.array([0, 1, 2]))
+    cosine = (terms @ terms.T).toarray()
+    assert np.allclose(overlap, [(cosine[0, 1] + cosine[0, 2]) / 2, (cosine[1, 0] + cosine[1, 4]) / 2,
+                                 (cosine[2, 3] + cosine[2, 4]) / 2])
+    assert np.isclose(cosine[0, 1], 1.0) and cosine[0, 2] == 0  # the same two terms; no term shared
+    vectors = np.eye(5)[[0, 0, 1, 1, 2]] + 0.1 * np.arange(5)[:, None]  # groups {0, 1}, {2, 3}, {4}
+    apart = np.eye(5)[[0, 1, 0, 1, 2]] + 0.1 * np.arange(5)[:, None]  # the cats with the markets
+    grouped, mixed = (pool.term_overlap(pool.neighbour_rankings(x, np.arange(5), 1), terms, np.arange(5)).mean()
+                      for x in (vectors, apart))
+    assert grouped > mixed
