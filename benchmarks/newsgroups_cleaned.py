@@ -1,0 +1,71 @@
+"""Is a model's kNN lead on 20 Newsgroups its topic grouping, or the posts' headers? The yardsticks pool re-judged.
+
+Each model of a stored `benchmarks/yardsticks.py` run on 20 Newsgroups (--store: its store) embeds the posts again
+with attribution lines ("... writes:"), quoted lines (starting with >, | or :) and e-mail addresses removed (the rule
+fixed before any result was read), at the evaluate stage's 128 tokens; kNN accuracy (k 10, ten 90/10 splits, the
+labels) on those, beside the stored raw posts' kNN; then every yardstick's Kendall tau and one-sided permutation p
+against the cleaned kNN, from the yardsticks run's final JSON line (--scores: a file holding its output).
+Usage:
+    python benchmarks/newsgroups_cleaned.py --store DIR --scores FILE [--docs 2000]
+Prints a line per model and per yardstick, then ONE final line of JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import numpy as np
+from scipy import stats
+from select_recipe import evaluated_model
+from yardsticks import permutation_tau, pooled, stored_run
+
+from storage.base import ArtifactRef
+from storage.catalog import Catalog
+from storage.store import ArtifactStore
+from tasks.encoders.encode import encoder_at
+from tasks.metrics.knn import knn_accuracy_splits
+
+ATTRIBUTION = re.compile(r"(^|\n)[^\n]*(writes|wrote|says|said)\s*:[ \t]*(?=\n|$)", re.I)
+QUOTED = (">", "|", ":")
+
+
+def cleaned(text: str) -> str:
+    """The post without attribution lines, quoted lines and e-mail addresses (the post itself where nothing is left)."""
+    kept = "\n".join(line for line in ATTRIBUTION.sub("\n", text).splitlines() if not line.lstrip().startswith(QUOTED))
+    return re.sub(r"\s+", " ", re.sub(r"\S+@\S+", " ", kept)).strip() or text
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--store", required=True)
+    p.add_argument("--scores", required=True, help="a file ending with benchmarks/yardsticks.py's JSON line")
+    p.add_argument("--docs", type=int, default=2000)
+    args = p.parse_args()
+    store = ArtifactStore(args.store)
+    catalog = Catalog(store)
+    models = pooled(store, catalog, stored_run(catalog, "newsgroups", "titles", args.docs))
+    labels = sorted(models)
+    roles = models[labels[0]]["manifest"]["input_roles"]
+    posts = store.read_table(ArtifactRef("ingest", roles["documents"]), "documents", columns=["text", "label"])
+    texts, y = [cleaned(t) for t in posts["text"].to_pylist()], np.array(posts["label"].to_pylist())
+    raw, clean = {}, {}
+    for m in labels:
+        source = evaluated_model(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
+        vectors = encoder_at(source, "cpu", models[m]["pooling"]).encode(texts, max_length=128)
+        raw[m] = float(np.mean(knn_accuracy_splits(models[m]["docs"], y, 10, 0.1, range(10))))
+        clean[m] = float(np.mean(knn_accuracy_splits(vectors, y, 10, 0.1, range(10))))
+        print(f"  {m:<40} kNN raw {raw[m]:.4f}  cleaned {clean[m]:.4f}", flush=True)
+    truth = np.array([clean[m] for m in labels])
+    row = json.loads(open(args.scores).read().strip().splitlines()[-1])
+    scores = next(c for c in row["corpora"] if c["corpus"] == "newsgroups")["scores"]
+    tau = {y_: permutation_tau(truth, np.array([s[m] for m in labels]), 10_000) for y_, s in scores.items()}
+    for y_, (t, pv) in tau.items():
+        print(f"  {y_:<18} tau {t:+.2f} (p {pv:.4f}) against the cleaned kNN")
+    agreement = float(stats.kendalltau([raw[m] for m in labels], truth).statistic)
+    print(json.dumps(dict(raw=raw, cleaned=clean, raw_against_cleaned=agreement,
+                          tau={y_: t for y_, (t, _) in tau.items()}, p={y_: pv for y_, (_, pv) in tau.items()})))
+
+
+if __name__ == "__main__":
+    main()
