@@ -183,9 +183,9 @@ def check_splade_base(cfg: PipelineConfig) -> None:
               if m.family == "sparse" and m.sparse.kind == "splade"]
     if cfg.select and "sparse" in cfg.select.families and cfg.select.sparse.kind == "splade":
         wanted.append("select.sparse.kind")
-    name = cfg.model.name_or_path
     if not wanted or cfg.model.random_init:
         return
+    name = cfg.model.name_or_path
     if is_gguf_model(name):
         raise ConfigError(f"{wanted[0]}: splade, but {name} is a GGUF LLM, a decoder without a masked-LM head; use "
                           "sparse.kind csr")

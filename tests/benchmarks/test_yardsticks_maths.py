@@ -53,6 +53,6 @@ def test_every_pool_holds_the_untrained_model_and_distinct_candidates(size, draw
 
 def test_a_post_is_cleaned_of_its_attribution_quotes_and_addresses():
     post = ("In article <1993Apr5.1@host.edu>, someone@host.edu (Some One) writes:\n> a quoted line\n"
-            "|> another\nWhat the poster wrote,\n  in two lines.\nMail me: me@site.org")
+            "|> another\n: and a third\nWhat the poster wrote,\n  in two lines.\nMail me: me@site.org")
     assert cleaned(post) == "What the poster wrote, in two lines. Mail me:"
     assert cleaned("> all quote") == "> all quote"  # nothing left: the post as it is
