@@ -3,8 +3,9 @@
 Each model of a stored `benchmarks/yardsticks.py` run on 20 Newsgroups (--store: its store) embeds the posts again
 with attribution lines ("... writes:"), quoted lines (starting with >, | or :) and e-mail addresses removed (the rule
 fixed before any result was read), at the evaluate stage's 128 tokens; kNN accuracy (k 10, ten 90/10 splits, the
-labels) on those, beside the stored raw posts' kNN; then every yardstick's Kendall tau and one-sided permutation p
-against the cleaned kNN, from the yardsticks run's final JSON line (--scores: a file holding its output).
+labels) on those, beside the raw posts' kNN and every yardstick's scores as the yardsticks run's final JSON line has
+them (--scores: a file holding its output); then each yardstick's Kendall tau and one-sided permutation p against the
+cleaned kNN.
 Usage:
     python benchmarks/newsgroups_cleaned.py --store DIR --scores FILE [--docs 2000]
 Prints a line per model and per yardstick, then ONE final line of JSON.
@@ -46,20 +47,19 @@ def main() -> None:
     catalog = Catalog(store)
     models = pooled(store, catalog, stored_run(catalog, "newsgroups", "titles", args.docs))
     labels = sorted(models)
+    row = json.loads(open(args.scores).read().strip().splitlines()[-1])
+    run = next(c for c in row["corpora"] if c["corpus"] == "newsgroups")
+    raw, clean = run["truth"], {}  # the raw posts' kNN: the mean of the stored run's ten splits
     roles = models[labels[0]]["manifest"]["input_roles"]
     posts = store.read_table(ArtifactRef("ingest", roles["documents"]), "documents", columns=["text", "label"])
     texts, y = [cleaned(t) for t in posts["text"].to_pylist()], np.array(posts["label"].to_pylist())
-    raw, clean = {}, {}
     for m in labels:
         source = evaluated_model(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
         vectors = encoder_at(source, "cpu", models[m]["pooling"]).encode(texts, max_length=128)
-        raw[m] = float(np.mean(knn_accuracy_splits(models[m]["docs"], y, 10, 0.1, range(10))))
         clean[m] = float(np.mean(knn_accuracy_splits(vectors, y, 10, 0.1, range(10))))
         print(f"  {m:<40} kNN raw {raw[m]:.4f}  cleaned {clean[m]:.4f}", flush=True)
     truth = np.array([clean[m] for m in labels])
-    row = json.loads(open(args.scores).read().strip().splitlines()[-1])
-    scores = next(c for c in row["corpora"] if c["corpus"] == "newsgroups")["scores"]
-    tau = {y_: permutation_tau(truth, np.array([s[m] for m in labels]), 10_000) for y_, s in scores.items()}
+    tau = {y_: permutation_tau(truth, np.array([s[m] for m in labels]), 10_000) for y_, s in run["scores"].items()}
     for y_, (t, pv) in tau.items():
         print(f"  {y_:<18} tau {t:+.2f} (p {pv:.4f}) against the cleaned kNN")
     agreement = float(stats.kendalltau([raw[m] for m in labels], truth).statistic)
