@@ -1,11 +1,11 @@
 """Is a model's kNN lead on 20 Newsgroups its topic grouping, or the posts' headers? The yardsticks pool re-judged.
 
 Each model of a stored `benchmarks/yardsticks.py` run on 20 Newsgroups (--store: its store) embeds the posts again
-with attribution lines ("... writes:"), quoted lines (starting with >, | or :) and e-mail addresses removed (the rule
-fixed before any result was read), at the evaluate stage's 128 tokens; kNN accuracy (k 10, ten 90/10 splits, the
-labels) on those, beside the raw posts' kNN and every yardstick's scores as the yardsticks run's final JSON line has
-them (--scores: a file holding its output); then each yardstick's Kendall tau and one-sided permutation p against the
-cleaned kNN.
+with attribution lines ("... writes:"), quoted lines (starting with >, | or :) and e-mail addresses removed
+(`data.strip_mail`'s rule, tasks/ingest.py, fixed before any result was read), at the evaluate stage's 128 tokens;
+kNN accuracy (k 10, ten 90/10 splits, the labels) on those, beside the raw posts' kNN and every yardstick's scores as
+the yardsticks run's final JSON line has them (--scores: a file holding its output); then each yardstick's Kendall
+tau and one-sided permutation p against the cleaned kNN.
 Usage:
     python benchmarks/newsgroups_cleaned.py --store DIR --scores FILE [--docs 2000]
 Prints a line per model and per yardstick, then ONE final line of JSON.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
 import numpy as np
 from scipy import stats
@@ -25,16 +24,8 @@ from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.encoders.encode import encoder_at
+from tasks.ingest import strip_mail
 from tasks.metrics.knn import knn_accuracy_splits
-
-ATTRIBUTION = re.compile(r"(^|\n)[^\n]*(writes|wrote|says|said)\s*:[ \t]*(?=\n|$)", re.I)
-QUOTED = (">", "|", ":")
-
-
-def cleaned(text: str) -> str:
-    """The post without attribution lines, quoted lines and e-mail addresses (the post itself where nothing is left)."""
-    kept = "\n".join(line for line in ATTRIBUTION.sub("\n", text).splitlines() if not line.lstrip().startswith(QUOTED))
-    return re.sub(r"\s+", " ", re.sub(r"\S+@\S+", " ", kept)).strip() or text
 
 
 def main() -> None:
@@ -52,7 +43,7 @@ def main() -> None:
     raw, clean = run["truth"], {}  # the raw posts' kNN: the mean of the stored run's ten splits
     roles = models[labels[0]]["manifest"]["input_roles"]
     posts = store.read_table(ArtifactRef("ingest", roles["documents"]), "documents", columns=["text", "label"])
-    texts, y = [cleaned(t) for t in posts["text"].to_pylist()], np.array(posts["label"].to_pylist())
+    texts, y = [strip_mail(t) for t in posts["text"].to_pylist()], np.array(posts["label"].to_pylist())
     for m in labels:
         source = evaluated_model(store, ArtifactRef("evaluate", models[m]["manifest"]["key"]))
         vectors = encoder_at(source, "cpu", models[m]["pooling"]).encode(texts, max_length=128)

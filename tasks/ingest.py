@@ -3,11 +3,11 @@ documents table. The text column must be there; the id, title, label and split c
 them, and are an error where missing only if the config names them (ids then come from the rows); the log and the
 manifest say what was found.
 
-Output `documents.parquet`: doc_id, title, text, label, split (all strings; title, label, split
-may be null), in input order. The input is read, checked and written in record batches, so memory
-does not grow with the corpus; duplicate ids are then found by DuckDB over an id-only side table.
-Every problem with the input is an `InputError` naming the file, row and field; a row is the
-row of its file (CSV: data row after the header; JSONL: non-blank line), whichever batch it is in.
+Output `documents.parquet`: doc_id, title, text, label, split (all strings; title, label, split may be null), in input
+order; with `data.strip_mail`, the texts without mail boilerplate. The input is read, checked and written in record
+batches, so memory does not grow with the corpus; duplicate ids are then found by DuckDB over an id-only side table.
+Every problem with the input is an `InputError` naming the file, row and field; a row is the row of its file (CSV:
+data row after the header; JSONL: non-blank line), whichever batch it is in.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -259,6 +260,26 @@ def _data_digest(cfg: DataConfig) -> str | None:
     return file_digest(cfg.local) if cfg.local else None
 
 
+# Mail and forum posts (20 Newsgroups, list archives) say who wrote and quote what they answer; a model reads that as
+# much as the post, and groups posts by it (docs/select.md, 20 Newsgroups): `data.strip_mail` removes it.
+ATTRIBUTION = re.compile(r"(^|\n)[^\n]*(writes|wrote|says|said)\s*:[ \t]*(?=\n|$)", re.I)
+QUOTED = (">", "|", ":")
+ADDRESS = re.compile(r"\S+@\S+")
+MAIL_SHARE = 0.1  # documents with an attribution line from which the log suggests `data.strip_mail`
+
+
+def strip_mail(text: str) -> str:
+    """The text without attribution lines, quoted lines and e-mail addresses, its whitespace made single spaces (the
+    text as it is where nothing would be left)."""
+    kept = "\n".join(line for line in ATTRIBUTION.sub("\n", text).splitlines() if not line.lstrip().startswith(QUOTED))
+    return re.sub(r"\s+", " ", ADDRESS.sub(" ", kept)).strip() or text
+
+
+def attributed(texts: pa.ChunkedArray) -> int:
+    """How many of the texts carry an attribution line."""
+    return sum(bool(ATTRIBUTION.search(text)) for text in texts.to_pylist())
+
+
 NUMBER = r"^\s*[-+]?[0-9]+([.,][0-9]+)?\s*$"
 MIN_DOCUMENTS = 2
 
@@ -293,11 +314,11 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
                     out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     work = out.work
     sources: list[str] = []
-    labelled = titled = 0
+    labelled = titled = mail = 0
     texts = Texts()
 
     def checked_batches(ids: pq.ParquetWriter) -> Iterator[pa.Table]:
-        nonlocal labelled, titled
+        nonlocal labelled, titled, mail
         written = 0
         for source, first_row, batch in document_batches(cfg):
             batch = batch.slice(0, cfg.limit - written) if cfg.limit else batch  # `limit`: the first N only
@@ -308,6 +329,10 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
                                 "seq": pa.array(range(written, written + batch.num_rows), pa.int64())}, schema=IDS))
             labelled += batch.num_rows - batch["label"].null_count
             titled += batch.num_rows - batch["title"].null_count
+            mail += attributed(batch["text"])
+            if cfg.strip_mail:
+                batch = batch.set_column(COLUMNS.index("text"), "text",
+                                         pa.array([strip_mail(t) for t in batch["text"].to_pylist()], pa.string()))
             texts.see(batch["text"])
             written += batch.num_rows
             yield batch
@@ -323,12 +348,18 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
         raise InputError(f"{source_name(cfg)}: {problem}")
     if problem := first_duplicate(work / "ids.parquet", sources, work):
         raise InputError(problem)
-    out.extra.update(dataset=cfg.display_name, labelled=labelled, titled=titled)
+    out.extra.update(dataset=cfg.display_name, labelled=labelled, titled=titled, mail=mail)
     allows = [kind for kind, n in (("labels", labelled), ("titles", titled)) if n]
     log.info("%d documents from %s: %d with a title, %d with a label (%s)", rows, cfg.display_name, titled, labelled,
              f"a yardstick can be made of their {' or '.join(allows)}" if allows else
              "no titles or labels: a yardstick can be made of the texts alone (their clusters, an LLM's queries) or of "
              "your queries, `--qrels`")
+    if cfg.strip_mail:
+        log.info("mail boilerplate stripped (data.strip_mail): %d of them had an attribution line", mail)
+    elif mail >= MAIL_SHARE * rows:
+        log.warning("%d of the %d documents carry a mail or forum attribution line (`... writes:`): a model reads who "
+                    "wrote and what they quote as much as the post, and may group them by it; `--set "
+                    "data.strip_mail=true` removes attribution lines, quoted lines and e-mail addresses", mail, rows)
 
 
 INGEST = Stage("ingest", build_documents, extra_key=_data_digest)

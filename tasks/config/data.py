@@ -46,6 +46,11 @@ class DataConfig(Section):
     name: str | None = Field(None, description="Dataset name shown in reports (default: file or dataset name).")
     columns: ColumnMap = Field(default_factory=ColumnMap, description="Which input column is which.")
     limit: int | None = Field(None, gt=0, description="Use only the first N documents (quick trials).")
+    strip_mail: bool = Field(False, description="Remove mail and forum boilerplate from every text before anything "
+                             "reads it: attribution lines (`... writes:`), quoted lines (starting with `>`, `|` or "
+                             "`:`, so Markdown tables too) and e-mail addresses, whitespace made single spaces; a "
+                             "text that would be left empty is kept as it is. The ingest log counts the documents "
+                             "with an attribution line and suggests this where they are many.")
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:

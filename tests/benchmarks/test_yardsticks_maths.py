@@ -1,5 +1,5 @@
 """benchmarks/yardsticks.py's statistics: Kendall's tau-b (as scipy's), its one-sided permutation p, split halves;
-benchmarks/pool_size.py's pools; benchmarks/newsgroups_cleaned.py's cleaning of a post."""
+benchmarks/pool_size.py's pools."""
 
 import sys
 
@@ -10,7 +10,6 @@ from scipy import stats
 from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))  # the benchmarks import each other by their file names
-from newsgroups_cleaned import cleaned  # noqa: E402
 from pool_size import pools_of  # noqa: E402
 from yardsticks import permutation_tau, split_half_tau  # noqa: E402
 
@@ -50,9 +49,3 @@ def test_every_pool_holds_the_untrained_model_and_distinct_candidates(size, draw
     assert len(pools) == len(set(pools)) == count  # all of them where few, else distinct draws
     assert all(p[0] == 0 and len(set(p)) == size and set(p[1:]) <= set(range(1, 13)) for p in pools)
 
-
-def test_a_post_is_cleaned_of_its_attribution_quotes_and_addresses():
-    post = ("In article <1993Apr5.1@host.edu>, someone@host.edu (Some One) writes:\n> a quoted line\n"
-            "|> another\n: and a third\nWhat the poster wrote,\n  in two lines.\nMail me: me@site.org")
-    assert cleaned(post) == "What the poster wrote, in two lines. Mail me:"
-    assert cleaned("> all quote") == "> all quote"  # nothing left: the post as it is

@@ -304,3 +304,36 @@ def test_the_log_says_what_yardstick_the_corpus_allows(tmp_path, load_documents,
            "titles)" in caplog.text
     assert "3 documents from plain: 0 with a title, 0 with a label (no titles or labels: a yardstick can be made of " \
            "the texts alone (their clusters, an LLM's queries) or of your queries, `--qrels`)" in caplog.text
+
+
+POST = ("In article <1993Apr5.1@host.edu>, someone@host.edu (Some One) writes:\n> a quoted line\n"
+        "|> another\n: and a third\nWhat the poster wrote,\n  in two lines.\nMail me: me@site.org")
+
+
+def test_a_post_is_stripped_of_its_attribution_quotes_and_addresses():
+    assert ingest.strip_mail(POST) == "What the poster wrote, in two lines. Mail me:"
+    assert ingest.strip_mail("> all quote") == "> all quote"  # nothing left: the post as it is
+
+
+def test_mail_boilerplate_is_counted_suggested_and_stripped_when_asked(tmp_path, load_documents, caplog):
+    rows = [dict(doc_id="a", text=POST), dict(doc_id="b", text="A plain text.\n> with a quote"),
+            *(dict(doc_id=f"p{i}", text=f"Plain text {i}.") for i in range(8))]
+    pd.DataFrame(rows).to_parquet(tmp_path / "posts.parquet")
+    with caplog.at_level(logging.INFO):
+        as_is = load_documents(cfg(tmp_path / "posts.parquet"))
+    assert as_is["text"].tolist() == [r["text"] for r in rows]
+    assert "1 of the 10 documents carry a mail or forum attribution line" in caplog.text
+    assert "data.strip_mail=true" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        stripped = load_documents(cfg(tmp_path / "posts.parquet", strip_mail=True))
+    assert stripped["text"].tolist()[:3] == ["What the poster wrote, in two lines. Mail me:", "A plain text.",
+                                             "Plain text 0."]
+    assert "mail boilerplate stripped (data.strip_mail): 1 of them had an attribution line" in caplog.text
+    assert "carry a mail" not in caplog.text
+    caplog.clear()
+    fewer = rows[:1] + rows[2:] + [dict(doc_id=i, text=f"More plain text {i}.") for i in "qr"]  # one in eleven
+    pd.DataFrame(fewer).to_parquet(tmp_path / "few.parquet")
+    with caplog.at_level(logging.INFO):
+        load_documents(cfg(tmp_path / "few.parquet"))
+    assert "11 documents from few" in caplog.text and "carry a mail" not in caplog.text
