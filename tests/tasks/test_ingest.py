@@ -3,6 +3,7 @@ import logging
 import re
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from storage.store import ArtifactStore
@@ -313,6 +314,11 @@ POST = ("In article <1993Apr5.1@host.edu>, someone@host.edu (Some One) writes:\n
 def test_a_post_is_stripped_of_its_attribution_quotes_and_addresses():
     assert ingest.strip_mail(POST) == "What the poster wrote, in two lines. Mail me:"
     assert ingest.strip_mail("> all quote") == "> all quote"  # nothing left: the post as it is
+
+
+def test_an_attribution_line_is_counted_as_strip_mail_finds_it():
+    texts = [POST, "Someone WROTE:  \nreply", "He said: yes, on one line.", "Text\nsays :", "Plain.", "A\nB said:"]
+    assert ingest.attributed(pa.chunked_array([texts])) == 4 == sum(bool(ingest.ATTRIBUTION.search(t)) for t in texts)
 
 
 def test_mail_boilerplate_is_counted_suggested_and_stripped_when_asked(tmp_path, load_documents, caplog):
