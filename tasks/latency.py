@@ -1,10 +1,10 @@
-"""Latency: how long one query takes on the CPU, from its text to its ten best documents, for the models of a run
-side by side in one process (tasks/metrics/speed.py's query_seconds), what a deployer weighs between the model
-families beside the index's bytes. Each query is encoded alone (batch 1) with the model's encoder and scored against
-the model's index of the corpus as evaluation scores it: the cosine of one vector a text, a sparse model's dot product
-of its codes, a multi-vector model's MaxSim over the token vectors its embed artifact kept (exact, all documents;
-the index made once, before the clock starts). The queries are the run's held-out ones (the yardstick's titles or
-an LLM's queries, else the queries stage's), their first `queries`.
+"""Latency: how long one query takes on the CPU, from its text to its ten best documents, for the models of a run side
+by side in one process (tasks/metrics/speed.py's query_seconds), what a deployer weighs between the model families
+beside the index's bytes. Each query is encoded alone (batch 1) with the model's encoder and scored against the
+model's index of the corpus as evaluation scores it: the cosine of one vector a text, a sparse model's dot product of
+its codes through their posting lists, a multi-vector model's MaxSim over the token vectors its embed artifact kept
+(exact, all documents; the index made once, before the clock starts). The queries are the run's held-out ones (the
+yardstick's titles or an LLM's queries, else the queries stage's), their first `queries`.
 
 Output `metrics`: each model's `cpu_query_ms`, the median over the queries (`model` is its label; `n` the queries).
 Timings are not reproducible to the digit: the stage is cached like any other, and a new measurement needs a new key
@@ -27,7 +27,7 @@ from tasks.config.base import Section
 from tasks.core import progress
 from tasks.core.held_out import held_out_queries
 from tasks.core.stage import Inputs, Stage
-from tasks.encoders.encode import TokenMeanEncoder, encoder_at
+from tasks.encoders.encode import SparseCodeEncoder, TokenMeanEncoder, encoder_at
 from tasks.encoders.models import model_identity, model_path
 from tasks.metrics import retrieval, speed
 from tasks.search import searcher
@@ -71,6 +71,8 @@ def answer(store: ArtifactStore, job: LatencyJob, label: str, inputs: LatencyInp
     def encoded(query: str) -> retrieval.Texts:
         if isinstance(encoder, TokenMeanEncoder):  # its query's token vectors, every token scoring
             return next(encoder.token_chunks([query], job.max_length, 1, task="query"))[2]
+        if isinstance(encoder, SparseCodeEncoder):  # its active codes, as the index visits them
+            return next(encoder.sparse_chunks([query], job.max_length, 1))[1]
         return encoder.encode([query], job.max_length, 1)
 
     def top(query: str) -> np.ndarray:

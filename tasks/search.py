@@ -1,6 +1,6 @@
 """How a model's queries search its documents: the documents' embed artifact read as the model scores them (one
-vector a text by cosine, a sparse model's codes by their dot product, a multi-vector model's token vectors by MaxSim),
-for the evaluate stage's retrieval and the latency stage's timed queries alike."""
+vector a text by cosine, a sparse model's codes, kept sparse, by their dot product, a multi-vector model's token
+vectors by MaxSim), for the evaluate stage's retrieval and the latency stage's timed queries alike."""
 
 from __future__ import annotations
 
@@ -31,10 +31,13 @@ class Searcher:
 
 def searcher(store: ArtifactStore, docs_emb: ArtifactRef, x: np.ndarray, pooling: str,
              token_mean: bool) -> Searcher | None:
-    """How the model retrieves: by cosine of its vectors (a sparse model's: the dot product of its codes), or a
-    multi-vector model by MaxSim over the token vectors its embed artifacts keep (None where they were not kept: its
-    retrieval is not scored)."""
+    """How the model retrieves: by cosine of its vectors, a sparse model by the dot product of its codes as its embed
+    artifacts keep them (sparse: retrieval.postings_index), or a multi-vector model by MaxSim over the token vectors its
+    embed artifacts keep (None where they were not kept: its retrieval is not scored)."""
     made = store.manifest(docs_emb)
+    if embed.stores_codes(store, docs_emb):  # kept sparse: scored through each dimension's posting list
+        return Searcher(embed.read_codes(store, docs_emb), made["extra"]["similarity"],
+                        lambda queries: embed.read_codes(store, queries))
     if not token_mean:
         return Searcher(x, made["extra"].get("similarity", "cosine"),
                         lambda queries: embed.read_embeddings(store, queries, pooling))

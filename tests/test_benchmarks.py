@@ -181,3 +181,13 @@ def test_select_retrieval_selects_among_families_then_judges_the_answer_on_queri
         versus = model["versus_base"]
         assert versus["low"] <= versus["mean"] <= versus["high"]
         assert versus["mean"] == pytest.approx(model["ndcg_at_10"] - judged["base"]["ndcg_at_10"], abs=1e-9)
+
+
+def test_sparse_search_compares_posting_lists_with_dense_rows_on_the_same_scores():
+    out = json.loads(benchmark("sparse_search.py", "--widths", "300,40", "--docs", "50", "--active", "5",
+                               "--query-active", "3", "--queries", "4", "--rounds", "2"))
+    assert [r["width"] for r in out["results"]] == [300, 40] and (out["queries"], out["rounds"]) == (4, 2)
+    for r in out["results"]:
+        assert set(r["ms_per_query"]) == {"postings", "dense rows"} and r["speedup"] > 0
+        assert all(len(rounds) == 2 and min(rounds) > 0 for rounds in r["rounds_ms"].values())
+        assert r["max_score_difference"] <= 1e-4  # the same scores, or it stops

@@ -23,7 +23,13 @@ def cosines(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
 # How a model scores a query against a document: the cosine of one vector a text, the dot product of a sparse
 # model's codes, or a multi-vector model's MaxSim over each text's (tokens, dim) token vectors.
 SIMILARITIES = ("cosine", "dot", "maxsim")
-Texts = np.ndarray | list[np.ndarray]  # (texts, dim) vectors, or for maxsim each text's (tokens, dim) token vectors
+# (texts, dim) vectors (a sparse model's codes may stay a sparse matrix), or for maxsim each text's token vectors
+Texts = np.ndarray | sparse.csr_matrix | list[np.ndarray]
+
+
+def count(texts: Texts) -> int:
+    """How many texts (a sparse matrix has no len)."""
+    return texts.shape[0] if sparse.issparse(texts) else len(texts)
 
 
 def block_scores(queries: Texts, docs: Texts, similarity: str = "cosine") -> Callable[[slice], np.ndarray]:
@@ -40,12 +46,30 @@ def scorer(docs: Texts, similarity: str = "cosine", query_tokens: int = 1
     index serves queries (tasks/latency.py times them one at a time)."""
     if similarity == "maxsim":
         return maxsim_index(docs, query_tokens)
+    if sparse.issparse(docs):
+        if similarity != "dot":
+            raise ValueError(f"a sparse model's codes are scored by their dot product, not by {similarity}")
+        return postings_index(docs)
     rows = unit_rows if similarity == "cosine" else lambda v, dtype: np.asarray(v, dtype=dtype)
     d = rows(docs, np.float32)
 
     def of(queries: Texts) -> Callable[[slice], np.ndarray]:
         q = rows(queries, np.float32)
         return lambda block: cosines(q[block], d)
+
+    return of
+
+
+def postings_index(docs: sparse.csr_matrix) -> Callable[[Texts], Callable[[slice], np.ndarray]]:
+    """A sparse model's codes ready for their dot product as an inverted index gives it: each dimension's posting list
+    (the documents where it is active, with their weights), so a query visits only the documents that share one of its
+    active dimensions, not every dimension of every document. A function of a query set (sparse or dense rows) that
+    gives its block scores."""
+    postings = sparse.csr_matrix(docs.T, dtype=np.float32)  # (dim, docs): a row per dimension, its posting list
+
+    def of(queries: Texts) -> Callable[[slice], np.ndarray]:
+        q = sparse.csr_matrix(queries, dtype=np.float32)  # (queries, dim)
+        return lambda block: nan_last((q[block] @ postings).toarray())  # (block, docs)
 
     return of
 
@@ -113,9 +137,9 @@ def relevant_ranks(queries: Texts, docs: Texts, relevant: np.ndarray, block_byte
     """The rank (by `similarity`; ties against it) of each query's relevant document among all `docs`, queries
     scored in blocks so the scores and their comparison stay under `block_bytes`."""
     scores_of = block_scores(queries, docs, similarity)
-    ranks = np.empty(len(queries), dtype=np.int64)
-    step = block_rows(len(docs), 5, block_bytes)  # float32 scores + the bool comparison
-    for start in range(0, len(queries), step):
+    ranks = np.empty(count(queries), dtype=np.int64)
+    step = block_rows(count(docs), 5, block_bytes)  # float32 scores + the bool comparison
+    for start in range(0, count(queries), step):
         scores = scores_of(slice(start, start + step))  # (block, docs)
         own = scores[np.arange(len(scores)), relevant[start : start + step]]  # (block,)
         ranks[start : start + step] = ranks_of_own(scores, own)
@@ -154,12 +178,12 @@ def qrels_ranks(queries: Texts, docs: Texts, query_rows: np.ndarray, doc_rows: n
     """set_ranks with the relevant documents given as pairs: query `query_rows[i]` finds document `doc_rows[i]`
     (row numbers). Every query needs at least one."""
     relevant = sparse.csr_matrix((np.ones(len(query_rows), dtype=bool), (query_rows, doc_rows)),
-                                 shape=(len(queries), len(docs)))
+                                 shape=(count(queries), count(docs)))
     relevant.sum_duplicates()  # a pair given twice is one relevant document
     counts = np.diff(relevant.indptr)  # (queries,)
     if (counts == 0).any():
         raise ValueError("a query has no relevant document")
-    return set_ranks(block_scores(queries, docs, similarity), len(docs), lambda block: relevant[block].toarray(),
+    return set_ranks(block_scores(queries, docs, similarity), count(docs), lambda block: relevant[block].toarray(),
                      counts, k, block_bytes)
 
 

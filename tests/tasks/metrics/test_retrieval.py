@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy import sparse
 from sentence_transformers.util import maxsim
 
 from tasks.metrics import BLOCK_BYTES
@@ -84,6 +85,24 @@ def test_a_sparse_model_ranks_by_the_dot_product_of_its_codes_not_their_cosine()
         assert qrels_ranks(query, docs, np.array([0]), np.array([0]), similarity=similarity)[0].tolist() == [rank]
         assert same_label_ranks(query, docs, np.array(["a"]), np.array(["a", "b"]),
                                 similarity=similarity)[0].tolist() == [rank]
+
+
+def test_sparse_codes_kept_sparse_score_and_rank_as_their_dense_rows():
+    rng = np.random.default_rng(2)
+    active = rng.random((40, 300)) < 0.03  # about 9 of 300 dimensions a text, some texts sharing none
+    docs = np.where(active, rng.random((40, 300)), 0).astype(np.float32)
+    queries = np.where(rng.random((7, 300)) < 0.05, rng.random((7, 300)), 0).astype(np.float32)
+    index = scorer(sparse.csr_matrix(docs), "dot")
+    for asked in (queries, sparse.csr_matrix(queries)):  # a query set as dense rows (a test) or codes (the store)
+        np.testing.assert_allclose(index(asked)(slice(0, 7)), queries @ docs.T, rtol=1e-6, atol=1e-6)
+    own = rng.integers(0, 40, 7)
+    assert relevant_ranks(sparse.csr_matrix(queries), sparse.csr_matrix(docs), own, similarity="dot").tolist() == \
+        relevant_ranks(queries, docs, own, similarity="dot").tolist()
+    kept = qrels_ranks(sparse.csr_matrix(queries), sparse.csr_matrix(docs), np.arange(7), own, similarity="dot")
+    for got, want in zip(kept, qrels_ranks(queries, docs, np.arange(7), own, similarity="dot")):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="dot product, not by cosine"):
+        scorer(sparse.csr_matrix(docs), "cosine")
 
 
 def test_ndcg_recall_and_mrr_at_10_from_ranks():
