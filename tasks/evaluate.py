@@ -255,7 +255,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     # A multi-vector model's one vector is its mean token vector (tasks/encoders/encode.py's TokenMeanEncoder): what
     # kNN, STS and geometry read, but not what it retrieves by: MaxSim over its token vectors.
     token_mean = out.extra["token_mean"] = bool(store.manifest(docs_emb)["extra"].get("token_mean"))
-    search = searcher(store, docs_emb, x, job.pooling, token_mean)
+    search = searcher(store, docs_emb, job.pooling, token_mean, x)
     if search is None and (inputs.query_embeddings or inputs.yardstick):
         log.warning("a multi-vector model embedded without its token vectors: its held-out query and yardstick "
                     "retrieval is not scored (not from its mean token vector either)")

@@ -22,7 +22,6 @@ import numpy as np
 from storage.base import ArtifactRef
 from storage.catalog import metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
-from tasks import embed
 from tasks.config.base import Section
 from tasks.core import progress
 from tasks.core.held_out import held_out_queries
@@ -61,7 +60,7 @@ def answer(store: ArtifactStore, job: LatencyJob, label: str, inputs: LatencyInp
     model = job.models[label]
     docs = inputs.embeddings[label]
     token_mean = bool(store.manifest(docs)["extra"].get("token_mean"))
-    search = searcher(store, docs, embed.read_embeddings(store, docs, model.pooling), model.pooling, token_mean)
+    search = searcher(store, docs, model.pooling, token_mean)
     if search is None:
         return None
     ref = inputs.models[label]

@@ -17,8 +17,9 @@ from tasks.metrics import retrieval
 
 @dataclass(frozen=True)
 class Searcher:
-    """How a model's queries find its documents: the documents as it scores them (one vector a text, or each text's
-    token vectors), by its similarity (retrieval.SIMILARITIES), and how a query set's embed artifact is read."""
+    """How a model's queries find its documents: the documents as it scores them (one vector a text, a sparse model's
+    codes kept sparse, or each text's token vectors), by its similarity (retrieval.SIMILARITIES), and how a query
+    set's embed artifact is read."""
 
     docs: retrieval.Texts
     similarity: str
@@ -29,17 +30,19 @@ class Searcher:
         return retrieval.relevant_ranks(self.read(queries), self.docs, own, similarity=self.similarity)
 
 
-def searcher(store: ArtifactStore, docs_emb: ArtifactRef, x: np.ndarray, pooling: str,
-             token_mean: bool) -> Searcher | None:
+def searcher(store: ArtifactStore, docs_emb: ArtifactRef, pooling: str, token_mean: bool,
+             x: np.ndarray | None = None) -> Searcher | None:
     """How the model retrieves: by cosine of its vectors, a sparse model by the dot product of its codes as its embed
     artifacts keep them (sparse: retrieval.postings_index), or a multi-vector model by MaxSim over the token vectors its
-    embed artifacts keep (None where they were not kept: its retrieval is not scored)."""
+    embed artifacts keep (None where they were not kept: its retrieval is not scored). `x`: the documents' vectors
+    where the caller has read them already (else read here, where they are needed)."""
     made = store.manifest(docs_emb)
     if embed.stores_codes(store, docs_emb):  # kept sparse: scored through each dimension's posting list
         return Searcher(embed.read_codes(store, docs_emb), made["extra"]["similarity"],
                         lambda queries: embed.read_codes(store, queries))
     if not token_mean:
-        return Searcher(x, made["extra"].get("similarity", "cosine"),
+        return Searcher(embed.read_embeddings(store, docs_emb, pooling) if x is None else x,
+                        made["extra"].get("similarity", "cosine"),
                         lambda queries: embed.read_embeddings(store, queries, pooling))
     if not made["config"].get("token_vectors"):
         return None

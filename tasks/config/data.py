@@ -49,8 +49,9 @@ class DataConfig(Section):
     strip_mail: bool = Field(False, description="Remove mail and forum boilerplate from every text before anything "
                              "reads it: attribution lines (`... writes:`), quoted lines (starting with `>`, `|` or "
                              "`:`, so Markdown tables too) and e-mail addresses, whitespace made single spaces; a "
-                             "text that would be left empty is kept as it is. The ingest log counts the documents "
-                             "with an attribution line and suggests this where they are many.")
+                             "text that would be left empty is kept as it is (an attribution line ending in a "
+                             "Windows \\r\\n is kept: the rule as measured on 20 Newsgroups). The ingest log "
+                             "counts the documents with an attribution line and suggests this where they are many.")
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:

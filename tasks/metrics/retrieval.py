@@ -27,7 +27,7 @@ SIMILARITIES = ("cosine", "dot", "maxsim")
 Texts = np.ndarray | sparse.csr_matrix | list[np.ndarray]
 
 
-def count(texts: Texts) -> int:
+def text_count(texts: Texts) -> int:
     """How many texts (a sparse matrix has no len)."""
     return texts.shape[0] if sparse.issparse(texts) else len(texts)
 
@@ -54,7 +54,7 @@ def scorer(docs: Texts, similarity: str = "cosine", query_tokens: int = 1
     d = rows(docs, np.float32)
 
     def of(queries: Texts) -> Callable[[slice], np.ndarray]:
-        q = rows(queries, np.float32)
+        q = rows(queries.toarray() if sparse.issparse(queries) else queries, np.float32)
         return lambda block: cosines(q[block], d)
 
     return of
@@ -137,9 +137,9 @@ def relevant_ranks(queries: Texts, docs: Texts, relevant: np.ndarray, block_byte
     """The rank (by `similarity`; ties against it) of each query's relevant document among all `docs`, queries
     scored in blocks so the scores and their comparison stay under `block_bytes`."""
     scores_of = block_scores(queries, docs, similarity)
-    ranks = np.empty(count(queries), dtype=np.int64)
-    step = block_rows(count(docs), 5, block_bytes)  # float32 scores + the bool comparison
-    for start in range(0, count(queries), step):
+    ranks = np.empty(text_count(queries), dtype=np.int64)
+    step = block_rows(text_count(docs), 5, block_bytes)  # float32 scores + the bool comparison
+    for start in range(0, text_count(queries), step):
         scores = scores_of(slice(start, start + step))  # (block, docs)
         own = scores[np.arange(len(scores)), relevant[start : start + step]]  # (block,)
         ranks[start : start + step] = ranks_of_own(scores, own)
@@ -178,12 +178,12 @@ def qrels_ranks(queries: Texts, docs: Texts, query_rows: np.ndarray, doc_rows: n
     """set_ranks with the relevant documents given as pairs: query `query_rows[i]` finds document `doc_rows[i]`
     (row numbers). Every query needs at least one."""
     relevant = sparse.csr_matrix((np.ones(len(query_rows), dtype=bool), (query_rows, doc_rows)),
-                                 shape=(count(queries), count(docs)))
+                                 shape=(text_count(queries), text_count(docs)))
     relevant.sum_duplicates()  # a pair given twice is one relevant document
     counts = np.diff(relevant.indptr)  # (queries,)
     if (counts == 0).any():
         raise ValueError("a query has no relevant document")
-    return set_ranks(block_scores(queries, docs, similarity), count(docs), lambda block: relevant[block].toarray(),
+    return set_ranks(block_scores(queries, docs, similarity), text_count(docs), lambda block: relevant[block].toarray(),
                      counts, k, block_bytes)
 
 

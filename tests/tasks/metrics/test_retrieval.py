@@ -95,6 +95,8 @@ def test_sparse_codes_kept_sparse_score_and_rank_as_their_dense_rows():
     index = scorer(sparse.csr_matrix(docs), "dot")
     for asked in (queries, sparse.csr_matrix(queries)):  # a query set as dense rows (a test) or codes (the store)
         np.testing.assert_allclose(index(asked)(slice(0, 7)), queries @ docs.T, rtol=1e-6, atol=1e-6)
+        # codes asked of an index of dense rows (an artifact from before codes were kept) score the same
+        np.testing.assert_allclose(scorer(docs, "dot")(asked)(slice(0, 7)), queries @ docs.T, rtol=1e-6, atol=1e-6)
     own = rng.integers(0, 40, 7)
     assert relevant_ranks(sparse.csr_matrix(queries), sparse.csr_matrix(docs), own, similarity="dot").tolist() == \
         relevant_ranks(queries, docs, own, similarity="dot").tolist()
