@@ -4,10 +4,10 @@ them, and are an error where missing only if the config names them (ids then com
 manifest say what was found.
 
 Output `documents.parquet`: doc_id, title, text, label, split (all strings; title, label, split may be null), in input
-order; with `data.strip_mail`, the texts without mail boilerplate. The input is read, checked and written in record
-batches, so memory does not grow with the corpus; duplicate ids are then found by DuckDB over an id-only side table.
-Every problem with the input is an `InputError` naming the file, row and field; a row is the row of its file (CSV:
-data row after the header; JSONL: non-blank line), whichever batch it is in.
+order; with `data.strip_mail`, the texts without who wrote them (and with `data.strip_quotes`, what they quote). The
+input is read, checked and written in record batches, so memory does not grow with the corpus; duplicate ids are then
+found by DuckDB over an id-only side table. Every problem with the input is an `InputError` naming the file, row and
+field; a row is the row of its file (CSV: data row after the header; JSONL: non-blank line), whichever batch it is in.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def _data_digest(cfg: DataConfig) -> str | None:
 
 
 # Mail and forum posts (20 Newsgroups, list archives) say who wrote and quote what they answer; a model reads that as
-# much as the post, and groups posts by it (docs/select.md, 20 Newsgroups): `data.strip_mail` removes it.
+# much as the post, and groups posts by who wrote (docs/select.md, 20 Newsgroups): `data.strip_mail` removes that.
 ATTRIBUTION_END = r"(writes|wrote|says|said)\s*:[ \t]*"  # (not before a \r\n: the rule as measured)
 ATTRIBUTION = re.compile(r"(^|\n)[^\n]*" + ATTRIBUTION_END + r"(?=\n|$)", re.I)
 QUOTED = (">", "|", ":")
@@ -269,11 +269,13 @@ ADDRESS = re.compile(r"\S+@\S+")
 MAIL_SHARE = 0.1  # documents with an attribution line from which the log suggests `data.strip_mail`
 
 
-def strip_mail(text: str) -> str:
-    """The text without attribution lines, quoted lines and e-mail addresses, its whitespace made single spaces (the
-    text as it is where nothing would be left)."""
-    kept = "\n".join(line for line in ATTRIBUTION.sub("\n", text).splitlines() if not line.lstrip().startswith(QUOTED))
-    return re.sub(r"\s+", " ", ADDRESS.sub(" ", kept)).strip() or text
+def strip_mail(text: str, quotes: bool = False, senders: bool = True) -> str:
+    """The text without attribution lines and e-mail addresses (`senders`) and with `quotes` without quoted lines, its
+    whitespace made single spaces (the text as it is where nothing would be left)."""
+    kept = ATTRIBUTION.sub("\n", text) if senders else text
+    if quotes:
+        kept = "\n".join(line for line in kept.splitlines() if not line.lstrip().startswith(QUOTED))
+    return re.sub(r"\s+", " ", ADDRESS.sub(" ", kept) if senders else kept).strip() or text
 
 
 def attributed(texts: pa.ChunkedArray) -> int:
@@ -334,7 +336,8 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
             with_attribution += attributed(batch["text"])
             if cfg.strip_mail:
                 batch = batch.set_column(COLUMNS.index("text"), "text",
-                                         pa.array([strip_mail(t) for t in batch["text"].to_pylist()], pa.string()))
+                                         pa.array([strip_mail(t, cfg.strip_quotes) for t in batch["text"].to_pylist()],
+                                                  pa.string()))
             texts.see(batch["text"])
             written += batch.num_rows
             yield batch
@@ -357,11 +360,12 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
              "no titles or labels: a yardstick can be made of the texts alone (their clusters, an LLM's queries) or of "
              "your queries, `--qrels`")
     if cfg.strip_mail:
-        log.info("mail boilerplate stripped (data.strip_mail): %d of them had an attribution line", with_attribution)
+        log.info("who wrote stripped (data.strip_mail%s): %d of them had an attribution line",
+                 ", and quoted lines: data.strip_quotes" if cfg.strip_quotes else "", with_attribution)
     elif with_attribution >= MAIL_SHARE * rows:
         log.warning("%d of the %d documents carry a mail or forum attribution line (`... writes:`): a model reads who "
                     "wrote and what they quote as much as the post, and may group them by it; `--set "
-                    "data.strip_mail=true` removes attribution lines, quoted lines and e-mail addresses",
+                    "data.strip_mail=true` removes attribution lines and e-mail addresses",
                     with_attribution, rows)
 
 

@@ -312,8 +312,10 @@ POST = ("In article <1993Apr5.1@host.edu>, someone@host.edu (Some One) writes:\n
 
 
 def test_a_post_is_stripped_of_its_attribution_quotes_and_addresses():
-    assert ingest.strip_mail(POST) == "What the poster wrote, in two lines. Mail me:"
-    assert ingest.strip_mail("> all quote") == "> all quote"  # nothing left: the post as it is
+    assert ingest.strip_mail(POST, quotes=True) == "What the poster wrote, in two lines. Mail me:"
+    assert ingest.strip_mail(POST) == "> a quoted line |> another : and a third What the poster wrote, in two lines. " \
+                                      "Mail me:"
+    assert ingest.strip_mail("> all quote", quotes=True) == "> all quote"  # nothing left: the post as it is
 
 
 def test_an_attribution_line_is_counted_as_strip_mail_finds_it():
@@ -332,12 +334,17 @@ def test_mail_boilerplate_is_counted_suggested_and_stripped_when_asked(tmp_path,
     assert "data.strip_mail=true" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        stripped = load_documents(cfg(tmp_path / "posts.parquet", strip_mail=True))
+        senders = load_documents(cfg(tmp_path / "posts.parquet", strip_mail=True))
+        stripped = load_documents(cfg(tmp_path / "posts.parquet", strip_mail=True, strip_quotes=True))
+    assert senders["text"].tolist()[:3] == [ingest.strip_mail(POST), "A plain text. > with a quote", "Plain text 0."]
     assert stripped["text"].tolist()[:3] == ["What the poster wrote, in two lines. Mail me:", "A plain text.",
                                              "Plain text 0."]
-    assert "mail boilerplate stripped (data.strip_mail): 1 of them had an attribution line" in caplog.text
+    assert "who wrote stripped (data.strip_mail): 1 of them had an attribution line" in caplog.text
+    assert "who wrote stripped (data.strip_mail, and quoted lines: data.strip_quotes): 1 of them" in caplog.text
     assert "carry a mail" not in caplog.text
     caplog.clear()
+    with pytest.raises(ValueError, match="strip_quotes: removes quoted lines with `strip_mail`"):
+        cfg(tmp_path / "posts.parquet", strip_quotes=True)
     fewer = rows[:1] + rows[2:] + [dict(doc_id=i, text=f"More plain text {i}.") for i in "qr"]  # one in eleven
     pd.DataFrame(fewer).to_parquet(tmp_path / "few.parquet")
     with caplog.at_level(logging.INFO):
