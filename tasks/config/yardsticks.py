@@ -107,7 +107,9 @@ YARDSTICKS = {
                   "accuracy at 2,000 documents of the demo's OHSUMED, arXiv 2007, medical abstracts and 20 Newsgroups, "
                   "13 candidates each as select makes them (median +0.68): the highest of the label-free kinds on the "
                   "first three (titles +0.36, +0.12, +0.36), and on 20 Newsgroups, where the labels favour TSDAE and "
-                  "every label-free kind ranks it low, below chance as all of them (titles -0.51); median +0.50 at 400 "
+                  "every label-free kind ranks it low, below chance as all of them (titles -0.51; +0.41, p 0.031, "
+                  "against kNN on those posts without their attribution lines, which misled the contrastive models); "
+                  "median +0.50 at 400 "
                   "documents of four corpora (benchmarks/yardsticks.py, 2026-12-02 to 2026-12-07)"),
 }
 KINDS = tuple(YARDSTICKS)
