@@ -70,5 +70,6 @@ def main() -> None:
                           tau={r: {y_: t for y_, (t, _) in v.items()} for r, v in tau.items()},
                           p={r: {y_: pv for y_, (_, pv) in v.items()} for r, v in tau.items()})))
 
+
 if __name__ == "__main__":
     main()

@@ -260,8 +260,8 @@ def _data_digest(cfg: DataConfig) -> str | None:
     return file_digest(cfg.local) if cfg.local else None
 
 
-# Mail and forum posts (20 Newsgroups, list archives) say who wrote and quote what they answer; a model reads that as
-# much as the post, and groups posts by who wrote (docs/select.md, 20 Newsgroups): `data.strip_mail` removes that.
+# Mail and forum posts (20 Newsgroups, list archives) say who wrote them; a model groups them by that as much as by
+# topic (docs/select.md, 20 Newsgroups): `data.strip_mail` removes it. What they quote is mostly topic, and kept.
 ATTRIBUTION_END = r"(writes|wrote|says|said)\s*:[ \t]*"  # (not before a \r\n: the rule as measured)
 ATTRIBUTION = re.compile(r"(^|\n)[^\n]*" + ATTRIBUTION_END + r"(?=\n|$)", re.I)
 QUOTED = (">", "|", ":")
@@ -363,9 +363,9 @@ def build_documents(store: ArtifactStore, cfg: DataConfig, inputs: NoInputs,
         log.info("who wrote stripped (data.strip_mail%s): %d of them had an attribution line",
                  ", and quoted lines: data.strip_quotes" if cfg.strip_quotes else "", with_attribution)
     elif with_attribution >= MAIL_SHARE * rows:
-        log.warning("%d of the %d documents carry a mail or forum attribution line (`... writes:`): a model reads who "
-                    "wrote and what they quote as much as the post, and may group them by it; `--set "
-                    "data.strip_mail=true` removes attribution lines and e-mail addresses",
+        log.warning("%d of the %d documents carry a mail or forum attribution line (`... writes:`): a model may group "
+                    "them by who wrote rather than by topic; `--set data.strip_mail=true` removes attribution lines "
+                    "and e-mail addresses",
                     with_attribution, rows)
 
 

@@ -109,8 +109,8 @@ YARDSTICKS = {
                   "first three (titles +0.36, +0.12, +0.36), and on 20 Newsgroups, where the labels favour TSDAE and "
                   "every label-free kind ranks it low, below chance as all of them (titles -0.51; +0.41, p 0.031, "
                   "against kNN on those posts without their attribution lines, which misled the contrastive models); "
-                  "median +0.50 at 400 "
-                  "documents of four corpora (benchmarks/yardsticks.py, 2026-12-02 to 2026-12-07)"),
+                  "median +0.50 at 400 documents of four corpora (benchmarks/yardsticks.py, 2026-12-02 to "
+                  "2026-12-07)"),
 }
 KINDS = tuple(YARDSTICKS)
 TEXT_QUERIES = ("titles", "queries")  # where a consensus's queries come from, in this order
