@@ -185,6 +185,13 @@ def read_embeddings(store: ArtifactStore, ref: ArtifactRef, pooling: str, layer:
     return out
 
 
+def read_vectors(store: ArtifactStore, ref: ArtifactRef, pooling: str, layer: int | None = None
+                 ) -> np.ndarray | sparse.csr_matrix:
+    """One vector a text as its model scores it: a sparse model's codes kept sparse (read_codes), else read_embeddings'
+    dense rows."""
+    return read_codes(store, ref) if stores_codes(store, ref) else read_embeddings(store, ref, pooling, layer)
+
+
 def stores_codes(store: ArtifactStore, ref: ArtifactRef) -> bool:
     """Whether an embed artifact holds a sparse model's codes (its `indices` and `values`), by its file's schema: one
     made before the embed stage stored them so holds the codes under each pooling, as a dense model's vectors."""

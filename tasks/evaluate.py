@@ -4,7 +4,9 @@ embedding geometry, a t-SNE map and the learning curve.
 Inputs: `documents`; `embeddings` (the documents' embed artifact); `sts_embeddings` (the STS
 pairs' embed artifact) when `sts` is set; `model`, the train or init artifact holding the model,
 if any (its learning curve is reported). The vectors come
-from the embeddings cache (tasks/embed.py), so nothing is encoded here. Output `metrics.parquet`
+from the embeddings cache (tasks/embed.py), so nothing is encoded here; a sparse model's codes are read once and kept
+sparse (kNN, geometry, retrieval and the yardsticks score them so), made dense only for a t-SNE map's sample and the
+clusters yardstick's vectors. Output `metrics.parquet`
 (storage.METRICS_SCHEMA, one row per score), `sts_pairs.parquet` (each STS pair's gold score and
 cosine, when `sts` is set) and PNG pictures next to it.
 """
@@ -17,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pydantic import Field
+from scipy import sparse
 
 from storage.base import ArtifactRef
 from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, YARDSTICK_TOP, metrics_table
@@ -32,7 +35,7 @@ from tasks.core.stage import Stage
 from tasks.encoders.encode import POOLINGS
 from tasks.encoders.models import trained_ref
 from tasks.methods import health
-from tasks.metrics import geometry, knn, pool, retrieval, sts
+from tasks.metrics import dense, geometry, knn, pool, retrieval, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import PER_SPLIT, POINTS
@@ -96,7 +99,7 @@ def learning_curve_rows(store: ArtifactStore, model_ref: ArtifactRef | None) -> 
             for s, a in zip(steps["step"], steps["knn_accuracy"])]
 
 
-def training_health_rows(store: ArtifactStore, model_ref: ArtifactRef | None, x: np.ndarray) -> list[dict]:
+def training_health_rows(store: ArtifactStore, model_ref: ArtifactRef | None, x: retrieval.Texts) -> list[dict]:
     """How training went (collapse, divergence, a trivial view: tasks/methods/health.py) and whether the
     evaluated documents `x` ended at one vector, as catalog rows."""
     model_ref = trained_ref(store, model_ref)
@@ -116,12 +119,15 @@ class EvaluateInputs(embed.EmbeddedDocumentsInputs):
     yardstick_embeddings: ArtifactRef | None = None  # its titles' vectors (the titles kind)
 
 
-def active_dims(store: ArtifactStore, x: np.ndarray, queries: list[ArtifactRef | None], pooling: str) -> dict:
-    """A sparse model's mean count of non-zero codes in a document (`x`) and in a query (every embedded query set's:
-    the held-out generated queries, the yardstick's), of its `width`: what an inverted index stores and visits."""
-    asked = [embed.read_embeddings(store, ref, pooling) for ref in queries if ref]
-    return dict(documents=float((x != 0).sum(1).mean()), width=x.shape[1],
-                queries=float(np.concatenate([(q != 0).sum(1) for q in asked]).mean()) if asked else None)
+def active_dims(x: retrieval.Texts, asked: list[retrieval.Texts]) -> dict:
+    """A sparse model's mean count of non-zero codes in a document (`x`) and in a query (`asked`: every embedded query
+    set's, the held-out generated queries, the yardstick's), of its `width`: what an inverted index stores and visits.
+    Codes as a sparse matrix, or, from an embed artifact older than the codes', as dense rows."""
+    def active(v: retrieval.Texts) -> np.ndarray:
+        return v.getnnz(axis=1) if sparse.issparse(v) else (v != 0).sum(1)
+
+    return dict(documents=float(active(x).mean()), width=x.shape[1],
+                queries=float(np.concatenate([active(q) for q in asked]).mean()) if asked else None)
 
 
 FLOAT_BYTES = 4  # a vector's number in an index: float32
@@ -157,7 +163,7 @@ def held_out_query_rows(store: ArtifactStore, queries: ArtifactRef, embeddings: 
     return [dict(row, split=HELD_OUT) for row in retrieval.retrieval_rows(ranks, prefix=prefix)]
 
 
-def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, docs: pd.DataFrame, pooling: str,
+def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: retrieval.Texts, docs: pd.DataFrame,
                    out: ArtifactWriter, search: Searcher, token_mean: bool, log: logging.Logger) -> list[dict]:
     """The yardstick (tasks/yardstick.py) by its kind: each held-out title or LLM query finds its text among the corpus
     (`title_`, `generated_`); each of the user's queries finds its relevant documents among the corpus (`qrels_`); or
@@ -179,7 +185,7 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
     if source in TEXT_QUERIES:
         if kind == "consensus" and not token_mean:
             held = held_out_queries(store, inputs.yardstick)
-            top = pool.top_documents(embed.read_embeddings(store, inputs.yardstick_embeddings, pooling), x)
+            top = pool.top_documents(search.read(inputs.yardstick_embeddings), x)
             top = pa.array(list(top.astype(np.int32)), pa.list_(pa.int32()))  # row numbers of `docs`
             own = docs.reset_index(drop=True).reset_index().set_index("doc_id")["index"][held["doc_id"].to_pylist()]
             out.write_table(YARDSTICK_TOP, pa.table({"query_id": held["query_id"], "top": top,
@@ -195,7 +201,7 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: np.ndarray, 
         out.write_table(YARDSTICK_TOP, pa.table({
             "query_id": asked["query_id"], "own": pa.array(rows, pa.int32()),
             "top": pa.array(list(top.astype(np.int32)), pa.list_(pa.int32())),
-            "vector": pa.array(list(x[rows].astype(np.float32)), pa.list_(pa.float32()))}))
+            "vector": pa.array(list(dense(x[rows]).astype(np.float32)), pa.list_(pa.float32()))}))
         return []
     asked = held_out_queries(store, inputs.yardstick).to_pandas()
     if source == "neighbours":  # no score of one model: select (and a report) fuses the models' rankings
@@ -228,7 +234,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     docs = store.read_table(inputs.documents, "documents").to_pandas()
     labelled = np.flatnonzero(docs["label"].notna().to_numpy())
     labels = docs["label"].iloc[labelled].tolist()
-    x = embed.read_embeddings(store, docs_emb, job.pooling, last)
+    x = embed.read_vectors(store, docs_emb, job.pooling, last)  # a sparse model's codes: kept sparse
     rows = []
     skipped = job.knn and knn.knn_skipped(labels, job.knn.k)
     if skipped:
@@ -260,14 +266,14 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
         log.warning("a multi-vector model embedded without its token vectors: its held-out query and yardstick "
                     "retrieval is not scored (not from its mean token vector either)")
     if store.manifest(docs_emb)["extra"].get("family") == "sparse":  # how sparse its codes are
-        out.extra["active_dims"] = active_dims(store, x, [inputs.query_embeddings, inputs.yardstick_embeddings],
-                                               job.pooling)
+        out.extra["active_dims"] = active_dims(x, [search.read(ref) for ref in (inputs.query_embeddings,
+                                                                                 inputs.yardstick_embeddings) if ref])
     out.extra["serving"] = serving_costs(store, docs_emb, out.extra.get("active_dims"))
     if inputs.query_embeddings and search:
         rows += held_out_query_rows(store, inputs.queries, inputs.query_embeddings, search, docs["doc_id"].tolist(),
                                     out, "query_", QUERY_SCORES)
     if inputs.yardstick and search:
-        rows += yardstick_rows(store, inputs, x, docs, job.pooling, out, search, token_mean, log)
+        rows += yardstick_rows(store, inputs, x, docs, out, search, token_mean, log)
     rows += learning_curve_rows(store, inputs.model) + training_health_rows(store, inputs.model, x)
     for row in rows:  # the headline rows are the model's own pooling on its last layer
         row.setdefault("layer", last)

@@ -31,19 +31,16 @@ class Searcher:
 
 
 def searcher(store: ArtifactStore, docs_emb: ArtifactRef, pooling: str, token_mean: bool,
-             x: np.ndarray | None = None) -> Searcher | None:
+             x: retrieval.Texts | None = None) -> Searcher | None:
     """How the model retrieves: by cosine of its vectors, a sparse model by the dot product of its codes as its embed
     artifacts keep them (sparse: retrieval.postings_index), or a multi-vector model by MaxSim over the token vectors its
     embed artifacts keep (None where they were not kept: its retrieval is not scored). `x`: the documents' vectors
-    where the caller has read them already (else read here, where they are needed)."""
+    (embed.read_vectors) where the caller has read them already (else read here, where they are needed)."""
     made = store.manifest(docs_emb)
-    if embed.stores_codes(store, docs_emb):  # kept sparse: scored through each dimension's posting list
-        return Searcher(embed.read_codes(store, docs_emb), made["extra"]["similarity"],
-                        lambda queries: embed.read_codes(store, queries))
     if not token_mean:
-        return Searcher(embed.read_embeddings(store, docs_emb, pooling) if x is None else x,
+        return Searcher(embed.read_vectors(store, docs_emb, pooling) if x is None else x,
                         made["extra"].get("similarity", "cosine"),
-                        lambda queries: embed.read_embeddings(store, queries, pooling))
+                        lambda queries: embed.read_vectors(store, queries, pooling))
     if not made["config"].get("token_vectors"):
         return None
     return Searcher(embed.read_token_vectors(store, docs_emb), "maxsim",

@@ -183,6 +183,16 @@ def test_select_retrieval_selects_among_families_then_judges_the_answer_on_queri
         assert versus["mean"] == pytest.approx(model["ndcg_at_10"] - judged["base"]["ndcg_at_10"], abs=1e-9)
 
 
+def test_sparse_evaluate_compares_the_codes_kept_sparse_with_dense_rows_on_the_same_scores():
+    out = json.loads(benchmark("sparse_evaluate.py", "--docs", "60", "--width", "400", "--active", "6",
+                               "--classes", "3", "--rounds", "2"))
+    assert (out["docs"], out["width"], out["rounds"]) == (60, 400, 2)
+    assert set(out["seconds"]) == set(out["peak_mb"]) == {"sparse", "dense rows"}
+    assert all(len(v) == 2 and min(v) > 0 for v in [*out["rounds_s"].values(), *out["peaks_mb"].values()])
+    assert out["max_score_difference"] <= 1e-6 and len(out["scores"]) == 5  # kNN and the four geometry rows
+    assert out["memory_ratio"] > 1  # the dense side holds a (60 x 400) copy the sparse one never makes
+
+
 def test_sparse_search_compares_posting_lists_with_dense_rows_on_the_same_scores():
     out = json.loads(benchmark("sparse_search.py", "--widths", "300,40", "--docs", "50", "--active", "5",
                                "--query-active", "3", "--queries", "4", "--rounds", "2"))

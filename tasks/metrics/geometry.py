@@ -14,14 +14,17 @@ pre-trained encoders (mean cosine ↓, variance less concentrated in the top pri
   kNN measures) carried by the k largest principal components (SemCSE's anisotropy variant).
   k = 1 catches a single dominant "common direction"; k = 10 the few rogue directions that
   post-processing such as all-but-the-top removes. An isotropic set gives ≈ k/d.
-Everything is computed in float64.
+Everything is computed in float64. A sparse model's codes (scipy CSR) stay sparse: a SPLADE model's 30,522 weights a
+document would be 240 KB of float64 each as dense rows.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import sparse
+from scipy.sparse.linalg import LinearOperator, svds
 
-from tasks.metrics import unit_rows
+from tasks.metrics import dense, row_squares, unit_rows
 
 UNIFORMITY_PAIRS = 250_000  # exact up to n = 707 documents; sampling error of the log ≈ 1e-3 beyond
 PAIR_CHUNK = 16_384  # sampled pairs per block: each gathered block is ~100 MB at d = 768
@@ -42,19 +45,19 @@ def uniformity(x: np.ndarray, max_pairs: int = UNIFORMITY_PAIRS, seed: int = 0) 
     the same mean without an n × n matrix.
     """
     u = unit_rows(x)
-    n = len(u)
+    n = u.shape[0]
     if n < 2:
         raise ValueError(f"uniformity needs at least 2 rows, got {n}")
     if n * (n - 1) // 2 <= max_pairs:
-        norms = (u**2).sum(1)  # 1, or 0 for a zero row
-        sq = np.clip(norms[:, None] + norms[None, :] - 2.0 * (u @ u.T), 0.0, None)
+        norms = row_squares(u)  # 1, or 0 for a zero row
+        sq = np.clip(norms[:, None] + norms[None, :] - 2.0 * dense(u @ u.T), 0.0, None)
         kernel = np.exp(-2.0 * sq[np.triu_indices(n, k=1)])
     else:
         rng = np.random.default_rng(seed)
         i = rng.integers(0, n, size=max_pairs)
         j = (i + rng.integers(1, n, size=max_pairs)) % n  # any row but i, each equally likely
         kernel = np.concatenate([
-            np.exp(-2.0 * ((u[i[s : s + PAIR_CHUNK]] - u[j[s : s + PAIR_CHUNK]]) ** 2).sum(1))
+            np.exp(-2.0 * row_squares(u[i[s : s + PAIR_CHUNK]] - u[j[s : s + PAIR_CHUNK]]))
             for s in range(0, max_pairs, PAIR_CHUNK)])
     return float(np.log(kernel.mean()))
 
@@ -66,11 +69,11 @@ def mean_random_cosine(x: np.ndarray) -> float:
     is nothing to gain from sampling pairs.
     """
     u = unit_rows(x)
-    n = len(u)
+    n = u.shape[0]
     if n < 2:
         raise ValueError(f"mean cosine needs at least 2 rows, got {n}")
-    total = u.sum(0)
-    return float((total @ total - (u**2).sum()) / (n * (n - 1)))
+    total = np.asarray(u.sum(0)).ravel()
+    return float((total @ total - row_squares(u).sum()) / (n * (n - 1)))
 
 
 def top_pc_variance(x: np.ndarray, k: int) -> float | None:
@@ -78,6 +81,8 @@ def top_pc_variance(x: np.ndarray, k: int) -> float | None:
     when every row is the same (a corpus of one text, texts that all tokenize to [UNK]): no variance to share."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
+    if sparse.issparse(x):
+        return sparse_top_pc_variance(x, k)
     centred = np.asarray(x, dtype=np.float64)
     centred = centred - centred.mean(0)
     # The squared singular values of the centred data: the eigenvalues of the smaller of its two scatter matrices
@@ -88,16 +93,39 @@ def top_pc_variance(x: np.ndarray, k: int) -> float | None:
     return None if total == 0 else float(eigenvalues[:k].sum() / total)
 
 
+def sparse_top_pc_variance(x: sparse.csr_matrix, k: int) -> float | None:
+    """top_pc_variance of a sparse model's codes without centring them (the centred rows are dense): the total
+    variance is their squared norms' sum less n·|mean|², the top k from a truncated SVD (ARPACK, seeded) of the
+    centred rows as an operator, x·v − (mean·v)."""
+    x = sparse.csr_matrix(x, dtype=np.float64)
+    n, d = x.shape
+    mean = np.asarray(x.mean(0)).ravel()
+    squares = row_squares(x).sum()
+    total = squares - n * (mean @ mean)
+    if total <= 1e-12 * squares:  # every row the same, up to rounding
+        return None
+    if k >= min(n, d) - 1:  # the top k are (nearly) all of it: ARPACK needs k < min(n, d); a dense copy is small here
+        return top_pc_variance(x.toarray(), k)
+    # (n, m) and (d, m) blocks: each column of the product less the mean's share
+    centred = LinearOperator((n, d), dtype=np.float64, matmat=lambda v: x @ v - mean @ v,
+                             rmatmat=lambda u: x.T @ u - np.outer(mean, u.sum(0)),
+                             matvec=lambda v: x @ v.ravel() - mean @ v.ravel(),
+                             rmatvec=lambda u: x.T @ u.ravel() - mean * u.sum())
+    singular = svds(centred, k=k, return_singular_vectors=False, random_state=0)
+    return float((singular**2).sum() / total)
+
+
 def geometry_rows(docs: np.ndarray, pos_a: np.ndarray | None = None, pos_b: np.ndarray | None = None,
                   pcs: tuple[int, ...] = (1, 10)) -> list[dict]:
     """Evaluation rows for one embedding set; alignment only when positive pairs are given."""
     rows = []
     if pos_a is not None and pos_b is not None:
         rows.append(dict(metric="alignment", value=alignment(pos_a, pos_b), n=len(pos_a)))
-    rows.append(dict(metric="uniformity", value=uniformity(docs), n=len(docs)))
-    rows.append(dict(metric="mean_cosine", value=mean_random_cosine(docs), n=len(docs)))
+    n = docs.shape[0]
+    rows.append(dict(metric="uniformity", value=uniformity(docs), n=n))
+    rows.append(dict(metric="mean_cosine", value=mean_random_cosine(docs), n=n))
     for k in pcs:
         share = top_pc_variance(docs, k)
-        rows.append(dict(metric=f"top{k}_pc_variance", value=share, n=len(docs),
+        rows.append(dict(metric=f"top{k}_pc_variance", value=share, n=n,
                          note=None if share is not None else "every document has the same vector: no variance"))
     return [{**row, "std": None, "repeats": 1, "split": None} for row in rows]

@@ -4,38 +4,47 @@ k = 10, Euclidean distance on raw embeddings, uniform votes, brute force, a 90/1
 with scikit-learn's `train_test_split(random_state=42)` (tasks/core/held_out.py: the training views
 leave its test documents out); ties in the vote go to the smallest class, as in scikit-learn. The
 distances are computed in float64, a block of test documents at a time (`block_bytes` of scratch
-memory), so that large corpora do not need an n × n matrix.
+memory), so that large corpora do not need an n × n matrix. A sparse model's codes (scipy CSR) stay sparse: only
+each block's distances are dense.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import sparse
 
 from tasks.core.held_out import split_indices
-from tasks.metrics import BLOCK_BYTES, block_rows
+from tasks.metrics import BLOCK_BYTES, block_rows, dense, row_squares
 
 
-def knn_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, k: int,
-                n_classes: int, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
-    train_x = np.asarray(train_x, dtype=np.float64)  # a copy only when the vectors are stored narrower
+def knn_predict(train_x: np.ndarray | sparse.csr_matrix, train_y: np.ndarray, test_x: np.ndarray | sparse.csr_matrix,
+                k: int, n_classes: int, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
+    train_x = as_float64(train_x)  # a copy only when the vectors are stored narrower
     train_sq = squared_norms(train_x, block_bytes)
-    rows = block_rows(len(train_x), 16, block_bytes)  # float64 distances + argpartition's int64 positions
-    pred = np.empty(len(test_x), dtype=np.int64)
-    for start in range(0, len(test_x), rows):
-        q = np.asarray(test_x[start : start + rows], dtype=np.float64)
+    n_train, n_test = train_x.shape[0], test_x.shape[0]
+    rows = block_rows(n_train, 16, block_bytes)  # float64 distances + argpartition's int64 positions
+    pred = np.empty(n_test, dtype=np.int64)
+    for start in range(0, n_test, rows):
+        q = as_float64(test_x[start : start + rows])
         # (|q|² − 2q·t) + |t|², computed in place in the one block-sized array
-        dist = (2 * q) @ train_x.T
-        np.subtract((q**2).sum(1)[:, None], dist, out=dist)
+        dist = dense((2 * q) @ train_x.T)
+        np.subtract(row_squares(q)[:, None], dist, out=dist)
         dist += train_sq[None, :]
-        nearest = np.argpartition(dist, k - 1, axis=1)[:, :k] if k < len(train_x) else np.argsort(dist, 1)
-        votes = np.zeros((len(q), n_classes), dtype=np.int64)
-        np.add.at(votes, (np.arange(len(q))[:, None], train_y[nearest]), 1)
+        nearest = np.argpartition(dist, k - 1, axis=1)[:, :k] if k < n_train else np.argsort(dist, 1)
+        votes = np.zeros((len(dist), n_classes), dtype=np.int64)
+        np.add.at(votes, (np.arange(len(dist))[:, None], train_y[nearest]), 1)
         pred[start : start + rows] = votes.argmax(1)  # first maximum = smallest class on ties
     return pred
 
 
-def squared_norms(x: np.ndarray, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
-    """(x**2).sum(1), the same sums, without a squared copy of all of x."""
+def as_float64(x: np.ndarray | sparse.csr_matrix) -> np.ndarray | sparse.csr_matrix:
+    return x.astype(np.float64) if sparse.issparse(x) else np.asarray(x, dtype=np.float64)
+
+
+def squared_norms(x: np.ndarray | sparse.csr_matrix, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
+    """(x**2).sum(1), the same sums, without a squared copy of all of x (a sparse x: of its codes alone)."""
+    if sparse.issparse(x):
+        return row_squares(x)
     norms = np.empty(len(x), dtype=x.dtype)
     rows = block_rows(x.shape[1], x.itemsize, block_bytes)
     for start in range(0, len(x), rows):

@@ -51,12 +51,13 @@ JUDGED = 10  # the leave-one-out fusion's top documents are the pseudo-relevant 
 def top_documents(queries: np.ndarray, docs: np.ndarray, depth: int = DEPTH, own: np.ndarray | None = None
                   ) -> np.ndarray:
     """(queries, depth) row numbers of each query's best documents by cosine, best first; `own`, (queries,) row
-    numbers: a query that is itself a document of `docs` (asking for its neighbours) never finds itself."""
+    numbers: a query that is itself a document of `docs` (asking for its neighbours) never finds itself. Either may be
+    a sparse model's codes, kept sparse."""
     q, d = unit_rows(queries, np.float32), unit_rows(docs, np.float32)
-    depth = min(depth, len(d) - (own is not None))
-    top = np.empty((len(q), depth), dtype=np.int64)
-    step = block_rows(len(d), 4)
-    for start in range(0, len(q), step):
+    depth = min(depth, d.shape[0] - (own is not None))
+    top = np.empty((q.shape[0], depth), dtype=np.int64)
+    step = block_rows(d.shape[0], 4)
+    for start in range(0, q.shape[0], step):
         scores = cosines(q[start : start + step], d)  # (block, docs)
         if own is not None:
             scores[np.arange(len(scores)), own[start : start + step]] = -np.inf

@@ -11,13 +11,14 @@ import numpy as np
 import torch
 from scipy import sparse
 
-from tasks.metrics import BLOCK_BYTES, block_rows, ranks_of_own, unit_rows
+from tasks.metrics import BLOCK_BYTES, block_rows, dense, ranks_of_own, unit_rows
 
 
-def cosines(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
-    """(queries, docs) scores of unit rows; NaN (a model that gives NaN vectors) as -inf, which ties with every
-    document and so ranks last: such a model finds nothing (a NaN would compare false and rank first)."""
-    return nan_last(queries @ docs.T)
+def cosines(queries: np.ndarray | sparse.csr_matrix, docs: np.ndarray | sparse.csr_matrix) -> np.ndarray:
+    """(queries, docs) scores of unit rows (dense, or a sparse model's codes); NaN (a model that gives NaN vectors) as
+    -inf, which ties with every document and so ranks last: such a model finds nothing (a NaN would compare false and
+    rank first)."""
+    return nan_last(dense(queries @ docs.T))
 
 
 # How a model scores a query against a document: the cosine of one vector a text, the dot product of a sparse
@@ -165,11 +166,11 @@ def same_label_ranks(queries: np.ndarray, docs: np.ndarray, query_labels: np.nda
     """set_ranks with every document of the query's label relevant. Every query's label must be among
     `doc_labels`."""
     names, codes = np.unique(np.concatenate([doc_labels, query_labels]), return_inverse=True)
-    doc_codes, query_codes = codes[: len(docs)], codes[len(docs) :]
+    doc_codes, query_codes = codes[: text_count(docs)], codes[text_count(docs) :]
     counts = np.bincount(doc_codes, minlength=len(names))[query_codes]
     if (counts == 0).any():
         raise ValueError("a query's label has no document")
-    return set_ranks(block_scores(queries, docs, similarity), len(docs),
+    return set_ranks(block_scores(queries, docs, similarity), text_count(docs),
                      lambda block: query_codes[block, None] == doc_codes[None, :], counts, k, block_bytes)
 
 

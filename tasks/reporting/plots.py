@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from tasks.metrics import dense
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -70,12 +72,12 @@ def tsne_name(documents: int, max_points: int) -> str:
 def tsne_png(emb: np.ndarray, labels: list[str], path: str | Path, title: str, *, max_points: int,
              seed: int = 0) -> Path:
     """A t-SNE map of at most `max_points` documents (a seeded sample: t-SNE's memory and time grow
-    with the documents mapped), coloured by label."""
+    with the documents mapped), coloured by label. A sparse model's codes are made dense for the sample alone."""
     labels = np.asarray(labels, dtype=str)
-    if len(emb) > max_points:
-        keep = np.sort(np.random.default_rng(seed).choice(len(emb), max_points, replace=False))
+    if len(labels) > max_points:
+        keep = np.sort(np.random.default_rng(seed).choice(len(labels), max_points, replace=False))
         emb, labels = emb[keep], labels[keep]
-    coords = tsne_coords(emb, seed)
+    coords = tsne_coords(dense(emb), seed)
     names, counts = np.unique(labels, return_counts=True)
     every = palette()
     colours = every[: len(names)]

@@ -3,31 +3,36 @@
 import logging
 
 import pandas as pd
+import pytest
+from scipy import sparse
 
 from storage.base import ArtifactRef
 from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
 from tasks.config.evaluation import KnnConfig
+from tasks.config.family_settings import SparseSettings
 from tasks.core.stage import NoInputs
-from tasks.embed import EMBED, EmbedInputs, EmbedJob
+from tasks.embed import EMBED, EmbedInputs, EmbedJob, read_embeddings
 from tasks.encoders.budget import char_budget
+from tasks.encoders.families import splade_model
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
+from tasks.metrics import geometry, knn
 from tasks.report import tsne_pictures
 from tasks.reporting import plots
 from tasks.reporting.tables import notes
 from tests.helpers import DEMO_DOCS
 
 
-def evaluated(tmp_path, model: str, labels: list[str], **job) -> tuple[ArtifactStore, ArtifactRef]:
-    """The evaluate artifact of 40 demo documents labelled with `labels`, in turn."""
+def evaluated(tmp_path, model: str, labels: list[str], layers: str = "all", **job) -> tuple[ArtifactStore, ArtifactRef]:
+    """The evaluate artifact of 40 demo documents labelled with `labels`, in turn, embedded at `layers`."""
     path = tmp_path / "docs.parquet"
     docs = pd.read_parquet(DEMO_DOCS).head(40)
     docs.assign(label=[labels[i % len(labels)] for i in range(len(docs))]).to_parquet(path)
     store = ArtifactStore(tmp_path / "store")
     documents = INGEST.run(store, DataConfig(path=str(path)), NoInputs())
-    embeddings = EMBED.run(store, EmbedJob(model=model, layers="all", max_length=32, batch_size=16),
+    embeddings = EMBED.run(store, EmbedJob(model=model, layers=layers, max_length=32, batch_size=16),
                            EmbedInputs(documents=documents))
     job = EvalJob(label="tiny", model=model, dataset="demo", knn=KnnConfig(k=3, repeats=2), sts=None,
                   **{"layerwise": True, "tsne": False, **job})
@@ -82,3 +87,28 @@ def test_the_report_says_how_many_texts_were_cut_before_tokenizing(tmp_path, tin
     assert notes(Catalog(store), entries) == [
         f"cut: tiny: {over} text(s) of demo (evaluate) were longer than max_length × 32 characters and were cut "
         "to that before tokenizing"]
+
+
+def test_a_sparse_models_codes_are_scored_without_a_dense_copy_of_the_corpus(tmp_path, tiny_mlm_dir, monkeypatch):
+    """A SPLADE model's codes (a weight for each of its vocabulary's 30,522 terms, mostly zero) reach kNN and geometry
+    as they are stored, sparse: the scores of their dense rows, and no (documents x vocabulary) dense copy made."""
+    folder = str(tmp_path / "splade")
+    splade_model(tiny_mlm_dir, SparseSettings(kind="splade", active_dims=8), 32, "cpu", 0).save(folder)
+    made, real = [], sparse.csr_matrix.toarray
+
+    def toarray(self, *args, **kwargs):  # each dense copy's shape
+        made.append(self.shape)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(sparse.csr_matrix, "toarray", toarray)
+    store, ref = evaluated(tmp_path, folder, ["x", "y"], layers="last", layerwise=False)
+    monkeypatch.undo()
+    [embedded] = store.artifacts("embed")
+    rows = read_embeddings(store, embedded, "mean")  # the codes with their zeros
+    assert rows.shape == (40, 30522) and made and not [shape for shape in made if shape[1] == 30522]
+    scores = store.read_table(ref, "metrics").to_pandas().drop_duplicates("metric").set_index("metric")["value"]
+    labels = ["x", "y"] * 20
+    assert scores["knn_accuracy"] == knn.knn_accuracy(rows, labels, 3)[0]
+    expected = {r["metric"]: r["value"] for r in geometry.geometry_rows(rows)}
+    assert scores[list(expected)].to_dict() == pytest.approx(expected)
+    assert store.manifest(ref)["extra"]["active_dims"]["documents"] == (rows != 0).sum(1).mean() > 0

@@ -74,6 +74,23 @@ def test_top_pc_variance_by_hand():
     assert top_pc_variance(wide, 1) == pytest.approx(8 / 12) and top_pc_variance(wide, 2) == pytest.approx(10 / 12)
 
 
+def test_a_sparse_models_codes_give_what_their_dense_rows_do():
+    """Geometry keeps a sparse model's codes sparse: the same values as from their dense rows, uniformity over all pairs
+    and over sampled ones, top-k shares from a truncated SVD (ARPACK) and, where k nears the rank, exactly."""
+    from scipy import sparse
+
+    codes = sparse.random(300, 4000, density=0.01, format="csr", random_state=2)
+    rows = codes.toarray()
+    assert uniformity(codes) == pytest.approx(uniformity(rows), abs=1e-12)
+    assert uniformity(codes, max_pairs=1000) == pytest.approx(uniformity(rows, max_pairs=1000), abs=1e-12)
+    assert mean_random_cosine(codes) == pytest.approx(mean_random_cosine(rows), abs=1e-12)
+    for k in (1, 10):
+        assert top_pc_variance(codes, k) == pytest.approx(top_pc_variance(rows, k), rel=1e-9)
+    assert top_pc_variance(codes[:6], 5) == pytest.approx(top_pc_variance(rows[:6], 5))
+    assert top_pc_variance(sparse.csr_matrix(np.ones((5, 40))), 1) is None  # every row the same
+    assert [r["value"] for r in geometry_rows(codes)] == pytest.approx([r["value"] for r in geometry_rows(rows)])
+
+
 def test_geometry_rows():
     rng = np.random.default_rng(0)
     docs, a = rng.normal(size=(30, 16)), rng.normal(size=(12, 16))

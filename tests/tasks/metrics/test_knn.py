@@ -49,3 +49,18 @@ def test_a_block_fits_its_budget():
     assert block_rows(100_000, 16) * 100_000 * 16 <= 64 << 20
     assert block_rows(10**9, 16) == 1  # never empty
     assert block_rows(10, 16) == 1024  # small corpora keep the blocks they always had
+
+
+def test_a_sparse_models_codes_predict_what_their_dense_rows_do():
+    """A sparse model's codes stay sparse through kNN (a SPLADE model's 30,522 weights a document would be 240 KB of
+    float64 as dense rows): the same neighbours, in blocks of any size."""
+    from scipy import sparse
+
+    codes = sparse.random(500, 3000, density=0.01, format="csr", dtype=np.float32, random_state=1)
+    labels = np.random.default_rng(1).integers(0, 4, size=500)
+    rows = codes.toarray()
+    assert knn_accuracy(codes, labels, 10, 0.1, 0) == knn_accuracy(rows, labels, 10, 0.1, 0)
+    for budget in (1, 1 << 40):
+        np.testing.assert_array_equal(knn_predict(codes[:400], labels[:400], codes[400:], 5, 4, block_bytes=budget),
+                                      knn_predict(rows[:400], labels[:400], rows[400:], 5, 4))
+    np.testing.assert_allclose(squared_norms(codes.astype(np.float64)), (rows.astype(np.float64) ** 2).sum(1))

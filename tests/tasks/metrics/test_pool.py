@@ -153,3 +153,12 @@ def test_term_overlap_is_the_tfidf_cosine_with_each_documents_nearest_others():
     grouped, mixed = (pool.term_overlap(pool.neighbour_rankings(x, np.arange(5), 1), terms, np.arange(5)).mean()
                       for x in (vectors, apart))
     assert grouped > mixed
+
+
+def test_a_sparse_models_codes_rank_as_their_dense_rows_do():
+    from scipy import sparse
+
+    codes = sparse.random(40, 500, density=0.05, format="csr", dtype=np.float32, random_state=3)
+    rows, own = codes.toarray(), np.array([0, 7, 39])
+    assert (pool.neighbour_rankings(codes, own, depth=10) == pool.neighbour_rankings(rows, own, depth=10)).all()
+    assert (pool.top_documents(rows[own], codes, depth=5) == pool.top_documents(rows[own], rows, depth=5)).all()
