@@ -31,7 +31,8 @@ class MultiVectorSettings(Section):
 RECONSTRUCTED_TOP = 4
 
 # Each kind's own settings: the other kind's, set to other than their defaults, are one error naming them.
-KIND_FIELDS = {"csr": ("width", "aux_dims", "aux_weight"), "splade": ("document_regularizer", "query_regularizer")}
+KIND_FIELDS = {"csr": ("width", "aux_dims", "aux_weight"),
+               "splade": ("document_regularizer", "query_regularizer", "regularizer_warmup")}
 # The InfoNCE's 1 / temperature by kind (SparseSettings.scale says why)
 KIND_SCALES = {"csr": 20.0, "splade": 1.0}
 
@@ -60,6 +61,11 @@ class SparseSettings(Section):
                                         "terms active (sentence-transformers' example: 3e-5).")
     query_regularizer: float = Field(5e-5, ge=0, description="SPLADE: the FLOPS regulariser's weight on the queries' "
                                      "(the anchors') term weights (sentence-transformers' example: 5e-5).")
+    regularizer_warmup: float = Field(1 / 3, ge=0, le=1, description="SPLADE: the share of the training steps over "
+                                      "which both regularisers' weights rise from 0 to theirs, quadratically (what "
+                                      "sentence-transformers' trainer does by default, with its "
+                                      "SpladeRegularizerWeightSchedulerCallback: the term weights first learn to "
+                                      "rank, then to be few). 0: the full weights from the first step.")
     scale: float | None = Field(None, gt=0, description="The InfoNCE's 1 / temperature on the codes' dot products. "
                                 "None: the kind's, 20 for CSR (its codes are of the unit vector, so their dot products "
                                 "are as narrow as cosines: at 1.0 the loss stays near ln(batch) and hardly trains) and "

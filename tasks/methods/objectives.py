@@ -44,6 +44,8 @@ class Objective:
     # rows: ln(batch)); None for losses without such a level (tasks/methods/health.py)
     chance: Callable[[int], float] | None = None
     labels: Callable[[list[Pair]], torch.Tensor] | None = None  # the loss's labels, where it takes any
+    # (step from 0, the schedule's steps) -> None, before each step: sets the loss's scheduled weights, where it has any
+    at_step: Callable[[int, int], None] | None = None
 
 
 # (recipe, model, train config, encoder mask ratio, RetroMAE's decoder_visible, gather) -> the objective;
@@ -151,17 +153,39 @@ def sparse_info_nce(model: SparseEncoder, settings: SparseSettings, cached_rows:
     """The sparse family's loss (sentence-transformers' own): InfoNCE over the codes' dot products, every other row's
     documents the negatives, plus CSR's reconstructions of the dense vector from its top k and top 4k codes and the
     auxiliary one that revives dead codes, or SPLADE's FLOPS regularisers on the queries' and the documents' term
-    weights (with `cached_rows`, SPLADE's GradCache form, which embeds that many rows at a time). No chance level:
-    those terms add to the InfoNCE's, so the total has none to sit at (the health checks read the probe)."""
+    weights, warmed up (`regularizer_warmup`; with `cached_rows`, SPLADE's GradCache form, which embeds that many rows
+    at a time). No chance level: those terms add to the InfoNCE's, so the total has none to sit at (the health checks
+    read the probe)."""
     info_nce = SparseMultipleNegativesRankingLoss(model, scale=settings.resolved_scale)
-    if settings.kind == "splade":
-        weights = dict(document_regularizer_weight=settings.document_regularizer,
-                       query_regularizer_weight=settings.query_regularizer)
-        loss = (CachedSpladeLoss(model, info_nce, **weights, mini_batch_size=cached_rows) if cached_rows else
-                SpladeLoss(model, info_nce, **weights))
-    else:
-        loss = CSRLoss(model, info_nce, beta=settings.aux_weight)
-    return Objective(SummedLoss(loss), anchors_and_positives(model))
+    if settings.kind == "csr":
+        return Objective(SummedLoss(CSRLoss(model, info_nce, beta=settings.aux_weight)), anchors_and_positives(model))
+    weights = dict(document_regularizer_weight=settings.document_regularizer,
+                   query_regularizer_weight=settings.query_regularizer)
+    loss = (CachedSpladeLoss(model, info_nce, **weights, mini_batch_size=cached_rows) if cached_rows else
+            SpladeLoss(model, info_nce, **weights))
+    return Objective(SummedLoss(loss), anchors_and_positives(model),
+                     at_step=regularizer_warmup(loss, settings.regularizer_warmup) if settings.regularizer_warmup
+                     else None)
+
+
+def regularizer_warmup(loss: SpladeLoss, share: float) -> Callable[[int, int], None]:
+    """Before each step, SPLADE's regulariser weights as sentence-transformers' trainer sets them (its
+    SpladeRegularizerWeightSchedulerCallback, driven by the step as a TrainerState): from 0 at the first step to the
+    loss's own weights after `share` of the steps, quadratically. A function of the step alone, so a run resumed from
+    a checkpoint weighs each step as one uninterrupted run does."""
+    from sentence_transformers.sparse_encoder.callbacks.splade_callbacks import (
+        SpladeRegularizerWeightSchedulerCallback,
+    )
+    from transformers import TrainerState
+
+    schedule = SpladeRegularizerWeightSchedulerCallback(loss, warmup_ratio=share)
+
+    def at_step(step: int, steps: int) -> None:
+        if schedule.total_steps != steps:  # the first step of this process: the warm-up's length
+            schedule.on_train_begin(None, TrainerState(max_steps=steps), None)
+        schedule.on_step_begin(None, TrainerState(global_step=step), None)
+
+    return at_step
 
 
 def build_objective(model: SentenceTransformer | MultiVectorEncoder | SparseEncoder, recipe: str, cfg: TrainConfig,
@@ -181,5 +205,5 @@ def build_objective(model: SentenceTransformer | MultiVectorEncoder | SparseEnco
     objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
     if cfg.cached_rows:  # the config allows it for spec.mini_batches
         return Objective(CachedLoss(objective.loss, cfg.cached_rows), objective.collate, objective.chance,
-                         objective.labels)
+                         objective.labels, objective.at_step)
     return objective

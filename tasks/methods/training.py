@@ -234,6 +234,8 @@ def train_model(objective: Objective, batches: PairBatches, cfg: TrainConfig,
         for step, (epoch, rows, features, labels) in enumerate(inputs, start=len(history)):
             lap("data")
             optimizer.zero_grad(set_to_none=True)  # first: the forward pass's activations reuse the gradients' memory
+            if objective.at_step:
+                objective.at_step(step, len(batches))
             if cfg.compile == "cuda_graphs":  # its graphs replay into the same buffers: the last step's are free now
                 torch.compiler.cudagraph_mark_step_begin()  # (imports what takes a second: only when it matters)
             with amp.autocast():

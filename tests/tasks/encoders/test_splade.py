@@ -18,8 +18,10 @@ from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob, read_codes, read_embeddings
 from tasks.encoders import encode, models
 from tasks.ingest import INGEST
+from tasks.methods.batches import PairBatches
 from tasks.methods.objectives import build_objective
-from tests.helpers import DEMO_DOCS
+from tasks.methods.training import Checkpoints, train_model
+from tests.helpers import DEMO_DOCS, model_tokens_file
 from tests.tasks.encoders.test_families import CFG, PAIRS, SPLADE, splade, trained_in_store
 
 TEXTS = ["Heart attack risk, in adults.", "Asthma in children"]
@@ -80,6 +82,29 @@ def test_the_loss_is_infonce_plus_the_flops_regularisers(tiny_mlm_dir):
     info_nce = torch.nn.functional.cross_entropy(scores, torch.arange(4))
     assert terms["base_loss"].item() == pytest.approx(info_nce.item(), rel=1e-4)
     assert objective.chance is None
+
+
+def test_the_regularisers_warm_up_quadratically_as_the_library_trainer_has_them(tiny_mlm_dir, tmp_path):
+    """Both FLOPS weights rise from 0 to the loss's own over the first third of the steps (sentence-transformers'
+    trainer default), step by step in the training loop, and from a checkpoint as in one run; 0: fixed from the
+    start."""
+    model = splade(tiny_mlm_dir)
+    cfg = CFG.model_copy(update={"eval_every": 0})
+    objective = build_objective(model, "crops", cfg, None, None, family=SPLADE)
+    loss = objective.loss.loss
+    seen = []
+    batches = PairBatches(model_tokens_file(model, PAIRS), cfg.batch_size)  # 10 steps: a warm-up of 3
+    train_model(objective, batches, cfg, Checkpoints(tmp_path / "a"),
+                on_step=lambda h: seen.append((loss.query_regularizer_weight, loss.document_regularizer_weight)))
+    share = [0, 1 / 9, 4 / 9] + [1] * 7  # (step / 3)² until step 3
+    assert seen == [pytest.approx((5e-5 * s, 3e-5 * s)) for s in share]
+    again = build_objective(splade(tiny_mlm_dir), "crops", cfg, None, None, family=SPLADE)
+    again.at_step(2, 10)  # a process that resumes at the third step
+    assert (again.loss.loss.query_regularizer_weight, again.loss.loss.document_regularizer_weight) == seen[2]
+    fixed = SPLADE.model_copy(update={"regularizer_warmup": 0})
+    assert build_objective(splade(tiny_mlm_dir), "crops", cfg, None, None, family=fixed).at_step is None
+    with pytest.raises(ValueError, match="regularizer_warmup: not settings of kind 'csr'"):
+        SparseSettings(regularizer_warmup=0.5)
 
 
 def test_each_kind_refuses_the_others_settings_and_what_it_does_not_train_with():
