@@ -50,7 +50,7 @@ def main() -> None:
         start = time.perf_counter()
         got[side] = scores(sides[side](), labels)
         seconds = time.perf_counter() - start
-        peaks[side].append(tracemalloc.get_traced_memory()[1] / 2**20)
+        peaks[side].append(tracemalloc.get_traced_memory()[1] / 2**20)  # MiB
         tracemalloc.stop()
         return seconds
 
@@ -59,13 +59,13 @@ def main() -> None:
     if difference > 1e-6:
         raise SystemExit(f"the two sides' scores differ by {difference}: {got}")
     seconds = {side: statistics.median(values) for side, values in rounds.items()}
-    peak_mb = {side: statistics.median(values) for side, values in peaks.items()}
+    peak_mib = {side: statistics.median(values) for side, values in peaks.items()}
     for side in sides:
-        print(f"{side:>10}: {seconds[side]:.1f} s, peak {peak_mb[side]:,.0f} MB", flush=True)
+        print(f"{side:>10}: {seconds[side]:.1f} s, peak {peak_mib[side]:,.0f} MiB", flush=True)
     print(json.dumps(dict(docs=args.docs, width=args.width, active=args.active, classes=args.classes,
-                          rounds=args.rounds, seconds=seconds, peak_mb=peak_mb, rounds_s=rounds, peaks_mb=peaks,
+                          rounds=args.rounds, seconds=seconds, peak_mib=peak_mib, rounds_s=rounds, peaks_mib=peaks,
                           speedup=seconds["dense rows"] / seconds["sparse"],
-                          memory_ratio=peak_mb["dense rows"] / peak_mb["sparse"], max_score_difference=difference,
+                          memory_ratio=peak_mib["dense rows"] / peak_mib["sparse"], max_score_difference=difference,
                           scores=got["sparse"])))
 
 

@@ -5,8 +5,8 @@ Inputs: `documents`; `embeddings` (the documents' embed artifact); `sts_embeddin
 pairs' embed artifact) when `sts` is set; `model`, the train or init artifact holding the model,
 if any (its learning curve is reported). The vectors come
 from the embeddings cache (tasks/embed.py), so nothing is encoded here; a sparse model's codes are read once and kept
-sparse (kNN, geometry, retrieval and the yardsticks score them so), made dense only for a t-SNE map's sample and the
-clusters yardstick's vectors. Output `metrics.parquet`
+sparse (kNN, geometry, retrieval and the yardsticks score them so), made dense only for a t-SNE map's sample, the STS
+pairs and the clusters yardstick's vectors. Output `metrics.parquet`
 (storage.METRICS_SCHEMA, one row per score), `sts_pairs.parquet` (each STS pair's gold score and
 cosine, when `sts` is set) and PNG pictures next to it.
 """

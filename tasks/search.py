@@ -4,6 +4,7 @@ vectors by MaxSim), for the evaluate stage's retrieval and the latency stage's t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,10 +38,10 @@ def searcher(store: ArtifactStore, docs_emb: ArtifactRef, pooling: str, token_me
     embed artifacts keep (None where they were not kept: its retrieval is not scored). `x`: the documents' vectors
     (embed.read_vectors) where the caller has read them already (else read here, where they are needed)."""
     made = store.manifest(docs_emb)
-    if not token_mean:
+    if not token_mean:  # a query set read once, however many scores ask it (a sparse model's active dimensions too)
         return Searcher(embed.read_vectors(store, docs_emb, pooling) if x is None else x,
                         made["extra"].get("similarity", "cosine"),
-                        lambda queries: embed.read_vectors(store, queries, pooling))
+                        functools.cache(lambda queries: embed.read_vectors(store, queries, pooling)))
     if not made["config"].get("token_vectors"):
         return None
     return Searcher(embed.read_token_vectors(store, docs_emb), "maxsim",

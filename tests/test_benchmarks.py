@@ -187,8 +187,8 @@ def test_sparse_evaluate_compares_the_codes_kept_sparse_with_dense_rows_on_the_s
     out = json.loads(benchmark("sparse_evaluate.py", "--docs", "60", "--width", "400", "--active", "6",
                                "--classes", "3", "--rounds", "2"))
     assert (out["docs"], out["width"], out["rounds"]) == (60, 400, 2)
-    assert set(out["seconds"]) == set(out["peak_mb"]) == {"sparse", "dense rows"}
-    assert all(len(v) == 2 and min(v) > 0 for v in [*out["rounds_s"].values(), *out["peaks_mb"].values()])
+    assert set(out["seconds"]) == set(out["peak_mib"]) == {"sparse", "dense rows"}
+    assert all(len(v) == 2 and min(v) > 0 for v in [*out["rounds_s"].values(), *out["peaks_mib"].values()])
     assert out["max_score_difference"] <= 1e-6 and len(out["scores"]) == 5  # kNN and the four geometry rows
     assert out["memory_ratio"] > 1  # the dense side holds a (60 x 400) copy the sparse one never makes
 

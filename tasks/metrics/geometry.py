@@ -73,7 +73,8 @@ def mean_random_cosine(x: np.ndarray) -> float:
     if n < 2:
         raise ValueError(f"mean cosine needs at least 2 rows, got {n}")
     total = np.asarray(u.sum(0)).ravel()
-    return float((total @ total - row_squares(u).sum()) / (n * (n - 1)))
+    squares = u.multiply(u).sum() if sparse.issparse(u) else (u**2).sum()  # dense: one sum, as it always was
+    return float((total @ total - squares) / (n * (n - 1)))
 
 
 def top_pc_variance(x: np.ndarray, k: int) -> float | None:

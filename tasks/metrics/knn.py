@@ -22,7 +22,8 @@ def knn_predict(train_x: np.ndarray | sparse.csr_matrix, train_y: np.ndarray, te
     train_x = as_float64(train_x)  # a copy only when the vectors are stored narrower
     train_sq = squared_norms(train_x, block_bytes)
     n_train, n_test = train_x.shape[0], test_x.shape[0]
-    rows = block_rows(n_train, 16, block_bytes)  # float64 distances + argpartition's int64 positions
+    # float64 distances + argpartition's int64 positions; sparse codes' block is first a CSR product (~12 bytes a cell)
+    rows = block_rows(n_train, 28 if sparse.issparse(train_x) else 16, block_bytes)
     pred = np.empty(n_test, dtype=np.int64)
     for start in range(0, n_test, rows):
         q = as_float64(test_x[start : start + rows])

@@ -86,7 +86,11 @@ def test_a_sparse_models_codes_give_what_their_dense_rows_do():
     assert mean_random_cosine(codes) == pytest.approx(mean_random_cosine(rows), abs=1e-12)
     for k in (1, 10):
         assert top_pc_variance(codes, k) == pytest.approx(top_pc_variance(rows, k), rel=1e-9)
-    assert top_pc_variance(codes[:6], 5) == pytest.approx(top_pc_variance(rows[:6], 5))
+    assert top_pc_variance(codes[:6], 5) == pytest.approx(top_pc_variance(rows[:6], 5))  # k near the rank: exactly
+    assert top_pc_variance(codes[:12], 10) == pytest.approx(top_pc_variance(rows[:12], 10), rel=1e-9)  # ARPACK's most
+    zero = sparse.vstack([codes[:20], sparse.csr_matrix((1, 4000))]).tocsr()  # a text with no active code
+    assert top_pc_variance(zero, 3) == pytest.approx(top_pc_variance(zero.toarray(), 3), rel=1e-9)
+    assert uniformity(zero) == pytest.approx(uniformity(zero.toarray()), abs=1e-12)
     assert top_pc_variance(sparse.csr_matrix(np.ones((5, 40))), 1) is None  # every row the same
     assert [r["value"] for r in geometry_rows(codes)] == pytest.approx([r["value"] for r in geometry_rows(rows)])
 

@@ -103,6 +103,11 @@ def test_sparse_codes_kept_sparse_score_and_rank_as_their_dense_rows():
     kept = qrels_ranks(sparse.csr_matrix(queries), sparse.csr_matrix(docs), np.arange(7), own, similarity="dot")
     for got, want in zip(kept, qrels_ranks(queries, docs, np.arange(7), own, similarity="dot")):
         np.testing.assert_array_equal(got, want)
+    labels = np.array(list("abc"))[rng.integers(0, 3, 47)]  # the labels yardstick: the codes of its queries, kept
+    codes = sparse.csr_matrix(np.vstack([queries, docs]))
+    kept = same_label_ranks(codes[:7], codes[7:], labels[:7], labels[7:], similarity="dot")
+    for got, want in zip(kept, same_label_ranks(queries, docs, labels[:7], labels[7:], similarity="dot")):
+        np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="dot product, not by cosine"):
         scorer(sparse.csr_matrix(docs), "cosine")
 
