@@ -55,7 +55,7 @@ def scorer(docs: Texts, similarity: str = "cosine", query_tokens: int = 1
     d = rows(docs, np.float32)
 
     def of(queries: Texts) -> Callable[[slice], np.ndarray]:
-        q = rows(queries.toarray() if sparse.issparse(queries) else queries, np.float32)
+        q = rows(dense(queries), np.float32)
         return lambda block: cosines(q[block], d)
 
     return of
