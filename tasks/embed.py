@@ -28,6 +28,7 @@ from pydantic import Field
 from scipy import sparse
 
 from storage.base import ArtifactRef
+from storage.codes import CODES, code_columns, codes_matrix
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Precision
 from tasks.config.evaluation import Backend, EvaluateConfig, StoreDtype
@@ -55,7 +56,6 @@ class EmbedJob(TextSet):
 
 
 TOKENS = "tokens"  # the column of a text's token vectors
-CODES = ("indices", "values")  # a sparse model's columns: each text's active codes and their weights
 
 
 def embeddings_schema(dim: int, dtype: StoreDtype, tokens: bool = False, codes: bool = False) -> pa.Schema:
@@ -99,11 +99,8 @@ def code_tables(chunks: Iterator[tuple[np.ndarray, sparse.csr_matrix]], layer: i
     """One table per chunk of a sparse model's codes: each text's active codes and their weights."""
     dtype = schema.field(CODES[1]).type.value_type.to_pandas_dtype()
     for positions, codes in chunks:
-        offsets = pa.array(codes.indptr.astype(np.int32))
-        columns = {CODES[0]: pa.ListArray.from_arrays(offsets, pa.array(codes.indices.astype(np.int32))),
-                   CODES[1]: pa.ListArray.from_arrays(offsets, pa.array(codes.data.astype(dtype)))}
         yield pa.table({"row": positions.astype(np.int32), "layer": np.full(len(positions), layer, np.int16),
-                        **columns}, schema=schema)
+                        **code_columns(codes, dtype)}, schema=schema)
 
 
 class EmbedInputs(TextSetInputs):
@@ -202,13 +199,7 @@ def stores_codes(store: ArtifactStore, ref: ArtifactRef) -> bool:
 def read_codes(store: ArtifactStore, ref: ArtifactRef) -> sparse.csr_matrix:
     """A sparse model's codes as a float32 (texts × dim) sparse matrix, in text order."""
     table = store.read_table(ref, "embeddings", columns=["row", *CODES])
-    rows, indices, values = (table[c].combine_chunks() for c in ("row", *CODES))
-    lengths = np.diff(indices.offsets.to_numpy())
-    codes = sparse.csr_matrix((values.flatten().to_numpy().astype(np.float32),
-                               (np.repeat(rows.to_numpy(), lengths), indices.flatten().to_numpy())),
-                              shape=(table.num_rows, store.manifest(ref)["extra"]["dim"]))
-    codes.eliminate_zeros()  # a weight float16 rounded to 0 is not an active code
-    return codes
+    return codes_matrix(table, store.manifest(ref)["extra"]["dim"], table["row"].combine_chunks().to_numpy())
 
 
 def read_token_vectors(store: ArtifactStore, ref: ArtifactRef) -> list[np.ndarray]:

@@ -5,8 +5,8 @@ Inputs: `documents`; `embeddings` (the documents' embed artifact); `sts_embeddin
 pairs' embed artifact) when `sts` is set; `model`, the train or init artifact holding the model,
 if any (its learning curve is reported). The vectors come
 from the embeddings cache (tasks/embed.py), so nothing is encoded here; a sparse model's codes are read once and kept
-sparse (kNN, geometry, retrieval and the yardsticks score them so), made dense only for a t-SNE map's sample, the STS
-pairs and the clusters yardstick's vectors. Output `metrics.parquet`
+sparse (kNN, geometry, retrieval and the yardsticks score them so), made dense only for a t-SNE map's sample and the
+STS pairs. Output `metrics.parquet`
 (storage.METRICS_SCHEMA, one row per score), `sts_pairs.parquet` (each STS pair's gold score and
 cosine, when `sts` is set) and PNG pictures next to it.
 """
@@ -23,6 +23,7 @@ from scipy import sparse
 
 from storage.base import ArtifactRef
 from storage.catalog import QUERY_SCORES, STS_PAIRS, YARDSTICK_SCORES, YARDSTICK_TOP, metrics_table
+from storage.codes import code_columns
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
@@ -35,7 +36,7 @@ from tasks.core.stage import Stage
 from tasks.encoders.encode import POOLINGS
 from tasks.encoders.models import trained_ref
 from tasks.methods import health
-from tasks.metrics import dense, geometry, knn, pool, retrieval, sts
+from tasks.metrics import geometry, knn, pool, retrieval, sts
 from tasks.reporting import plots
 from tasks.reporting.plots import PICTURES
 from tasks.reporting.tables import PER_SPLIT, POINTS
@@ -198,10 +199,11 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: retrieval.Te
         asked = asked[(asked["status"] == "ok") & asked["doc_id"].isin(row_of.index)]  # those of a sample, if one
         rows = row_of[asked["doc_id"]].to_numpy()
         top = pool.neighbour_rankings(x, rows, NEAREST)  # (documents, NEAREST) rows of `docs`
+        vectors = code_columns(x[rows]) if sparse.issparse(x) else \
+            {pool.VECTOR: pa.array(list(x[rows].astype(np.float32)), pa.list_(pa.float32()))}  # a sparse model's: codes
         out.write_table(YARDSTICK_TOP, pa.table({
             "query_id": asked["query_id"], "own": pa.array(rows, pa.int32()),
-            "top": pa.array(list(top.astype(np.int32)), pa.list_(pa.int32())),
-            "vector": pa.array(list(dense(x[rows]).astype(np.float32)), pa.list_(pa.float32()))}))
+            "top": pa.array(list(top.astype(np.int32)), pa.list_(pa.int32())), **vectors}))
         return []
     asked = held_out_queries(store, inputs.yardstick).to_pandas()
     if source == "neighbours":  # no score of one model: select (and a report) fuses the models' rankings

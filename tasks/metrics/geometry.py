@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import sparse
-from scipy.sparse.linalg import LinearOperator, svds
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds
 
 from tasks.metrics import dense, row_squares, unit_rows
 
 UNIFORMITY_PAIRS = 250_000  # exact up to n = 707 documents; sampling error of the log ≈ 1e-3 beyond
 PAIR_CHUNK = 16_384  # sampled pairs per block: each gathered block is ~100 MB at d = 768
+# The widest scatter matrix (min(n, d) square, float64: 512 MiB) made exactly where ARPACK does not converge
+SCATTER_MAX = 8_192
 
 
 def alignment(x: np.ndarray, y: np.ndarray) -> float:
@@ -89,7 +91,12 @@ def top_pc_variance(x: np.ndarray, k: int) -> float | None:
     # The squared singular values of the centred data: the eigenvalues of the smaller of its two scatter matrices
     # (n × n where the vectors are wider than there are rows: a SPLADE model's 30,522 terms, d × d would be 7 GB).
     n, d = centred.shape
-    eigenvalues = np.clip(np.linalg.eigvalsh(centred @ centred.T if n < d else centred.T @ centred), 0.0, None)[::-1]
+    return scatter_share(centred @ centred.T if n < d else centred.T @ centred, k)
+
+
+def scatter_share(scatter: np.ndarray, k: int) -> float | None:
+    """The top k eigenvalues' share of a scatter matrix's trace (the centred rows' X·Xᵀ or Xᵀ·X), None where it is 0."""
+    eigenvalues = np.clip(np.linalg.eigvalsh(scatter), 0.0, None)[::-1]
     total = eigenvalues.sum()
     return None if total == 0 else float(eigenvalues[:k].sum() / total)
 
@@ -97,7 +104,8 @@ def top_pc_variance(x: np.ndarray, k: int) -> float | None:
 def sparse_top_pc_variance(x: sparse.csr_matrix, k: int) -> float | None:
     """top_pc_variance of a sparse model's codes without centring them (the centred rows are dense): the total
     variance is their squared norms' sum less n·|mean|², the top k from a truncated SVD (ARPACK, seeded) of the
-    centred rows as an operator, x·v − (mean·v)."""
+    centred rows as an operator, x·v − (mean·v). Where ARPACK does not converge (close singular values at the k-th),
+    exactly from the smaller scatter matrix if it is at most SCATTER_MAX square; past that ArpackNoConvergence."""
     x = sparse.csr_matrix(x, dtype=np.float64)
     n, d = x.shape
     mean = np.asarray(x.mean(0)).ravel()
@@ -112,7 +120,15 @@ def sparse_top_pc_variance(x: sparse.csr_matrix, k: int) -> float | None:
                              rmatmat=lambda u: x.T @ u - np.outer(mean, u.sum(0)),
                              matvec=lambda v: x @ v.ravel() - mean @ v.ravel(),
                              rmatvec=lambda u: x.T @ u.ravel() - mean * u.sum())
-    singular = svds(centred, k=k, return_singular_vectors=False, random_state=0)
+    try:
+        singular = svds(centred, k=k, return_singular_vectors=False, random_state=0)
+    except ArpackNoConvergence:
+        if min(n, d) > SCATTER_MAX:
+            raise
+        if d <= n:  # (d, d): Xᵀ·X less n·mean·meanᵀ
+            return scatter_share(dense(x.T @ x) - n * np.outer(mean, mean), k)
+        projected = x @ mean  # (n,): each row's dot with the mean; (n, n): X·Xᵀ less both projections, plus |mean|²
+        return scatter_share(dense(x @ x.T) - projected[:, None] - projected[None, :] + mean @ mean, k)
     return float((singular**2).sum() / total)
 
 
@@ -126,7 +142,10 @@ def geometry_rows(docs: np.ndarray, pos_a: np.ndarray | None = None, pos_b: np.n
     rows.append(dict(metric="uniformity", value=uniformity(docs), n=n))
     rows.append(dict(metric="mean_cosine", value=mean_random_cosine(docs), n=n))
     for k in pcs:
-        share = top_pc_variance(docs, k)
-        rows.append(dict(metric=f"top{k}_pc_variance", value=share, n=n,
-                         note=None if share is not None else "every document has the same vector: no variance"))
+        try:
+            share = top_pc_variance(docs, k)
+            note = None if share is not None else "every document has the same vector: no variance"
+        except ArpackNoConvergence:  # a sparse model's codes, too many for an exact scatter matrix
+            share, note = None, "the truncated SVD (ARPACK) did not converge"
+        rows.append(dict(metric=f"top{k}_pc_variance", value=share, n=n, note=note))
     return [{**row, "std": None, "repeats": 1, "split": None} for row in rows]

@@ -15,7 +15,7 @@ measured beside.
   instead. The other models' unit vectors side by side are split into 20 groups by k-means, and each model is
   scored by the share of each asking document's 10 nearest others (by its own vectors) that fall in that document's
   group: its neighbourhoods' purity against the others' consensus grouping (leave-one-out, as above), averaged over
-  four k-means seeds.
+  four k-means seeds. A sparse model's codes are grouped as they are, sparse.
 - Term overlap (ours, measured in benchmarks/yardsticks.py; not pool-relative): the mean TF-IDF cosine between
   each document and its 10 nearest others by the model's vectors. Labels that group documents by topic group their
   words too, so a model whose neighbourhoods share words may group as the labels do, without any other model's say;
@@ -34,9 +34,12 @@ from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+from scipy import sparse
 
 from storage.base import ArtifactRef
 from storage.catalog import YARDSTICK_TOP
+from storage.codes import CODES, codes_matrix
 from storage.store import ArtifactStore
 from storage.stores import store_at
 from tasks.config.yardsticks import CLUSTERS, NEAREST, SEEDS
@@ -46,6 +49,7 @@ from tasks.metrics.retrieval import cosines
 RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009)
 DEPTH = 100  # each model's ranking is fused down to this depth
 JUDGED = 10  # the leave-one-out fusion's top documents are the pseudo-relevant ones
+VECTOR = "vector"  # the clusters yardstick's column of each asking document's vector (a sparse model's: CODES)
 
 
 def top_documents(queries: np.ndarray, docs: np.ndarray, depth: int = DEPTH, own: np.ndarray | None = None
@@ -140,13 +144,14 @@ def information(embeddings: list[np.ndarray], alpha: float = 1.0) -> np.ndarray:
                      for m in range(len(unit))])
 
 
-def consensus_groups(embeddings: list[np.ndarray], clusters: int, seed: int = 0) -> np.ndarray:
+def consensus_groups(embeddings: list[np.ndarray | sparse.csr_matrix], clusters: int, seed: int = 0) -> np.ndarray:
     """(documents,) each document's group: k-means over the models' unit vectors side by side, every model weighing
-    the same (a wide embedding no more than a narrow one)."""
+    the same (a wide embedding no more than a narrow one); sparse (CSR) where a model's are codes."""
     from sklearn.cluster import KMeans
 
-    joined = np.concatenate([unit_rows(x, np.float64) for x in embeddings], axis=1) / np.sqrt(len(embeddings))
-    return KMeans(clusters, n_init=4, random_state=seed).fit_predict(joined)
+    unit = [unit_rows(x, np.float64) for x in embeddings]
+    joined = sparse.hstack(unit, format="csr") if any(map(sparse.issparse, unit)) else np.concatenate(unit, axis=1)
+    return KMeans(clusters, n_init=4, random_state=seed).fit_predict(joined / np.sqrt(len(embeddings)))
 
 
 def group_share(nearest: np.ndarray, groups: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -209,17 +214,28 @@ def pool_scores(store: ArtifactStore, pool: dict[str, ArtifactRef]) -> dict[str,
     return {name: scores.copy() for name, scores in _judged(store.url, held)}
 
 
+def top_vectors(table: pa.Table) -> np.ndarray | sparse.csr_matrix:
+    """(rows, dims) a clusters yardstick's vectors (its YARDSTICK_TOP table) in the table's order: dense rows, or a
+    sparse model's codes, kept sparse."""
+    if VECTOR not in table.column_names:
+        return codes_matrix(table)
+    vectors = table[VECTOR].combine_chunks()
+    return vectors.flatten().to_numpy().reshape(len(vectors), -1)
+
+
 @functools.lru_cache(maxsize=8)
 def _judged(url: str, pool: tuple[tuple[str, ArtifactRef, str], ...]) -> tuple[tuple[str, pd.Series], ...]:
     store = store_at(url)
-    tops = {name: store.read_table(ref, YARDSTICK_TOP).to_pandas().set_index("query_id").sort_index()
-            for name, ref, _ in pool}
+    tables = {name: store.read_table(ref, YARDSTICK_TOP) for name, ref, _ in pool}
+    tops = {name: t.drop_columns([c for c in (VECTOR, *CODES) if c in t.column_names]).to_pandas()
+            .set_index("query_id").sort_index() for name, t in tables.items()}
     first = next(iter(tops.values()))
     rankings = np.stack([np.stack(t.loc[first.index, "top"].to_numpy()) for t in tops.values()])  # (models, q, depth)
-    if "vector" in first:  # the clusters: every document asks; `own`, its row among the evaluated documents
-        own = first["own"].to_numpy()
-        order = np.argsort(own)  # (documents,): the queries in the documents' order
-        vectors = [np.stack(t.loc[first.index, "vector"].to_numpy())[order] for t in tops.values()]  # (docs, dims)
+    if {VECTOR, CODES[0]} & set(next(iter(tables.values())).column_names):  # the clusters: every document asks
+        own = first["own"].to_numpy()  # each asking document's row among the evaluated documents
+        asking = first.index[np.argsort(own)]  # the queries in the documents' order
+        vectors = [top_vectors(t)[pd.Index(t["query_id"].to_pandas()).get_indexer(asking)]
+                   for t in tables.values()]  # each (documents, dims)
         scores = cluster_purity(vectors, own, nearest=list(rankings))  # (models, queries)
     else:
         own = first["own"].to_numpy() if "own" in first else None  # a text query's own document (not the neighbours')

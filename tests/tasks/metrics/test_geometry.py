@@ -95,6 +95,32 @@ def test_a_sparse_models_codes_give_what_their_dense_rows_do():
     assert [r["value"] for r in geometry_rows(codes)] == pytest.approx([r["value"] for r in geometry_rows(rows)])
 
 
+def test_where_arpack_does_not_converge_the_share_is_exact_or_said(monkeypatch):
+    """ARPACK held to one iteration does not converge: the share then comes exactly from the smaller scatter matrix
+    (the rows' n x n for wide codes, the d x d for narrow ones), and where both are wider than SCATTER_MAX the
+    geometry's row says so, with no value."""
+    import functools
+
+    from scipy import sparse
+    from scipy.sparse.linalg import ArpackNoConvergence, svds
+
+    from tasks.metrics import geometry
+
+    monkeypatch.setattr(geometry, "svds", functools.partial(svds, maxiter=1))
+    wide = sparse.random(60, 900, density=0.05, format="csr", random_state=3)  # more dimensions than rows
+    narrow = sparse.random(900, 60, density=0.05, format="csr", random_state=4)
+    for codes in (wide, narrow):
+        assert top_pc_variance(codes, 3) == pytest.approx(top_pc_variance(codes.toarray(), 3), rel=1e-9)
+    monkeypatch.setattr(geometry, "SCATTER_MAX", 50)
+    for codes in (wide, narrow):  # the exact route above was taken: ARPACK did not converge on either
+        with pytest.raises(ArpackNoConvergence):
+            top_pc_variance(codes, 3)
+    shares = {r["metric"]: r for r in geometry_rows(wide)}
+    assert shares["top1_pc_variance"]["value"] is None
+    assert shares["top1_pc_variance"]["note"] == "the truncated SVD (ARPACK) did not converge"
+    assert shares["uniformity"]["value"] == pytest.approx(uniformity(wide.toarray()), abs=1e-12)
+
+
 def test_geometry_rows():
     rng = np.random.default_rng(0)
     docs, a = rng.normal(size=(30, 16)), rng.normal(size=(12, 16))
