@@ -199,8 +199,9 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: retrieval.Te
         asked = asked[(asked["status"] == "ok") & asked["doc_id"].isin(row_of.index)]  # those of a sample, if one
         rows = row_of[asked["doc_id"]].to_numpy()
         top = pool.neighbour_rankings(x, rows, NEAREST)  # (documents, NEAREST) rows of `docs`
+        # each asking document's vector, a sparse model's as its codes
         vectors = code_columns(x[rows]) if sparse.issparse(x) else \
-            {pool.VECTOR: pa.array(list(x[rows].astype(np.float32)), pa.list_(pa.float32()))}  # a sparse model's: codes
+            {pool.VECTOR: pa.array(list(x[rows].astype(np.float32)), pa.list_(pa.float32()))}
         out.write_table(YARDSTICK_TOP, pa.table({
             "query_id": asked["query_id"], "own": pa.array(rows, pa.int32()),
             "top": pa.array(list(top.astype(np.int32)), pa.list_(pa.int32())), **vectors}))

@@ -28,7 +28,8 @@ from tasks.metrics import dense, row_squares, unit_rows
 
 UNIFORMITY_PAIRS = 250_000  # exact up to n = 707 documents; sampling error of the log ≈ 1e-3 beyond
 PAIR_CHUNK = 16_384  # sampled pairs per block: each gathered block is ~100 MB at d = 768
-# The widest scatter matrix (min(n, d) square, float64: 512 MiB) made exactly where ARPACK does not converge
+# The widest scatter matrix made exactly where ARPACK does not converge: min(n, d) square, float64, 512 MiB at this
+# width (the sparse product it is made from as much again, for a SPLADE model's near-dense X·Xᵀ)
 SCATTER_MAX = 8_192
 
 
@@ -128,7 +129,11 @@ def sparse_top_pc_variance(x: sparse.csr_matrix, k: int) -> float | None:
         if d <= n:  # (d, d): Xᵀ·X less n·mean·meanᵀ
             return scatter_share(dense(x.T @ x) - n * np.outer(mean, mean), k)
         projected = x @ mean  # (n,): each row's dot with the mean; (n, n): X·Xᵀ less both projections, plus |mean|²
-        return scatter_share(dense(x @ x.T) - projected[:, None] - projected[None, :] + mean @ mean, k)
+        gram = dense(x @ x.T)
+        gram -= projected[:, None]  # in place: one (n, n) array, not one a term
+        gram -= projected[None, :]
+        gram += mean @ mean
+        return scatter_share(gram, k)
     return float((singular**2).sum() / total)
 
 

@@ -229,9 +229,9 @@ def _judged(url: str, pool: tuple[tuple[str, ArtifactRef, str], ...]) -> tuple[t
     tables = {name: store.read_table(ref, YARDSTICK_TOP) for name, ref, _ in pool}
     tops = {name: t.drop_columns([c for c in (VECTOR, *CODES) if c in t.column_names]).to_pandas()
             .set_index("query_id").sort_index() for name, t in tables.items()}
-    first = next(iter(tops.values()))
+    first, first_table = next(iter(tops.values())), next(iter(tables.values()))
     rankings = np.stack([np.stack(t.loc[first.index, "top"].to_numpy()) for t in tops.values()])  # (models, q, depth)
-    if {VECTOR, CODES[0]} & set(next(iter(tables.values())).column_names):  # the clusters: every document asks
+    if {VECTOR, CODES[0]} & set(first_table.column_names):  # the clusters: every document asks
         own = first["own"].to_numpy()  # each asking document's row among the evaluated documents
         asking = first.index[np.argsort(own)]  # the queries in the documents' order
         vectors = [top_vectors(t)[pd.Index(t["query_id"].to_pandas()).get_indexer(asking)]

@@ -308,7 +308,6 @@ def test_the_clusters_ask_with_every_document_and_the_pool_groups_the_other_mode
         np.testing.assert_allclose(scores["doc-" + docs["doc_id"]].to_numpy(), by_hand[m])
 
 
-
 def test_a_sparse_models_clusters_vectors_stay_codes_and_group_as_their_dense_rows(corpus, tiny_dir, tiny_mlm_dir,
                                                                                  tmp_path):
     """A SPLADE model's vectors for the clusters (a weight for each of 30,522 terms) are stored as its codes, and the

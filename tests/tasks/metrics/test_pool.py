@@ -162,3 +162,46 @@ def test_a_sparse_models_codes_rank_as_their_dense_rows_do():
     rows, own = codes.toarray(), np.array([0, 7, 39])
     assert (pool.neighbour_rankings(codes, own, depth=10) == pool.neighbour_rankings(rows, own, depth=10)).all()
     assert (pool.top_documents(rows[own], codes, depth=5) == pool.top_documents(rows[own], rows, depth=5)).all()
+
+
+def test_the_pool_reads_each_models_clusters_table_in_its_own_row_order(tmp_path):
+    """Each evaluate artifact's clusters table may list the documents in its own order, and a sparse model's vectors
+    as codes: pool_scores judges each model as cluster_purity does on the vectors in the documents' order, a sparse
+    model's as its dense rows."""
+    import pyarrow as pa
+    from scipy import sparse
+
+    from storage.base import ArtifactRef
+    from storage.catalog import YARDSTICK_TOP
+    from storage.codes import code_columns
+    from storage.store import ArtifactStore
+
+    rng = np.random.default_rng(7)
+    topic = np.repeat([0, 1, 2], 20)  # 60 documents of 3 topics
+    centres = rng.normal(size=(3, 12)) * 3
+    vectors = [(centres[topic] + rng.normal(size=(60, 12))).astype(np.float32) for _ in range(3)]
+    vectors[1] = sparse.csr_matrix(np.maximum(vectors[1], 0))  # a sparse model's codes: about half active
+    nearest = [pool.neighbour_rankings(x, np.arange(60), depth=10) for x in vectors]
+    store, refs = ArtifactStore(tmp_path), {}
+    for m, (x, top) in enumerate(zip(vectors, nearest)):
+        order = rng.permutation(60)  # the order this model's table lists the documents in
+        columns = code_columns(x[order]) if sparse.issparse(x) else \
+            {pool.VECTOR: pa.array(list(x[order]), pa.list_(pa.float32()))}
+        table = pa.table({"query_id": [f"doc-{i:02d}" for i in order], "own": pa.array(order, pa.int32()),
+                          "top": pa.array(list(top[order].astype(np.int32)), pa.list_(pa.int32())), **columns})
+        refs[f"model-{m}"] = ArtifactRef("evaluate", f"eval-{m}")
+        with store.writing(refs[f"model-{m}"], config={}, inputs=[], code_version="v", libraries={}) as out:
+            out.write_table(YARDSTICK_TOP, table)
+    judged = pool.pool_scores(store, refs)
+    by_hand = pool.cluster_purity([vectors[0], vectors[1].toarray(), vectors[2]], np.arange(60), nearest=nearest)
+    for m, name in enumerate(refs):
+        np.testing.assert_allclose(judged[name][[f"doc-{i:02d}" for i in range(60)]].to_numpy(), by_hand[m])
+    collapsed = pa.table({"query_id": [f"doc-{i:02d}" for i in range(60)], "own": pa.array(range(60), pa.int32()),
+                          "top": pa.array(list(nearest[1].astype(np.int32)), pa.list_(pa.int32())),
+                          **code_columns(sparse.csr_matrix((60, 12), dtype=np.float32))})  # no active code at all
+    with store.writing(ArtifactRef("evaluate", "eval-collapsed"), config={}, inputs=[], code_version="v",
+                       libraries={}) as out:
+        out.write_table(YARDSTICK_TOP, collapsed)
+    judged = pool.pool_scores(store, {"model-0": refs["model-0"],
+                                      "collapsed": ArtifactRef("evaluate", "eval-collapsed")})
+    assert all(scores.between(0, 1).all() for scores in judged.values())  # model-0 judged by one group: all 1
