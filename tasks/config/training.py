@@ -262,7 +262,6 @@ def family_conflicts(family: str, train: TrainConfig, settings: FamilySettings |
                             "CSR's loss also rebuilds each vector, which sentence-transformers does not cache"),
         "padding_free": (train.padding_free is True, "its packed forward is built for the dense model"),
         "compile": (bool(train.compile), "not built for the family's head yet"),
-        "devices": (train.devices != 1, "its loss is not gathered across processes yet: 1, not auto"),
         "lora": (train.lora is not None, "the merge stage rebuilds a dense model"),
     }
     return [f"{name} ({why})" for name, (found, why) in conflicts.items() if found]

@@ -100,6 +100,19 @@ def gather_rows(local: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def gather_tokens(local: torch.Tensor, gather: Gather = gather_rows) -> torch.Tensor:
+    """(rows_here, tokens_here, ...) -> (global rows, the longest tokens of any process, ...): `gather` after each
+    process fills its token axis with zeros to the longest of all (a padded token's vector and mask are 0)."""
+    if world()[1] == 1:
+        return gather(local)
+    if local.dtype == torch.bool:  # gloo gathers no bool tensor
+        return gather_tokens(local.to(torch.uint8), gather).bool()
+    longest = torch.tensor([local.shape[1]], device=local.device)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+    filled = torch.nn.functional.pad(local, (0, 0) * (local.dim() - 2) + (0, int(longest) - local.shape[1]))
+    return gather(filled)
+
+
 def data_parallel(module: torch.nn.Module) -> torch.nn.Module:
     """`module` under DistributedDataParallel when there are several processes (gradients averaged
     across them in the backward pass), else itself. Some parameters take no part in a recipe's loss

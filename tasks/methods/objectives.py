@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
 from sentence_transformers import MultiVectorEncoder, SentenceTransformer
+from sentence_transformers.base.losses import column_merging_disabled
 from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.losses import MarginMSELoss, MatryoshkaLoss
 from sentence_transformers.sparse_encoder import SparseEncoder
@@ -26,7 +28,7 @@ from tasks.encoders.inputs import Tokens, features
 from tasks.encoders.models import to_device
 from tasks.methods.cached import CachedLoss, CachedMaxSimLoss, CachedSpladeLoss
 from tasks.methods.contrastive_tension import GatheredContrastiveTensionLoss
-from tasks.methods.distributed import Gather, gather_rows, no_gather
+from tasks.methods.distributed import Gather, gather_rows, gather_tokens, no_gather, world
 from tasks.methods.infonce import InfoNCELoss
 from tasks.methods.mlm import MaskedLMLoss
 from tasks.methods.mntp import MaskedNextTokenLoss
@@ -136,33 +138,63 @@ if set(OBJECTIVES) != set(RECIPES):
     raise RuntimeError(f"objectives and recipe registry disagree: {sorted(set(OBJECTIVES) ^ set(RECIPES))}")
 
 
+def gathered_outputs(loss: nn.Module, module: nn.Module, keys: tuple[str, ...], gather: Gather,
+                     tokens: bool = False) -> None:
+    """Several processes: each training forward of `module` (a family's model or a module of it) returns its outputs
+    `keys` (per-row tensors; `tokens`: with a token axis, filled to the longest of all processes) gathered by `gather`
+    from every process, so that `loss`, a loss of sentence-transformers' that reads them, computes the global batch's
+    loss in each process, as the dense losses do with their own `gather` (distributed.py). The library's losses embed
+    several columns in one merged forward, whose rows a gather would interleave: under `loss` each column runs alone
+    (its column_merging_disabled: the same loss and gradients, it says). One process, or no gather: nothing changes."""
+    if world()[1] == 1 or gather is no_gather:
+        return
+    alone = ExitStack()
+    loss.register_forward_pre_hook(lambda *_: alone.enter_context(column_merging_disabled()))
+    loss.register_forward_hook(lambda *_: alone.close())
+
+    def gathered(module: nn.Module, args, output: dict) -> dict:
+        if not (module.training and torch.is_grad_enabled()):  # encoding (the probe, the start codes): its own rows
+            return output
+        return {**output, **{key: (gather_tokens(output[key], gather) if tokens else gather(output[key]))
+                             for key in keys}}
+
+    module.register_forward_hook(gathered)
+
+
 def multi_vector_info_nce(recipe: Recipe, model: MultiVectorEncoder, settings: MultiVectorSettings,
-                          cached_rows: int | None) -> Objective:
+                          cached_rows: int | None, gather: Gather) -> Objective:
     """The multi_vector family's loss for a recipe whose view is (query, document[, hard negative]) rows: InfoNCE
     over MaxSim scores, every other row's documents the negatives (sentence-transformers' own loss: the first
     column is read as queries, expanded where the model says, the others as documents); with `cached_rows`, its
     GradCache form, which embeds that many rows at a time. Its chance level is the dense one's: a model with one
-    vector for every token scores every document alike."""
+    vector for every token scores every document alike. Several processes: the token vectors and their scoring masks
+    gathered from the last module."""
     columns = 2 if recipe.hard_negatives else 1
     loss = (CachedMaxSimLoss(model, scale=settings.scale, mini_batch_size=cached_rows)
             if cached_rows else MultiVectorMultipleNegativesRankingLoss(model, scale=settings.scale))
+    gathered_outputs(loss, model[-1], ("token_embeddings", "attention_mask"), gather, tokens=True)
     return Objective(loss, anchors_and_positives(model, as_queries=True), lambda rows: math.log(columns * rows))
 
 
-def sparse_info_nce(model: SparseEncoder, settings: SparseSettings, cached_rows: int | None) -> Objective:
+def sparse_info_nce(model: SparseEncoder, settings: SparseSettings, cached_rows: int | None,
+                    gather: Gather) -> Objective:
     """The sparse family's loss (sentence-transformers' own): InfoNCE over the codes' dot products, every other row's
     documents the negatives, plus CSR's reconstructions of the dense vector from its top k and top 4k codes and the
     auxiliary one that revives dead codes, or SPLADE's FLOPS regularisers on the queries' and the documents' term
     weights, warmed up (`regularizer_warmup`; with `cached_rows`, SPLADE's GradCache form, which embeds that many rows
     at a time). No chance level: those terms add to the InfoNCE's, so the total has none to sit at (the health checks
-    read the probe)."""
+    read the probe). Several processes: SPLADE's term weights gathered, and CSR's dense vectors before its
+    autoencoder, which then codes the whole batch in every process (its count of each code's last use too)."""
     info_nce = SparseMultipleNegativesRankingLoss(model, scale=settings.resolved_scale)
     if settings.kind == "csr":
-        return Objective(SummedLoss(CSRLoss(model, info_nce, beta=settings.aux_weight)), anchors_and_positives(model))
+        loss = SummedLoss(CSRLoss(model, info_nce, beta=settings.aux_weight))
+        gathered_outputs(loss, model[-2], ("sentence_embedding",), gather)
+        return Objective(loss, anchors_and_positives(model))
     weights = dict(document_regularizer_weight=settings.document_regularizer,
                    query_regularizer_weight=settings.query_regularizer)
     loss = (CachedSpladeLoss(model, info_nce, **weights, mini_batch_size=cached_rows) if cached_rows else
             SpladeLoss(model, info_nce, **weights))
+    gathered_outputs(loss, model[-1], ("sentence_embedding",), gather)
     return Objective(SummedLoss(loss), anchors_and_positives(model),
                      at_step=regularizer_warmup(loss, settings.regularizer_warmup) if settings.regularizer_warmup
                      else None)
@@ -195,13 +227,13 @@ def build_objective(model: SentenceTransformer | MultiVectorEncoder | SparseEnco
     resolves them. Recipes whose loss compares rows of the batch (the registry's `in_batch_negatives`)
     gather them from every process; `gather` replaces that (a test trains without it). `family`: the settings of a
     family other than dense (tasks/encoders/families.py), whose model trains by its own InfoNCE (the config allows
-    it for the family's recipes, in one process; GradCache for the multi-vector family and SPLADE)."""
+    it for the family's recipes; GradCache for the multi-vector family and SPLADE, in one process)."""
     spec = RECIPES[recipe]
-    if isinstance(family, MultiVectorSettings):
-        return multi_vector_info_nce(spec, model, family, cfg.cached_rows)
-    if isinstance(family, SparseSettings):
-        return sparse_info_nce(model, family, cfg.cached_rows)
     gather = gather or (gather_rows if spec.in_batch_negatives else no_gather)
+    if isinstance(family, MultiVectorSettings):
+        return multi_vector_info_nce(spec, model, family, cfg.cached_rows, gather)
+    if isinstance(family, SparseSettings):
+        return sparse_info_nce(model, family, cfg.cached_rows, gather)
     objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
     if cfg.cached_rows:  # the config allows it for spec.mini_batches
         return Objective(CachedLoss(objective.loss, cfg.cached_rows), objective.collate, objective.chance,

@@ -62,16 +62,20 @@ def test_missing_input_file_exits_non_zero(tmp_path, env):
 
 
 @pytest.mark.slow
-def test_train_trains_a_dense_and_a_multi_vector_model_without_scoring_them(tmp_path, env):
-    from sentence_transformers import MultiVectorEncoder, SentenceTransformer
+def test_train_trains_a_dense_model_and_in_two_processes_a_multi_vector_and_a_sparse_one_unscored(tmp_path, env):
+    from sentence_transformers import MultiVectorEncoder, SentenceTransformer, SparseEncoder
 
+    two = {"devices": 2}  # torchrun's gloo processes, the families' outputs gathered (tests/tasks/methods)
     config = tiny_config(tmp_path, methods=[{"name": "crops", "recipe": "crops"},
                                             {"name": "crops-mv", "recipe": "crops", "family": "multi_vector",
-                                             "multi_vector": {"dim": 16}}])
+                                             "multi_vector": {"dim": 16}, "train": two},
+                                            {"name": "crops-csr", "recipe": "crops", "family": "sparse",
+                                             "sparse": {"active_dims": 8}, "train": two}])
     result = embforge("train", str(config), "--set", "data.limit=60", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     said = " ".join(result.stdout.split())
-    assert "trained, not scored" in said and "crops-mv" in said
+    assert "trained, not scored" in said and "crops-mv" in said and "crops-csr" in said
+    assert (result.stdout + result.stderr).count("training in 2 processes (torchrun, gloo)") == 2
     store = ArtifactStore(tmp_path / "store")
     models = {m["label"]: m for m in Catalog(store).query("SELECT label, artifact FROM models")}
     folder = {label: str(store.path(ArtifactRef.parse(models[label]["artifact"])) / "model") for label in models
@@ -80,6 +84,8 @@ def test_train_trains_a_dense_and_a_multi_vector_model_without_scoring_them(tmp_
     assert SentenceTransformer(folder["crops"], device="cpu").encode(texts).shape == (2, 32)
     multi = MultiVectorEncoder(folder["crops-mv"], device="cpu")
     assert [t.shape[1] for t in multi.encode_document(texts)] == [16, 16]
+    codes = SparseEncoder(folder["crops-csr"], device="cpu").encode(texts, convert_to_sparse_tensor=False)
+    assert codes.shape == (2, 128) and ((codes != 0).sum(1) <= 8).all() and (codes != 0).any()
     assert not list(store.root.glob("artifacts/embed/*"))  # trained, nothing scored
 
 

@@ -118,7 +118,7 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "train: {pooling: cls, padding_free: true, compile: true, devices: 2, head: mlp}}]\n",
      "train.head (a projection head on the dense vector; the family has a head of its own); train.pooling (a "
      "multi-vector model keeps every token; its one vector is their mean); train.padding_free (its packed forward is "
-     "built for the dense model); train.compile (not built for the family's head yet); train.devices"),
+     "built for the dense model); train.compile (not built for the family's head yet); leave them unset"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, family: sparse, "
      "train: {pooling: cls, head: mlp, lora: {}}}]\n",
      "methods.0: the sparse family does not train with train.head (a projection head on the dense vector; the family "

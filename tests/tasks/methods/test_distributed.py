@@ -12,9 +12,9 @@ import torch
 from tasks.config.recipes import RECIPES
 from tasks.encoders.models import sentence_model
 from tasks.methods.distributed import gather_rows, shard
-from tests.helpers import REPO, tiny_encoder
+from tests.helpers import REPO, tiny_encoder, with_masked_lm_head
+from tests.tasks.methods.distributed_steps import FAMILY_RECIPES, three_steps, with_negatives
 from tests.tasks.methods.distributed_steps import RECIPES as COMPARED
-from tests.tasks.methods.distributed_steps import three_steps, with_negatives
 
 
 def test_shards_cover_the_batch_once_in_order():
@@ -37,10 +37,11 @@ def test_the_compared_recipes_are_the_registry_s_in_batch_ones():
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
-    """(init folder, pairs file, what 2 torchrun processes trained)."""
+    """(init folder, its masked-LM copy, pairs file, what 2 torchrun processes trained)."""
     tmp = tmp_path_factory.mktemp("ddp")
     init = tmp / "init"
     tiny_encoder(init, dropout=0.0)  # dropout off: the processes draw their own masks
+    mlm = with_masked_lm_head(str(init), tmp / "mlm")
     texts = [f"document {i} about topic {i % 5}, with words {i * 7 % 13} and {i * 3 % 11}" for i in range(48)]
     pairs = tmp / "pairs.parquet"
     rows = {"epoch": pa.array([0] * 48, pa.int32()), "anchor": texts, "positive": [t.upper() for t in texts]}
@@ -48,13 +49,14 @@ def two_processes(tmp_path_factory):
     # Each row's hard negative (gpl) is another row's positive: gathered per column, it stays that row's.
     pq.write_table(pa.table({**rows, "negative": [texts[(i + 7) % 48].upper() for i in range(48)]}),
                    with_negatives(str(pairs)), row_group_size=10)
-    return str(init), str(pairs), torchrun(init, pairs, tmp / "two.pt")
+    return str(init), mlm, str(pairs), torchrun(init, mlm, pairs, tmp / "two.pt")
 
 
-def torchrun(init, pairs, out, *mode: str) -> dict:
+def torchrun(init, mlm, pairs, out, *mode: str) -> dict:
     """What 2 torchrun processes trained (distributed_steps.py)."""
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    str(REPO / "tests/tasks/methods/distributed_steps.py"), str(init), str(pairs), str(out), *mode],
+                    str(REPO / "tests/tasks/methods/distributed_steps.py"), str(init), str(mlm), str(pairs), str(out),
+                    *mode],
                    check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
                    timeout=600)
     return torch.load(out)
@@ -62,7 +64,7 @@ def torchrun(init, pairs, out, *mode: str) -> dict:
 
 @pytest.mark.parametrize("recipe", COMPARED)
 def test_two_processes_of_8_rows_train_as_one_of_16(two_processes, recipe, tmp_path):
-    init, pairs, trained = two_processes
+    init, _, pairs, trained = two_processes
     one = three_steps(init, pairs, recipe, True, tmp_path)
     two = trained[(recipe, True)]
     assert len(one["losses"]) == 3
@@ -77,7 +79,7 @@ def test_two_processes_of_8_rows_train_as_one_of_16(two_processes, recipe, tmp_p
 
 
 def test_two_processes_train_a_lora_adapter_as_one(two_processes, tmp_path):
-    init, pairs, trained = two_processes
+    init, _, pairs, trained = two_processes
     one, two = three_steps(init, pairs, "crops", True, tmp_path, lora=True), trained["lora"]
     assert one["losses"] == pytest.approx(two["losses"], rel=1e-5, abs=1e-6)
     assert one["weights"].keys() == two["weights"].keys()
@@ -93,10 +95,29 @@ def test_two_processes_train_a_lora_adapter_as_one(two_processes, tmp_path):
 @pytest.mark.slow  # compiling
 def test_two_compiled_processes_train_as_one_plain_process(two_processes, tmp_path):
     # train.compile with devices > 1: DistributedDataParallel around the compiled encoder
-    init, pairs, _ = two_processes
-    two = torchrun(init, pairs, tmp_path / "compiled.pt", "compiled")["compiled"]
+    init, mlm, pairs, _ = two_processes
+    two = torchrun(init, mlm, pairs, tmp_path / "compiled.pt", "compiled")["compiled"]
     one = three_steps(init, pairs, "crops", True, tmp_path)
     assert two["graphs"] > 0 and one["graphs"] == 0
     assert one["losses"] == pytest.approx(two["losses"], rel=1e-5, abs=1e-6)
     for name, weight in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], weight, rtol=1e-5, atol=1e-5, msg=name)
+
+
+# A family's loss (sentence-transformers') reads its model's outputs gathered from every process: the token vectors and
+# masks of a multi-vector model (hard negatives as a column of their own), CSR's dense vectors before its autoencoder
+# (whose count of each code's last use then follows every row), SPLADE's term weights (its FLOPS regularisers square
+# the batch's mean weights: over 8 rows they are another number).
+@pytest.mark.parametrize(("family", "recipe"), FAMILY_RECIPES)
+def test_two_processes_train_each_family_as_one(two_processes, family, recipe, tmp_path):
+    init, mlm, pairs, trained = two_processes
+    one = three_steps(init, pairs, recipe, True, tmp_path, family=family, mlm_dir=mlm)
+    two = trained[(family, recipe, True)]
+    assert len(one["losses"]) == 3
+    assert one["losses"] == pytest.approx(two["losses"], rel=1e-5, abs=1e-6)
+    assert one["weights"].keys() == two["weights"].keys()
+    for name, weight in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], weight, rtol=1e-5, atol=1e-5, msg=name)
+
+    alone = trained[(family, recipe, False)]
+    assert alone["losses"][0] != pytest.approx(one["losses"][0], rel=1e-3)
