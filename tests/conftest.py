@@ -66,6 +66,17 @@ def tiny_mlm_dir(tiny_dir, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_splade_dir(tiny_mlm_dir, tmp_path_factory) -> str:
+    """tiny_mlm_dir as a saved SPLADE model keeping a text's 8 strongest terms."""
+    from tasks.config.family_settings import SparseSettings
+    from tasks.encoders.families import splade_model
+
+    folder = str(tmp_path_factory.mktemp("tiny-splade") / "model")
+    splade_model(tiny_mlm_dir, SparseSettings(kind="splade", active_dims=8), 32, "cpu", 0).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_decoder_dir(tmp_path_factory) -> str:
     """A randomly initialised 2-layer, 32-wide Llama decoder with a 400-token byte-level BPE tokenizer."""
     from tests.helpers import tiny_decoder

@@ -11,11 +11,9 @@ from storage.catalog import Catalog
 from storage.store import ArtifactStore
 from tasks.config.data import DataConfig
 from tasks.config.evaluation import KnnConfig
-from tasks.config.family_settings import SparseSettings
 from tasks.core.stage import NoInputs
 from tasks.embed import EMBED, EmbedInputs, EmbedJob, read_embeddings
 from tasks.encoders.budget import char_budget
-from tasks.encoders.families import splade_model
 from tasks.evaluate import EVALUATE, EvalJob, EvaluateInputs
 from tasks.ingest import INGEST
 from tasks.metrics import geometry, knn
@@ -89,11 +87,10 @@ def test_the_report_says_how_many_texts_were_cut_before_tokenizing(tmp_path, tin
         "to that before tokenizing"]
 
 
-def test_a_sparse_models_codes_are_scored_without_a_dense_copy_of_the_corpus(tmp_path, tiny_mlm_dir, monkeypatch):
+def test_a_sparse_models_codes_are_scored_without_a_dense_copy_of_the_corpus(tmp_path, tiny_splade_dir, monkeypatch):
     """A SPLADE model's codes (a weight for each of its vocabulary's 30,522 terms, mostly zero) reach kNN and geometry
     as they are stored, sparse: the scores of their dense rows, and no (documents x vocabulary) dense copy made."""
-    folder = str(tmp_path / "splade")
-    splade_model(tiny_mlm_dir, SparseSettings(kind="splade", active_dims=8), 32, "cpu", 0).save(folder)
+    folder = tiny_splade_dir
     made, real = [], sparse.csr_matrix.toarray
 
     def toarray(self, *args, **kwargs):  # each dense copy's shape

@@ -308,20 +308,15 @@ def test_the_clusters_ask_with_every_document_and_the_pool_groups_the_other_mode
         np.testing.assert_allclose(scores["doc-" + docs["doc_id"]].to_numpy(), by_hand[m])
 
 
-def test_a_sparse_models_clusters_vectors_stay_codes_and_group_as_their_dense_rows(corpus, tiny_dir, tiny_mlm_dir,
-                                                                                 tmp_path):
+def test_a_sparse_models_clusters_vectors_stay_codes_and_group_as_their_dense_rows(corpus, tiny_dir, tiny_splade_dir):
     """A SPLADE model's vectors for the clusters (a weight for each of 30,522 terms) are stored as its codes, and the
     pool groups them sparse: each model's scores those of its dense rows."""
     from scipy import sparse
 
-    from tasks.config.family_settings import SparseSettings
-    from tasks.encoders.families import splade_model
-
     store, documents, _, docs, _ = corpus
     ref = YARDSTICK.run(store, CFG.model_copy(update={"kind": "clusters", "max_queries": 5}),
                         YardstickInputs(documents=documents))
-    folder = str(tmp_path / "splade")
-    splade_model(tiny_mlm_dir, SparseSettings(kind="splade", active_dims=8), 32, "cpu", 0).save(folder)
+    folder = tiny_splade_dir
     pool = {}
     for model in (tiny_dir, folder):
         emb = EMBED.run(store, EmbedJob(model=model, max_length=16, batch_size=16), EmbedInputs(documents=documents))
