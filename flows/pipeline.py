@@ -57,7 +57,7 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
     (tasks/train.py), going on from the train artifact `resume`; `schedule`: the pairs hold as many epochs as
     `train.max_steps` takes (a search's candidates, on one schedule whatever their view's rows)."""
     knn = run.cfg.evaluate.knn
-    pairs = method_pairs(run, method, train.epochs, train.batch_size, docs, sentences, summaries, negatives, yardstick,
+    pairs = method_pairs(run, method, train, docs, sentences, summaries, negatives, yardstick,
                          train.max_steps if schedule else None)
     prompts = run.cfg.model.prompts
     tokens = run.stage(TOKENS, TokensJob.for_method(base_model, method, train, prompts),
@@ -74,12 +74,13 @@ def train_method(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
                          knn_holdout=method.knn_holdout, swept=method.swept, family=method.family)
 
 
-def method_pairs(run: Run, method: MethodConfig, epochs: int, batch_size: int, docs: ArtifactRef,
+def method_pairs(run: Run, method: MethodConfig, train: TrainConfig, docs: ArtifactRef,
                  sentences: ArtifactRef, summaries: ArtifactRef | None, negatives: ArtifactRef | None,
                  yardstick: YardstickConfig | None, steps: int | None = None) -> ArtifactRef:
-    """The pairs artifact of a method's view over `epochs`, or as many as `steps` batches take (the yardstick's
+    """The pairs artifact of a method's view over `train.epochs`, or as many as `steps` batches take (the yardstick's
     documents left out)."""
-    views = PairsConfig.for_method(method, epochs, run.cfg.evaluate.knn, batch_size, yardstick, steps)
+    views = PairsConfig.for_method(method, train.epochs, run.cfg.evaluate.knn, train.batch_size, yardstick, steps,
+                                   train.min_batch_rows)
     return run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
 
 

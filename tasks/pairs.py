@@ -27,7 +27,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError, Section
 from tasks.config.recipes import RECIPES, View
 from tasks.config.splits import HeldOutShare, KnnConfig
-from tasks.config.training import MethodConfig, epoch_batches
+from tasks.config.training import MIN_BATCH, MethodConfig, epoch_batches
 from tasks.core.held_out import HeldOut, held_out_documents, knn_test_documents
 from tasks.core.stage import Inputs, Stage
 from tasks.views import PAIRS_SCHEMA
@@ -51,6 +51,7 @@ class PairsConfig(Section):
     batch_size: int | None = None  # with `steps`; and the queries view's with hard negatives (none of a batch's
     # documents is one)
     steps: int | None = None  # a schedule of this many batches: as many epochs as it takes (`embforge select`'s budget)
+    min_rows: int | None = None  # with `steps`: an epoch's trailing batch counts from this many rows (training's rule)
 
     @property
     def needs_documents(self) -> bool:
@@ -59,7 +60,7 @@ class PairsConfig(Section):
     @classmethod
     def for_method(cls, method: MethodConfig, epochs: int, knn: KnnConfig | None = None,
                    batch_size: int | None = None, yardstick: HeldOutShare | None = None,
-                   steps: int | None = None) -> PairsConfig:
+                   steps: int | None = None, min_rows: int | None = None) -> PairsConfig:
         # Only what shapes the rows is part of the identity: recipes that read the same view (and
         # renamed methods) share one artifact.
         recipe = RECIPES[method.recipe]
@@ -72,6 +73,7 @@ class PairsConfig(Section):
                    held_out=held_out, replacement=replacement if view == "summaries" else None,
                    round_trip=method.resolved_round_trip, hard_negatives=hard_negatives, margins=recipe.margins,
                    batch_size=batch_size if hard_negatives or steps else None, steps=steps,
+                   min_rows=min_rows if steps else None,
                    yardstick=HeldOutShare(**yardstick.model_dump(include=set(HeldOutShare.model_fields)))
                    if yardstick else None)
 
@@ -101,7 +103,8 @@ def epochs_for(cfg: PairsConfig, per_epoch: int) -> int:
     """`epochs`, or with `steps` as many as `steps` batches of `batch_size` take (at least `epochs`)."""
     if cfg.steps is None:
         return cfg.epochs
-    return max(cfg.epochs, math.ceil(cfg.steps / max(1, epoch_batches(per_epoch, cfg.batch_size))))
+    return max(cfg.epochs, math.ceil(cfg.steps / max(1, epoch_batches(per_epoch, cfg.batch_size,
+                                                                          cfg.min_rows or MIN_BATCH))))
 
 
 def build_pairs(store: ArtifactStore, cfg: PairsConfig, inputs: PairsInputs,

@@ -238,7 +238,8 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
     measure = (knn_curve(model, store.read_table(inputs.documents, "documents"), job.knn, cfg.batch_size)
                if inputs.documents and rank == 0 else None)
     with store.open_table(inputs.tokens, "tokens") as tokens:
-        batches = PairBatches(tokens, cfg.batch_size, cfg.group_by_length, cfg.seed, cfg.max_steps)
+        batches = PairBatches(tokens, cfg.batch_size, cfg.group_by_length, cfg.seed, cfg.max_steps,
+                              cfg.min_batch_rows)
         log.info("%s recipe, %d rows x %d epoch(s), batch %d, lr %g, on %s%s; %s%s%s", job.recipe,
                  batches.epoch_rows[0], len(batches.epoch_rows), cfg.batch_size, cfg.lr, model.device,
                  f" and {size - 1} more process(es)" if size > 1 else "",
@@ -304,6 +305,9 @@ def launch(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: Artifa
 def build_model(store: ArtifactStore, job: TrainJob, inputs: TrainInputs,
                 out: ArtifactWriter, ref: ArtifactRef, log: logging.Logger) -> None:
     processes = distributed.processes(job.train.devices, pick_device(job.train.device))
+    if processes > job.train.batch_size:  # `auto` on more GPUs than a batch has rows (the config refuses a number)
+        raise InputError(f"train.devices: auto is {processes} GPUs, but a batch of train.batch_size "
+                         f"{job.train.batch_size} rows leaves some without a row: set devices to at most batch_size")
     rows, model_health = (launch(store, job, inputs, ref, out.folder, out.work, processes, log) if processes > 1
                           else fit(store, job, inputs, ref, out.folder, log))
     out.write_table("training", pa.Table.from_pylist(rows))

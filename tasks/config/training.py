@@ -18,9 +18,10 @@ GROUP_WINDOW = 50  # batches sorted by length together under `group_by_length` (
 MIN_BATCH = 2  # a batch of one row has no in-batch negatives: an epoch's trailing one is dropped
 
 
-def epoch_batches(rows: int, batch_size: int) -> int:
-    """The batches one epoch of `rows` pairs makes (tasks/methods/batches.py's plan_batches, which counts the same)."""
-    return rows // batch_size + (rows % batch_size >= MIN_BATCH)
+def epoch_batches(rows: int, batch_size: int, min_rows: int = MIN_BATCH) -> int:
+    """The batches one epoch of `rows` pairs makes, its trailing one only with at least `min_rows` rows
+    (tasks/methods/batches.py's plan_batches, which counts the same)."""
+    return rows // batch_size + (rows % batch_size >= min_rows)
 
 
 # `padding_free: auto` packs encoders at least this wide: on 2 CPU cores a 2-layer 256-wide BERT's crops step ran
@@ -238,6 +239,20 @@ class TrainConfig(Section):
         if isinstance(v, int) and v < 1:
             raise ValueError("must be at least 1, or auto")
         return v
+
+    @property
+    def min_batch_rows(self) -> int:
+        """The fewest rows a batch trains on; an epoch's trailing batch of fewer is dropped. In one process
+        MIN_BATCH; with `devices` other than 1 a full batch, so that every process holds rows of every batch whatever
+        their number (`auto`'s too), and the pairs stage, which counts a budget's epochs, counts the same batches."""
+        return MIN_BATCH if self.devices == 1 else self.batch_size
+
+    @model_validator(mode="after")
+    def _rows_for_every_process(self) -> TrainConfig:
+        if isinstance(self.devices, int) and self.devices > self.batch_size:
+            raise ValueError(f"devices: {self.devices} processes share each batch of batch_size {self.batch_size} "
+                             "rows, so some would hold none: at most batch_size devices")
+        return self
 
     @model_validator(mode="after")
     def _compiled_lengths(self) -> TrainConfig:

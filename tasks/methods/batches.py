@@ -39,10 +39,11 @@ class BatchRows(NamedTuple):
 
 
 def plan_batches(epoch_rows: list[int], batch_size: int, lengths: np.ndarray | None = None,
-                 seed: int = 0) -> list[BatchRows]:
+                 seed: int = 0, min_rows: int = MIN_BATCH) -> list[BatchRows]:
     """Every batch in training order: `batch_size` rows of one epoch, never across two; an epoch's
-    trailing batch of one row has no negatives: dropped. With `lengths` (one per row of the file)
-    batches are cut from windows sorted by length; the number and sizes of batches are the same."""
+    trailing batch of fewer than `min_rows` rows is dropped (one row has no negatives; several processes need a
+    full batch: TrainConfig.min_batch_rows). With `lengths` (one per row of the file) batches are cut from windows
+    sorted by length; the number and sizes of batches are the same."""
     plan: list[BatchRows] = []
     rng = np.random.default_rng(seed)
     window = batch_size * (GROUP_WINDOW if lengths is not None else 1)
@@ -51,14 +52,14 @@ def plan_batches(epoch_rows: list[int], batch_size: int, lengths: np.ndarray | N
         for w in range(0, rows, window):
             span = min(window, rows - w)
             if lengths is None:
-                if span >= MIN_BATCH:
+                if span >= min_rows:
                     plan.append(BatchRows(epoch, first + w, span))
                 continue
             # longest first; a stable sort keeps equal lengths in file order
             by_length = np.argsort(-lengths[first + w : first + w + span], kind="stable")
             cut = [by_length[i : i + batch_size] for i in range(0, span, batch_size)]
             plan += [BatchRows(epoch, first + w, span, cut[i]) for i in rng.permutation(len(cut))
-                     if len(cut[i]) >= MIN_BATCH]
+                     if len(cut[i]) >= min_rows]
         first += rows
     return plan
 
@@ -76,7 +77,7 @@ class PairBatches:
     so the rows held at any moment are those of the row groups the current batch spans, whatever the file's size."""
 
     def __init__(self, source: pq.ParquetFile, batch_size: int, group_by_length: bool = False, seed: int = 0,
-                 max_steps: int | None = None):
+                 max_steps: int | None = None, min_rows: int = MIN_BATCH):
         self.source = source
         names = source.schema_arrow.names
         # (anchor, positive) rows, or (anchor, positive, negative) where the view mined hard negatives, and
@@ -92,7 +93,7 @@ class PairBatches:
             raise ValueError("pairs are not in training order: the epoch column goes down")
         self.epoch_rows: list[int] = np.bincount(epochs).tolist()
         lengths = token_lengths(source, texts) if group_by_length else None
-        self.plan = plan_batches(self.epoch_rows, batch_size, lengths, seed)
+        self.plan = plan_batches(self.epoch_rows, batch_size, lengths, seed, min_rows)
         if max_steps is not None and max_steps > len(self.plan):
             raise InputError(f"train.max_steps: {max_steps} steps, but the pairs make {len(self.plan)} batches of "
                              f"{batch_size} over {len(self.epoch_rows)} epoch(s); raise train.epochs")

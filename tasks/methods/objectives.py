@@ -148,9 +148,14 @@ def gathered_outputs(loss: nn.Module, module: nn.Module, keys: tuple[str, ...], 
     (its column_merging_disabled: the same loss and gradients, it says). One process, or no gather: nothing changes."""
     if world()[1] == 1 or gather is no_gather:
         return
-    alone = ExitStack()
-    loss.register_forward_pre_hook(lambda *_: alone.enter_context(column_merging_disabled()))
-    loss.register_forward_hook(lambda *_: alone.close())
+    calls: list[ExitStack] = []  # one for each call of `loss` in progress, closed as it returns or raises
+
+    def enter(*_) -> None:
+        calls.append(ExitStack())
+        calls[-1].enter_context(column_merging_disabled())
+
+    loss.register_forward_pre_hook(enter)
+    loss.register_forward_hook(lambda *_: calls.pop().close(), always_call=True)
 
     def gathered(module: nn.Module, args, output: dict) -> dict:
         if not (module.training and torch.is_grad_enabled()):  # encoding (the probe, the start codes): its own rows

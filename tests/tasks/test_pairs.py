@@ -7,7 +7,7 @@ from storage.store import ArtifactStore
 from tasks import pairs as pairs_module
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
-from tasks.config.training import epoch_batches
+from tasks.config.training import TrainConfig, epoch_batches
 from tasks.core.held_out import HeldOut, knn_test_documents
 from tasks.core.stage import NoInputs
 from tasks.ingest import INGEST
@@ -28,7 +28,8 @@ def crop(doc, first, n=2):
     return " ".join(sentence(doc, j) for j in range(first, first + n))
 
 
-def drawn_pairs(root, corpus, view, epochs=1, seed=0, n=2, held_out=None, steps=None, **data) -> list[dict]:
+def drawn_pairs(root, corpus, view, epochs=1, seed=0, n=2, held_out=None, steps=None, min_rows=None,
+                **data) -> list[dict]:
     """The pairs artifact of `corpus` (a Parquet file, or doc_id → text) built by the real stages."""
     root.mkdir(parents=True, exist_ok=True)
     if isinstance(corpus, dict):
@@ -39,7 +40,8 @@ def drawn_pairs(root, corpus, view, epochs=1, seed=0, n=2, held_out=None, steps=
     docs = INGEST.run(store, DataConfig(path=str(corpus), **data), NoInputs())
     sentences = SENTENCES.run(store, SentenceConfig(), SentencesInputs(documents=docs))
     cfg = PairsConfig(view=view, n_sentences=n, seed=seed, epochs=epochs, held_out=held_out,
-                      deletion_ratio=0.6 if view == "noise" else None, steps=steps, batch_size=4 if steps else None)
+                      deletion_ratio=0.6 if view == "noise" else None, steps=steps, batch_size=4 if steps else None,
+                      min_rows=min_rows)
     pairs = PAIRS.run(store, cfg, PairsInputs.for_view(cfg, sentences, docs, None))
     return store.read_table(pairs, "pairs").to_pylist()
 
@@ -112,6 +114,22 @@ def test_epoch_batches_counts_what_the_plan_cuts():
     for rows in range(0, 40):
         for batch in (2, 3, 4, 16):  # train.batch_size >= 2
             assert epoch_batches(rows, batch) == len(plan_batches([rows], batch)), (rows, batch)
+            for devices in [d for d in (2, 3, "auto") if d == "auto" or d <= batch]:  # full batches only then
+                train = TrainConfig(batch_size=batch, devices=devices)
+                assert train.min_batch_rows == batch
+                assert (epoch_batches(rows, batch, train.min_batch_rows) == rows // batch ==
+                        len(plan_batches([rows], batch, min_rows=train.min_batch_rows))), (rows, batch, devices)
+
+
+def test_a_step_budget_in_several_processes_counts_full_batches_only(tmp_path):
+    """10 documents in batches of 4: one process trains on 3 batches an epoch (4, 4, 2), several on 2 (each process
+    holds rows of every batch), so 5 steps take 2 epochs or 3, as many as the train stage's plan will find."""
+    for devices, epochs in ((1, 2), (2, 3), (3, 3)):
+        train = TrainConfig(batch_size=4, devices=devices)
+        rows = drawn_pairs(tmp_path / str(devices), _corpus(10, 3), "crops", steps=5, min_rows=train.min_batch_rows)
+        assert max(r["epoch"] for r in rows) + 1 == epochs
+        per_epoch = [sum(r["epoch"] == e for r in rows) for e in range(epochs)]
+        assert len(plan_batches(per_epoch, 4, min_rows=train.min_batch_rows)) >= 5
 
 
 def test_pairs_are_seeded(tmp_path):

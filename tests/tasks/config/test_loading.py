@@ -54,6 +54,8 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops}]\ntrain: {mini_batch_size: 8, devices: 2}\n",
      "mini_batch_size runs on one device"),
     ("name: x\ndata: {path: a.csv}\ntrain: {devices: 0}\n", "train.devices: Value error, must be at least 1"),
+    ("name: x\ndata: {path: a.csv}\ntrain: {devices: 4, batch_size: 3}\n",
+     "devices: 4 processes share each batch of batch_size 3 rows, so some would hold none: at most batch_size devices"),
     ("name: x\ndata: {path: a.csv}\nmethods: [{name: c, recipe: crops, train: {compile: true, max_length: 100}}]\n",
      "methods.0.train: Value error, compile: true pads inputs to a multiple of 32 tokens, so max_length must be one, "
      "not 100 (e.g. 128)"),

@@ -13,6 +13,13 @@ def test_a_lone_trailing_pair_is_not_a_batch():
     assert [b.size for b in plan_batches([9, 10], batch_size=4)] == [4, 4, 4, 4, 2]
 
 
+def test_several_processes_train_on_full_batches_only():
+    # 2 rows over 3 processes would leave one without a row: TrainConfig.min_batch_rows is a full batch there
+    assert [b.size for b in plan_batches([9, 10], batch_size=4, min_rows=4)] == [4, 4, 4, 4]
+    lengths = np.arange(19)
+    assert sorted(len(b.take) for b in plan_batches([9, 10], batch_size=4, lengths=lengths, min_rows=4)) == [4] * 4
+
+
 def batches_in_memory(pairs_per_epoch, batch_size):
     """The batching rules on lists (what training did before it streamed): the reference."""
     return [(epoch, pairs[i : i + batch_size]) for epoch, pairs in enumerate(pairs_per_epoch)

@@ -13,7 +13,7 @@ from tasks.config.recipes import RECIPES
 from tasks.encoders.models import sentence_model
 from tasks.methods.distributed import gather_rows, shard
 from tests.helpers import REPO, tiny_encoder, with_masked_lm_head
-from tests.tasks.methods.distributed_steps import FAMILY_RECIPES, three_steps, with_negatives
+from tests.tasks.methods.distributed_steps import FAMILY_RECIPES, ragged, three_steps, with_negatives
 from tests.tasks.methods.distributed_steps import RECIPES as COMPARED
 
 
@@ -49,6 +49,11 @@ def two_processes(tmp_path_factory):
     # Each row's hard negative (gpl) is another row's positive: gathered per column, it stays that row's.
     pq.write_table(pa.table({**rows, "negative": [texts[(i + 7) % 48].upper() for i in range(48)]}),
                    with_negatives(str(pairs)), row_group_size=10)
+    texts = [f"document {i} about topic {i % 5}" + " with more words" * (i % 9) for i in range(45)]  # 5 to 32 tokens
+    rows = {"epoch": pa.array([0] * 45, pa.int32()), "anchor": texts[::-1], "positive": [t.upper() for t in texts]}
+    pq.write_table(pa.table(rows), ragged(str(pairs)), row_group_size=10)
+    pq.write_table(pa.table({**rows, "negative": [texts[(i + 7) % 45].upper() for i in range(45)]}),
+                   with_negatives(ragged(str(pairs))), row_group_size=10)
     return str(init), mlm, str(pairs), torchrun(init, mlm, pairs, tmp / "two.pt")
 
 
@@ -105,9 +110,10 @@ def test_two_compiled_processes_train_as_one_plain_process(two_processes, tmp_pa
 
 
 # A family's loss (sentence-transformers') reads its model's outputs gathered from every process: the token vectors and
-# masks of a multi-vector model (hard negatives as a column of their own), CSR's dense vectors before its autoencoder
-# (whose count of each code's last use then follows every row), SPLADE's term weights (its FLOPS regularisers square
-# the batch's mean weights: over 8 rows they are another number).
+# masks of a multi-vector model (each process's filled to the longest; hard negatives a column of their own; queries
+# widened by [MASK] tokens), CSR's dense vectors before its autoencoder (whose count of each code's last use then
+# follows every row), SPLADE's term weights (its FLOPS regularisers square the batch's mean weights: over 8 rows they
+# are another number). The multi-vector and CSR models train on ragged rows, 8 and 7 a process (distributed_steps.py).
 @pytest.mark.parametrize(("family", "recipe"), FAMILY_RECIPES)
 def test_two_processes_train_each_family_as_one(two_processes, family, recipe, tmp_path):
     init, mlm, pairs, trained = two_processes
