@@ -170,7 +170,8 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
     """The winner if it beats the untrained model significantly (its paired interval over the yardstick's
     queries leaves out 0, above it), else the base, said plainly. `winner`, `base`: per-query scores in the same
     query order; `rung`: the winner's and the runner-up's on their last shared rung; `pooled`: scores of a pooled
-    kind, agreement with the other models, which cannot rule a gain out; `units`: what asks (Yardstick.units)."""
+    kind, agreement with the other models, which cannot rule a gain out nor prove one; `units`: what asks
+    (Yardstick.units)."""
     if ladder.winner is None or winner is None:
         return Decision(BASE, "every candidate was stopped by its health check: the answer is the base model as it "
                         "is", None, None)
@@ -185,6 +186,10 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
             said += (f"; against the runner-up {runner_up} at {shared[0].steps} steps: "
                      f"{_interval(versus_runner_up, units)}"
                      + ("" if versus_runner_up.significant else " (not told apart: either would do)"))
+        if pooled:  # the untrained model is judged by what trained candidates agree on: the pool is one side
+            said += ("; on a pooled yardstick this is agreement with the trained candidates, whose grouping judges "
+                     "the untrained model, not proof of a better model (the yardstick's known bias): your labels, "
+                     "titles or queries (another kind) would confirm it")
         return Decision(name, said, versus_base, versus_runner_up, runner_up)
     said = f"no candidate beats the untrained model significantly (the best, {name}: {_interval(versus_base, units)})"
     if pooled:  # a model unlike the others is marked down: a gain on its own is not ruled out by disagreement

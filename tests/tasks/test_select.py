@@ -94,6 +94,12 @@ def test_the_winner_is_the_answer_only_when_it_beats_the_untrained_model_on_the_
     # On a pooled yardstick the same tie rules nothing out: a model unlike the others is marked down by them.
     decision = decide(ladder, tie, base, (tie, tie), pooled=True)
     assert decision.chosen == BASE and "ruled out" not in decision.said and "rules none out" in decision.said
+    # and a gain there is the trained candidates' agreement: the winner stays the answer, said to need confirming
+    decision = decide(ladder, better, base, (better, base), pooled=True)
+    assert decision.chosen == "dropout@0.0003" and decision.said.startswith("dropout@0.0003 beats the untrained")
+    assert decision.said.endswith("not proof of a better model (the yardstick's known bias): your labels, titles or "
+                                  "queries (another kind) would confirm it")
+    assert "not proof" not in decide(ladder, better, base, (better, base)).said
     # Too few queries to tell a gain of 0.03 from none: the answer says the yardstick cannot tell, not that the base
     # won.
     noisy = np.clip(base[:20] + rng.normal(0.03, 0.2, 20), 0, 1)
