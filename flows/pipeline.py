@@ -84,14 +84,18 @@ def method_pairs(run: Run, method: MethodConfig, train: TrainConfig, docs: Artif
     return run.stage(PAIRS, views, PairsInputs.for_view(views, sentences, docs, summaries, negatives), method.name)
 
 
-def yardstick_of(run: Run, docs: ArtifactRef, families: Iterable[str], models: int) -> ArtifactRef | None:
+def yardstick_of(run: Run, docs: ArtifactRef, families: Iterable[str], models: int,
+                 single: bool = False) -> ArtifactRef | None:
     """The yardstick's queries, if the config asks (its documents are then left out of training), for `models` models
     of `families`; an LLM writes them for the held-out documents where the kind asks for an LLM's queries
-    (tasks/yardstick.py)."""
+    (tasks/yardstick.py). `single`: on the same held-out documents, the kind of one model that confirms a pooled
+    kind's decision (`confirm`)."""
     if not run.cfg.evaluate.yardstick:
         return None
-    cfg = YardstickJob(**run.cfg.evaluate.yardstick.model_dump(), small_pool=models < MIN_POOL,
-                       per_token=any(FAMILIES[family].per_token for family in families))
+    settings = run.cfg.evaluate.yardstick.model_dump(exclude={"confirm"})  # read by the select flow, not the stage
+    cfg = (YardstickJob(**settings | {"kind": "auto"}, single=True) if single else
+           YardstickJob(**settings, small_pool=models < MIN_POOL,
+                        per_token=any(FAMILIES[family].per_token for family in families)))
     generated = None
     if llm_queries_needed(cfg, run.settled(docs)["extra"]):
         queries = run.cfg.queries or QueriesConfig()

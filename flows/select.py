@@ -1,13 +1,15 @@
 """The `select` flow: from a corpus to a chosen, trained and exported model (`embforge select`, docs/select.md).
 
-Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs (tasks/select.py). Each
-rung is an ordinary cached train stage that goes on from the candidate's rung before (`until`, `resume`: no step is
-trained twice), merged where LoRA is on, and scored by the evaluate stage on the yardstick (tasks/yardstick.py: by your
-queries, labels, titles, clusters, neighbours or an LLM's queries; on a large corpus among a sample of it,
-tasks/sample.py), whose held-out documents no candidate trains on. Every candidate is on one schedule of `select.budget`
-steps (`train.max_steps`, over as many epochs of its view as that takes: the pairs stage counts them), so a rung means
-the same for all. The select stage decides with paired intervals (tasks/select.py); the chosen model is registered and
-exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses the others' rungs.
+Candidates (the `select` section's recipes x learning rates) climb successive halving's rungs
+(tasks/core/halving.py). Each rung is an ordinary cached train stage that goes on from the candidate's rung before
+(`until`, `resume`: no step is trained twice), merged where LoRA is on, and scored by the evaluate stage on the
+yardstick (tasks/yardstick.py: by your queries, labels, titles, clusters, neighbours or an LLM's queries; on a large
+corpus among a sample of it, tasks/sample.py), whose held-out documents no candidate trains on. Every candidate is on
+one schedule of `select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes: the pairs
+stage counts them), so a rung means the same for all. The select stage decides with paired intervals
+(tasks/select.py; on a pooled kind, against the untrained model on a kind of one model: `confirmation`); the chosen
+model is registered and exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses
+the others' rungs.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.select import SelectConfig
 from tasks.config.training import MethodConfig, expand_chains
-from tasks.config.yardsticks import yardstick_pooled
+from tasks.config.yardsticks import yardstick_kind, yardstick_pooled
+from tasks.core.halving import Candidate, Ladder, successive_halving
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
 from tasks.methods import health
@@ -48,15 +51,12 @@ from tasks.sample import SAMPLE, SampleConfig, SampleInputs
 from tasks.select import (
     SECTION,
     SELECT,
-    Candidate,
-    Ladder,
     SelectInputs,
     SelectJob,
     decision_of,
     rung_name,
     rung_pool,
     static_summary,
-    successive_halving,
     yardstick_scores,
 )
 
@@ -191,6 +191,18 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
     return ladder, models, scored, budget * sum(map(len, before.values()))
 
 
+def confirmation(run: Run, begun: Start, corpus: Corpus, models: dict[str, ReportedModel]
+                 ) -> tuple[ArtifactRef, dict[str, ArtifactRef]]:
+    """`evaluate.yardstick.confirm`: where a pooled kind ranked, a yardstick of one model on the same held-out
+    documents (titles, else an LLM's queries: tasks/yardstick.py's `single`), and `models` (the untrained
+    one and the pool's winner) evaluated on it among the whole corpus: its evaluate artifacts, by name."""
+    judged = replace(corpus, docs=begun.docs, dataset=None,
+                     yardstick=yardstick_of(run, begun.docs, ["dense"], len(models), single=True))
+    get_run_logger().info("the pool ranked %s first; the %s set it against the untrained model (each judged by "
+                          "itself)", list(models)[-1], yardstick_kind(run.settled(judged.yardstick)))
+    return judged.yardstick, {name: evaluate_model(run, model, judged)[0] for name, model in models.items()}
+
+
 def select_model(run: Run) -> Selection:
     cfg, sel = run.cfg, run.cfg.select
     out = export_folder(cfg)
@@ -212,10 +224,16 @@ def select_model(run: Run) -> Selection:
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
     ladder, models, scored, earlier = search(run, begun, corpus, negatives, candidates, base_scores)
+    pooled = yardstick_pooled(run.settled(corpus.yardstick))
+    confirm, confirmed = None, {}
+    if pooled and cfg.evaluate.yardstick.confirm and ladder.winner is not None:
+        confirm, confirmed = confirmation(run, begun, corpus, {BASE: base, ladder.winner.name: models[
+            rung_name(ladder.winner.name, sel.budget)]})
     job = SelectJob(name=cfg.data.display_name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
                     yardstick=cfg.evaluate.yardstick, base=base.label, earlier_steps=earlier)
     decided = run.stage(SELECT, job, SelectInputs(yardstick=corpus.yardstick, base=base_scores, scored=scored,
-                                                  sample=corpus.docs if corpus.docs != begun.docs else None))
+                                                  sample=corpus.docs if corpus.docs != begun.docs else None,
+                                                  confirm=confirm, confirmed=confirmed))
     decision = decision_of(run.settled(decided))
     chosen = models.get(rung_name(decision.chosen, sel.budget)) if decision.chosen != BASE else None
     run.register([base] + ([chosen] if chosen else []))
@@ -229,7 +247,6 @@ def select_model(run: Run) -> Selection:
     static = None
     if sel.static:
         teacher_scores = scored[rung_name(decision.chosen, sel.budget)] if chosen else base_scores
-        pooled = yardstick_pooled(run.settled(corpus.yardstick))
         static = distil(run, chosen or base, teacher_scores, begun, corpus, static_folder(out),
                         rung_pool(ladder, sel.budget, base_scores, scored) if pooled else None)
     return Selection(decision.chosen, decision.said, run.store.location("artifacts", decided.stage, decided.key),

@@ -80,6 +80,9 @@ class YardstickJob(YardstickConfig):
     small_pool: bool = Field(False, description="Fewer than MIN_POOL models are ranked on it (a search's candidates "
                              "and the untrained model, a run's models): `auto` takes a pooled kind, whose models "
                              "judge each other, only where nothing else can rank; text alone gets an LLM's queries.")
+    single: bool = Field(False, description="Only a label-free kind that scores each model by itself (what a "
+                         "pooled kind's decision against the untrained model is confirmed on, `confirm`): `auto` takes "
+                         "titles, else queries an LLM writes for the held-out documents.")
 
 
 class YardstickInputs(Inputs):
@@ -168,11 +171,12 @@ def generated_queries(store: ArtifactStore, generated: ArtifactRef, held: set[st
 def llm_queries_needed(cfg: YardstickJob, counts: dict) -> bool:
     """Whether the yardstick asks by an LLM's queries (the flow then has them written first), from the ingest stage's
     counts (`titled`, `labelled`): `queries`; `consensus` on a corpus without titles; `auto` on one without titles
-    where a multi-vector model is ranked, or where too few models are to judge each other and neither labels nor your
-    queries can decide (else `auto` falls back on the clusters)."""
+    where a multi-vector model is ranked, or where too few models are to judge each other or only a kind of one model
+    will do (`single`: labels are not asked) and neither labels nor your queries can decide (else `auto` falls back
+    on the clusters)."""
     if cfg.kind == "queries" or (cfg.kind == "consensus" and not counts.get("titled")):
         return True
-    return cfg.kind == "auto" and not counts.get("titled") and (cfg.per_token or (
+    return cfg.kind == "auto" and not counts.get("titled") and (cfg.per_token or cfg.single or (
         cfg.small_pool and not counts.get("labelled") and not cfg.qrels))
 
 
@@ -188,6 +192,8 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     by_text = cfg.kind == "auto" and cfg.per_token  # MaxSim ranks queries that are texts
     if by_text:
         automatic = {k for k in KINDS if ranks_per_token(k, k)}
+    elif cfg.single:  # a pooled kind's confirmation: label-free as the pooled kinds, and no pool judges it
+        automatic = set(TEXT_QUERIES)
     else:  # where too few models are ranked to judge each other, the LLM's queries before the pooled kinds
         automatic = {"labels", "titles", "clusters", "neighbours"} | ({"queries"} if cfg.small_pool else set())
     wants = {cfg.kind} | (automatic if cfg.kind == "auto" else set()) | (
@@ -233,7 +239,9 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
             cfg.kind, f"documents with {cfg.kind}")
         raise InputError(f"yardstick {'; '.join(found.values()) or 'of kind ' + cfg.kind}: "
                          + (f"a larger corpus, a larger held-out share, or {more}" if more else
-                            "a larger corpus or a larger held-out share"))
+                            "a larger corpus or a larger held-out share")
+                         + ("; or `evaluate.yardstick.confirm: false`, to let the pooled kind decide against the "
+                            "untrained model alone" if cfg.single else ""))
     # The user's queries first; then their labels, unless so few carry them that a paired interval over them would
     # say little; then titles; then the clusters (text alone: they agree with labels best of the label-free kinds at
     # 2,000 documents, docs/select.md), the neighbours where a corpus is too small to group; in a small pool the

@@ -184,11 +184,21 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
                                                           out=str(tmp_path / "consensus")))
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [consensus_id])
     assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"}
-    [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
-    assert store.manifest(yardstick)["extra"]["source"] == "titles"
+    fused, alone = sorted((store.manifest(ArtifactRef("yardstick", r["key"])) for r in stages
+                           if r["stage"] == "yardstick"), key=lambda m: m["extra"]["kind"] != "consensus")
+    assert fused["extra"]["source"] == "titles"
+    # `confirm`: the pool ranks; the winner is set against the untrained model on a label-free kind of one model,
+    # the titles here, on the same held-out documents (both evaluated on it among the whole corpus)
+    assert alone["extra"]["kind"] == "titles" and alone["extra"]["held_out"] == fused["extra"]["held_out"]
     decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
     section = (store.path(decided) / "selection.md").read_text()
     assert "Yardstick: consensus_ndcg_at_10" in section and "judged by the fusion of the others" in section
+    assert "Against the untrained model: title_ndcg_at_10" in section and "no trained majority" in section
+    decision = store.manifest(decided)["extra"]["decision"]
+    assert decision["confirmed_by"] == "titles" and decision["said"].startswith("the pool ranked ")
+    assert (decision["chosen"] != "base") == (decision["versus_base"]["low"] > 0)  # the titles' interval decides
+    asked = store.read_table(ArtifactRef("yardstick", alone["key"]), "queries").to_pandas()
+    assert set(asked["doc_id"]) <= held and decision["versus_base"]["n"] == (asked["status"] == "ok").sum() >= 10
     judged = store.read_table(decided, "ladder").to_pandas()
     assert judged["score"].notna().sum() == ladder["score"].notna().sum()
     assert judged["score"].dropna().between(0, 1).all()
@@ -220,11 +230,13 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
     section = (store.path(decided) / "selection.md").read_text()
     assert "Yardstick: clusters_purity_at_10, each document of the corpus, by its own vector" in section
+    assert "Against the untrained model: title_ndcg_at_10" in section  # the consensus's confirmation, Cached
+    assert {r["state"] for r in stages if r["stage"] == "yardstick" and r["key"] == alone["key"]} == {"Cached"}
     grouped = store.read_table(decided, "ladder").to_pandas()
     assert grouped["score"].notna().sum() == ladder["score"].notna().sum()
     assert grouped["score"].dropna().between(0, 1).all()
     assert by_clusters["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
-    assert "over 400 documents" in by_clusters["said"]  # every document asks
+    assert "over 400 documents" in by_clusters["said"]  # every document asks; the titles' over fewer
 
     # Another corpus (its first 300 documents) on the same store: the same candidates' labels (crops@0.003, ...),
     # other trained models. Each search exports its own winner, never the other's of the same label.
@@ -304,13 +316,15 @@ def test_a_multi_vector_candidate_climbs_beside_a_dense_one_and_is_exported_as_w
     assert queried["chosen"] == chosen["chosen"]
 
 
-@pytest.mark.slow  # a search of one candidate, twice; the offline LLM (converted once per session) writes 12 queries
+@pytest.mark.slow  # a search of one candidate, thrice; the offline LLM (converted once per session) writes 12 queries
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_queries(tmp_path, llm_dir):
     """No title, no label, no queries of the user's: `kind: clusters` has every document ask for its nearest others,
-    judged by the others' grouping (no LLM); `auto`, with one candidate and the untrained model (too few to judge each
-    other), has the queries stage's LLM write queries for the held-out documents (here 4 of them, 3 each:
-    `max_queries` 12), each asking for its own document. The training is the same for both."""
+    judged by the others' grouping (no LLM with `confirm: false`; by default the winner is then set against the
+    untrained model on queries the LLM writes for the held-out documents); `auto`, with one candidate and the
+    untrained model (too few to judge each other), has the queries stage's LLM write queries for the held-out
+    documents (here 4 of them, 3 each: `max_queries` 12), each asking for its own document. The training is the same
+    for all."""
     docs = pd.read_parquet(DEMO_DOCS).head(120)[["doc_id", "text"]]
     docs.to_parquet(tmp_path / "plain.parquet")
     held_out = {"held_out": 0.25, "seed": 0, "max_queries": 12}
@@ -324,7 +338,7 @@ def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_quer
 
     # by name, the clusters judge even this small pool (with a warning); `--static`: the answer distilled too, judged
     # in the pool
-    run_id, chosen = run_select(config(kind="clusters"), static=True)
+    run_id, chosen = run_select(config(kind="clusters", confirm=False), static=True)
     store = ArtifactStore(tmp_path / "store")
     stages = Catalog(store).query("SELECT stage, key FROM run_stages WHERE run_id = ?", [run_id])
     assert "queries" not in {r["stage"] for r in stages}
@@ -340,11 +354,24 @@ def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_quer
     assert f"against {teacher}'s" in chosen["static_said"] and "documents/s on the CPU" in chosen["static_said"]
     assert chosen["static_said"] in (tmp_path / "chosen-static" / "README.md").read_text()
 
+    # confirmed (the default): the LLM's queries set the clusters' winner against the untrained model
+    run_id, confirmed = run_select(config("confirmed", kind="clusters"))
+    stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [run_id])
+    assert {r["state"] for r in stages if r["stage"] == "train" or r["key"] == yardstick.key} == {"Cached"}
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    decision = store.manifest(decided)["extra"]["decision"]
+    alone = [store.manifest(ArtifactRef("yardstick", r["key"]))["extra"] for r in stages if r["stage"] == "yardstick"
+             and r["key"] != yardstick.key]
+    assert [a["kind"] for a in alone] == ["queries"] and decision["confirmed_by"] == "queries"
+    assert decision["versus_base"]["n"] == alone[0]["queries"] and confirmed["said"] == decision["said"]
+    assert "on the queries (each model judged by itself)" in confirmed["said"]
+
     run_id, chosen = run_select(config("queried"))
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [run_id])
     assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"}
     [yardstick] = [ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick"]
     [queries] = [ArtifactRef("queries", r["key"]) for r in stages if r["stage"] == "queries"]
+    assert {r["state"] for r in stages if r["stage"] == "queries"} == {"Cached"}  # the confirmation's
     written = store.read_table(queries, "queries").to_pandas()
     assert set(written["doc_id"]) < held and written["doc_id"].nunique() == 4  # held-out ones only, enough to ask 12
     assert set(written["split"]) == {"held_out"}

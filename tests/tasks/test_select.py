@@ -1,72 +1,15 @@
-"""tasks/select.py's search and decision: successive halving over candidate recipes, on scores given by a function."""
+"""tasks/select.py's decision over the ladder a search left (tests/tasks/core/test_halving.py climbs it)."""
 
 import json
 
 import numpy as np
-import pytest
 
 from tasks.config.base import BASE
 from tasks.config.evaluation import YardstickConfig
+from tasks.core.halving import Candidate, successive_halving
 from tasks.metrics.significance import paired_difference
-from tasks.select import (
-    Candidate,
-    Ladder,
-    SelectJob,
-    decide,
-    decision_of,
-    section,
-    stored_difference,
-    successive_halving,
-)
-
-NINE = [Candidate(recipe, lr) for recipe in ("crops", "dropout", "tsdae") for lr in (1e-4, 3e-4, 1e-3)]
-
-
-def quality(candidate: Candidate, steps: int) -> float:
-    """A score that grows with steps, at a rate set by the candidate (dropout at 3e-4 learns fastest)."""
-    rate = {"crops": 0.5, "dropout": 1.0, "tsdae": 0.2}[candidate.recipe] * {1e-4: 0.5, 3e-4: 1.0, 1e-3: 0.8}[
-        candidate.lr]
-    return rate * steps / (steps + 100)
-
-
-def test_the_best_third_goes_on_from_each_rung_and_the_last_trains_the_whole_budget():
-    calls = []
-    ladder = successive_halving(NINE, 900, 3, lambda c, s: calls.append((c.name, s)) or quality(c, s))
-    assert ladder.winner == Candidate("dropout", 3e-4)
-    assert [s for _, s in calls] == [100] * 9 + [300] * 3 + [900]
-    assert {c for c, s in calls if s == 300} == {"dropout@0.0003", "dropout@0.001", "crops@0.0003"}
-    # each candidate's steps once: 9 x 100, 3 more x 200, the winner 600 more; against 9 x 900 trained fully
-    assert ladder.trained_steps == 9 * 100 + 3 * 200 + 600 == 2_100
-    assert ladder.trained_steps / (9 * 900) < 0.35
-    rows = ladder.rows()
-    assert [(r["candidate"], r["steps"], r["dropped"]) for r in rows if r["dropped"]] == [
-        *[(c.name, 100, "pruned") for c in NINE if c.name not in {"dropout@0.0003", "dropout@0.001", "crops@0.0003"}],
-        ("crops@0.0003", 300, "pruned"), ("dropout@0.001", 300, "pruned")]
-    assert [r["winner"] for r in rows].count(True) == 3 and rows[-1]["steps"] == 900
-
-
-def test_a_candidate_the_health_check_stops_is_dropped_with_its_reason():
-    def score(candidate, steps):
-        if candidate == Candidate("dropout", 3e-4) and steps == 300:
-            return "training collapsed at step 180"
-        return quality(candidate, steps)
-
-    ladder = successive_halving(NINE, 900, 3, score)
-    assert ladder.winner == Candidate("dropout", 1e-3)
-    assert ("dropout@0.0003", 300, "training collapsed at step 180") in [
-        (r["candidate"], r["steps"], r["dropped"]) for r in ladder.rows()]
-
-
-def test_every_candidate_stopped_leaves_no_winner():
-    ladder = successive_halving(NINE[:3], 90, 3, lambda c, s: "diverged")
-    assert ladder.winner is None and {r["dropped"] for r in ladder.rows()} == {"diverged"}
-
-
-def test_one_candidate_trains_the_whole_budget_at_once():
-    ladder = successive_halving(NINE[:1], 90, 3, quality)
-    assert ladder.winner == NINE[0] and [(r["steps"], r["winner"]) for r in ladder.rows()] == [(90, True)]
-    with pytest.raises(ValueError, match="candidates must differ"):
-        successive_halving([NINE[0], NINE[0]], 90, 3, quality)
+from tasks.select import Confirmation, SelectJob, decide, decision_of, section, stored_difference
+from tests.tasks.core.test_halving import NINE, quality
 
 
 def test_the_winner_is_the_answer_only_when_it_beats_the_untrained_model_on_the_paired_queries():
@@ -119,33 +62,20 @@ def test_the_winner_is_the_answer_only_when_it_beats_the_untrained_model_on_the_
         "which leaves little room to show one: a harder yardstick (your labels, a label column) would tell more")
 
 
-def test_a_ladder_is_rebuilt_from_its_rows():
-    ladder = successive_halving(NINE, 900, 3, quality)
-    again = Ladder.from_rows(ladder.rows(), 900, 3)
-    assert again.rows() == ladder.rows() and again.winner == ladder.winner
-    assert again.trained_steps == ladder.trained_steps == 6 * 100 + 2 * 300 + 900
-
-
-def test_each_rung_s_candidates_are_started_together_before_any_is_scored():
-    events = []
-    successive_halving(NINE, 900, 3, lambda c, s: events.append(("score", c.name, s)) or quality(c, s),
-                       lambda live, s: events.append(("start", [c.name for c in live], s)))
-    starts = [e for e in events if e[0] == "start"]
-    assert [(len(names), s) for _, names, s in starts] == [(9, 100), (3, 300), (1, 900)]
-    for _, names, steps in starts:  # then exactly those, scored
-        at = events.index(("start", names, steps))
-        assert [e[1] for e in events[at + 1 : at + 1 + len(names)]] == names
-
-
 def test_a_decision_reads_back_from_its_artifact_as_it_was_made():
     ladder = successive_halving(NINE, 900, 3, quality)
     rng = np.random.default_rng(1)
     base = rng.uniform(0.2, 0.6, 50)
     made = decide(ladder, base + 0.1, base, (base + 0.1, base))
-    stored = {"extra": {"decision": dict(chosen=made.chosen, said=made.said, runner_up=made.runner_up,
-                                         versus_base=stored_difference(made.versus_base),
-                                         versus_runner_up=stored_difference(made.versus_runner_up))}}
-    assert decision_of(json.loads(json.dumps(stored))) == made  # through the manifest's JSON
+    confirmed = decide(ladder, base + 0.1, base, (base + 0.1, base), pooled=True,
+                       confirm=Confirmation("titles", base[:40] + 0.05, base[:40]))
+    for made in (made, confirmed):
+        stored = {"extra": {"decision": dict(chosen=made.chosen, said=made.said, runner_up=made.runner_up,
+                                             confirmed_by=made.confirmed_by,
+                                             versus_base=stored_difference(made.versus_base),
+                                             versus_runner_up=stored_difference(made.versus_runner_up))}}
+        assert decision_of(json.loads(json.dumps(stored))) == made  # through the manifest's JSON
+    assert confirmed.confirmed_by == "titles" and confirmed.versus_base.n == 40
     made = decide(successive_halving(NINE, 900, 3, lambda c, s: "collapsed"), None, base)
     assert decision_of({"extra": {"decision": dict(chosen=made.chosen, said=made.said, runner_up=None,
                                                    versus_base=None, versus_runner_up=None)}}) == made
@@ -163,3 +93,34 @@ def test_the_section_gives_the_untrained_model_s_score_on_each_rung():
     text = section(job, yardstick, ladder, decide(ladder, base + 0.1, base), {100: 0.71, 300: 0.62, 900: 0.55}, cost)
     assert "| untrained model | 0.710 | 0.620 | 0.550 | |" in text
     assert "Yardstick: neighbours_ndcg_at_10, each held-out document, by its own vector" in text
+
+
+def test_a_pooled_kinds_winner_is_set_against_the_untrained_model_on_a_kind_of_one_model():
+    """`confirm`: the pool ranks, but its lead over the untrained model is the trained candidates' agreement; the
+    kind that judges each model by itself decides whether the winner ships."""
+    ladder = successive_halving(NINE, 900, 3, quality)
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.2, 0.6, 400)  # per-document scores on the pooled kind
+    ahead = np.clip(base + rng.normal(0.04, 0.02, 400), 0, 1)  # the pool puts the winner well ahead
+    titles = rng.uniform(0.3, 0.9, 150)  # the untrained model on the titles
+    level = np.clip(titles + rng.normal(0.0, 0.05, 150), 0, 1)
+    decision = decide(ladder, ahead, base, (ahead, base), pooled=True, units="documents",
+                      confirm=Confirmation("titles", level, titles))
+    # level on the titles: the base, whatever the pool said, with the titles' interval and the pool's lead both given
+    d, pool = paired_difference(level, titles), paired_difference(ahead, base)
+    assert decision.chosen == BASE and decision.confirmed_by == "titles"
+    assert (decision.versus_base.mean, decision.versus_base.n) == (d.mean, 150)
+    assert decision.said.startswith(f"the pool ranked dropout@0.0003 first ({pool.mean:+.3f} [{pool.low:+.3f}, "
+                                    f"{pool.high:+.3f}] over 400 documents over the untrained model")
+    assert f"on the titles (each model judged by itself) dropout@0.0003 is {d.mean:+.3f}" in decision.said
+    assert "over 150 queries" in decision.said and "a gain of 0.03 or more is ruled out" in decision.said
+    assert "not proof" not in decision.said and "rules none out" not in decision.said
+    # ahead on the titles too: the winner ships, the runner-up compared on the pool's documents
+    better = np.clip(titles + rng.normal(0.05, 0.05, 150), 0, 1)
+    decision = decide(ladder, ahead, base, (ahead, base), pooled=True, units="documents",
+                      confirm=Confirmation("titles", better, titles))
+    assert decision.chosen == "dropout@0.0003" and decision.versus_base.n == 150 and decision.versus_base.low > 0
+    assert "dropout@0.0003 beats it by" in decision.said and "over 150 queries" in decision.said
+    assert "against the runner-up dropout@0.001 at 300 steps" in decision.said
+    assert decision.said.split("against the runner-up")[1].count("over 400 documents") == 1
+    assert "not proof" not in decision.said

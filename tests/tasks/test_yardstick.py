@@ -207,6 +207,18 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
     assert not llm_queries_needed(small, labels) and not llm_queries_needed(small.model_copy(update={"qrels": "q"}),
                                                                             none)  # either decides before
     assert store.manifest(YARDSTICK.run(store, small, YardstickInputs(documents=titled)))["extra"]["kind"] == "titles"
+    # a pooled kind's confirmation (`single`): titles, else an LLM's queries, never a pool, and labels not asked
+    single = AUTO.model_copy(update={"single": True})
+    assert llm_queries_needed(single, none) and llm_queries_needed(single, labels)
+    assert not llm_queries_needed(single, titles)
+    docs.assign(label=["a", "b"] * 15).to_parquet(tmp_path / "labelled.parquet")
+    labelled = INGEST.run(store, DataConfig(path=str(tmp_path / "labelled.parquet")), NoInputs())
+    confirming = YARDSTICK.run(store, single, YardstickInputs(documents=labelled))
+    assert store.manifest(confirming)["extra"]["kind"] == "titles"
+    with pytest.raises(InputError, match=r"^yardstick titles: 0 .*: a larger corpus or a larger held-out share; or "
+                                         r"`evaluate.yardstick.confirm: false`, to let the pooled kind decide against "
+                                         "the untrained model alone$"):  # neither titles nor an LLM's queries
+        YARDSTICK.run(store, single, YardstickInputs(documents=bare))
     for kind in ("clusters", "auto"):  # by name, or where nothing else can rank, the clusters, with a warning
         caplog.clear()
         with caplog.at_level("WARNING"):
