@@ -7,7 +7,7 @@ yardstick (tasks/yardstick.py: by your queries, labels, titles, clusters, neighb
 corpus among a sample of it, tasks/sample.py), whose held-out documents no candidate trains on. Every candidate is on
 one schedule of `select.budget` steps (`train.max_steps`, over as many epochs of its view as that takes: the pairs
 stage counts them), so a rung means the same for all. The select stage decides with paired intervals
-(tasks/select.py; on a pooled kind, against the untrained model on a kind of one model: `confirmation`); the chosen
+(tasks/select.py; on a pooled kind, against the untrained model on a kind of one model: `confirming`); the chosen
 model is registered and exported with the decision on its card. A rerun recomputes nothing; a new candidate reuses
 the others' rungs.
 """
@@ -99,13 +99,16 @@ def distil(run: Run, teacher: ReportedModel, teacher_scores: ArtifactRef, begun:
     return said
 
 
-def sample_of(run: Run, corpus: Corpus) -> Corpus:
+def sample_of(run: Run, corpus: Corpus, confirm: ArtifactRef | None = None) -> Corpus:
     """What the yardstick ranks among: the corpus, or where it holds more than `select.sample` documents besides those
     the queries need, the sample stage's draw (tasks/sample.py), its scores filed under a dataset of their own (a
     sample's ranks are not the corpus's: the report must never pair the two). Not where something else is scored on
-    the documents (kNN, the semantic benchmark, held-out generated queries): they need the whole corpus."""
+    the documents (kNN, the semantic benchmark, held-out generated queries): they need the whole corpus. With a
+    confirming yardstick (`confirming`), the documents its queries need are kept (a pooled kind's own need none, or
+    the same)."""
     size, docs, ev = run.cfg.select.sample, corpus.docs, run.cfg.evaluate
-    yardstick = run.settled(corpus.yardstick)
+    keeps = confirm or corpus.yardstick
+    yardstick = run.settled(keeps)
     if size is None or run.settled(docs)["rows"]["documents"] <= size + yardstick["extra"]["needed"]:
         return corpus
     if also := [name for name, on in (("evaluate.knn", ev.knn), ("evaluate.semantic", ev.semantic),
@@ -114,7 +117,7 @@ def sample_of(run: Run, corpus: Corpus) -> Corpus:
         get_run_logger().info("the yardstick ranks among the whole corpus: %s scored on it too", ", ".join(also))
         return corpus
     sample = run.stage(SAMPLE, SampleConfig(size=size, seed=ev.yardstick.seed),
-                       SampleInputs(documents=docs, yardstick=corpus.yardstick))
+                       SampleInputs(documents=docs, yardstick=keeps))
     return replace(corpus, docs=sample, dataset=f"{run.cfg.data.display_name} (yardstick sample)")
 
 
@@ -191,16 +194,17 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
     return ladder, models, scored, budget * sum(map(len, before.values()))
 
 
-def confirmation(run: Run, begun: Start, corpus: Corpus, models: dict[str, ReportedModel]
-                 ) -> tuple[ArtifactRef, dict[str, ArtifactRef]]:
-    """`evaluate.yardstick.confirm`: where a pooled kind ranked, a yardstick of one model on the same held-out
-    documents (titles, else an LLM's queries: tasks/yardstick.py's `single`), and `models` (the untrained
-    one and the pool's winner) evaluated on it among the whole corpus: its evaluate artifacts, by name."""
-    judged = replace(corpus, docs=begun.docs, dataset=None,
-                     yardstick=yardstick_of(run, begun.docs, ["dense"], len(models), single=True))
-    get_run_logger().info("the pool ranked %s first; the %s set it against the untrained model (each judged by "
-                          "itself)", list(models)[-1], yardstick_kind(run.settled(judged.yardstick)))
-    return judged.yardstick, {name: evaluate_model(run, model, judged)[0] for name, model in models.items()}
+def confirming(run: Run, docs: ArtifactRef, yardstick: ArtifactRef) -> ArtifactRef | None:
+    """`evaluate.yardstick.confirm`: where the yardstick is a pooled kind, whose trained majority judges the untrained
+    model, a label-free yardstick of one model on the same held-out documents (titles, else an LLM's queries:
+    tasks/yardstick.py's `single`) that sets the pool's winner against the untrained model; else None."""
+    if not (run.cfg.evaluate.yardstick.confirm and yardstick_pooled(run.settled(yardstick))):
+        return None
+    confirm = yardstick_of(run, docs, ["dense"], 2, single=True)
+    get_run_logger().info("the %s rank the candidates; the %s set the winner against the untrained model (each "
+                          "judged by itself)", yardstick_kind(run.settled(yardstick)),
+                          yardstick_kind(run.settled(confirm)))
+    return confirm
 
 
 def select_model(run: Run) -> Selection:
@@ -219,21 +223,23 @@ def select_model(run: Run) -> Selection:
     get_run_logger().info("%d candidates: %s%s", len(candidates), ", ".join(c.name for c in candidates),
                           "" if sel.recipes else f" (the defaults from {'a decoder LLM' if decoder else 'an encoder'})")
     queries, negatives = mine_queries(run, [m for c in candidates for m in stages_of(c, sel)], begun.docs, begun.base)
-    corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries,
-                                   yardstick_of(run, begun.docs, sel.families, len(candidates) + 1)))
+    ranking = yardstick_of(run, begun.docs, sel.families, len(candidates) + 1)
+    confirm = confirming(run, begun.docs, ranking) if ranking else None
+    corpus = sample_of(run, Corpus(begun.docs, begun.summaries, queries, ranking), confirm)
     base = with_tokenizer(run, begun, [begun.base])[0]
     base_scores = evaluate_model(run, base, corpus)[0]
     ladder, models, scored, earlier = search(run, begun, corpus, negatives, candidates, base_scores)
     pooled = yardstick_pooled(run.settled(corpus.yardstick))
-    confirm, confirmed = None, {}
-    if pooled and cfg.evaluate.yardstick.confirm and ladder.winner is not None:
-        confirm, confirmed = confirmation(run, begun, corpus, {BASE: base, ladder.winner.name: models[
-            rung_name(ladder.winner.name, sel.budget)]})
+    confirmed = {}  # the untrained model and the pool's winner, evaluated on the confirming yardstick
+    if confirm and ladder.winner is not None:
+        judged = replace(corpus, yardstick=confirm)
+        confirmed = {name: evaluate_model(run, model, judged)[0] for name, model in (
+            (BASE, base), (ladder.winner.name, models[rung_name(ladder.winner.name, sel.budget)]))}
     job = SelectJob(name=cfg.data.display_name, ladder=ladder.rows(), total=sel.budget, eta=sel.eta,
                     yardstick=cfg.evaluate.yardstick, base=base.label, earlier_steps=earlier)
     decided = run.stage(SELECT, job, SelectInputs(yardstick=corpus.yardstick, base=base_scores, scored=scored,
                                                   sample=corpus.docs if corpus.docs != begun.docs else None,
-                                                  confirm=confirm, confirmed=confirmed))
+                                                  confirm=confirm if confirmed else None, confirmed=confirmed))
     decision = decision_of(run.settled(decided))
     chosen = models.get(rung_name(decision.chosen, sel.budget)) if decision.chosen != BASE else None
     run.register([base] + ([chosen] if chosen else []))

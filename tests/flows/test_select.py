@@ -223,8 +223,9 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert by_neighbours["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
 
     # The clusters: every document asks, each candidate judged by the others' k-means grouping, paired by document.
+    # Among a sample (60 and what the confirming titles need: the clusters need none), as on a large corpus.
     clusters_id, by_clusters = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "clusters"},
-                                                        out=str(tmp_path / "clusters")))
+                                                        out=str(tmp_path / "clusters"), sample=60))
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [clusters_id])
     assert {(r["key"], r["state"]) for r in stages if r["key"] in first_keys} == {(k, "Cached") for k in first_keys}
     decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
@@ -232,11 +233,17 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert "Yardstick: clusters_purity_at_10, each document of the corpus, by its own vector" in section
     assert "Against the untrained model: title_ndcg_at_10" in section  # the consensus's confirmation, Cached
     assert {r["state"] for r in stages if r["stage"] == "yardstick" and r["key"] == alone["key"]} == {"Cached"}
+    [sample] = [ArtifactRef("sample", r["key"]) for r in stages if r["stage"] == "sample"]
+    kept = set(store.read_table(sample, "documents")["doc_id"].to_pylist())
+    assert store.manifest(sample)["input_roles"]["yardstick"] == alone["key"] and set(asked["doc_id"]) <= kept
+    confirmed = store.manifest(decided)["input_roles"]
+    assert {store.manifest(ArtifactRef("evaluate", k))["input_roles"]["documents"] for k in confirmed["confirmed"]
+            .values()} == {sample.key}  # ranked among the sample, as the pool
     grouped = store.read_table(decided, "ladder").to_pandas()
     assert grouped["score"].notna().sum() == ladder["score"].notna().sum()
     assert grouped["score"].dropna().between(0, 1).all()
     assert by_clusters["chosen"] == store.manifest(decided)["extra"]["decision"]["chosen"]
-    assert "over 400 documents" in by_clusters["said"]  # every document asks; the titles' over fewer
+    assert f"over {len(kept)} documents" in by_clusters["said"]  # every sampled document asks; the titles fewer
 
     # Another corpus (its first 300 documents) on the same store: the same candidates' labels (crops@0.003, ...),
     # other trained models. Each search exports its own winner, never the other's of the same label.
