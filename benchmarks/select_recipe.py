@@ -136,7 +136,9 @@ def one_corpus(name: str, path: Path, args: argparse.Namespace, work: Path) -> d
     ladder = store.read_table(ArtifactRef("select", decided), "ladder").to_pandas()
     chosen = extra["decision"]["chosen"]
     cost = dict(search_steps=extra["cost"]["trained_steps"], exhaustive_steps=extra["cost"]["exhaustive_steps"],
-                share=extra["cost"]["share"], select_s=round(select_s, 1))
+                share=extra["cost"]["share"], select_s=round(select_s, 1),
+                # what decided against the untrained model (a pooled kind's confirming kind, or None) and its interval
+                confirmed_by=extra["decision"].get("confirmed_by"), decided_by=extra["decision"]["versus_base"])
     if args.judge == "answer":
         return judged_from_search(name, store, catalog, searched, manifest["config"], ladder, chosen, cost)
     # Every candidate trained fully on the schedule the search put it on (its view's epochs, as the pairs stage drew

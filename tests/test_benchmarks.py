@@ -148,6 +148,7 @@ def test_select_recipe_selects_then_trains_every_candidate_and_judges_with_the_l
     over_base = demo["over_base"]
     assert over_base["low"] <= over_base["mean"] <= over_base["high"]
     assert (demo["chosen"] == "base") == (over_base["mean"] == 0)  # an answer of the base is the base
+    assert demo["confirmed_by"] is None and demo["decided_by"]["n"] >= 2  # the titles decided (no pool to confirm)
     # --judge answer trains nothing more: the search's own models, judged from the embeddings it stored
     [stored] = json.loads(benchmark(*tiny, "--judge", "answer"))["corpora"]
     assert stored["chosen"] == demo["chosen"] and stored["exhaustive_s"] is None and stored["knn_documents"] == 300
