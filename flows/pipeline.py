@@ -92,7 +92,7 @@ def yardstick_of(run: Run, docs: ArtifactRef, families: Iterable[str], models: i
     kind's decision (`confirm`)."""
     if not run.cfg.evaluate.yardstick:
         return None
-    settings = run.cfg.evaluate.yardstick.model_dump(exclude={"confirm"})  # read by the select flow, not the stage
+    settings = run.cfg.evaluate.yardstick.model_dump()
     cfg = (YardstickJob(**settings | {"kind": "auto"}, single=True) if single else
            YardstickJob(**settings, small_pool=models < MIN_POOL,
                         per_token=any(FAMILIES[family].per_token for family in families)))

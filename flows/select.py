@@ -85,9 +85,9 @@ def static_folder(out: Path) -> Path:
 
 def distil(run: Run, teacher: ReportedModel, teacher_scores: ArtifactRef, begun: Start, corpus: Corpus,
            out: Path, pool: dict[str, ArtifactRef] | None) -> str:
-    """`select.static`: the static model of the answer (docs/static.md), scored on the yardstick beside its teacher
-    (on a pooled kind, in `pool`: the decision's), timed beside it on the CPU and exported to `out`; what it kept and
-    gained, in one sentence."""
+    """`select.static`: the static model of the answer (docs/static.md), scored on `corpus`'s yardstick beside its
+    teacher (on a pooled kind, in `pool`: the decision's; or on the confirming yardstick), timed beside it on the CPU
+    and exported to `out`; what it kept and gained, in one sentence."""
     settings = static_settings(run.cfg)  # what `of` names is the pipeline's, not select's
     static = static_model(run, teacher, begun.sentences, settings)
     scores = evaluate_model(run, static, corpus)[0]
@@ -103,13 +103,11 @@ def sample_of(run: Run, corpus: Corpus, confirm: ArtifactRef | None = None) -> C
     """What the yardstick ranks among: the corpus, or where it holds more than `select.sample` documents besides those
     the queries need, the sample stage's draw (tasks/sample.py), its scores filed under a dataset of their own (a
     sample's ranks are not the corpus's: the report must never pair the two). Not where something else is scored on
-    the documents (kNN, the semantic benchmark, held-out generated queries): they need the whole corpus. With a
-    confirming yardstick (`confirming`), the documents its queries need are kept (a pooled kind's own need none, or
-    the same)."""
+    the documents (kNN, the semantic benchmark, held-out generated queries): they need the whole corpus. The documents
+    a confirming yardstick's queries need (`confirming`) are kept too."""
     size, docs, ev = run.cfg.select.sample, corpus.docs, run.cfg.evaluate
-    keeps = confirm or corpus.yardstick
-    yardstick = run.settled(keeps)
-    if size is None or run.settled(docs)["rows"]["documents"] <= size + yardstick["extra"]["needed"]:
+    needed = sum(run.settled(y)["extra"]["needed"] for y in (corpus.yardstick, confirm) if y)  # at most
+    if size is None or run.settled(docs)["rows"]["documents"] <= size + needed:
         return corpus
     if also := [name for name, on in (("evaluate.knn", ev.knn), ("evaluate.semantic", ev.semantic),
                                       ("held-out generated queries", corpus.queries and run.cfg.queries.held_out))
@@ -117,7 +115,7 @@ def sample_of(run: Run, corpus: Corpus, confirm: ArtifactRef | None = None) -> C
         get_run_logger().info("the yardstick ranks among the whole corpus: %s scored on it too", ", ".join(also))
         return corpus
     sample = run.stage(SAMPLE, SampleConfig(size=size, seed=ev.yardstick.seed),
-                       SampleInputs(documents=docs, yardstick=keeps))
+                       SampleInputs(documents=docs, yardstick=corpus.yardstick, confirm=confirm))
     return replace(corpus, docs=sample, dataset=f"{run.cfg.data.display_name} (yardstick sample)")
 
 
@@ -195,10 +193,10 @@ def search(run: Run, begun: Start, corpus: Corpus, negatives: ArtifactRef | None
 
 
 def confirming(run: Run, docs: ArtifactRef, yardstick: ArtifactRef) -> ArtifactRef | None:
-    """`evaluate.yardstick.confirm`: where the yardstick is a pooled kind, whose trained majority judges the untrained
+    """`select.confirm`: where the yardstick is a pooled kind, whose trained majority judges the untrained
     model, a label-free yardstick of one model on the same held-out documents (titles, else an LLM's queries:
     tasks/yardstick.py's `single`) that sets the pool's winner against the untrained model; else None."""
-    if not (run.cfg.evaluate.yardstick.confirm and yardstick_pooled(run.settled(yardstick))):
+    if not (run.cfg.select.confirm and yardstick_pooled(run.settled(yardstick))):
         return None
     confirm = yardstick_of(run, docs, ["dense"], 2, single=True)
     get_run_logger().info("the %s rank the candidates; the %s set the winner against the untrained model (each "
@@ -251,7 +249,10 @@ def select_model(run: Run) -> Selection:
         # by its artifact: labels such as `crops@2e-05` repeat across the searches that share a store
         export_model(Catalog(run.store), chosen.artifact.address, out, [], notes=card)
     static = None
-    if sel.static:
+    if sel.static and confirmed:  # judged beside its teacher as the decision was: each model by itself
+        static = distil(run, chosen or base, confirmed[decision.chosen], begun, replace(corpus, yardstick=confirm),
+                        static_folder(out), None)
+    elif sel.static:
         teacher_scores = scored[rung_name(decision.chosen, sel.budget)] if chosen else base_scores
         static = distil(run, chosen or base, teacher_scores, begun, corpus, static_folder(out),
                         rung_pool(ladder, sel.budget, base_scores, scored) if pooled else None)

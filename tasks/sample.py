@@ -10,11 +10,14 @@ by a hash of (seed, doc_id), so `select.sample` documents at most besides those 
   documents not held out (the only ones it ranks), with the first of each label a query asks for always in.
 - clusters: none; every sampled document asks, grouped among the sample.
 
+With a pooled kind's confirming yardstick (`select.confirm`: titles or an LLM's queries), the documents its queries
+need are kept too, so the untrained model and the winner are set against each other among the same sample.
+
 Every candidate and the untrained model are ranked on the same sample, so the paired intervals compare like with like;
 the scores are those of a smaller corpus (a title finds its text among fewer), not the whole corpus's.
 
-Inputs: `documents`, `yardstick`. Output `documents.parquet`: the sampled rows of the corpus, its columns, in its order
-(read as a corpus by the embed and evaluate stages); the manifest gives how many of how many.
+Inputs: `documents`, `yardstick`, `confirm`. Output `documents.parquet`: the sampled rows of the corpus, its columns,
+in its order (read as a corpus by the embed and evaluate stages); the manifest gives how many of how many.
 """
 
 from __future__ import annotations
@@ -39,13 +42,15 @@ class SampleConfig(Section):
 class SampleInputs(Inputs):
     documents: ArtifactRef
     yardstick: ArtifactRef
+    confirm: ArtifactRef | None = None  # a pooled kind's confirming yardstick (`select.confirm`): its needs kept too
 
 
 def build_sample(store: ArtifactStore, cfg: SampleConfig, inputs: SampleInputs, out: ArtifactWriter, ref: ArtifactRef,
                log: logging.Logger) -> None:
     docs = store.read_table(inputs.documents, "documents")
     kind = yardstick_kind(store.manifest(inputs.yardstick))
-    needed = set(store.read_table(inputs.yardstick, "needed")["doc_id"].to_pylist())  # as the yardstick says
+    needed = {d for y in (inputs.yardstick, inputs.confirm) if y  # as the yardsticks say
+              for d in store.read_table(y, "needed")["doc_id"].to_pylist()}
     ids, labels = docs["doc_id"].to_pylist(), docs["label"].to_pylist()
     needed_rows = {i for i, d in enumerate(ids) if d in needed}
     if kind == "labels":  # it ranks the labelled documents not held out, and nothing else

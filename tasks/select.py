@@ -48,13 +48,14 @@ class Decision:
     versus_base: PairedDifference | None  # the winner at the budget minus the untrained model, per yardstick query
     versus_runner_up: PairedDifference | None  # the winner minus the runner-up, both at the last rung they shared
     runner_up: str | None = None
-    confirmed_by: str | None = None  # the kind of one model versus_base is on, where a pooled kind ranked
+    confirmed_by: str | None = None  # where a pooled kind ranked: the kind of one model versus_base is on
+    pool_lead: PairedDifference | None = None  # and the winner minus the untrained model on the pooled kind
 
 
 @dataclass(frozen=True)
 class Confirmation:
-    """A pooled kind's winner and the untrained model on a kind that scores each model by itself (`confirm`): their
-    per-query scores in the same query order."""
+    """A pooled kind's winner and the untrained model on a kind that scores each model by itself (`select.confirm`):
+    their per-query scores in the same query order."""
 
     kind: str
     winner: np.ndarray
@@ -77,14 +78,17 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
     shared = ladder.runner_up()
     runner_up = shared[1].candidate.name if shared else None
     versus_runner_up = paired_difference(*rung) if rung is not None else None
-    versus_base, ranked, ranking_units = paired_difference(winner, base), "", units
+    versus_base, ranking_units, lead, ranked, called = paired_difference(winner, base), units, None, "", None
     if confirm is not None:  # the pool ranked; against the untrained model, a kind that judges each model alone
-        kind = YARDSTICKS[confirm.kind]
-        ranked = (f"the pool ranked {name} first ({_interval(versus_base, units)} over the untrained model: agreement "
-                  f"with the trained candidates, which judge it); against the untrained model on the {confirm.kind} "
-                  "(each model judged by itself) ")
+        kind, lead = YARDSTICKS[confirm.kind], versus_base
+        called = kind.called
+        ranked = (f"the pool ranked {name} first, {_interval(lead, units)} ahead of the untrained model (agreement "
+                  f"with the trained candidates, which judge it); against the untrained model on {called} (each "
+                  "model judged by itself) ")
         versus_base, base, units, pooled = (paired_difference(confirm.winner, confirm.base), confirm.base, kind.units,
                                             False)
+    decided = dict(versus_base=versus_base, versus_runner_up=versus_runner_up, runner_up=runner_up,
+                   confirmed_by=confirm and confirm.kind, pool_lead=lead)
     if versus_base.significant and versus_base.mean > 0:
         said = (f"{ranked}{name} beats it by {_interval(versus_base, units)}" if ranked else
                 f"{name} beats the untrained model by {_interval(versus_base, units)}")
@@ -96,25 +100,28 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
             said += ("; on a pooled yardstick this is agreement with the trained candidates, whose grouping judges "
                      "the untrained model, not proof of a better model (the yardstick's known bias): your labels, "
                      "titles or queries (another kind) would confirm it")
-        return Decision(name, said, versus_base, versus_runner_up, runner_up, confirm and confirm.kind)
-    said = (f"{ranked}{name} is {_interval(versus_base, units)}: no candidate beats the untrained model significantly"
-            if ranked else
+        return Decision(name, said, **decided)
+    said = (f"{ranked}{name} scores {_interval(versus_base, units)}: it does not beat it significantly" if ranked else
             f"no candidate beats the untrained model significantly (the best, {name}: {_interval(versus_base, units)})")
     if pooled:  # a model unlike the others is marked down: a gain on its own is not ruled out by disagreement
         said += ("; on a pooled yardstick the interval measures agreement with the other models, not a gain, so it "
                  "rules none out: the answer stays the base model as it is, and your labels, titles or queries "
                  "(another kind) would tell more")
     elif versus_base.high < WORTH:
-        said += f"; a gain of {WORTH} or more is ruled out: the answer is the base model as it is"
-    else:  # too few queries to speak: say so, rather than let "the base" read as the evidence's answer
-        more = "`max_queries`, or `kind: queries`, three a document" if units == "queries" else "`max_queries`"
-        said += (f"; the yardstick cannot tell: a gain of up to {versus_base.high:+.3f} is not ruled out (more {units} "
-                 f"would narrow it: a larger `evaluate.yardstick.held_out` or {more}), so the answer stays the base "
-                 "model as it is")
+        said += (f"; a gain of {WORTH} or more{' by it' if ranked else ''} is ruled out: the answer is the base model "
+                 "as it is")
+    else:  # too few queries to speak: say so, rather than let "the base" read as the evidence's answer (a
+        # confirming kind is not yours to choose: titles, else an LLM's queries)
+        more = "`max_queries`, or `kind: queries`, three a document" if units == "queries" and not ranked else (
+            "`max_queries`")
+        said += (f"; {called or 'the yardstick'} cannot tell: a gain of up to {versus_base.high:+.3f} is not ruled "
+                 f"out (more {units} would narrow it: a larger `evaluate.yardstick.held_out` or {more}), so the answer "
+                 "stays the base model as it is")
     if base.mean() >= CEILING:  # a yardstick the start model nearly aces cannot show a gain: say so
-        said += (f"; but the untrained model already scores {base.mean():.3f} of 1 on this yardstick, which leaves "
-                 "little room to show one: a harder yardstick (your labels, a label column) would tell more")
-    return Decision(BASE, said, versus_base, versus_runner_up, runner_up, confirm and confirm.kind)
+        said += (f"; but the untrained model already scores {base.mean():.3f} of 1 on {called or 'this yardstick'}, "
+                 "which leaves little room to show one: a harder yardstick (your labels, a label column) would tell "
+                 "more")
+    return Decision(BASE, said, **decided)
 
 
 def _interval(d: PairedDifference, units: str) -> str:
@@ -201,11 +208,21 @@ def stored_difference(d: PairedDifference | None) -> dict | None:
     return None if d is None else dict(mean=d.mean, low=d.low, high=d.high, n=d.n, significant=d.significant)
 
 
+DIFFERENCES = ("versus_base", "versus_runner_up", "pool_lead")  # a Decision's paired differences
+
+
+def stored_decision(decision: Decision) -> dict:
+    """A Decision as the select artifact's manifest keeps it (decision_of reads it back)."""
+    return dict(chosen=decision.chosen, said=decision.said, runner_up=decision.runner_up,
+                confirmed_by=decision.confirmed_by, **{k: stored_difference(getattr(decision, k)) for k in DIFFERENCES})
+
+
 def decision_of(manifest: dict) -> Decision:
-    """The Decision a select artifact holds (its manifest's), as the stage made it."""
+    """The Decision a select artifact holds (its manifest's), as the stage made it (one made before `confirm` has no
+    confirmation)."""
     kept = manifest["extra"]["decision"]
-    differences = {k: PairedDifference(**{f: kept[k][f] for f in ("mean", "low", "high", "n")}) if kept[k] else None
-                   for k in ("versus_base", "versus_runner_up")}
+    differences = {k: PairedDifference(**{f: kept[k][f] for f in ("mean", "low", "high", "n")}) if kept.get(k) else None
+                   for k in DIFFERENCES}
     return Decision(kept["chosen"], kept["said"], runner_up=kept["runner_up"],
                     confirmed_by=kept.get("confirmed_by"), **differences)
 
@@ -252,7 +269,7 @@ def _confirmed_by(yardstick: dict) -> list[str]:
     kind = YARDSTICKS[yardstick_kind(yardstick)]
     return [f"Against the untrained model: {kind.metric}, {kind.asks} ({yardstick['extra']['queries']:,} ask, of the "
             "same held-out documents), which judges each model by itself, so that no trained majority of the pool "
-            f"tilts the decision (`evaluate.yardstick.confirm`). Its known bias: {kind.bias}.", ""]
+            f"tilts the decision (`select.confirm`). Its known bias: {kind.bias}.", ""]
 
 
 def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
@@ -290,11 +307,7 @@ def build_selection(store: ArtifactStore, job: SelectJob, inputs: SelectInputs,
     cost = dict(trained_steps=trained, exhaustive_steps=exhaustive, candidates=candidates, share=trained / exhaustive,
                 earlier_steps=job.earlier_steps)
     out.write_table("ladder", pa.Table.from_pylist(job.ladder))
-    out.extra.update(decision=dict(chosen=decision.chosen, said=decision.said, runner_up=decision.runner_up,
-                                   confirmed_by=decision.confirmed_by,
-                                   versus_base=stored_difference(decision.versus_base),
-                                   versus_runner_up=stored_difference(decision.versus_runner_up)),
-                     cost=cost, base_score=float(base.mean()))
+    out.extra.update(decision=stored_decision(decision), cost=cost, base_score=float(base.mean()))
     plots.ladder_png(pd.DataFrame(job.ladder), float(base.mean()), YARDSTICKS[kind].metric, out.folder / PICTURE,
                      f"{job.name}: the search's rungs")
     sampled = store.manifest(inputs.sample)["extra"] if inputs.sample else None

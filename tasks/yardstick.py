@@ -240,7 +240,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
         raise InputError(f"yardstick {'; '.join(found.values()) or 'of kind ' + cfg.kind}: "
                          + (f"a larger corpus, a larger held-out share, or {more}" if more else
                             "a larger corpus or a larger held-out share")
-                         + ("; or `evaluate.yardstick.confirm: false`, to let the pooled kind decide against the "
+                         + ("; or `select.confirm: false`, to let the pooled kind decide against the "
                             "untrained model alone" if cfg.single else ""))
     # The user's queries first; then their labels, unless so few carry them that a paired interval over them would
     # say little; then titles; then the clusters (text alone: they agree with labels best of the label-free kinds at

@@ -118,12 +118,6 @@ class YardstickConfig(HeldOutShare):
                                     "paired interval over a thousand is narrow, and each query costs an embedding "
                                     "and a ranking at every rung. None: all. (The clusters ask with every "
                                     "document: `select.sample` bounds them.)")
-    confirm: bool = Field(True, description="`embforge select` on a pooled kind (consensus, neighbours, clusters), "
-                          "where each model is judged by the others and the trained candidates, moving together, "
-                          "judge the untrained model: the pool ranks the candidates, but the winner is set against "
-                          "the untrained model on a label-free kind that scores each model by itself (titles, else "
-                          "queries an LLM writes for the held-out documents), and exported only if it beats it there. "
-                          "false: the pooled kind decides alone (no LLM queries on a text-only corpus).")
 
     @model_validator(mode="after")
     def _qrels_with_its_kind(self) -> YardstickConfig:

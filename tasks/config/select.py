@@ -61,6 +61,12 @@ class SelectConfig(Section):
                          "answer) into a static embedding model (docs/static.md; the `static` section's settings, "
                          "else their defaults), score it on the yardstick and its CPU speed beside its teacher, and "
                          "export it to `<out>-static`.")
+    confirm: bool = Field(True, description="On a pooled yardstick (consensus, neighbours, clusters), where each "
+                          "model is judged by the others and the trained candidates, moving together, judge the "
+                          "untrained model: the pool ranks the candidates, but the winner is set against the untrained "
+                          "model on a label-free kind that scores each model by itself (titles, else queries an LLM "
+                          "writes for the held-out documents), and exported only if it beats it there. false: the "
+                          "pooled kind decides alone (no LLM queries on a text-only corpus).")
 
     @field_validator("recipes")
     @classmethod

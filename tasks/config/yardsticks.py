@@ -23,6 +23,7 @@ class Yardstick:
     agreement: str | None = None  # its Kendall tau against labels as measured (benchmarks/yardsticks.py), or None
     every_document: bool = False  # every document of the corpus asks (none drawn), not only the held-out ones
     score: str = "ndcg_at_10"  # what each query scores
+    called: str = "the yardstick"  # what a decision calls it in a sentence
 
     @property
     def metric(self) -> str:
@@ -62,14 +63,15 @@ YARDSTICKS = {
         asks="each held-out document's title finding its own text among the corpus",
         bias="a title names its document's topic in a few words, so the yardstick favours models that match short "
              "texts to long ones by topic (the query-trained recipes, SemCSE with titles as positives)",
-        prefix="title_", queried=True, maxsim=True, agreement=f"Kendall tau +0.41 (p < 0.05 on 4 of 5) {MEASURED}"),
+        called="the titles", prefix="title_", queried=True, maxsim=True,
+        agreement=f"Kendall tau +0.41 (p < 0.05 on 4 of 5) {MEASURED}"),
     "queries": Yardstick(
         needs="nothing but the text: an LLM (the queries stage's, offline by default) writes the queries",
         asks="each query an LLM wrote for a held-out document finding that document among the corpus",
         bias="the queries are a small LLM's: short, often lifted from the document's own words, so it favours models "
              "that match a document's salient terms; and GPL/InPars candidates train on queries from the same LLM "
              "(for other documents)",
-        prefix="generated_", queried=True, maxsim=True,
+        called="an LLM's queries", prefix="generated_", queried=True, maxsim=True,
         agreement=f"Kendall tau +0.48 (p < 0.05 on 3 of 5, at chance on two) {MEASURED}"),
     "consensus": Yardstick(
         needs="titles, or the LLM's queries where the corpus has none",

@@ -211,10 +211,18 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     # The neighbours (by name; auto's for text alone where too few documents to group): each held-out document asks
     # by its own vector, judged like a consensus; the same held-out documents, so the first rung comes from the cache
     # (its ladder may take other candidates further).
-    near_id, by_neighbours = run_select(select_config(tmp_path, yardstick={**YARDSTICK, "kind": "neighbours"},
-                                                      out=str(tmp_path / "neighbours")))
+    # Among a sample of the corpus that keeps what both the neighbours and the confirming titles ask (30 of each,
+    # drawn apart).
+    near_id, by_neighbours = run_select(select_config(
+        tmp_path, yardstick={**YARDSTICK, "kind": "neighbours", "max_queries": 30}, out=str(tmp_path / "neighbours"),
+        sample=60))
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [near_id])
     assert {(r["key"], r["state"]) for r in stages if r["key"] in first_keys} == {(k, "Cached") for k in first_keys}
+    [sample] = [ArtifactRef("sample", r["key"]) for r in stages if r["stage"] == "sample"]
+    kept = set(store.read_table(sample, "documents")["doc_id"].to_pylist())
+    asking = [set(held_out_queries(store, ArtifactRef("yardstick", r["key"])).to_pandas()["doc_id"])
+              for r in stages if r["stage"] == "yardstick"]
+    assert len(asking) == 2 and asking[0] != asking[1] and asking[0] | asking[1] <= kept
     decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
     assert "Yardstick: neighbours_ndcg_at_10, each held-out document, by its own vector" in (
         store.path(decided) / "selection.md").read_text()
@@ -235,7 +243,7 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
     assert {r["state"] for r in stages if r["stage"] == "yardstick" and r["key"] == alone["key"]} == {"Cached"}
     [sample] = [ArtifactRef("sample", r["key"]) for r in stages if r["stage"] == "sample"]
     kept = set(store.read_table(sample, "documents")["doc_id"].to_pylist())
-    assert store.manifest(sample)["input_roles"]["yardstick"] == alone["key"] and set(asked["doc_id"]) <= kept
+    assert store.manifest(sample)["input_roles"]["confirm"] == alone["key"] and set(asked["doc_id"]) <= kept
     confirmed = store.manifest(decided)["input_roles"]
     assert {store.manifest(ArtifactRef("evaluate", k))["input_roles"]["documents"] for k in confirmed["confirmed"]
             .values()} == {sample.key}  # ranked among the sample, as the pool
@@ -336,12 +344,13 @@ def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_quer
     docs.to_parquet(tmp_path / "plain.parquet")
     held_out = {"held_out": 0.25, "seed": 0, "max_queries": 12}
 
-    def config(out="chosen", **kind):
+    def config(out="chosen", confirm=True, **kind):
         return tiny_config(tmp_path, data={"path": str(tmp_path / "plain.parquet"), "name": "plain", "limit": None},
                            evaluate={"knn": None, "sts": None, "tsne": False, "yardstick": {**held_out, **kind}},
                            queries={"llm": llm_dir, "backend": "transformers"},  # 4 documents: no vLLM start-up
                            static={"of": ["base"], "pca_dims": 16, "tokenlearn": False, "speed_documents": 16},
-                           select={"recipes": ["crops"], "lrs": [3e-3], "budget": 12, "out": str(tmp_path / out)})
+                           select={"recipes": ["crops"], "lrs": [3e-3], "budget": 12, "out": str(tmp_path / out),
+                                   "confirm": confirm})
 
     # by name, the clusters judge even this small pool (with a warning); `--static`: the answer distilled too, judged
     # in the pool
@@ -362,7 +371,7 @@ def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_quer
     assert chosen["static_said"] in (tmp_path / "chosen-static" / "README.md").read_text()
 
     # confirmed (the default): the LLM's queries set the clusters' winner against the untrained model
-    run_id, confirmed = run_select(config("confirmed", kind="clusters"))
+    run_id, confirmed = run_select(config("confirmed", kind="clusters"), static=True)
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [run_id])
     assert {r["state"] for r in stages if r["stage"] == "train" or r["key"] == yardstick.key} == {"Cached"}
     decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
@@ -371,7 +380,9 @@ def test_a_text_only_corpus_is_judged_by_its_documents_clusters_or_an_llm_s_quer
              and r["key"] != yardstick.key]
     assert [a["kind"] for a in alone] == ["queries"] and decision["confirmed_by"] == "queries"
     assert decision["versus_base"]["n"] == alone[0]["queries"] and confirmed["said"] == decision["said"]
-    assert "on the queries (each model judged by itself)" in confirmed["said"]
+    assert "on an LLM's queries (each model judged by itself)" in confirmed["said"]
+    # the static model beside its teacher as the decision was made: on the LLM's queries, not in the pool
+    assert f"over {alone[0]['queries']} queries" in confirmed["static_said"]
 
     run_id, chosen = run_select(config("queried"))
     stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [run_id])

@@ -8,7 +8,7 @@ from tasks.config.base import BASE
 from tasks.config.evaluation import YardstickConfig
 from tasks.core.halving import Candidate, successive_halving
 from tasks.metrics.significance import paired_difference
-from tasks.select import Confirmation, SelectJob, decide, decision_of, section, stored_difference
+from tasks.select import Confirmation, SelectJob, decide, decision_of, section, stored_decision
 from tests.tasks.core.test_halving import NINE, quality
 
 
@@ -70,12 +70,9 @@ def test_a_decision_reads_back_from_its_artifact_as_it_was_made():
     confirmed = decide(ladder, base + 0.1, base, (base + 0.1, base), pooled=True,
                        confirm=Confirmation("titles", base[:40] + 0.05, base[:40]))
     for made in (made, confirmed):
-        stored = {"extra": {"decision": dict(chosen=made.chosen, said=made.said, runner_up=made.runner_up,
-                                             confirmed_by=made.confirmed_by,
-                                             versus_base=stored_difference(made.versus_base),
-                                             versus_runner_up=stored_difference(made.versus_runner_up))}}
+        stored = {"extra": {"decision": stored_decision(made)}}
         assert decision_of(json.loads(json.dumps(stored))) == made  # through the manifest's JSON
-    assert confirmed.confirmed_by == "titles" and confirmed.versus_base.n == 40
+    assert confirmed.confirmed_by == "titles" and confirmed.versus_base.n == 40 and confirmed.pool_lead.n == 50
     made = decide(successive_halving(NINE, 900, 3, lambda c, s: "collapsed"), None, base)
     assert decision_of({"extra": {"decision": dict(chosen=made.chosen, said=made.said, runner_up=None,
                                                    versus_base=None, versus_runner_up=None)}}) == made
@@ -110,11 +107,20 @@ def test_a_pooled_kinds_winner_is_set_against_the_untrained_model_on_a_kind_of_o
     d, pool = paired_difference(level, titles), paired_difference(ahead, base)
     assert decision.chosen == BASE and decision.confirmed_by == "titles"
     assert (decision.versus_base.mean, decision.versus_base.n) == (d.mean, 150)
-    assert decision.said.startswith(f"the pool ranked dropout@0.0003 first ({pool.mean:+.3f} [{pool.low:+.3f}, "
-                                    f"{pool.high:+.3f}] over 400 documents over the untrained model")
-    assert f"on the titles (each model judged by itself) dropout@0.0003 is {d.mean:+.3f}" in decision.said
-    assert "over 150 queries" in decision.said and "a gain of 0.03 or more is ruled out" in decision.said
+    assert decision.said.startswith(f"the pool ranked dropout@0.0003 first, {pool.mean:+.3f} [{pool.low:+.3f}, "
+                                    f"{pool.high:+.3f}] over 400 documents ahead of the untrained model")
+    assert (f"on the titles (each model judged by itself) dropout@0.0003 scores {d.mean:+.3f} [{d.low:+.3f}, "
+            f"{d.high:+.3f}] over 150 queries: it does not beat it significantly; a gain of 0.03 or more by it is "
+            "ruled out: the answer is the base model as it is") in decision.said
     assert "not proof" not in decision.said and "rules none out" not in decision.said
+    assert decision.pool_lead == pool  # kept beside the confirming interval
+    # too few of an LLM's queries to tell, where the untrained model nearly aces them: said of that kind
+    aced = np.r_[np.ones(16), np.full(4, 0.6)]  # mean 0.92
+    level = aced + np.r_[np.zeros(12), np.full(4, -0.3), np.full(4, 0.3)]  # as much lost as won: -0.1 to +0.1
+    decision = decide(ladder, ahead, base, pooled=True, units="documents", confirm=Confirmation("queries", level, aced))
+    assert decision.chosen == BASE and "an LLM's queries cannot tell: a gain of up to" in decision.said
+    assert "(more queries would narrow it: a larger `evaluate.yardstick.held_out` or `max_queries`)" in decision.said
+    assert "already scores 0.920 of 1 on an LLM's queries" in decision.said
     # ahead on the titles too: the winner ships, the runner-up compared on the pool's documents
     better = np.clip(titles + rng.normal(0.05, 0.05, 150), 0, 1)
     decision = decide(ladder, ahead, base, (ahead, base), pooled=True, units="documents",

@@ -216,7 +216,7 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
     confirming = YARDSTICK.run(store, single, YardstickInputs(documents=labelled))
     assert store.manifest(confirming)["extra"]["kind"] == "titles"
     with pytest.raises(InputError, match=r"^yardstick titles: 0 .*: a larger corpus or a larger held-out share; or "
-                                         r"`evaluate.yardstick.confirm: false`, to let the pooled kind decide against "
+                                         r"`select.confirm: false`, to let the pooled kind decide against "
                                          "the untrained model alone$"):  # neither titles nor an LLM's queries
         YARDSTICK.run(store, single, YardstickInputs(documents=bare))
     for kind in ("clusters", "auto"):  # by name, or where nothing else can rank, the clusters, with a warning
