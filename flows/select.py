@@ -40,7 +40,7 @@ from tasks.config.base import BASE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.select import SelectConfig
 from tasks.config.training import MethodConfig, expand_chains
-from tasks.config.yardsticks import yardstick_kind, yardstick_pooled
+from tasks.config.yardsticks import YARDSTICKS, yardstick_kind, yardstick_pooled
 from tasks.core.halving import Candidate, Ladder, successive_halving
 from tasks.encoders.models import is_decoder_model, trained_ref
 from tasks.export import check_export_folder, export_model
@@ -199,9 +199,9 @@ def confirming(run: Run, docs: ArtifactRef, yardstick: ArtifactRef) -> ArtifactR
     if not (run.cfg.select.confirm and yardstick_pooled(run.settled(yardstick))):
         return None
     confirm = yardstick_of(run, docs, ["dense"], 2, single=True)
-    get_run_logger().info("the %s rank the candidates; the %s set the winner against the untrained model (each "
-                          "judged by itself)", yardstick_kind(run.settled(yardstick)),
-                          yardstick_kind(run.settled(confirm)))
+    get_run_logger().info("the %s rank the candidates; %s set the winner against the untrained model (each judged "
+                          "by itself)", yardstick_kind(run.settled(yardstick)),
+                          YARDSTICKS[yardstick_kind(run.settled(confirm))].called)
     return confirm
 
 
