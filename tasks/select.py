@@ -82,9 +82,9 @@ def decide(ladder: Ladder, winner: np.ndarray | None, base: np.ndarray,
     if confirm is not None:  # the pool ranked; against the untrained model, a kind that judges each model alone
         kind, lead = YARDSTICKS[confirm.kind], versus_base
         called = kind.called
-        ranked = (f"the pool ranked {name} first, {_interval(lead, units)} ahead of the untrained model (agreement "
-                  f"with the trained candidates, which judge it); against the untrained model on {called} (each "
-                  "model judged by itself) ")
+        ranked = (f"the pool ranked {name} first, at {_interval(lead, units)} relative to the untrained model "
+                  f"(agreement with the trained candidates, which judge it); against the untrained model on {called} "
+                  "(each model judged by itself) ")
         versus_base, base, units, pooled = (paired_difference(confirm.winner, confirm.base), confirm.base, kind.units,
                                             False)
     decided = dict(versus_base=versus_base, versus_runner_up=versus_runner_up, runner_up=runner_up,

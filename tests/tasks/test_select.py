@@ -107,8 +107,8 @@ def test_a_pooled_kinds_winner_is_set_against_the_untrained_model_on_a_kind_of_o
     d, pool = paired_difference(level, titles), paired_difference(ahead, base)
     assert decision.chosen == BASE and decision.confirmed_by == "titles"
     assert (decision.versus_base.mean, decision.versus_base.n) == (d.mean, 150)
-    assert decision.said.startswith(f"the pool ranked dropout@0.0003 first, {pool.mean:+.3f} [{pool.low:+.3f}, "
-                                    f"{pool.high:+.3f}] over 400 documents ahead of the untrained model")
+    assert decision.said.startswith(f"the pool ranked dropout@0.0003 first, at {pool.mean:+.3f} [{pool.low:+.3f}, "
+                                    f"{pool.high:+.3f}] over 400 documents relative to the untrained model")
     assert (f"on the titles (each model judged by itself) dropout@0.0003 scores {d.mean:+.3f} [{d.low:+.3f}, "
             f"{d.high:+.3f}] over 150 queries: it does not beat it significantly; a gain of 0.03 or more by it is "
             "ruled out: the answer is the base model as it is") in decision.said
