@@ -249,13 +249,13 @@ def select_model(run: Run) -> Selection:
         # by its artifact: labels such as `crops@2e-05` repeat across the searches that share a store
         export_model(Catalog(run.store), chosen.artifact.address, out, [], notes=card)
     static = None
-    if sel.static and confirmed:  # judged beside its teacher as the decision was: each model by itself
-        static = distil(run, chosen or base, confirmed[decision.chosen], begun, replace(corpus, yardstick=confirm),
-                        static_folder(out), None)
-    elif sel.static:
-        teacher_scores = scored[rung_name(decision.chosen, sel.budget)] if chosen else base_scores
-        static = distil(run, chosen or base, teacher_scores, begun, corpus, static_folder(out),
-                        rung_pool(ladder, sel.budget, base_scores, scored) if pooled else None)
+    if sel.static:
+        if confirmed:  # judged beside its teacher as the decision was: each model by itself
+            teacher_scores, judged, pool = confirmed[decision.chosen], replace(corpus, yardstick=confirm), None
+        else:
+            teacher_scores = scored[rung_name(decision.chosen, sel.budget)] if chosen else base_scores
+            judged, pool = corpus, rung_pool(ladder, sel.budget, base_scores, scored) if pooled else None
+        static = distil(run, chosen or base, teacher_scores, begun, judged, static_folder(out), pool)
     return Selection(decision.chosen, decision.said, run.store.location("artifacts", decided.stage, decided.key),
                      decided.address, str(out) if chosen else None, base.label,
                      str(static_folder(out)) if static else None, static)
