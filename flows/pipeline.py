@@ -97,7 +97,8 @@ def yardstick_of(run: Run, docs: ArtifactRef, families: Iterable[str], models: i
            YardstickJob(**settings, small_pool=models < MIN_POOL,
                         per_token=any(FAMILIES[family].per_token for family in families)))
     generated = None
-    if llm_queries_needed(cfg, run.settled(docs)["extra"]):
+    ingested = run.settled(docs)
+    if llm_queries_needed(cfg, ingested["extra"], ingested["rows"]["documents"]):
         queries = run.cfg.queries or QueriesConfig()
         most = -(-cfg.max_queries // queries.sampling.n) if cfg.max_queries else None  # documents enough to ask
         job = AskedQueries(**queries.model_dump(exclude={"limit"}),

@@ -3,11 +3,12 @@ documents table. The text column must be there; the id, title, label and split c
 them, and are an error where missing only if the config names them (ids then come from the rows); the log and the
 manifest say what was found.
 
-Output `documents.parquet`: doc_id, title, text, label, split (all strings; title, label, split may be null), in input
-order; with `data.strip_mail`, the texts without who wrote them (and with `data.strip_quotes`, what they quote). The
-input is read, checked and written in record batches, so memory does not grow with the corpus; duplicate ids are then
-found by DuckDB over an id-only side table. Every problem with the input is an `InputError` naming the file, row and
-field; a row is the row of its file (CSV: data row after the header; JSONL: non-blank line), whichever batch it is in.
+Output `documents.parquet`: doc_id, title, text, label, split (all strings; title, label, split may be null, a blank
+title is null), in input order; with `data.strip_mail`, the texts without who wrote them (and with
+`data.strip_quotes`, what they quote). The input is read, checked and written in record batches, so memory does not
+grow with the corpus; duplicate ids are then found by DuckDB over an id-only side table. Every problem with the
+input is an `InputError` naming the file, row and field; a row is the row of its file (CSV: data row after the
+header; JSONL: non-blank line), whichever batch it is in.
 """
 
 from __future__ import annotations
@@ -200,6 +201,8 @@ def normalise(batch: pa.Table, first_row: int, cfg: DataConfig, source: str, id_
             bad = pc.indices_nonzero(empty).to_pylist()
             raise InputError(f"{source}: {len(bad)} row(s) with empty {name} (column '{mapping[field]}'), "
                              f"first at row(s) {[first_row + i for i in bad[:5]]}")
+    blank = pc.equal(pc.utf8_trim_whitespace(columns["title"]), "")  # no title, as a CSV's empty cell says
+    columns["title"] = pc.if_else(pc.fill_null(blank, False), pa.scalar(None, pa.string()), columns["title"])
     return pa.table(columns, schema=SCHEMA)
 
 

@@ -57,7 +57,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.queries import HELD_OUT, QUERY_COLUMNS, TRAIN
-from tasks.config.yardsticks import CLUSTERS, KINDS, MIN_POOL, TEXT_QUERIES, YARDSTICKS, ranks_per_token
+from tasks.config.yardsticks import CLUSTERS, KINDS, MIN_POOL, TEXT_QUERIES, YARDSTICKS, ranks_per_token, titled
 from tasks.core.eval_sets import read_table
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
@@ -130,8 +130,7 @@ def qrels_queries(path: str, docs: pa.Table, held: pa.Array) -> tuple[pa.Table, 
 
 def title_queries(docs: pa.Table, held: pa.Array) -> pa.Table:
     """The titles kind's queries: every held-out document that has a title."""
-    asked = docs.filter(held)
-    asked = asked.filter(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(pc.fill_null(asked["title"], ""))), 0))
+    asked = docs.filter(pc.and_(held, pc.is_valid(docs["title"])))  # the ingest stage made blank titles null
     return _queries(_named("title-", asked["doc_id"]), asked["doc_id"], asked["title"],
                     pa.array(["ok"] * asked.num_rows, pa.string()))
 
@@ -168,15 +167,16 @@ def generated_queries(store: ArtifactStore, generated: ArtifactRef, held: set[st
     return _queries(table["query_id"], table["doc_id"], table["query"], table["status"])
 
 
-def llm_queries_needed(cfg: YardstickJob, counts: dict) -> bool:
+def llm_queries_needed(cfg: YardstickJob, counts: dict, documents: int) -> bool:
     """Whether the yardstick asks by an LLM's queries (the flow then has them written first), from the ingest stage's
-    counts (`titled`, `labelled`): `queries`; `consensus` on a corpus without titles; `auto` on one without titles
-    where a multi-vector model is ranked, or where too few models are to judge each other or only a kind of one model
-    will do (`single`: labels are not asked) and neither labels nor your queries can decide (else `auto` falls back
-    on the clusters)."""
-    if cfg.kind == "queries" or (cfg.kind == "consensus" and not counts.get("titled")):
+    counts (`titled`, `labelled`) of its `documents`: `queries`; `consensus` on a corpus without titles (`titled`:
+    fewer than half its documents have one); `auto` on one without titles where a multi-vector model is ranked, or
+    where too few models are to judge each other or only a kind of one model will do (`single`: labels are not asked)
+    and neither labels nor your queries can decide (else `auto` falls back on the clusters)."""
+    untitled = not titled(counts.get("titled", 0), documents)
+    if cfg.kind == "queries" or (cfg.kind == "consensus" and untitled):
         return True
-    return cfg.kind == "auto" and not counts.get("titled") and (cfg.per_token or cfg.single or (
+    return cfg.kind == "auto" and untitled and (cfg.per_token or cfg.single or (
         cfg.small_pool and not counts.get("labelled") and not cfg.qrels))
 
 
@@ -198,6 +198,15 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
         automatic = {"labels", "titles", "clusters", "neighbours"} | ({"queries"} if cfg.small_pool else set())
     wants = {cfg.kind} | (automatic if cfg.kind == "auto" else set()) | (
         set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
+    titles = docs.num_rows - docs["title"].null_count
+    if cfg.kind != "titles" and "titles" in wants and not titled(titles, docs.num_rows):
+        wants.discard("titles")
+        found["titles"] = (f"titles: {titles} of the {docs.num_rows} documents have a title, fewer than half "
+                           "(`kind: titles` asks them)" if titles else
+                           f"titles: none of the {docs.num_rows} documents has a title")
+        if titles:
+            log.info("%d of the %d documents have a title, fewer than half: the corpus is taken as text alone "
+                     "(`kind: titles` asks them)", titles, docs.num_rows)
     if by_text:
         log.info("a multi-vector model is among those ranked: your qrels, titles or an LLM's queries decide (MaxSim "
                  "ranks queries that are texts), not labels or the neighbours")

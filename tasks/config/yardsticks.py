@@ -121,6 +121,13 @@ YARDSTICKS = {
 }
 KINDS = tuple(YARDSTICKS)
 TEXT_QUERIES = ("titles", "queries")  # where a consensus's queries come from, in this order
+TITLED_SHARE = 0.5  # the share of a corpus's documents with a title from which `auto` asks its titles
+
+
+def titled(titles: int, documents: int) -> bool:
+    """Whether a corpus's titles can stand for it: where fewer than half its documents have one, the titled ones are
+    a part of the corpus that the titles chose (and few ask), so `auto` takes the corpus as text alone."""
+    return titles > 0 and titles >= TITLED_SHARE * documents
 
 
 def yardstick_kind(manifest: dict) -> str:

@@ -168,11 +168,13 @@ def test_the_yardstick_s_queries_are_written_for_its_held_out_documents_only(tmp
     ("auto", 0, False, False, False), ("neighbours", 0, False, False, False), ("queries", 5, False, False, True),
     ("consensus", 0, False, False, True), ("consensus", 5, False, False, False), ("titles", 0, False, False, False),
     ("auto", 0, True, False, True), ("auto", 5, True, False, False), ("neighbours", 0, True, False, False),
-    ("auto", 0, False, True, True), ("auto", 5, False, True, False), ("clusters", 0, False, True, False)])
+    ("auto", 0, False, True, True), ("auto", 5, False, True, False), ("clusters", 0, False, True, False),
+    ("auto", 4, True, False, True), ("consensus", 4, False, False, True), ("auto", 4, False, True, True)])
 def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, small_pool, needed):
     # auto: the clusters need no LLM; where a multi-vector model is ranked, MaxSim needs queries that are texts; where
-    # too few models are ranked to judge each other, no pooled kind can decide
+    # too few models are ranked to judge each other, no pooled kind can decide; titles on fewer than half of the 10
+    # documents are no titles
     job = YardstickJob(kind=kind, per_token=per_token, small_pool=small_pool)
-    assert llm_queries_needed(job, {"titled": titled, "labelled": 0}) is needed
+    assert llm_queries_needed(job, {"titled": titled, "labelled": 0}, 10) is needed
     for small in (False, True):  # the user's queries ask
-        assert llm_queries_needed(YardstickJob(qrels="q.parquet", small_pool=small), {"titled": 0}) is False
+        assert llm_queries_needed(YardstickJob(qrels="q.parquet", small_pool=small), {"titled": 0}, 10) is False

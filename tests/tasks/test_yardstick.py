@@ -201,21 +201,35 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
     # writes queries for the held-out documents
     by_text, small = AUTO.model_copy(update={"per_token": True}), AUTO.model_copy(update={"small_pool": True})
     none, titles, labels = {"titled": 0, "labelled": 0}, {"titled": 30, "labelled": 0}, {"titled": 0, "labelled": 30}
-    assert not llm_queries_needed(AUTO, none) and llm_queries_needed(by_text, none)
-    assert not llm_queries_needed(by_text, titles)
-    assert llm_queries_needed(small, none) and not llm_queries_needed(small, titles)
-    assert not llm_queries_needed(small, labels) and not llm_queries_needed(small.model_copy(update={"qrels": "q"}),
-                                                                            none)  # either decides before
+    assert not llm_queries_needed(AUTO, none, 30) and llm_queries_needed(by_text, none, 30)
+    assert not llm_queries_needed(by_text, titles, 30)
+    assert llm_queries_needed(small, none, 30) and not llm_queries_needed(small, titles, 30)
+    assert not llm_queries_needed(small, labels, 30) and not llm_queries_needed(
+        small.model_copy(update={"qrels": "q"}), none, 30)  # either decides before
     assert store.manifest(YARDSTICK.run(store, small, YardstickInputs(documents=titled)))["extra"]["kind"] == "titles"
     # a pooled kind's confirmation (`single`): titles, else an LLM's queries, never a pool, and labels not asked
     single = AUTO.model_copy(update={"single": True})
-    assert llm_queries_needed(single, none) and llm_queries_needed(single, labels)
-    assert not llm_queries_needed(single, titles)
+    assert llm_queries_needed(single, none, 30) and llm_queries_needed(single, labels, 30)
+    assert not llm_queries_needed(single, titles, 30)
+    # titles on fewer than half the documents (a part of the corpus they chose) are taken as none; asked by name, used
+    few = {"titled": 14, "labelled": 0}
+    assert llm_queries_needed(single, few, 30) and llm_queries_needed(by_text, few, 30)
+    docs.assign(title=[*docs["title"][:14], *[" "] * 16]).to_parquet(tmp_path / "few.parquet")  # blank: no title
+    scarce = INGEST.run(store, DataConfig(path=str(tmp_path / "few.parquet")), NoInputs())
+    assert store.manifest(scarce)["extra"]["titled"] == 14
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert store.manifest(YARDSTICK.run(store, AUTO, YardstickInputs(documents=scarce)))["extra"]["kind"] == \
+            "clusters"
+    assert "14 of the 30 documents have a title, fewer than half: the corpus is taken as text alone" in caplog.text
+    by_name = YARDSTICK.run(store, AUTO.model_copy(update={"kind": "titles"}), YardstickInputs(documents=scarce))
+    assert store.manifest(by_name)["extra"]["kind"] == "titles"
     docs.assign(label=["a", "b"] * 15).to_parquet(tmp_path / "labelled.parquet")
     labelled = INGEST.run(store, DataConfig(path=str(tmp_path / "labelled.parquet")), NoInputs())
     confirming = YARDSTICK.run(store, single, YardstickInputs(documents=labelled))
     assert store.manifest(confirming)["extra"]["kind"] == "titles"
-    with pytest.raises(InputError, match=r"^yardstick titles: 0 .*: a larger corpus or a larger held-out share; or "
+    with pytest.raises(InputError, match=r"^yardstick titles: none of the 30 documents has a title: a larger corpus or "
+                                         r"a larger held-out share; or "
                                          r"`select.confirm: false`, to let the pooled kind decide against "
                                          "the untrained model alone$"):  # neither titles nor an LLM's queries
         YARDSTICK.run(store, single, YardstickInputs(documents=bare))
@@ -224,9 +238,8 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
         with caplog.at_level("WARNING"):
             ref = YARDSTICK.run(store, small.model_copy(update={"kind": kind}), YardstickInputs(documents=bare))
         assert store.manifest(ref)["extra"]["kind"] == "clusters" and "the clusters' decision is weak" in caplog.text
-    with pytest.raises(InputError, match=r"^yardstick titles: 0 of the \d+ held-out documents \(20% of the corpus\) "
-                                         "have a title; it needs at least 2: a larger corpus or a larger held-out "
-                                         "share$"):  # not the clusters, and here no LLM's queries
+    with pytest.raises(InputError, match=r"^yardstick titles: none of the 30 documents has a title: a larger corpus "
+                                         "or a larger held-out share$"):  # not the clusters, and here no LLM's queries
         YARDSTICK.run(store, by_text, YardstickInputs(documents=bare))
     with pytest.raises(InputError, match=r"yardstick labels: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a label that a document not held out shares, among 0 labels; it needs "
