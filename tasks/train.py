@@ -268,6 +268,8 @@ def fit(store: ArtifactStore, job: TrainJob, inputs: TrainInputs, ref: ArtifactR
             raise health.TrainingUnhealthy(f"{job.recipe} recipe: {e}") from None
     if rank == 0:
         lora.save_with_adapter(model.to(getattr(torch, cfg.save_dtype)), folder / "model")
+        if objective.head is not None:  # for a SPLADE method that starts from this model
+            families.save_head(objective.head, model.transformers_model.get_input_embeddings().weight, folder / "model")
         if job.until and len(history) < len(batches):  # a rung: its state, for the run that goes on from it
             shutil.copyfile(checkpoints.path, folder / STATE)
     return start + [vars(h) for h in history], training.health_of(batches, cfg, history)

@@ -108,9 +108,10 @@ class PipelineConfig(Section):
         self._family_trained_and_scored(f"methods.{i}", method.family, method.family_settings,
                                         self.train_for(method, where=f"methods.{i}.train"),
                                         "; leave them unset for this method")
-        if method.start_from is not None:
+        splade = method.family == "sparse" and method.sparse.kind == "splade"
+        if method.start_from is not None and not splade:  # SPLADE may take an mlm method's encoder and its head
             raise ValueError(f"methods.{i}.start_from: a {method.family} model starts from the base model, not "
-                             "from another method's model")
+                             "from another method's model (a SPLADE one may: `sparse.kind: splade`)")
         if self.static and method.name in self.static.of:
             raise ValueError(f"static.of: {method.name!r} is a {method.family} model; a static model is distilled "
                              "from a dense one")

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from safetensors.torch import load_file as load_safetensors
+from safetensors.torch import save_file
 from sentence_transformers import MultiVectorEncoder, SentenceTransformer
 from sentence_transformers.base.model import BaseModel
 from sentence_transformers.base.modules import Normalize
@@ -33,7 +35,7 @@ from sentence_transformers.sparse_encoder import SparseEncoder
 from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder, SpladePooling
 from sentence_transformers.util import load_file_path
 from torch import nn
-from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig
+from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 
 from tasks.config.base import InputError
 from tasks.encoders import decoders
@@ -88,21 +90,63 @@ def splade_model(path: str, settings: SparseSettings, max_length: int, device: s
                  layer: int | None = None, dropout: float | None = None) -> SparseEncoder:
     """The masked-LM encoder at `path` as a SPLADE model: its head's logits over the vocabulary, log(1 + ReLU), the
     maximum over the text's tokens (sentence-transformers' SpladePooling), at most `settings.active_dims` kept where
-    a text is encoded. A head the checkpoint lacks (a sentence encoder's) is drawn from `seed`, with a warning."""
+    a text is encoded. Its head: the one an mlm method trained beside the model at `path` (MLM_HEAD), else the
+    checkpoint's; one the checkpoint lacks (a sentence encoder's) is drawn from `seed`, with a warning."""
     config = load_model(path, AutoConfig.from_pretrained)
     check_masked_lm(path, config)
     # a missing head drawn on the CPU from the seed, the process's generators left alone
     with MODEL_LOADING, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
         transformer = training_transformer(path, max_length, layer, dropout=dropout, task="fill-mask")
-        untrained = untrained_head(path)  # its load draws a missing head too
+        masked_lm = transformer.auto_model
+        trained = load_head(masked_lm_part(masked_lm), masked_lm.get_input_embeddings().weight, path)
+        untrained = set() if trained else untrained_head(path)  # its load draws a missing head too
     if untrained:
         logging.getLogger(__name__).warning(
             "%s: its checkpoint has no trained masked-LM head (%d tensors missing, e.g. %s): SPLADE's term weights "
-            "start from a random head; a base that has one (BERT, DistilBERT, a SPLADE checkpoint) starts from what "
-            "its head knows", path, len(untrained), sorted(untrained)[0])
+            "start from a random head; a base that has one (BERT, DistilBERT, a SPLADE checkpoint), or an mlm "
+            "method's model (`start_from`), starts from what its head knows",
+            path, len(untrained), sorted(untrained)[0])
     pooling = SpladePooling("max", embedding_dimension=config.vocab_size)
     return SparseEncoder(modules=[transformer, pooling], max_active_dims=settings.active_dims, device=device)
+
+
+MLM_HEAD = "mlm_head.safetensors"  # beside a saved model: the masked-LM head its encoder trained with (the mlm recipe)
+
+
+def masked_lm_part(model: PreTrainedModel) -> nn.Module:
+    """A masked-LM model's head: its one child with weights that is not its base model (BERT: `cls`, RoBERTa:
+    `lm_head`)."""
+    rest = [m for name, m in model.named_children()
+            if name != model.base_model_prefix and next(m.parameters(), None) is not None]
+    if len(rest) != 1:
+        raise ValueError(f"{type(model).__name__}: cannot tell its masked-LM head apart ({len(rest)} candidates)")
+    return rest[0]
+
+
+def save_head(head: nn.Module, embeddings: torch.Tensor, folder: Path) -> None:
+    """`head`'s own tensors as `folder`/MLM_HEAD: not its output projection, which is the encoder's word `embeddings`
+    (saved with the model); copies, so the tied biases are two tensors as safetensors wants."""
+    own = {name: tensor.detach().to("cpu").clone() for name, tensor in head.state_dict().items()
+           if tensor.data_ptr() != embeddings.data_ptr()}
+    save_file(own, str(folder / MLM_HEAD))
+
+
+def load_head(head: nn.Module, embeddings: torch.Tensor, folder: str) -> bool:
+    """Load into `head` the one that `save_head` saved in `folder` (its output projection is tied to the word
+    `embeddings` already); False where there is none."""
+    file = Path(folder) / MLM_HEAD
+    if not file.is_file():
+        return False
+    tied = {name for name, tensor in head.state_dict().items() if tensor.data_ptr() == embeddings.data_ptr()}
+    try:
+        missing, unexpected = head.load_state_dict(load_safetensors(str(file)), strict=False)
+    except RuntimeError as e:  # a tensor of another shape
+        raise InputError(f"{file}: not this model's masked-LM head ({e})") from None
+    if set(missing) != tied or unexpected:
+        raise InputError(f"{file}: not this model's masked-LM head (missing {sorted(set(missing) - tied)}, "
+                         f"unexpected {sorted(unexpected)})")
+    return True
 
 
 def check_masked_lm(path: str, config: PretrainedConfig) -> None:

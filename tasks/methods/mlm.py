@@ -2,7 +2,8 @@
 
 Token-level masking at 15% (80/10/10), cross-entropy on the selected positions. The MLM head is a
 training-only add-on: it lives in the loss module, not in the SentenceTransformer, so the saved
-model is the bare encoder (embedded at inference by mean pooling, set up elsewhere).
+model is the bare encoder (embedded at inference by mean pooling, set up elsewhere), with the head
+beside it (tasks/encoders/families.py's MLM_HEAD) for a SPLADE method that starts from it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from sentence_transformers import SentenceTransformer
 from torch import nn
 from transformers import AutoModelForMaskedLM
 
+from tasks.encoders.families import masked_lm_part
 from tasks.encoders.models import MODEL_LOADING, to_device
 from tasks.methods.masking import mask_tokens
 
@@ -30,13 +32,8 @@ def masked_lm_head(model: SentenceTransformer) -> nn.Module:
             mlm = AutoModelForMaskedLM.from_pretrained(encoder.config._name_or_path)
         except (OSError, ValueError):  # folder gone, or a Hub id while offline: same shape, random head
             mlm = AutoModelForMaskedLM.from_config(encoder.config)
-    # Keep only the head: every child except the base model (BERT: `cls`, RoBERTa: `lm_head`).
-    rest = [m for name, m in mlm.named_children()
-            if name != mlm.base_model_prefix and next(m.parameters(), None) is not None]
-    if len(rest) != 1:
-        raise ValueError(f"{type(mlm).__name__}: cannot tell its MLM head apart ({len(rest)} candidates)")
     embedding = encoder.get_input_embeddings().weight
-    head = rest[0].to(device=embedding.device, dtype=embedding.dtype)
+    head = masked_lm_part(mlm).to(device=embedding.device, dtype=embedding.dtype)
     # Tie after moving: the head's projection must be the very Parameter the encoder trains.
     mlm.get_output_embeddings().weight = embedding
     return head

@@ -48,6 +48,7 @@ class Objective:
     labels: Callable[[list[Pair]], torch.Tensor] | None = None  # the loss's labels, where it takes any
     # (step from 0, the schedule's steps) -> None, before each step: sets the loss's scheduled weights, where it has any
     at_step: Callable[[int, int], None] | None = None
+    head: nn.Module | None = None  # a masked-LM head trained beside the encoder, saved with it (mlm's: for SPLADE)
 
 
 # (recipe, model, train config, encoder mask ratio, RetroMAE's decoder_visible, gather) -> the objective;
@@ -113,7 +114,8 @@ def tsdae(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
 
 def masked_lm(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:
     # The MLM, MNTP and RetroMAE losses move their own inputs to the device.
-    return Objective(MaskedLMLoss(model, mask_ratio), lambda batch: [features(model, [a for a, _ in batch])])
+    loss = MaskedLMLoss(model, mask_ratio)
+    return Objective(loss, lambda batch: [features(model, [a for a, _ in batch])], head=loss.head)
 
 
 def masked_next_token(recipe, model, cfg, mask_ratio, decoder_visible, gather) -> Objective:

@@ -136,6 +136,9 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
      "methods.0: Value error, multi_vector: settings of the multi_vector family on a dense method"),
     ("name: x\ndata: {path: a.csv}\nmodel: {pretrain: {data: {path: b.csv}, method: {name: m, recipe: crops, "
      "family: multi_vector}}}\n", "model.pretrain.method.family: stage 1 trains the dense model"),
+    ("name: x\ndata: {path: a.csv}\nmethods: [{name: m, recipe: mlm}, {name: c, recipe: crops, family: sparse, "
+     "start_from: m}]\n", "methods.1.start_from: a sparse model starts from the base model, not from another method's "
+     "model (a SPLADE one may: `sparse.kind: splade`)"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, body, expected):
     path = tmp_path / "bad.yaml"
@@ -143,6 +146,13 @@ def test_bad_config_names_file_and_field(tmp_path, body, expected):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert str(path) in str(err.value) and expected in str(err.value)
+
+
+def test_a_splade_method_may_start_from_an_mlm_method_s_model(tmp_path):
+    (tmp_path / "a.csv").touch()
+    (tmp_path / "c.yaml").write_text("name: x\ndata: {path: a.csv}\nmethods: [{name: m, recipe: mlm}, {name: s, "
+                                     "recipe: crops, family: sparse, sparse: {kind: splade}, start_from: m}]\n")
+    assert load_config(tmp_path / "c.yaml").methods[1].start_from == "m"
 
 
 def test_missing_config_file(tmp_path):

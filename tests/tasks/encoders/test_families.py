@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from sentence_transformers import MultiVectorEncoder, SparseEncoder
 from sentence_transformers.base.modules import Normalize
 from sentence_transformers.base.modules.dense import Dense
@@ -113,6 +114,32 @@ def trained_in_store(demo, tiny_dir, method: MethodConfig, *changes: dict):
     keyed = {TRAIN.ref(TrainJob.for_method(tiny_dir, m, cfg, None), inputs).key for m in changed}
     assert len({trained.key, *keyed}) == len(changes) + 2  # the family and each of its settings are in the key
     return store, trained, cfg
+
+
+def test_an_mlm_method_saves_its_head_beside_its_model_and_a_splade_model_of_that_model_starts_from_it(
+        demo, tiny_dir, caplog, tmp_path):
+    store, pairs = demo
+    method, cfg = MethodConfig(name="mlm", recipe="mlm"), CFG.model_copy(update={"max_steps": 4})
+    tokens = TOKENS.run(store, TokensJob.for_method(tiny_dir, method, cfg), TokensInputs(pairs=pairs("mlm")))
+    trained = TRAIN.run(store, TrainJob.for_method(tiny_dir, method, cfg, None),
+                        TrainInputs(pairs=pairs("mlm"), tokens=tokens))
+    folder = store.path(trained) / "model"
+    saved = load_file(folder / families.MLM_HEAD)
+    assert "predictions.decoder.weight" not in saved  # the word embeddings, saved with the model
+    with caplog.at_level(logging.WARNING):
+        drawn = splade(tiny_dir)  # tiny_dir has no head: drawn from the seed, as the mlm method's started
+        assert "no trained masked-LM head" in caplog.text
+        caplog.clear()
+        model = splade(str(folder))
+        assert "no trained masked-LM head" not in caplog.text
+    head, before = model[0].auto_model.cls, drawn[0].auto_model.cls.state_dict()
+    assert all(torch.equal(head.state_dict()[k], v) for k, v in saved.items())
+    assert not torch.equal(saved["predictions.transform.dense.weight"], before["predictions.transform.dense.weight"])
+    assert head.predictions.decoder.weight is model[0].auto_model.get_input_embeddings().weight  # still tied
+    save_file({"predictions.bias": saved["predictions.bias"]}, str(tmp_path / families.MLM_HEAD))  # not a whole head
+    with pytest.raises(InputError, match=r"mlm_head.safetensors: not this model's masked-LM head \(missing "
+                                         r"\['predictions.decoder.bias', 'predictions.transform"):
+        families.load_head(head, model[0].auto_model.get_input_embeddings().weight, str(tmp_path))
 
 
 def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_loads(demo, tiny_dir, caplog):
