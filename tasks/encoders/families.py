@@ -98,8 +98,7 @@ def splade_model(path: str, settings: SparseSettings, max_length: int, device: s
     with MODEL_LOADING, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
         transformer = training_transformer(path, max_length, layer, dropout=dropout, task="fill-mask")
-        masked_lm = transformer.auto_model
-        trained = load_head(masked_lm_part(masked_lm), masked_lm.get_input_embeddings().weight, path)
+        trained = load_head(transformer.auto_model, path)
         untrained = set() if trained else untrained_head(path)  # its load draws a missing head too
     if untrained:
         logging.getLogger(__name__).warning(
@@ -132,12 +131,15 @@ def save_head(head: nn.Module, embeddings: torch.Tensor, folder: Path) -> None:
     save_file(own, str(folder / MLM_HEAD))
 
 
-def load_head(head: nn.Module, embeddings: torch.Tensor, folder: str) -> bool:
-    """Load into `head` the one that `save_head` saved in `folder` (its output projection is tied to the word
-    `embeddings` already); False where there is none."""
+def load_head(masked_lm: PreTrainedModel, folder: str) -> bool:
+    """Into `masked_lm`'s head, the one that `save_head` saved in `folder`, its output projection tied to the word
+    embeddings as the mlm method trained it; False where there is none."""
     file = Path(folder) / MLM_HEAD
     if not file.is_file():
         return False
+    embeddings = masked_lm.get_input_embeddings().weight
+    masked_lm.get_output_embeddings().weight = embeddings
+    head = masked_lm_part(masked_lm)
     tied = {name for name, tensor in head.state_dict().items() if tensor.data_ptr() == embeddings.data_ptr()}
     try:
         missing, unexpected = head.load_state_dict(load_safetensors(str(file)), strict=False)

@@ -14,7 +14,7 @@ from sentence_transformers import SentenceTransformer
 from torch import nn
 from transformers import AutoModelForMaskedLM
 
-from tasks.encoders.families import masked_lm_part
+from tasks.encoders.families import load_head, masked_lm_part
 from tasks.encoders.models import MODEL_LOADING, to_device
 from tasks.methods.masking import mask_tokens
 
@@ -32,6 +32,7 @@ def masked_lm_head(model: SentenceTransformer) -> nn.Module:
             mlm = AutoModelForMaskedLM.from_pretrained(encoder.config._name_or_path)
         except (OSError, ValueError):  # folder gone, or a Hub id while offline: same shape, random head
             mlm = AutoModelForMaskedLM.from_config(encoder.config)
+    load_head(mlm, encoder.config._name_or_path)  # one an earlier mlm method trained and saved beside the model
     embedding = encoder.get_input_embeddings().weight
     head = masked_lm_part(mlm).to(device=embedding.device, dtype=embedding.dtype)
     # Tie after moving: the head's projection must be the very Parameter the encoder trains.

@@ -7,6 +7,7 @@ registry's recipes; importing this module checks it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -243,6 +244,5 @@ def build_objective(model: SentenceTransformer | MultiVectorEncoder | SparseEnco
         return sparse_info_nce(model, family, cfg.cached_rows, gather)
     objective = OBJECTIVES[recipe](spec, model, cfg, mask_ratio, decoder_visible, gather)
     if cfg.cached_rows:  # the config allows it for spec.mini_batches
-        return Objective(CachedLoss(objective.loss, cfg.cached_rows), objective.collate, objective.chance,
-                         objective.labels, objective.at_step)
+        return dataclasses.replace(objective, loss=CachedLoss(objective.loss, cfg.cached_rows))
     return objective

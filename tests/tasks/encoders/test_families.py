@@ -16,6 +16,7 @@ from sentence_transformers.base.modules import Normalize
 from sentence_transformers.base.modules.dense import Dense
 from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder
+from transformers import AutoTokenizer, DistilBertConfig, DistilBertForMaskedLM
 
 from tasks.config.base import InputError
 from tasks.config.families import FAMILIES
@@ -27,6 +28,7 @@ from tasks.encoders import encode, families
 from tasks.encoders.inputs import Tokens, features
 from tasks.encoders.models import sentence_model
 from tasks.methods.batches import PairBatches
+from tasks.methods.mlm import masked_lm_head
 from tasks.methods.objectives import build_objective
 from tasks.methods.training import Checkpoints, train_model
 from tasks.tokens import TOKENS, TokensInputs, TokensJob
@@ -136,10 +138,24 @@ def test_an_mlm_method_saves_its_head_beside_its_model_and_a_splade_model_of_tha
     assert all(torch.equal(head.state_dict()[k], v) for k, v in saved.items())
     assert not torch.equal(saved["predictions.transform.dense.weight"], before["predictions.transform.dense.weight"])
     assert head.predictions.decoder.weight is model[0].auto_model.get_input_embeddings().weight  # still tied
+    again = masked_lm_head(sentence_model(str(folder), CFG.max_length))  # an mlm method starting from it goes on
+    assert torch.equal(again.state_dict()["predictions.transform.dense.weight"],
+                       saved["predictions.transform.dense.weight"])
     save_file({"predictions.bias": saved["predictions.bias"]}, str(tmp_path / families.MLM_HEAD))  # not a whole head
     with pytest.raises(InputError, match=r"mlm_head.safetensors: not this model's masked-LM head \(missing "
                                          r"\['predictions.decoder.bias', 'predictions.transform"):
-        families.load_head(head, model[0].auto_model.get_input_embeddings().weight, str(tmp_path))
+        families.load_head(model[0].auto_model, str(tmp_path))
+
+
+def test_a_base_whose_masked_lm_head_has_several_parts_reads_its_own(tiny_dir, tmp_path):
+    # DistilBERT's head is three modules (no one child to load a saved head into): with no head file, none is looked for
+    config = DistilBertConfig(vocab_size=AutoTokenizer.from_pretrained(tiny_dir).vocab_size, dim=32, n_layers=1,
+                              n_heads=2, hidden_dim=64)
+    torch.manual_seed(0)
+    DistilBertForMaskedLM(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(tmp_path)
+    model = splade(str(tmp_path))
+    assert model.encode(["heart attack risk"]).shape[-1] == config.vocab_size
 
 
 def test_the_train_stage_saves_a_multi_vector_model_that_sentence_transformers_loads(demo, tiny_dir, caplog):
