@@ -170,14 +170,15 @@ def generated_queries(store: ArtifactStore, generated: ArtifactRef, held: set[st
 def llm_queries_needed(cfg: YardstickJob, counts: dict, documents: int) -> bool:
     """Whether the yardstick asks by an LLM's queries (the flow then has them written first), from the ingest stage's
     counts (`titled`, `labelled`) of its `documents`: `queries`; `consensus` on a corpus without titles (`titled`:
-    fewer than half its documents have one); `auto` on one without titles where a multi-vector model is ranked, or
-    where too few models are to judge each other or only a kind of one model will do (`single`: labels are not asked)
-    and neither labels nor your queries can decide (else `auto` falls back on the clusters)."""
+    fewer than half its documents have one); `auto` on one without titles where only a kind of one model will do
+    (`single`: labels are not asked, and your queries were too few for the pooled kind to decide), or, without your
+    queries, where a multi-vector model is ranked or where too few models are to judge each other and labels cannot
+    decide (else `auto` falls back on the clusters)."""
     untitled = not titled(counts.get("titled", 0), documents)
     if cfg.kind == "queries" or (cfg.kind == "consensus" and untitled):
         return True
-    return cfg.kind == "auto" and untitled and (cfg.per_token or cfg.single or (
-        cfg.small_pool and not counts.get("labelled") and not cfg.qrels))
+    return cfg.kind == "auto" and untitled and (cfg.single or not cfg.qrels and (cfg.per_token or (
+        cfg.small_pool and not counts.get("labelled"))))
 
 
 def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickInputs,

@@ -176,5 +176,6 @@ def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, sma
     # documents are no titles
     job = YardstickJob(kind=kind, per_token=per_token, small_pool=small_pool)
     assert llm_queries_needed(job, {"titled": titled, "labelled": 0}, 10) is needed
-    for small in (False, True):  # the user's queries ask
-        assert llm_queries_needed(YardstickJob(qrels="q.parquet", small_pool=small), {"titled": 0}, 10) is False
+    for small, per_token in ((False, False), (True, False), (False, True)):  # the user's queries ask
+        job = YardstickJob(qrels="q.parquet", small_pool=small, per_token=per_token)
+        assert llm_queries_needed(job, {"titled": 0}, 10) is False
