@@ -63,6 +63,7 @@ from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
 
 SCHEMA = pa.schema([(column, pa.string()) for column in QUERY_COLUMNS])  # what the queries' readers read
+SHARE = "a larger corpus or a larger held-out share"  # what gives a kind more held-out documents to ask
 MIN_QUERIES = 2  # a ranking of candidates needs more than one query to be paired over
 NO_RELEVANT = "no_relevant"  # a held-out document whose label no trained-on document has
 TRAINED_ON = "trained_on"  # a user's query with a relevant document that is not held out
@@ -202,9 +203,10 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     titles = docs.num_rows - docs["title"].null_count
     if cfg.kind != "titles" and "titles" in wants and not titled(titles, docs.num_rows):
         wants.discard("titles")
-        found["titles"] = (f"titles: {titles} of the {docs.num_rows} documents have a title, fewer than half "
-                           "(`kind: titles` asks them)" if titles else
-                           f"titles: none of the {docs.num_rows} documents has a title")
+        found["titles"] = (f"titles: {titles} of the {docs.num_rows} documents have a title, fewer than half: "
+                           "`kind: titles` asks them" if titles else
+                           f"titles: none of the {docs.num_rows} documents has a title: a title column "
+                           "(data.columns.title)")
         if titles:
             log.info("%d of the %d documents have a title, fewer than half: the corpus is taken as text alone "
                      "(`kind: titles` asks them)", titles, docs.num_rows)
@@ -219,37 +221,34 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
         asking = pc.count_distinct(relevant["query_id"]).as_py()
         found["qrels"] = (queries, asking) if asking >= MIN_QUERIES else (
             f"qrels: {asking} of the {queries.num_rows} queries of {cfg.qrels} have every relevant document among "
-            f"the {len(ids)} held-out documents ({fraction:.0%} of the corpus); it needs at least {MIN_QUERIES}")
+            f"the {len(ids)} held-out documents ({fraction:.0%} of the corpus); it needs at least {MIN_QUERIES}: more "
+            "queries or a larger held-out share")
     if "labels" in wants:
         queries, labels = label_queries(docs, held)
         asking = pc.sum(pc.equal(queries["status"], "ok")).as_py() or 0
         found["labels"] = (queries, asking) if asking >= MIN_QUERIES and labels >= 2 else (
             f"labels: {asking} {among} have a label that a document not held out shares, among {labels} labels; it "
-            f"needs at least {MIN_QUERIES} and 2 labels")
+            f"needs at least {MIN_QUERIES} and 2 labels: more labelled documents or a larger held-out share")
     if "titles" in wants:
         queries = title_queries(docs, held)
         found["titles"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (
-            f"titles: {queries.num_rows} {among} have a title; it needs at least {MIN_QUERIES}")
+            f"titles: {queries.num_rows} {among} have a title; it needs at least {MIN_QUERIES}: {SHARE}")
     if "queries" in wants and inputs.generated:
         queries = generated_queries(store, inputs.generated, ids)
         found["queries"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (
             f"queries: the LLM wrote {queries.num_rows} usable queries for the {len(ids)} held-out documents; it needs "
-            f"at least {MIN_QUERIES}")
+            f"at least {MIN_QUERIES}: {SHARE}, or more queries a document (queries.sampling.n)")
     if "neighbours" in wants:
         queries = neighbour_queries(docs, held)
         found["neighbours"] = (queries, queries.num_rows) if queries.num_rows >= MIN_QUERIES else (
             f"neighbours: {queries.num_rows} held-out documents ({fraction:.0%} of the corpus); it needs at least "
-            f"{MIN_QUERIES}")
+            f"{MIN_QUERIES}: {SHARE}")
     if "clusters" in wants:
         found["clusters"] = (cluster_queries(docs, held), docs.num_rows) if docs.num_rows > CLUSTERS else (
-            f"clusters: {docs.num_rows} documents; it needs more than {CLUSTERS} (its groups)")
+            f"clusters: {docs.num_rows} documents; it needs more than {CLUSTERS} (its groups): a larger corpus")
     usable = {k: v for k, v in found.items() if isinstance(v, tuple)}
-    if not usable:
-        more = {"qrels": "more queries", "auto": None, "neighbours": None, "clusters": None}.get(
-            cfg.kind, f"documents with {cfg.kind}")
-        raise InputError(f"yardstick {'; '.join(found.values()) or 'of kind ' + cfg.kind}: "
-                         + (f"a larger corpus, a larger held-out share, or {more}" if more else
-                            "a larger corpus or a larger held-out share")
+    if not usable:  # each reason ends with what would let its kind rank
+        raise InputError(f"yardstick {'; '.join(found.values()) or 'of kind ' + cfg.kind}"
                          + ("; or `select.confirm: false`, to let the pooled kind decide against the "
                             "untrained model alone" if cfg.single else ""))
     # The user's queries first; then their labels, unless so few carry them that a paired interval over them would
