@@ -85,7 +85,7 @@ def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool =
     asked = (embedded(run, model, {}, dict(held_out_queries=corpus.yardstick), prompts.query, token_vectors=tokens)
              if queried else None)  # titles, the user's or an LLM's
     job = EvalJob(label=model.label, model=model.external, dataset=dataset, pooling=model.pooling,
-                  knn_holdout=model.knn_holdout,
+                  knn_holdout=model.knn_holdout, maxsim=ev.maxsim if tokens else None,
                   **ev.model_dump(include={"knn", "sts", "layerwise", "geometry", "tsne", "tsne_max"}))
     scores = [stage(EVALUATE, job, EvaluateInputs(documents=docs, embeddings=docs_emb, sts_embeddings=sts_emb,
                                                   queries=held_out, query_embeddings=query_emb,
@@ -125,7 +125,8 @@ def query_latency(run: Run, models: list[ReportedModel], corpus: Corpus) -> Arti
         return None
     job = LatencyJob(models={m.label: LatencyModel(external=m.external, pooling=m.pooling) for m in models},
                      dataset=corpus.dataset or run.cfg.data.display_name, queries=run.cfg.evaluate.latency_queries,
-                     max_length=run.cfg.evaluate.max_length, prompt=run.cfg.model.prompts.query)
+                     max_length=run.cfg.evaluate.max_length, prompt=run.cfg.model.prompts.query,
+                     maxsim=run.cfg.evaluate.maxsim)
     return run.stage(LATENCY, job, LatencyInputs(models={m.label: m.artifact for m in models}, queries=queries,
                                                  embeddings={m.label: documents_embedding(run, m, corpus)
                                                              for m in models}))

@@ -27,7 +27,7 @@ from storage.codes import code_columns
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks import embed
 from tasks.config.base import Section
-from tasks.config.evaluation import TSNE_MAX, KnnConfig, StsConfig
+from tasks.config.evaluation import TSNE_MAX, KnnConfig, MaxSimSearch, StsConfig
 from tasks.config.queries import HELD_OUT
 from tasks.config.yardsticks import NEAREST, TEXT_QUERIES, YARDSTICKS, yardstick_kind, yardstick_source
 from tasks.core import eval_sets
@@ -56,6 +56,8 @@ class EvalJob(Section):
     geometry: bool = True
     tsne: bool = True
     tsne_max: int = TSNE_MAX
+    maxsim: MaxSimSearch | None = Field(None, description="A multi-vector model's: how its queries search (None: "
+                                        "another family, or the defaults).")
 
 
 def knn_rows(emb: np.ndarray, labels: list[str], cfg: KnnConfig, held_out: bool = False) -> list[dict]:
@@ -264,7 +266,7 @@ def build_metrics(store: ArtifactStore, job: EvalJob, inputs: EvaluateInputs,
     # A multi-vector model's one vector is its mean token vector (tasks/encoders/encode.py's TokenMeanEncoder): what
     # kNN, STS and geometry read, but not what it retrieves by: MaxSim over its token vectors.
     token_mean = out.extra["token_mean"] = bool(store.manifest(docs_emb)["extra"].get("token_mean"))
-    search = searcher(store, docs_emb, job.pooling, token_mean, x)
+    search = searcher(store, docs_emb, job.pooling, token_mean, x, job.maxsim)
     if search is None and (inputs.query_embeddings or inputs.yardstick):
         log.warning("a multi-vector model embedded without its token vectors: its held-out query and yardstick "
                     "retrieval is not scored (not from its mean token vector either)")

@@ -18,11 +18,13 @@ import statistics
 from collections.abc import Callable
 
 import numpy as np
+from pydantic import Field
 
 from storage.base import ArtifactRef
 from storage.catalog import metrics_table
 from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import Section
+from tasks.config.evaluation import MaxSimSearch
 from tasks.core import progress
 from tasks.core.held_out import held_out_queries
 from tasks.core.stage import Inputs, Stage
@@ -45,6 +47,7 @@ class LatencyJob(Section):
     queries: int = 64
     max_length: int
     prompt: str = ""  # model.prompts.query, put before every query as the embed stage puts it
+    maxsim: MaxSimSearch = Field(default_factory=MaxSimSearch)  # how a multi-vector model's queries search
 
 
 class LatencyInputs(Inputs):
@@ -60,7 +63,7 @@ def answer(store: ArtifactStore, job: LatencyJob, label: str, inputs: LatencyInp
     model = job.models[label]
     docs = inputs.embeddings[label]
     token_mean = bool(store.manifest(docs)["extra"].get("token_mean"))
-    search = searcher(store, docs, model.pooling, token_mean)
+    search = searcher(store, docs, model.pooling, token_mean, maxsim=job.maxsim)
     if search is None:
         return None
     ref = inputs.models[label]

@@ -13,7 +13,9 @@ import numpy as np
 from storage.base import ArtifactRef
 from storage.store import ArtifactStore
 from tasks import embed
+from tasks.config.evaluation import MaxSimSearch
 from tasks.metrics import retrieval
+from tasks.metrics.late_interaction import TokenIndex
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,12 @@ class Searcher:
 
 
 def searcher(store: ArtifactStore, docs_emb: ArtifactRef, pooling: str, token_mean: bool,
-             x: retrieval.Texts | None = None) -> Searcher | None:
+             x: retrieval.Texts | None = None, maxsim: MaxSimSearch | None = None) -> Searcher | None:
     """How the model retrieves: by cosine of its vectors, a sparse model by the dot product of its codes as its embed
     artifacts keep them (sparse: retrieval.postings_index), or a multi-vector model by MaxSim over the token vectors its
-    embed artifacts keep (None where they were not kept: its retrieval is not scored). `x`: the documents' vectors
-    (embed.read_vectors) where the caller has read them already (else read here, where they are needed)."""
+    embed artifacts keep (None where they were not kept: its retrieval is not scored), through an index past
+    `maxsim.exact_up_to` documents. `x`: the documents' vectors (embed.read_vectors) where the caller has read them
+    already (else read here, where they are needed)."""
     made = store.manifest(docs_emb)
     if not token_mean:  # a query set read once, however many scores ask it (a sparse model's active dimensions too)
         return Searcher(embed.read_vectors(store, docs_emb, pooling) if x is None else x,
@@ -44,5 +47,6 @@ def searcher(store: ArtifactStore, docs_emb: ArtifactRef, pooling: str, token_me
                         functools.cache(lambda queries: embed.read_vectors(store, queries, pooling)))
     if not made["config"].get("token_vectors"):
         return None
-    return Searcher(embed.read_token_vectors(store, docs_emb), "maxsim",
-                    lambda queries: embed.read_token_vectors(store, queries))
+    tokens, maxsim = embed.read_token_vectors(store, docs_emb), maxsim or MaxSimSearch()
+    return Searcher(TokenIndex(tokens, maxsim.nearest, maxsim.probes) if len(tokens) > maxsim.exact_up_to else tokens,
+                    "maxsim", lambda queries: embed.read_token_vectors(store, queries))

@@ -202,3 +202,16 @@ def test_sparse_search_compares_posting_lists_with_dense_rows_on_the_same_scores
         assert set(r["ms_per_query"]) == {"postings", "dense rows"} and r["speedup"] > 0
         assert all(len(rounds) == 2 and min(rounds) > 0 for rounds in r["rounds_ms"].values())
         assert r["max_score_difference"] <= 1e-4  # the same scores, or it stops
+
+
+def test_maxsim_index_compares_the_indexed_search_with_exact_maxsim_on_the_same_claims():
+    out = json.loads(benchmark("maxsim_index.py", "--docs", "150", "--max-length", "32", "--nearest", "2,100000",
+                               "--probes", "1,100000", "--timed", "3"))
+    assert out["documents"] == 150 and out["claims"] >= 2 and out["tokens"] > 150 and out["dim"] == 128
+    assert out["index_bytes"] < out["token_vector_bytes"] and out["build_s"] > 0 and out["exact_ms_per_query"] > 0
+    settings = {(r["nearest"], r["probes"]): r for r in out["results"]}
+    assert set(settings) == {(2, 1), (2, 100000), (100000, 1), (100000, 100000)}
+    every = settings[100000, 100000]  # every token of every list: exact MaxSim's scores, and so its ranks
+    assert every["versus_exact"] == {"mean": 0.0, "low": 0.0, "high": 0.0} and every["exact_top10_kept"] == 1.0
+    assert every["candidates"] == 150 and every["ndcg_at_10"] == pytest.approx(out["exact_ndcg_at_10"])
+    assert settings[2, 1]["candidates"] < 150 and all(r["ms_per_query"] > 0 for r in out["results"])

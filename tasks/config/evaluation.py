@@ -129,6 +129,17 @@ class YardstickConfig(HeldOutShare):
         return self
 
 
+class MaxSimSearch(Section):
+    """How a multi-vector model's queries search its documents (docs/families.md, its index)."""
+
+    exact_up_to: int = Field(10_000, ge=0, description="Up to this many documents every query is scored against "
+                             "every document by exact MaxSim; past it through an index (faiss, inverted lists of "
+                             "8-bit token vectors): each query token's `nearest` document tokens name the candidate "
+                             "documents, and only those are scored by exact MaxSim (ColBERT's end-to-end retrieval).")
+    nearest: int = Field(128, ge=1, description="Document token vectors the index returns for each query token.")
+    probes: int = Field(32, ge=1, description="Inverted lists the index visits for each query token.")
+
+
 # By the yardstick's kind: the mean of its nDCG@10, the score `embforge select` ranks by.
 YARDSTICK_METRICS = {kind: y.metric for kind, y in YARDSTICKS.items()}
 
@@ -158,6 +169,8 @@ class EvaluateConfig(Section):
         "task: by your queries (qrels_ndcg_at_10, qrels_mrr_at_10), their labels (label_ndcg_at_10, "
         "label_mrr_at_10), their titles (title_ndcg_at_10, title_mrr_at_10, title_recall_at_10) or an LLM's "
         "queries (generated_ndcg_at_10, ...), paired between models in the report.")
+    maxsim: MaxSimSearch = Field(default_factory=MaxSimSearch, description="A multi-vector model's retrieval: exact "
+                                 "MaxSim over every document, or past a corpus size through an index.")
     latency_queries: int = Field(64, ge=0, description="Where the models are of more than one family: the held-out "
                                  "queries (the yardstick's texts, else the generated ones) each model answers one at "
                                  "a time on the CPU, the models in turn, for the report's query latency (0: none).")

@@ -12,6 +12,7 @@ import torch
 from scipy import sparse
 
 from tasks.metrics import BLOCK_BYTES, block_rows, dense, ranks_of_own, unit_rows
+from tasks.metrics.late_interaction import TokenIndex
 
 
 def cosines(queries: np.ndarray | sparse.csr_matrix, docs: np.ndarray | sparse.csr_matrix) -> np.ndarray:
@@ -24,8 +25,9 @@ def cosines(queries: np.ndarray | sparse.csr_matrix, docs: np.ndarray | sparse.c
 # How a model scores a query against a document: the cosine of one vector a text, the dot product of a sparse
 # model's codes, or a multi-vector model's MaxSim over each text's (tokens, dim) token vectors.
 SIMILARITIES = ("cosine", "dot", "maxsim")
-# (texts, dim) vectors (a sparse model's codes may stay a sparse matrix), or for maxsim each text's token vectors
-Texts = np.ndarray | sparse.csr_matrix | list[np.ndarray]
+# (texts, dim) vectors (a sparse model's codes may stay a sparse matrix), or for maxsim each text's token vectors, or
+# the documents' token vectors as an index (past exact MaxSim's reach)
+Texts = np.ndarray | sparse.csr_matrix | list[np.ndarray] | TokenIndex
 
 
 def text_count(texts: Texts) -> int:
@@ -44,7 +46,9 @@ def scorer(docs: Texts, similarity: str = "cosine", query_tokens: int = 1
            ) -> Callable[[Texts], Callable[[slice], np.ndarray]]:
     """The documents made ready once to be scored by `similarity` (unit rows for the cosine, MaxSim's padded chunks
     sized for queries of up to `query_tokens` tokens): a function of a query set that gives its block_scores, as an
-    index serves queries (tasks/latency.py times them one at a time)."""
+    index serves queries (tasks/latency.py times them one at a time). A TokenIndex is that already."""
+    if isinstance(docs, TokenIndex):
+        return docs.of
     if similarity == "maxsim":
         return maxsim_index(docs, query_tokens)
     if sparse.issparse(docs):

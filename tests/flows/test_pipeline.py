@@ -284,6 +284,7 @@ def test_a_multi_vector_and_two_sparse_models_are_scored_beside_a_dense_one_on_t
     rows = sparse_model_is_scored_by_its_codes(tmp_path, catalog, first, own, "crops-sparse", 128)
     sparse_model_is_scored_by_its_codes(tmp_path, catalog, first, own, "crops-splade", 30522)  # MiniLM's vocabulary
     latency_and_index_bytes_are_served(catalog, first, own, rows)
+    searched_through_an_index(config, catalog, ranks)
 
 
 def sparse_model_is_scored_by_its_codes(tmp_path: Path, catalog: Catalog, run_id: str, own: np.ndarray,
@@ -355,6 +356,31 @@ def latency_and_index_bytes_are_served(catalog: Catalog, run_id: str, own: np.nd
     per_text = store.manifest(documents_emb)["extra"]["tokens_per_text"]  # its documents' kept token vectors
     assert per_text == pytest.approx(np.mean([len(t) for t in read_token_vectors(store, documents_emb)]))
     assert rows["crops-mv"][:2] == ["multi_vector", f"{per_text * 16 * 4:,.0f}"]
+
+
+def searched_through_an_index(config: Path, catalog: Catalog, exact: np.ndarray) -> None:
+    """The run above again, its 100 documents past `evaluate.maxsim.exact_up_to`: the multi-vector model's titles
+    search a faiss index of its token vectors. One that returns every token ranks as exact MaxSim (`exact`, the titles'
+    ranks); a narrow one scores only the documents it reached: each own document is ranked among those (no worse than
+    exactly), or, not reached, last (rank 100)."""
+    settings = yaml.safe_load(config.read_text())
+    store = catalog.store
+    for search, same in (({"exact_up_to": 10, "nearest": 10_000, "probes": 10_000}, True),
+                         ({"exact_up_to": 10, "nearest": 1, "probes": 1}, False)):
+        settings["evaluate"]["maxsim"] = search
+        config.write_text(yaml.safe_dump(settings))
+        run_id, state = run(config)
+        assert state.is_completed()
+        catalog = Catalog(store)  # the runs' stages recorded since the one above
+        states = {(r["stage"], r["label"]): r["state"] for r in stages(catalog, run_id)}
+        assert states["train", "crops-mv"] == states["evaluate", "crops"] == "Cached"  # a dense model's unchanged
+        evaluated = ArtifactRef("evaluate", catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = "
+                                                          "'evaluate' AND label = 'crops-mv'", [run_id])[0]["key"])
+        ranks = np.array(store.read_table(evaluated, "yardstick_scores")["rank"].to_pylist())
+        if same:
+            assert ranks.tolist() == exact.tolist()
+        else:
+            assert ((ranks <= exact) | (ranks == 100)).all() and (ranks != exact).any()
 
 
 @pytest.mark.slow  # the whole pipeline on a decoder: three trainings
