@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from flows.runs import ReportedModel, Run
 from storage.base import ArtifactRef
 from tasks.config.families import FAMILIES
-from tasks.config.yardsticks import YARDSTICKS, yardstick_source
+from tasks.config.yardsticks import YARDSTICKS, Yardstick, yardstick_source
 from tasks.core.stage import Inputs, Stage
 from tasks.embed import EMBED, EmbedInputs, EmbedJob
 from tasks.encoders.models import ModelInputs
@@ -52,17 +52,23 @@ def embedded(run: Run, model: ReportedModel, text_set: dict, inputs: dict, promp
 def held_out_of(run: Run, corpus: Corpus) -> tuple[ArtifactRef | None, bool]:
     """The generated queries never trained on (scored held out), if any, and whether the yardstick asks by texts."""
     held_out = corpus.queries if corpus.queries and run.cfg.queries.held_out else None
-    queried = bool(corpus.yardstick) and YARDSTICKS[yardstick_source(run.settled(corpus.yardstick))].queried
+    queried = bool(corpus.yardstick) and yardstick_of(run, corpus).queried
     return held_out, queried
+
+
+def yardstick_of(run: Run, corpus: Corpus) -> Yardstick:
+    """The registry's entry for what the corpus's yardstick asks by (a consensus's: its source)."""
+    return YARDSTICKS[yardstick_source(run.settled(corpus.yardstick))]
 
 
 def documents_embedding(run: Run, model: ReportedModel, corpus: Corpus) -> ArtifactRef:
     """The corpus's documents embedded by `model`: its index (a multi-vector model's token vectors kept where
-    queries will search them)."""
-    held_out, queried = held_out_of(run, corpus)
+    queries will search them, or the labels rank documents by them)."""
+    held_out, _ = held_out_of(run, corpus)
+    searched = bool(held_out) or bool(corpus.yardstick) and yardstick_of(run, corpus).maxsim
     return embedded(run, model, {}, dict(documents=corpus.docs), run.cfg.model.prompts.document,
                     layers="all" if run.cfg.evaluate.layerwise else "last",
-                    token_vectors=FAMILIES[model.family].per_token and bool(held_out or queried))
+                    token_vectors=FAMILIES[model.family].per_token and searched)
 
 
 def evaluate_model(run: Run, model: ReportedModel, corpus: Corpus, force: bool = False) -> list[ArtifactRef]:
@@ -126,7 +132,7 @@ def query_latency(run: Run, models: list[ReportedModel], corpus: Corpus) -> Arti
     job = LatencyJob(models={m.label: LatencyModel(external=m.external, pooling=m.pooling) for m in models},
                      dataset=corpus.dataset or run.cfg.data.display_name, queries=run.cfg.evaluate.latency_queries,
                      max_length=run.cfg.evaluate.max_length, prompt=run.cfg.model.prompts.query,
-                     maxsim=run.cfg.evaluate.maxsim)
+                     maxsim=run.cfg.evaluate.maxsim if any(FAMILIES[m.family].per_token for m in models) else None)
     return run.stage(LATENCY, job, LatencyInputs(models={m.label: m.artifact for m in models}, queries=queries,
                                                  embeddings={m.label: documents_embedding(run, m, corpus)
                                                              for m in models}))

@@ -170,13 +170,14 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: retrieval.Te
                    out: ArtifactWriter, search: Searcher, token_mean: bool, log: logging.Logger) -> list[dict]:
     """The yardstick (tasks/yardstick.py) by its kind: each held-out title or LLM query finds its text among the corpus
     (`title_`, `generated_`); each of the user's queries finds its relevant documents among the corpus (`qrels_`); or
-    each labelled held-out document, by its vector, finds its label's among the labelled documents not held out
-    (`label_`). Each query's scores go in YARDSTICK_SCORES, which the select stage pairs; for a consensus, each
-    query's best documents too (YARDSTICK_TOP), which the select stage (and a report) fuses across the models; for the
-    neighbours, each held-out document's nearest others, and nothing else (no score of one model); for the clusters,
-    every document's nearest others and its vector, which the select stage groups across the models. Each by the model's
-    similarity (`search`); a multi-vector model (`token_mean`) on the kinds whose queries are texts alone (titles, LLM
-    queries, the user's: by MaxSim), without a consensus's best documents."""
+    each labelled held-out document, by its vector (a multi-vector model's token vectors, by MaxSim), finds its
+    label's among the labelled documents not held out (`label_`). Each query's scores go in YARDSTICK_SCORES, which
+    the select stage pairs; for a consensus, each query's best documents too (YARDSTICK_TOP), which the select stage
+    (and a report) fuses across the models; for the neighbours, each held-out document's nearest others, and nothing
+    else (no score of one model); for the clusters, every document's nearest others and its vector, which the select
+    stage groups across the models. Each by the model's similarity (`search`); a multi-vector model (`token_mean`) on
+    the kinds that rank each model by itself (titles, LLM queries, the user's, labels: by MaxSim), without a
+    consensus's best documents."""
     manifest = store.manifest(inputs.yardstick)
     kind, source = yardstick_kind(manifest), yardstick_source(manifest)
     if YARDSTICKS[source].queried != (inputs.yardstick_embeddings is not None):
@@ -225,8 +226,8 @@ def yardstick_rows(store: ArtifactStore, inputs: EvaluateInputs, x: retrieval.Te
         labels = docs["label"].to_numpy()
         index = np.flatnonzero(docs["label"].notna().to_numpy() & ~docs["doc_id"].isin(held).to_numpy())
         queries = row_of[asked["doc_id"]].to_numpy()
-        ranks, ndcg = retrieval.same_label_ranks(x[queries], x[index], labels[queries], labels[index],
-                                                 similarity=search.similarity)
+        ranks, ndcg = retrieval.same_label_ranks(search.texts(queries), search.among(index), labels[queries],
+                                                 labels[index], similarity=search.similarity)
     out.write_table(YARDSTICK_SCORES, pa.table({"query_id": asked["query_id"], "rank": ranks, "ndcg": ndcg}))
     rows = retrieval.set_rows(ranks, ndcg, prefix=YARDSTICKS[source].prefix)
     return [dict(row, split=HELD_OUT) for row in rows]

@@ -18,7 +18,6 @@ import statistics
 from collections.abc import Callable
 
 import numpy as np
-from pydantic import Field
 
 from storage.base import ArtifactRef
 from storage.catalog import metrics_table
@@ -47,7 +46,7 @@ class LatencyJob(Section):
     queries: int = 64
     max_length: int
     prompt: str = ""  # model.prompts.query, put before every query as the embed stage puts it
-    maxsim: MaxSimSearch = Field(default_factory=MaxSimSearch)  # how a multi-vector model's queries search
+    maxsim: MaxSimSearch | None = None  # how a multi-vector model's queries search (None: no such model, or defaults)
 
 
 class LatencyInputs(Inputs):

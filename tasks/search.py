@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,10 +27,28 @@ class Searcher:
     docs: retrieval.Texts
     similarity: str
     read: Callable[[ArtifactRef], retrieval.Texts]
+    maxsim: MaxSimSearch = field(default_factory=MaxSimSearch)
 
     def ranks(self, queries: ArtifactRef, own: np.ndarray) -> np.ndarray:
         """Each query's rank of its own document (its row in the documents)."""
         return retrieval.relevant_ranks(self.read(queries), self.docs, own, similarity=self.similarity)
+
+    def texts(self, rows: np.ndarray) -> retrieval.Texts:
+        """The documents at `rows` as queries read them: their vectors, or each one's token vectors."""
+        docs = self.docs.docs if isinstance(self.docs, TokenIndex) else self.docs
+        return [docs[i] for i in rows] if self.similarity == "maxsim" else docs[rows]
+
+    def among(self, rows: np.ndarray) -> retrieval.Texts:
+        """The documents at `rows` alone, searched as the whole corpus is (token vectors through an index of their own
+        past `maxsim.exact_up_to`)."""
+        texts = self.texts(rows)
+        return maxsim_documents(texts, self.maxsim) if self.similarity == "maxsim" else texts
+
+
+def maxsim_documents(tokens: list[np.ndarray], maxsim: MaxSimSearch) -> list[np.ndarray] | TokenIndex:
+    """Documents' token vectors as MaxSim searches them: each scored exactly, or past `maxsim.exact_up_to` documents
+    through a TokenIndex."""
+    return TokenIndex(tokens, maxsim.nearest, maxsim.probes) if len(tokens) > maxsim.exact_up_to else tokens
 
 
 def searcher(store: ArtifactStore, docs_emb: ArtifactRef, pooling: str, token_mean: bool,
@@ -47,6 +65,6 @@ def searcher(store: ArtifactStore, docs_emb: ArtifactRef, pooling: str, token_me
                         functools.cache(lambda queries: embed.read_vectors(store, queries, pooling)))
     if not made["config"].get("token_vectors"):
         return None
-    tokens, maxsim = embed.read_token_vectors(store, docs_emb), maxsim or MaxSimSearch()
-    return Searcher(TokenIndex(tokens, maxsim.nearest, maxsim.probes) if len(tokens) > maxsim.exact_up_to else tokens,
-                    "maxsim", lambda queries: embed.read_token_vectors(store, queries))
+    maxsim = maxsim or MaxSimSearch()
+    return Searcher(maxsim_documents(embed.read_token_vectors(store, docs_emb), maxsim), "maxsim",
+                    lambda queries: embed.read_token_vectors(store, queries), maxsim)

@@ -76,8 +76,8 @@ class YardstickJob(YardstickConfig):
     token (multi-vector: the run's methods, or select's families)."""
 
     per_token: bool = Field(False, description="A multi-vector model is among those it ranks: `auto` takes only the "
-                            "kinds whose queries are texts, which MaxSim ranks: your qrels, else titles, else queries "
-                            "an LLM writes for the held-out documents.")
+                            "kinds that judge each model by itself, which MaxSim ranks: your qrels, else labels, else "
+                            "titles, else queries an LLM writes for the held-out documents.")
     small_pool: bool = Field(False, description="Fewer than MIN_POOL models are ranked on it (a search's candidates "
                              "and the untrained model, a run's models): `auto` takes a pooled kind, whose models "
                              "judge each other, only where nothing else can rank; text alone gets an LLM's queries.")
@@ -173,13 +173,13 @@ def llm_queries_needed(cfg: YardstickJob, counts: dict, documents: int) -> bool:
     counts (`titled`, `labelled`) of its `documents`: `queries`; `consensus` on a corpus without titles (`titled`:
     fewer than half its documents have one); `auto` on one without titles where only a kind of one model will do
     (`single`: labels are not asked, and your queries were too few for the pooled kind to decide), or, without your
-    queries, where a multi-vector model is ranked or where too few models are to judge each other and labels cannot
-    decide (else `auto` falls back on the clusters)."""
+    queries, where labels cannot decide and a multi-vector model is ranked or too few models are to judge each other
+    (else `auto` falls back on the clusters)."""
     untitled = not titled(counts.get("titled", 0), documents)
     if cfg.kind == "queries" or (cfg.kind == "consensus" and untitled):
         return True
-    return cfg.kind == "auto" and untitled and (cfg.single or not cfg.qrels and (cfg.per_token or (
-        cfg.small_pool and not counts.get("labelled"))))
+    return cfg.kind == "auto" and untitled and (cfg.single or not cfg.qrels and (cfg.per_token or cfg.small_pool)
+                                                 and not counts.get("labelled"))
 
 
 def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickInputs,
@@ -211,8 +211,8 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
             log.info("%d of the %d documents have a title, fewer than half: the corpus is taken as text alone "
                      "(`kind: titles` asks them)", titles, docs.num_rows)
     if by_text:
-        log.info("a multi-vector model is among those ranked: your qrels, titles or an LLM's queries decide (MaxSim "
-                 "ranks queries that are texts), not labels or the neighbours")
+        log.info("a multi-vector model is among those ranked: your qrels, labels, titles or an LLM's queries decide "
+                 "(each model ranked by itself, by MaxSim), not the pooled kinds")
     few = f"fewer than {MIN_POOL} models are ranked (the candidates and the untrained model)"
     if cfg.small_pool and cfg.kind == "auto" and not by_text:
         log.info("%s: a pooled kind, whose models judge each other, decides only where nothing else can", few)

@@ -77,6 +77,18 @@ def tiny_splade_dir(tiny_mlm_dir, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_colbert_dir(tiny_dir, tmp_path_factory) -> str:
+    """tiny_dir's encoder as a saved multi-vector model of 16-dim token vectors (a drawn projection)."""
+    from tasks.config.family_settings import MultiVectorSettings
+    from tasks.encoders.families import multi_vector_model
+    from tasks.encoders.models import sentence_model
+
+    folder = str(tmp_path_factory.mktemp("tiny-colbert") / "model")
+    multi_vector_model(sentence_model(tiny_dir, 64), MultiVectorSettings(dim=16), seed=0).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_decoder_dir(tmp_path_factory) -> str:
     """A randomly initialised 2-layer, 32-wide Llama decoder with a 400-token byte-level BPE tokenizer."""
     from tests.helpers import tiny_decoder

@@ -166,8 +166,8 @@ class PipelineConfig(Section):
         self._family_trained_and_scored("select.families", family, getattr(self.select, family), self.train)
         kind = self.evaluate.yardstick.kind
         if FAMILIES[family].per_token and kind != "auto" and not ranks_per_token(kind, kind):
-            raise ValueError(f"select.families: a {family} model is ranked by MaxSim on titles, an LLM's queries or "
-                             f"your qrels, not on the {kind} yardstick (evaluate.yardstick.kind)")
+            raise ValueError(f"select.families: a {family} model is ranked by MaxSim on your qrels, labels, titles or "
+                             f"an LLM's queries, not on the {kind} yardstick (evaluate.yardstick.kind)")
         if self.select.static:
             raise ValueError(f"select.static: a static model is distilled from a dense one; with the {family} family "
                              "among select.families the answer may not be")

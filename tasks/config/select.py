@@ -40,8 +40,8 @@ class SelectConfig(Section):
     families: list[Literal[tuple(FAMILIES)]] = Field(
         ["dense"], min_length=1, description="Model families each recipe is tried as (docs/families.md): candidates = "
         "recipes x learning rates x families, a family other than dense only with the recipes that train it (not a "
-        "chained one) and on a yardstick that ranks it (a multi-vector model: titles, an LLM's queries or your qrels, "
-        "by MaxSim).")
+        "chained one) and on a yardstick that ranks it (a multi-vector model: your qrels, labels, titles or an LLM's "
+        "queries, by MaxSim).")
     multi_vector: MultiVectorSettings = Field(default_factory=MultiVectorSettings,
                                               description="With `multi_vector` among `families`: its candidates' "
                                               "projection and loss (as `methods[].multi_vector`).")

@@ -19,7 +19,8 @@ class Yardstick:
     prefix: str  # its metric rows' prefix: `<prefix>ndcg_at_10` is the score select ranks by
     queried: bool  # its queries are texts, embedded as queries (the others ask by a held-out document's vector)
     pooled: bool = False  # scored only across a pool of models, each judged by the others (no score of one model)
-    maxsim: bool = False  # its queries are texts, so a multi-vector model is ranked on them by MaxSim
+    maxsim: bool = False  # a multi-vector model is ranked on it by MaxSim (its queries' token vectors: texts', or a
+    #                       held-out document's own)
     agreement: str | None = None  # its Kendall tau against labels as measured (benchmarks/yardsticks.py), or None
     every_document: bool = False  # every document of the corpus asks (none drawn), not only the held-out ones
     score: str = "ndcg_at_10"  # what each query scores
@@ -57,7 +58,7 @@ YARDSTICKS = {
              "labels: no training used them)",
         bias="it rewards models that put documents of one label near each other; if what you will use the model for is "
              "not that grouping (finding answers to questions, say), a recipe it ranks lower may suit you better",
-        prefix="label_", queried=False, agreement="they are the truth the others are measured against"),
+        prefix="label_", queried=False, maxsim=True, agreement="they are the truth the others are measured against"),
     "titles": Yardstick(
         needs="a title column",
         asks="each held-out document's title finding its own text among the corpus",
@@ -143,8 +144,8 @@ def yardstick_pooled(manifest: dict) -> bool:
 
 def ranks_per_token(kind: str, source: str) -> bool:
     """Whether a model of a vector per token (multi-vector) is ranked on a yardstick of this kind and source: by
-    MaxSim, where its queries are texts (titles, an LLM's, yours) and no pool fuses the candidates' one vector a
-    text."""
+    MaxSim, where its queries are texts (titles, an LLM's, yours) or labelled documents, and no pool fuses the
+    candidates' one vector a text."""
     return not YARDSTICKS[kind].pooled and YARDSTICKS[source].maxsim
 
 

@@ -39,6 +39,11 @@ def ranks_of_own(scores: np.ndarray, own: np.ndarray) -> np.ndarray:
     return (scores >= own[:, None]).sum(1)  # (b × n) >= (b × 1), its own cell included
 
 
+def nan_last(scores: np.ndarray) -> np.ndarray:
+    """NaN scores (a model that gives NaN vectors) as -inf: tied with every document not found, so ranked last."""
+    return np.where(np.isnan(scores), -np.inf, scores)
+
+
 def row_squares(x: np.ndarray | sparse.csr_matrix) -> np.ndarray:
     """(rows,) each row's sum of squares, of dense rows or of a sparse matrix's (without a dense copy)."""
     return np.asarray(x.multiply(x).sum(1)).ravel() if sparse.issparse(x) else (x**2).sum(1)

@@ -12,15 +12,18 @@ from functools import cached_property
 import faiss
 import numpy as np
 
-TRAINED_PER_LIST = 64  # token vectors per inverted list that train its centroids (faiss wants 39 to 256)
+from tasks.metrics import nan_last
+
+MIN_PER_LIST = 39  # token vectors that train each list's centroid, at least (faiss warns below)
+TRAINED_PER_LIST = 64  # ... drawn to train it (faiss's range: 39 to 256)
 SEED = 0
 
 
 def inverted_lists(tokens: int) -> int:
-    """How many inverted lists for `tokens` document token vectors: the power of two at most 4 x sqrt(tokens) (faiss's
-    guideline for an IVF index), fewer where each centroid would train on under 39 vectors."""
+    """How many inverted lists for `tokens` document token vectors: the largest power of two at most 4 x sqrt(tokens)
+    (faiss's guideline for an IVF index), fewer where each centroid would train on under MIN_PER_LIST vectors."""
     wanted = 2 ** int(np.log2(max(1.0, 4 * np.sqrt(tokens))))
-    return max(1, min(wanted, tokens // 39))
+    return max(1, min(wanted, tokens // MIN_PER_LIST))
 
 
 class TokenIndex:
@@ -37,11 +40,14 @@ class TokenIndex:
         return len(self.docs)
 
     @cached_property
-    def index(self) -> faiss.Index:
-        flat = np.concatenate([d for d in self.docs if len(d)]).astype(np.float32)  # (tokens, dim)
-        # A model's NaN vector (a collapsed one) goes into the index as 0: it finds nothing, and its exact MaxSim
-        # below is NaN, ranked last.
-        flat = np.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)
+    def index(self) -> faiss.Index | None:
+        """The faiss index of every token vector (None where the documents have none). Its build holds one float32
+        copy of them beside the documents' own."""
+        if not self.owner.size:
+            return None
+        flat = np.concatenate([d for d in self.docs if len(d)], dtype=np.float32)  # (tokens, dim)
+        # A model's NaN vector (a collapsed one) goes into the index as 0; its exact MaxSim below is NaN: ranked last.
+        np.nan_to_num(flat, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
         lists = inverted_lists(len(flat))
         index = faiss.index_factory(flat.shape[1], f"IVF{lists},SQ8", faiss.METRIC_INNER_PRODUCT)
         drawn = np.random.default_rng(SEED).permutation(len(flat))[: TRAINED_PER_LIST * lists]
@@ -50,9 +56,11 @@ class TokenIndex:
         return index
 
     def candidates(self, query: np.ndarray) -> np.ndarray:
-        """The documents that `query`'s token vectors reach in the index, in row order."""
+        """The documents that `query`'s (float32) token vectors reach in the index, in row order."""
+        if self.index is None:
+            return np.empty(0, np.int64)
         probed = faiss.SearchParametersIVF(nprobe=self.probes)
-        _, hits = self.index.search(np.nan_to_num(query.astype(np.float32)), self.nearest, params=probed)
+        _, hits = self.index.search(np.nan_to_num(query), self.nearest, params=probed)
         return np.unique(self.owner[hits[hits >= 0]])  # hits: (tokens, nearest) token rows, -1 past the last found
 
     def of(self, queries: list[np.ndarray]) -> Callable[[slice], np.ndarray]:
@@ -62,14 +70,11 @@ class TokenIndex:
             asked = queries[block]
             out = np.full((len(asked), len(self.docs)), -np.inf, np.float32)
             for row, query in enumerate(asked):
-                found = self.candidates(query)
-                if not len(found):
-                    continue
                 query = query.astype(np.float32, copy=False)
+                found = self.candidates(query)
                 # a document at a time, (query tokens, its tokens) each: no copy of the candidates' token vectors
                 # (gathered into one matrix, 1.4x slower for 400 candidates of 200 tokens on 2 cores)
-                summed = np.array([(query @ self.docs[d].T).max(1).sum() for d in found])  # (found,)
-                out[row, found] = np.where(np.isnan(summed), -np.inf, summed)
-            return out
+                out[row, found] = [(query @ self.docs[d].T).max(1).sum() for d in found]  # (found,)
+            return nan_last(out)
 
         return scores

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from scipy import sparse
 
-from tasks.metrics import BLOCK_BYTES, block_rows, dense, ranks_of_own, unit_rows
+from tasks.metrics import BLOCK_BYTES, block_rows, dense, nan_last, ranks_of_own, unit_rows
 from tasks.metrics.late_interaction import TokenIndex
 
 
@@ -131,10 +131,6 @@ def maxsim_index(docs: list[np.ndarray], query_tokens: int, block_bytes: int = B
         return scores
 
     return of
-
-
-def nan_last(scores: np.ndarray) -> np.ndarray:
-    return np.where(np.isnan(scores), -np.inf, scores)
 
 
 def relevant_ranks(queries: Texts, docs: Texts, relevant: np.ndarray, block_bytes: int = BLOCK_BYTES,

@@ -270,9 +270,10 @@ def test_select_climbs_the_rungs_from_checkpoints_decides_exports_and_reruns_fro
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_multi_vector_candidate_climbs_beside_a_dense_one_and_is_exported_as_what_it_is(tmp_path):
     """`select.families`: each recipe that trains a family is tried as it too, on the same schedule and yardstick
-    (`auto` on this labelled corpus: the titles, which MaxSim ranks for the multi-vector candidate, not the labels);
-    the answer is exported as its family's model."""
-    config = select_config(tmp_path, yardstick={"held_out": 0.25, "seed": 0}, recipes=["crops", "tsdae"],
+    (the titles, which MaxSim ranks for the multi-vector candidate; then your queries, then `auto`, which on this
+    labelled corpus takes the labels: each held-out document's token vectors against the others'); the answer is
+    exported as its family's model."""
+    config = select_config(tmp_path, yardstick=YARDSTICK, recipes=["crops", "tsdae"],
                            lrs=[3e-3], budget=24, families=["dense", "multi_vector"], multi_vector={"dim": 16})
     run_id, chosen = run_select(config)
     store = ArtifactStore(tmp_path / "store")
@@ -329,6 +330,22 @@ def test_a_multi_vector_candidate_climbs_beside_a_dense_one_and_is_exported_as_w
     by_qrels = store.read_table(decided, "ladder").to_pandas()
     assert by_qrels["score"].tolist() == pytest.approx(ladder["score"].tolist())
     assert queried["chosen"] == chosen["chosen"]
+    # `auto` takes the labels, which rank the multi-vector candidate by MaxSim between documents: its documents'
+    # token vectors kept, every candidate scored on the first rung, every training Cached (the same held-out share).
+    labelled_id, _ = run_select(config, overrides={"evaluate.yardstick.kind": "auto",
+                                                   "select.out": str(tmp_path / "labelled")})
+    stages = Catalog(store).query("SELECT stage, key, state FROM run_stages WHERE run_id = ?", [labelled_id])
+    assert {r["state"] for r in stages if r["stage"] == "train"} == {"Cached"}
+    assert store.manifest(next(ArtifactRef("yardstick", r["key"]) for r in stages if r["stage"] == "yardstick")
+                          )["extra"]["kind"] == "labels"
+    decided = next(ArtifactRef("select", r["key"]) for r in stages if r["stage"] == "select")
+    by_labels = store.read_table(decided, "ladder").to_pandas()
+    first = by_labels[by_labels["steps"] == rung]
+    assert set(first["candidate"]) == {"crops@0.003", "tsdae@0.003", "crops-multi-vector@0.003"}
+    assert first["score"].between(0, 1).all()
+    kept = {store.manifest(ArtifactRef("embed", r["key"]))["config"]["token_vectors"] for r in stages
+            if r["stage"] == "embed"}
+    assert kept == {True, False}  # the multi-vector candidate's documents, not the dense ones'
 
 
 @pytest.mark.slow  # a search of one candidate, thrice; the offline LLM (converted once per session) writes 12 queries
@@ -469,8 +486,8 @@ def test_bad_budgets_and_recipes_are_one_clear_error_before_anything_runs(tmp_pa
     config = select_config(tmp_path / "pooled", families=["multi_vector"],
                            yardstick={**YARDSTICK, "kind": "neighbours"})
     assert main(["select", "--config", str(config)]) == 2
-    assert ("select.families: a multi_vector model is ranked by MaxSim on titles, an LLM's queries or your qrels, "
-            "not on the neighbours yardstick") in " ".join(capsys.readouterr().out.split())
+    assert ("select.families: a multi_vector model is ranked by MaxSim on your qrels, labels, titles or an LLM's "
+            "queries, not on the neighbours yardstick") in " ".join(capsys.readouterr().out.split())
     # The export folder inside the store is refused before the search, whatever its answer would be.
     (tmp_path / "inside").mkdir()
     config = select_config(tmp_path / "inside", out=str(tmp_path / "inside" / "store" / "chosen"))

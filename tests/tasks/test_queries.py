@@ -179,3 +179,6 @@ def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, sma
     for small, per_token in ((False, False), (True, False), (False, True)):  # the user's queries ask
         job = YardstickJob(qrels="q.parquet", small_pool=small, per_token=per_token)
         assert llm_queries_needed(job, {"titled": 0}, 10) is False
+        # labels rank a multi-vector model (by MaxSim) and decide in a small pool: no LLM's queries either
+        job = YardstickJob(small_pool=small, per_token=per_token)
+        assert llm_queries_needed(job, {"titled": 0, "labelled": 8}, 10) is False

@@ -4,6 +4,8 @@ training."""
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+from sentence_transformers.util import maxsim
 
 from storage.base import ArtifactRef
 from storage.catalog import YARDSTICK_SCORES, YARDSTICK_TOP
@@ -11,7 +13,7 @@ from storage.store import ArtifactStore
 from tasks import embed
 from tasks.config.base import InputError
 from tasks.config.data import DataConfig, SentenceConfig
-from tasks.config.evaluation import KnnConfig, YardstickConfig
+from tasks.config.evaluation import KnnConfig, MaxSimSearch, YardstickConfig
 from tasks.config.splits import AUTO_SHARES, ENOUGH_HELD_OUT
 from tasks.config.training import MethodConfig
 from tasks.config.yardsticks import MIN_POOL
@@ -120,7 +122,7 @@ def test_a_corpus_without_titles_is_one_clear_error(tmp_path):
         YARDSTICK.run(store, CFG, YardstickInputs(documents=documents))
 
 
-def test_auto_takes_the_labels_where_the_held_out_documents_have_them(corpus):
+def test_auto_takes_the_labels_where_the_held_out_documents_have_them(corpus, tmp_path):
     store, documents, _, docs, _ = corpus
     ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents))
     queries = store.read_table(ref, "queries").to_pandas()
@@ -135,8 +137,13 @@ def test_auto_takes_the_labels_where_the_held_out_documents_have_them(corpus):
     assert asking >= 2 and store.manifest(ref)["extra"] == {"kind": "labels", "held_out": len(held), "share": 0.2,
                                                           "queries": asking, "needed": asking}
     assert len(held_out_queries(store, ref)) == asking  # what the report pairs over
-    # Where a multi-vector model is among those ranked, `auto` takes the titles: MaxSim ranks queries that are texts
+    # Where a multi-vector model is among those ranked, `auto` still takes the labels (MaxSim ranks each labelled
+    # document against the others); unlabelled, the titles
     by_text = YARDSTICK.run(store, AUTO.model_copy(update={"per_token": True}), YardstickInputs(documents=documents))
+    assert store.manifest(by_text)["extra"]["kind"] == "labels"
+    pd.read_parquet(DEMO_DOCS).head(80).drop(columns="label").to_parquet(tmp_path / "unlabelled.parquet")
+    unlabelled = INGEST.run(store, DataConfig(path=str(tmp_path / "unlabelled.parquet")), NoInputs())
+    by_text = YARDSTICK.run(store, AUTO.model_copy(update={"per_token": True}), YardstickInputs(documents=unlabelled))
     assert store.manifest(by_text)["extra"]["kind"] == "titles"
 
 
@@ -185,6 +192,33 @@ def test_the_labels_yardstick_ranks_each_held_out_document_s_label_among_the_doc
     assert metrics.loc["label_ndcg_at_10", "value"] == pytest.approx(got["ndcg"].mean())
     mrr = np.where(got["rank"] <= 10, 1 / got["rank"], 0).mean()
     assert metrics.loc["label_mrr_at_10", "value"] == pytest.approx(mrr)
+
+
+def test_the_labels_rank_a_multi_vector_model_by_maxsim_between_documents_exactly_or_through_an_index(
+        corpus, tiny_colbert_dir):
+    store, documents, _, docs, _ = corpus
+    ref = YARDSTICK.run(store, AUTO, YardstickInputs(documents=documents))
+    assert store.manifest(ref)["extra"]["kind"] == "labels"
+    doc_emb = EMBED.run(store, EmbedJob(model=tiny_colbert_dir, max_length=64, batch_size=16, token_vectors=True),
+                        EmbedInputs(documents=documents))
+    # By hand: each asking document's token vectors against those of the labelled documents not held out, MaxSim
+    tokens = [torch.from_numpy(t) for t in embed.read_token_vectors(store, doc_emb)]
+    asked = held_out_queries(store, ref).to_pandas()
+    row = {d: i for i, d in enumerate(docs["doc_id"])}
+    queries = [row[d] for d in asked["doc_id"]]
+    index = [i for i, d in enumerate(docs["doc_id"]) if d not in set(asked["doc_id"]) and pd.notna(docs["label"][i])]
+    scores = maxsim([tokens[q] for q in queries], [tokens[i] for i in index]).numpy()  # (asked, index)
+    labels = docs["label"].to_numpy()
+    same = labels[queries][:, None] == labels[index][None, :]
+    first = np.where(same, scores, -np.inf).max(1, keepdims=True)
+    expected = (scores >= first).sum(1)  # ties against the query
+    for search in (None, MaxSimSearch(exact_up_to=10, nearest=10**6, probes=10**6)):  # exact; an index reaching all
+        job = EvalJob(label="colbert", model=tiny_colbert_dir, dataset="demo", knn=None, sts=None, tsne=False,
+                      geometry=False, maxsim=search)
+        scored = EVALUATE.run(store, job, EvaluateInputs(documents=documents, embeddings=doc_emb, yardstick=ref))
+        got = store.read_table(scored, YARDSTICK_SCORES).to_pandas()
+        assert got["query_id"].tolist() == asked["query_id"].tolist() and got["rank"].tolist() == expected.tolist()
+        assert store.manifest(scored)["extra"]["token_mean"]
 
 
 def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_the_clusters(tmp_path, caplog):
@@ -239,7 +273,9 @@ def test_labels_asked_of_an_unlabelled_corpus_is_one_clear_error_and_auto_takes_
             ref = YARDSTICK.run(store, small.model_copy(update={"kind": kind}), YardstickInputs(documents=bare))
         assert store.manifest(ref)["extra"]["kind"] == "clusters" and "the clusters' decision is weak" in caplog.text
     with pytest.raises(InputError, match=r"^yardstick titles: none of the 30 documents has a title: a title column "
-                                         r"\(data.columns.title\)$"):  # not the clusters, and here no LLM's queries
+                                         r"\(data.columns.title\); labels: 0 of the 6 held-out documents .* among 0 "
+                                         "labels; it needs at least 2 and 2 labels: more labelled documents or a "
+                                         "larger held-out share$"):  # not the clusters, and here no LLM's queries
         YARDSTICK.run(store, by_text, YardstickInputs(documents=bare))
     with pytest.raises(InputError, match=r"yardstick labels: 0 of the \d+ held-out documents \(20% of the corpus\) "
                                          "have a label that a document not held out shares, among 0 labels; it needs "
