@@ -33,8 +33,7 @@ class TokenIndex:
 
     def __init__(self, docs: list[np.ndarray], nearest: int, probes: int):
         self.docs, self.nearest, self.probes = docs, nearest, probes
-        self.lengths = np.array([len(d) for d in docs], dtype=np.int64)  # (docs,)
-        self.owner = np.repeat(np.arange(len(docs)), self.lengths)  # (tokens,): each token vector's document
+        self.owner = np.repeat(np.arange(len(docs)), [len(d) for d in docs])  # (tokens,): each token vector's document
 
     def __len__(self) -> int:
         return len(self.docs)
