@@ -232,7 +232,7 @@ def with_tokenizer(run: Run, start: Start, models: list[ReportedModel]) -> list[
 def train_models(run: Run, methods: list[MethodConfig], references: list[ReportedModel] = ()
                  ) -> tuple[list[ReportedModel], Corpus]:
     """The base encoder, stage 1 (if any) and every method's model; registered in the run record. The yardstick
-    is the one that ranks these and `references` (a multi-vector one's queries must be texts)."""
+    is the one that ranks these and `references` (a multi-vector one is ranked by MaxSim: no pooled kind)."""
     cfg = run.cfg
     begun = start_of(run)
     docs, sentences, summaries = begun.docs, begun.sentences, begun.summaries

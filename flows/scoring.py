@@ -52,11 +52,11 @@ def embedded(run: Run, model: ReportedModel, text_set: dict, inputs: dict, promp
 def held_out_of(run: Run, corpus: Corpus) -> tuple[ArtifactRef | None, bool]:
     """The generated queries never trained on (scored held out), if any, and whether the yardstick asks by texts."""
     held_out = corpus.queries if corpus.queries and run.cfg.queries.held_out else None
-    queried = bool(corpus.yardstick) and yardstick_of(run, corpus).queried
+    queried = bool(corpus.yardstick) and yardstick_entry(run, corpus).queried
     return held_out, queried
 
 
-def yardstick_of(run: Run, corpus: Corpus) -> Yardstick:
+def yardstick_entry(run: Run, corpus: Corpus) -> Yardstick:
     """The registry's entry for what the corpus's yardstick asks by (a consensus's: its source)."""
     return YARDSTICKS[yardstick_source(run.settled(corpus.yardstick))]
 
@@ -65,7 +65,7 @@ def documents_embedding(run: Run, model: ReportedModel, corpus: Corpus) -> Artif
     """The corpus's documents embedded by `model`: its index (a multi-vector model's token vectors kept where
     queries will search them, or the labels rank documents by them)."""
     held_out, _ = held_out_of(run, corpus)
-    searched = bool(held_out) or bool(corpus.yardstick) and yardstick_of(run, corpus).maxsim
+    searched = bool(held_out) or bool(corpus.yardstick) and yardstick_entry(run, corpus).maxsim
     return embedded(run, model, {}, dict(documents=corpus.docs), run.cfg.model.prompts.document,
                     layers="all" if run.cfg.evaluate.layerwise else "last",
                     token_vectors=FAMILIES[model.family].per_token and searched)

@@ -7,8 +7,8 @@ at least half as many queries as titles (else the held-out documents) would, els
 neighbours where the corpus has too few documents to group; where fewer than MIN_POOL models are ranked,
 `YardstickJob.small_pool`, too few to judge each other, an LLM's queries before them, and they only where nothing
 else can rank); where a
-multi-vector model is among those ranked (`YardstickJob.per_token`), which MaxSim ranks by queries that are texts:
-qrels, else titles, else an LLM's queries; the log says why):
+multi-vector model is among those ranked (`YardstickJob.per_token`), the kinds MaxSim ranks each model on by itself:
+qrels, else labels, else titles, else an LLM's queries; the log says why):
 
 - `qrels`, the user's own queries and relevance judgements (a file): each query whose relevant documents (score > 0)
   are all held out asks for them among all the corpus's (nDCG@10, binary gains); one with a relevant document that
@@ -57,7 +57,7 @@ from storage.store import ArtifactStore, ArtifactWriter
 from tasks.config.base import InputError
 from tasks.config.evaluation import YardstickConfig
 from tasks.config.queries import HELD_OUT, QUERY_COLUMNS, TRAIN
-from tasks.config.yardsticks import CLUSTERS, KINDS, MIN_POOL, TEXT_QUERIES, YARDSTICKS, ranks_per_token, titled
+from tasks.config.yardsticks import CLUSTERS, KINDS, MIN_POOL, TEXT_QUERIES, YARDSTICKS, carried, ranks_per_token
 from tasks.core.eval_sets import read_table
 from tasks.core.held_out import held_out_documents
 from tasks.core.stage import Inputs, Stage
@@ -173,13 +173,15 @@ def llm_queries_needed(cfg: YardstickJob, counts: dict, documents: int) -> bool:
     counts (`titled`, `labelled`) of its `documents`: `queries`; `consensus` on a corpus without titles (`titled`:
     fewer than half its documents have one); `auto` on one without titles where only a kind of one model will do
     (`single`: labels are not asked, and your queries were too few for the pooled kind to decide), or, without your
-    queries, where labels cannot decide and a multi-vector model is ranked or too few models are to judge each other
-    (else `auto` falls back on the clusters)."""
-    untitled = not titled(counts.get("titled", 0), documents)
+    queries, where a multi-vector model is ranked or too few models are to judge each other and fewer than half the
+    documents have a label (a few labels may ask too few, or be dropped for the queries; else `auto` falls back on
+    the clusters)."""
+    untitled = not carried(counts.get("titled", 0), documents)
     if cfg.kind == "queries" or (cfg.kind == "consensus" and untitled):
         return True
+    labelled = carried(counts.get("labelled", 0), documents)
     return cfg.kind == "auto" and untitled and (cfg.single or not cfg.qrels and (cfg.per_token or cfg.small_pool)
-                                                 and not counts.get("labelled"))
+                                                 and not labelled)
 
 
 def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickInputs,
@@ -191,7 +193,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     among = f"of the {len(ids)} held-out documents ({fraction:.0%} of the corpus)"
     found = {}  # kind → (its queries, how many ask) where it can rank, or why not
     relevant = None
-    by_text = cfg.kind == "auto" and cfg.per_token  # MaxSim ranks queries that are texts
+    by_text = cfg.kind == "auto" and cfg.per_token  # MaxSim ranks each model by itself: no pooled kind
     if by_text:
         automatic = {k for k in KINDS if ranks_per_token(k, k)}
     elif cfg.single:  # a pooled kind's confirmation: label-free as the pooled kinds, and no pool judges it
@@ -201,7 +203,7 @@ def build_yardstick(store: ArtifactStore, cfg: YardstickJob, inputs: YardstickIn
     wants = {cfg.kind} | (automatic if cfg.kind == "auto" else set()) | (
         set(TEXT_QUERIES) if cfg.kind == "consensus" else set())
     titles = docs.num_rows - docs["title"].null_count
-    if cfg.kind != "titles" and "titles" in wants and not titled(titles, docs.num_rows):
+    if cfg.kind != "titles" and "titles" in wants and not carried(titles, docs.num_rows):
         wants.discard("titles")
         found["titles"] = (f"titles: {titles} of the {docs.num_rows} documents have a title, fewer than half: "
                            "`kind: titles` asks them" if titles else

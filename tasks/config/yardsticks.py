@@ -123,13 +123,14 @@ YARDSTICKS = {
 }
 KINDS = tuple(YARDSTICKS)
 TEXT_QUERIES = ("titles", "queries")  # where a consensus's queries come from, in this order
-TITLED_SHARE = 0.5  # the share of a corpus's documents with a title from which `auto` asks its titles
+CARRIED_SHARE = 0.5  # the share of a corpus's documents with a title (a label) from which `auto` asks by them
 
 
-def titled(titles: int, documents: int) -> bool:
-    """Whether a corpus's titles can stand for it: where fewer than half its documents have one, the titled ones are
-    a part of the corpus that the titles chose (and few ask), so `auto` takes the corpus as text alone."""
-    return titles > 0 and titles >= TITLED_SHARE * documents
+def carried(count: int, documents: int) -> bool:
+    """Whether a corpus's titles (or labels), on `count` of its documents, can stand for it: where fewer than half its
+    documents have one, those are a part of the corpus that they chose (and few ask), so `auto` takes the corpus as
+    text alone (where a kind of one model must decide, an LLM writes queries rather than trust a few labels)."""
+    return count > 0 and count >= CARRIED_SHARE * documents
 
 
 def yardstick_kind(manifest: dict) -> str:

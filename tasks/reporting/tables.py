@@ -58,11 +58,12 @@ LEGEND = {
     "title_recall_at_10": "the same: share of those titles whose document is in the top 10",
     "title_mrr_at_10": "the same: mean reciprocal rank of the document, 0 beyond the top 10",
     "qrels_ndcg_at_10": "the yardstick by your queries: nDCG@10 (binary gains) of the documents you judged relevant "
-    "to each query whose judged documents were all held out of training, among all documents, by cosine "
-    "(docs/evaluation.md)",
+    "to each query whose judged documents were all held out of training, among all documents, by cosine (a "
+    "multi-vector model's: MaxSim; a sparse one's: dot product) (docs/evaluation.md)",
     "qrels_mrr_at_10": "the same: mean reciprocal rank of the first judged document, 0 beyond the top 10",
     "label_ndcg_at_10": "the yardstick by labels: nDCG@10 of the documents of each held-out document's label (every "
-    "one relevant) among the labelled documents not held out, by cosine (docs/evaluation.md)",
+    "one relevant) among the labelled documents not held out, by cosine (a multi-vector model's: MaxSim between the "
+    "documents' token vectors; a sparse one's: dot product) (docs/evaluation.md)",
     "label_mrr_at_10": "the same: mean reciprocal rank of the first document of its label, 0 beyond the top 10",
     "consensus_ndcg_at_10": "the consensus yardstick: nDCG@10 of each held-out title or LLM query's documents against "
     "the fusion of the report's other models' rankings (its own document weighted most); the models judge each "
@@ -318,8 +319,8 @@ def notes(catalog: Catalog, entries: list[dict]) -> list[str]:
                f"{CHARS_PER_TOKEN} characters and were cut to that before tokenizing"
                for r in query(catalog, CUT_SQL).itertuples()]
             + [f"multi-vector: {r.label}: its one-vector scores (kNN, STS, clustering, the semantic benchmark, "
-               "geometry) read its mean token vector; its retrieval (MTEB's retrieval tasks, held-out queries, titles) "
-               "is by MaxSim"
+               "geometry) read its mean token vector; its retrieval (MTEB's retrieval tasks, held-out queries, titles, "
+               "labels) is by MaxSim"
                for r in query(catalog, TOKEN_MEAN_SQL).itertuples()]
             + [f"sparse: {r.label}: its retrieval (MTEB's retrieval tasks, held-out queries, titles) is by the dot "
                "product of its codes, its other scores by their cosine"

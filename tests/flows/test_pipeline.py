@@ -258,8 +258,8 @@ def test_a_multi_vector_and_two_sparse_models_are_scored_beside_a_dense_one_on_t
     report = catalog.query("SELECT key FROM run_stages WHERE run_id = ? AND stage = 'report'", [first])[0]["key"]
     markdown = (tmp_path / "store" / "artifacts" / "report" / report / "report.md").read_text()
     assert ("multi-vector: crops-mv: its one-vector scores (kNN, STS, clustering, the semantic benchmark, geometry) "
-            "read its mean token vector; its retrieval (MTEB's retrieval tasks, held-out queries, titles) is by "
-            "MaxSim") in markdown
+            "read its mean token vector; its retrieval (MTEB's retrieval tasks, held-out queries, titles, labels) is "
+            "by MaxSim") in markdown
     assert "multi-vector: crops:" not in markdown
     assert "mteb: SciFact-tiny: crops-mv − crops: " in markdown and " over 20 queries, " in markdown  # paired
     mteb = catalog.query("SELECT label, key FROM run_stages WHERE run_id = ? AND stage = 'mteb'", [first])

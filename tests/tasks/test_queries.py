@@ -171,7 +171,7 @@ def test_the_yardstick_s_queries_are_written_for_its_held_out_documents_only(tmp
     ("auto", 0, False, True, True), ("auto", 5, False, True, False), ("clusters", 0, False, True, False),
     ("auto", 4, True, False, True), ("consensus", 4, False, False, True), ("auto", 4, False, True, True)])
 def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, small_pool, needed):
-    # auto: the clusters need no LLM; where a multi-vector model is ranked, MaxSim needs queries that are texts; where
+    # auto: the clusters need no LLM; where a multi-vector model is ranked, without labels, MaxSim needs queries; where
     # too few models are ranked to judge each other, no pooled kind can decide; titles on fewer than half of the 10
     # documents are no titles
     job = YardstickJob(kind=kind, per_token=per_token, small_pool=small_pool)
@@ -179,6 +179,8 @@ def test_when_an_llm_writes_the_yardstick_s_queries(kind, titled, per_token, sma
     for small, per_token in ((False, False), (True, False), (False, True)):  # the user's queries ask
         job = YardstickJob(qrels="q.parquet", small_pool=small, per_token=per_token)
         assert llm_queries_needed(job, {"titled": 0}, 10) is False
-        # labels rank a multi-vector model (by MaxSim) and decide in a small pool: no LLM's queries either
+        # labels on most documents rank a multi-vector model (by MaxSim) and decide in a small pool: no LLM's queries
+        # either; labels on a few (2 of 10) may ask too few, or be dropped for the queries: those are written
         job = YardstickJob(small_pool=small, per_token=per_token)
         assert llm_queries_needed(job, {"titled": 0, "labelled": 8}, 10) is False
+        assert llm_queries_needed(job, {"titled": 0, "labelled": 2}, 10) is (small or per_token)
